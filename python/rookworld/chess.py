@@ -1,0 +1,169 @@
+"""The rules of chess as the RookWorld data uses them, computed in batches by the Rust core.
+
+FENs come back in python-chess ``board.fen()`` form. Batch functions take any sequence of
+``str`` and run in parallel outside the GIL; prefer them to loops over the single-item helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from rookworld import _core
+
+__all__ = [
+    "HISTORY_LEN",
+    "START_FEN",
+    "EnvStep",
+    "Position",
+    "env_prompt",
+    "env_prompts",
+    "env_steps",
+    "env_targets",
+    "generate_positions",
+    "is_legal",
+    "legal_moves",
+    "legal_moves_batch",
+    "normalize_fen",
+    "normalize_fens",
+    "perft",
+]
+
+#: Moves kept in an A: prompt's history field, the move itself included.
+HISTORY_LEN: int = _core.HISTORY_LEN
+START_FEN = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+
+
+def _list(items: Iterable[str]) -> list[str]:
+    return items if isinstance(items, list) else list(items)
+
+
+def perft(fen: str, depth: int) -> int:
+    """Leaf nodes of the legal move tree to ``depth``; ``ValueError`` for a bad FEN."""
+    if depth < 0:
+        raise ValueError(f"perft depth must be >= 0, got {depth}")
+    return _core.perft(fen, depth)
+
+
+def normalize_fens(fens: Iterable[str]) -> list[str | None]:
+    """Each FEN in ``board.fen()`` form, or ``None`` where it is not a legal position."""
+    return [text if ok else None for ok, text in _core.normalize_fens(_list(fens))]
+
+
+def normalize_fen(fen: str) -> str:
+    """``fen`` in ``board.fen()`` form; ``ValueError`` saying what is wrong otherwise."""
+    ((ok, text),) = _core.normalize_fens([fen])
+    if not ok:
+        raise ValueError(f"{text}: {fen!r}")
+    return text
+
+
+def legal_moves_batch(fens: Iterable[str]) -> list[list[str]]:
+    """Legal moves (UCI) of each position; ``ValueError`` naming the first bad FEN."""
+    fens = _list(fens)
+    out = []
+    for fen, (ok, moves, error) in zip(fens, _core.legal_moves(fens)):
+        if not ok:
+            raise ValueError(f"{error}: {fen!r}")
+        out.append(moves)
+    return out
+
+
+def legal_moves(fen: str) -> list[str]:
+    """Legal moves of one position in UCI (castling as ``e1g1``)."""
+    return legal_moves_batch([fen])[0]
+
+
+def is_legal(fens: Sequence[str], moves: Sequence[str]) -> list[bool]:
+    """Whether each UCI move is legal in its position (False for a bad FEN or malformed move)."""
+    return _core.is_legal(_list(fens), _list(moves))
+
+
+@dataclass(frozen=True, slots=True)
+class EnvStep:
+    """One A: transition. ``reward`` is 0.001 (legal), 1.0 (mate), 0.5 (draw) or -1.0 (illegal)."""
+
+    fen: str
+    reward: float
+    terminated: bool
+    truncated: bool
+
+    @property
+    def target(self) -> str:
+        """The A: target text: ``{fen}+{reward}+{terminated}+{truncated}``."""
+        return f"{self.fen}+{self.reward!r}+{int(self.terminated)}+{int(self.truncated)}"
+
+
+def env_steps(fens: Sequence[str], moves: Sequence[str]) -> list[EnvStep]:
+    """Plays each move in its position; ``ValueError`` naming the first bad FEN."""
+    fens = _list(fens)
+    out = []
+    for fen, (ok, text, reward, terminated, truncated) in zip(fens, _core.env_steps(fens, _list(moves))):
+        if not ok:
+            raise ValueError(f"{text}: {fen!r}")
+        out.append(EnvStep(text, reward, terminated, truncated))
+    return out
+
+
+def env_prompt(fen: str, move: str, history: Sequence[str] = ()) -> str:
+    """The A: prompt for playing ``move`` in ``fen`` after ``history`` (oldest first, without ``move``)."""
+    return _core.env_prompts([fen], [move], [list(history)])[0]
+
+
+def env_prompts(fens: Sequence[str], moves: Sequence[str], histories: Sequence[Sequence[str]]) -> list[str]:
+    return _core.env_prompts(_list(fens), _list(moves), [list(h) for h in histories])
+
+
+def env_targets(prompts: Iterable[str]) -> list[str]:
+    """A: prompt text -> exact target text ``new_fen+reward+terminated+truncated``.
+
+    An illegal or malformed move is a valid prompt (its target says -1.0, 0, 1); a prompt that
+    cannot be parsed raises ``ValueError`` naming it.
+    """
+    prompts = _list(prompts)
+    results = _core.env_targets(prompts)
+    for prompt, (ok, text) in zip(prompts, results):
+        if not ok:
+            raise ValueError(f"{text}: {prompt!r}")
+    return [text for _, text in results]
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A generated training position."""
+
+    fen: str
+    #: Every move from the start position to ``fen``, oldest first.
+    history: tuple[str, ...]
+    #: The move of the A: task: usually legal, sometimes a well-formed illegal one.
+    move: str
+    #: ``opening``, ``middlegame`` or ``endgame``.
+    phase: str = field(default="middlegame")
+
+    @property
+    def env_prompt(self) -> str:
+        return env_prompt(self.fen, self.move, self.history)
+
+    def to_dict(self) -> dict:
+        return {"fen": self.fen, "history": list(self.history), "move": self.move, "phase": self.phase}
+
+
+def generate_positions(
+    n: int,
+    seed: int,
+    *,
+    start: int = 0,
+    opening_share: float = 0.2,
+    endgame_share: float = 0.2,
+    illegal_share: float = 0.01,
+) -> list[Position]:
+    """``n`` legal, unfinished positions; position ``i`` depends only on ``(seed, start + i)``.
+
+    About ``opening_share`` come from well-known opening lines, ``endgame_share`` have fewer
+    than 14 pieces, the rest are 8-20 plies of development-minded random play. A share
+    ``illegal_share`` of the A: moves are well-formed but illegal.
+    """
+    if n < 0 or seed < 0 or start < 0:
+        raise ValueError(f"n, seed and start must be >= 0, got {n}, {seed}, {start}")
+    raw = _core.generate_positions(n, seed, start, opening_share, endgame_share, illegal_share)
+    return [Position(fen, tuple(history), move, phase) for fen, history, move, phase in raw]

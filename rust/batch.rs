@@ -1,0 +1,61 @@
+//! Whole-batch entry points, parallel with rayon. One item's bad input is that item's error;
+//! it never fails the batch. The PyO3 layer calls only these.
+
+use rayon::prelude::*;
+use shakmaty::{Chess, Position};
+
+use crate::env::{step, Transition};
+use crate::fen::{parse_fen, to_fen, FenError};
+use crate::moves::{legal_move, legal_uci_moves};
+use crate::prompt::{env_prompt, env_target, PromptError};
+
+/// Each FEN in python-chess `board.fen()` form, or why it is not a legal position.
+pub fn normalize_fens<S: AsRef<str> + Sync>(fens: &[S]) -> Vec<Result<String, FenError>> {
+    fens.par_iter().map(|f| parse_fen(f.as_ref()).map(|p| to_fen(&p))).collect()
+}
+
+pub fn legal_moves<S: AsRef<str> + Sync>(fens: &[S]) -> Vec<Result<Vec<String>, FenError>> {
+    fens.par_iter().map(|f| parse_fen(f.as_ref()).map(|p| legal_uci_moves(&p))).collect()
+}
+
+/// Whether each move is legal in its position; a bad FEN has no legal moves.
+pub fn is_legal<S: AsRef<str> + Sync, M: AsRef<str> + Sync>(fens: &[S], moves: &[M]) -> Vec<bool> {
+    fens.par_iter()
+        .zip(moves.par_iter())
+        .map(|(f, m)| parse_fen(f.as_ref()).is_ok_and(|p| legal_move(&p, m.as_ref()).is_some()))
+        .collect()
+}
+
+pub fn env_steps<S: AsRef<str> + Sync, M: AsRef<str> + Sync>(fens: &[S], moves: &[M]) -> Vec<Result<Transition, FenError>> {
+    fens.par_iter().zip(moves.par_iter()).map(|(f, m)| parse_fen(f.as_ref()).map(|p| step(&p, m.as_ref()))).collect()
+}
+
+pub fn env_targets<S: AsRef<str> + Sync>(prompts: &[S]) -> Vec<Result<String, PromptError>> {
+    prompts.par_iter().map(|p| env_target(p.as_ref())).collect()
+}
+
+pub fn env_prompts<S: AsRef<str> + Sync>(fens: &[S], moves: &[S], histories: &[Vec<String>]) -> Vec<String> {
+    (fens, moves, histories)
+        .into_par_iter()
+        .map(|(f, m, h)| env_prompt(f.as_ref(), m.as_ref(), h))
+        .collect()
+}
+
+/// Perft split over the root moves.
+pub fn perft(fen: &str, depth: u32) -> Result<u64, FenError> {
+    let pos = parse_fen(fen)?;
+    if depth <= 2 {
+        return Ok(crate::perft::perft(&pos, depth));
+    }
+    Ok(pos
+        .legal_moves()
+        .into_iter()
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|m| {
+            let mut child: Chess = pos.clone();
+            child.play_unchecked(m);
+            crate::perft::perft(&child, depth - 1)
+        })
+        .sum())
+}

@@ -1,0 +1,128 @@
+//! FEN parsing and writing, matching python-chess.
+//!
+//! python-chess's `Board(fen)` splits on whitespace, accepts 1 to 6 fields and silently drops
+//! castling rights and en-passant squares that the position cannot have; `board.fen()` then
+//! prints the en-passant square only when an en-passant capture is legal. We do the same, and
+//! reject everything python-chess's `is_valid()` would (missing kings, pawns on the back rank,
+//! the side not to move in check, impossible checks).
+
+use std::fmt;
+
+use shakmaty::fen::{Fen, ParseFenError};
+use shakmaty::{CastlingMode, Chess, EnPassantMode, PositionError, PositionErrorKinds};
+
+/// Why a FEN was rejected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FenError {
+    Empty,
+    TooManyFields(usize),
+    /// A character python-chess would not accept in a standard FEN (shakmaty's variant syntax).
+    BadCharacter(char),
+    Syntax(ParseFenError),
+    IllegalPosition(PositionErrorKinds),
+}
+
+impl fmt::Display for FenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FenError::Empty => f.write_str("empty FEN"),
+            FenError::TooManyFields(n) => write!(f, "FEN has {n} fields, at most 6 expected"),
+            FenError::BadCharacter(c) => write!(f, "unexpected character {c:?} in FEN"),
+            FenError::Syntax(e) => e.fmt(f),
+            FenError::IllegalPosition(kinds) => {
+                let reasons = [
+                    (PositionErrorKinds::EMPTY_BOARD, "empty board"),
+                    (PositionErrorKinds::MISSING_KING, "missing king"),
+                    (PositionErrorKinds::TOO_MANY_KINGS, "too many kings"),
+                    (PositionErrorKinds::PAWNS_ON_BACKRANK, "pawns on the back rank"),
+                    (PositionErrorKinds::OPPOSITE_CHECK, "the side not to move is in check"),
+                    (PositionErrorKinds::IMPOSSIBLE_CHECK, "impossible check"),
+                    (PositionErrorKinds::VARIANT, "not standard chess"),
+                ];
+                let named: Vec<&str> =
+                    reasons.iter().filter(|(k, _)| kinds.contains(*k)).map(|(_, s)| *s).collect();
+                write!(f, "illegal position: {}", if named.is_empty() { "unknown reason".into() } else { named.join(", ") })
+            }
+        }
+    }
+}
+
+impl std::error::Error for FenError {}
+
+const MAX_FIELDS: usize = 6;
+
+/// Parses a FEN as python-chess does and returns a legal standard-chess position.
+pub fn parse_fen(text: &str) -> Result<Chess, FenError> {
+    let fields: Vec<&str> = text.split_ascii_whitespace().collect();
+    if fields.is_empty() {
+        return Err(FenError::Empty);
+    }
+    if fields.len() > MAX_FIELDS {
+        return Err(FenError::TooManyFields(fields.len()));
+    }
+    // shakmaty also reads crazyhouse pockets, three-check counters and '_' separators.
+    if let Some(c) = text.chars().find(|c| matches!(c, '[' | ']' | '_' | '+' | '~')) {
+        return Err(FenError::BadCharacter(c));
+    }
+    let fen = Fen::from_ascii(fields.join(" ").as_bytes()).map_err(FenError::Syntax)?;
+    let lenient = PositionErrorKinds::INVALID_CASTLING_RIGHTS
+        | PositionErrorKinds::INVALID_EP_SQUARE
+        | PositionErrorKinds::TOO_MUCH_MATERIAL;
+    match fen.into_position::<Chess>(CastlingMode::Standard) {
+        Ok(pos) => Ok(pos),
+        Err(err) if lenient.contains(err.kinds()) => Ok(recover(err)),
+        Err(err) => Err(FenError::IllegalPosition(err.kinds())),
+    }
+}
+
+fn recover(err: PositionError<Chess>) -> Chess {
+    err.ignore_invalid_castling_rights()
+        .or_else(PositionError::ignore_invalid_ep_square)
+        .or_else(PositionError::ignore_too_much_material)
+        .expect("only recoverable kinds remain")
+}
+
+/// The position as python-chess's `board.fen()` prints it.
+pub fn to_fen(pos: &Chess) -> String {
+    Fen::from_position(pos, EnPassantMode::Legal).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_the_start_position() {
+        let start = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1";
+        assert_eq!(to_fen(&parse_fen(start).unwrap()), start);
+    }
+
+    #[test]
+    fn fills_missing_fields_like_python_chess() {
+        let pos = parse_fen("  8/8/8/8/8/8/8/K6k   b ").unwrap();
+        assert_eq!(to_fen(&pos), "8/8/8/8/8/8/8/K6k b - - 0 1");
+    }
+
+    #[test]
+    fn drops_an_en_passant_square_no_capture_can_use() {
+        let pos = parse_fen("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1").unwrap();
+        assert_eq!(to_fen(&pos), "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1");
+    }
+
+    #[test]
+    fn drops_castling_rights_without_rook() {
+        let pos = parse_fen("4k3/8/8/8/8/8/8/4K2R w KQ - 0 1").unwrap();
+        assert_eq!(to_fen(&pos), "4k3/8/8/8/8/8/8/4K2R w K - 0 1");
+    }
+
+    #[test]
+    fn rejects_bad_fens_with_reasons() {
+        assert_eq!(parse_fen(""), Err(FenError::Empty));
+        assert!(matches!(parse_fen("8/8/8/8/8/8/8/8 w - - 0 1"), Err(FenError::IllegalPosition(_))));
+        assert!(matches!(parse_fen("rnbqkbnr/pppppppp/8/8 w"), Err(FenError::Syntax(_))));
+        assert!(matches!(parse_fen("8/8/8/8/8/8/8/K6k x"), Err(FenError::Syntax(_))));
+        assert_eq!(parse_fen("a b c d e f g").unwrap_err(), FenError::TooManyFields(7));
+        let msg = parse_fen("8/8/8/8/8/8/8/K7 w - - 0 1").unwrap_err().to_string();
+        assert!(msg.contains("missing king"), "{msg}");
+    }
+}

@@ -1,0 +1,24 @@
+//! rookworld's chess core: the rules of chess exactly as the RookWorld data uses them.
+//!
+//! Plain Rust modules, one concern each. `batch` runs them over whole batches with rayon;
+//! `python` (behind the `python` feature) is the thin PyO3 layer that maturin builds.
+
+pub mod batch;
+pub mod env;
+pub mod fen;
+pub mod generate;
+pub mod moves;
+mod openings;
+pub mod perft;
+pub mod prompt;
+pub mod rng;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use env::{step, GameEnd, Reward, Transition};
+pub use fen::{parse_fen, to_fen, FenError};
+pub use generate::{generate_position, generate_positions, GeneratedPosition, GeneratorConfig, Phase};
+pub use moves::{legal_move, legal_uci_moves};
+pub use perft::perft;
+pub use prompt::{env_prompt, env_target, parse_env_prompt, EnvPrompt, PromptError, HISTORY_LEN};

@@ -1,0 +1,67 @@
+//! Legal moves in UCI, and the legality of a UCI string.
+//!
+//! A move is legal exactly when its text is the UCI of a legal move in standard notation:
+//! castling is `e1g1`, never king-takes-rook `e1h1`; promotions are lower case. This is
+//! python-chess's `Move.from_uci(text) in board.legal_moves`.
+
+use shakmaty::uci::UciMove;
+use shakmaty::{CastlingMode, Chess, Move, Position};
+
+pub fn uci(m: Move) -> String {
+    m.to_uci(CastlingMode::Standard).to_string()
+}
+
+pub fn legal_uci_moves(pos: &Chess) -> Vec<String> {
+    pos.legal_moves().into_iter().map(uci).collect()
+}
+
+/// The legal move that `text` names, or `None` for anything else (illegal, malformed, other notation).
+pub fn legal_move(pos: &Chess, text: &str) -> Option<Move> {
+    if !(4..=5).contains(&text.len()) {
+        return None;
+    }
+    let parsed = UciMove::from_ascii(text.as_bytes()).ok()?;
+    let m = parsed.to_move(pos).ok()?;
+    // shakmaty's parser also takes king-takes-rook castling and upper-case promotions.
+    (uci(m) == text).then_some(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fen::parse_fen;
+
+    #[test]
+    fn twenty_moves_from_the_start() {
+        let moves = legal_uci_moves(&Chess::default());
+        assert_eq!(moves.len(), 20);
+        assert!(moves.contains(&"g1f3".to_string()));
+    }
+
+    #[test]
+    fn castling_only_in_standard_notation() {
+        let pos = parse_fen("r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1").unwrap();
+        assert!(legal_move(&pos, "e1g1").is_some());
+        assert!(legal_move(&pos, "e1c1").is_some());
+        assert!(legal_move(&pos, "e1h1").is_none());
+        assert!(legal_move(&pos, "e1a1").is_none());
+    }
+
+    #[test]
+    fn promotions_lower_case_only() {
+        let pos = parse_fen("8/4P3/8/8/8/8/k7/4K3 w - - 0 1").unwrap();
+        assert!(legal_move(&pos, "e7e8q").is_some());
+        assert!(legal_move(&pos, "e7e8n").is_some());
+        assert!(legal_move(&pos, "e7e8Q").is_none());
+        assert!(legal_move(&pos, "e7e8").is_none());
+        assert!(legal_move(&pos, "e7e8k").is_none());
+    }
+
+    #[test]
+    fn garbage_is_not_a_move() {
+        let pos = Chess::default();
+        for text in ["", "0000", "e2e4 ", " e2e4", "e2e9", "zzzz", "e2e4e4", "é2e4", "e2e2", "P@e4"] {
+            assert!(legal_move(&pos, text).is_none(), "{text:?}");
+        }
+    }
+}
