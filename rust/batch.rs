@@ -59,3 +59,24 @@ pub fn perft(fen: &str, depth: u32) -> Result<u64, FenError> {
         })
         .sum())
 }
+
+/// Scores each completion against its prompt; `analyses[i]` is needed for P: prompts only.
+pub fn score<P: AsRef<str> + Sync, C: AsRef<str> + Sync>(
+    prompts: &[P],
+    completions: &[C],
+    analyses: &[Option<crate::reward::Analysis>],
+    shaping: crate::reward::Shaping,
+) -> Vec<Result<crate::reward::Score, crate::reward::ScoreError>> {
+    (prompts, completions, analyses)
+        .into_par_iter()
+        .map(|(p, c, a)| crate::reward::score(p.as_ref(), c.as_ref(), a.as_ref(), shaping))
+        .collect()
+}
+
+/// P: target completions (the padding after the FEN, then `M: ... E: ... B: best`).
+pub fn policy_targets(fens: &[String], moves: &[Vec<String>], evals: &[Vec<f64>], best: &[String]) -> Vec<String> {
+    (fens, moves, evals, best)
+        .into_par_iter()
+        .map(|(f, m, e, b)| crate::policy::policy_target(f, m, e, b))
+        .collect()
+}

@@ -162,7 +162,7 @@ mod tests {
     #[test]
     fn illegal_moves_leave_the_board_and_truncate() {
         let start = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1";
-        for mv in ["e2e5", "e7e5", "", "hello", "e1g1"] {
+        for mv in ["e2e5", "e7e5", "", "hello", "e1g1", "e1h1"] {
             assert_eq!(target(start, mv), format!("{start}+-1.0+0+1"));
         }
     }

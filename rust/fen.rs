@@ -18,6 +18,8 @@ pub enum FenError {
     TooManyFields(usize),
     /// A character python-chess would not accept in a standard FEN (shakmaty's variant syntax).
     BadCharacter(char),
+    /// A move counter so large that playing on would overflow it (python-chess would keep counting).
+    CounterTooLarge(&'static str),
     Syntax(ParseFenError),
     IllegalPosition(PositionErrorKinds),
 }
@@ -28,6 +30,7 @@ impl fmt::Display for FenError {
             FenError::Empty => f.write_str("empty FEN"),
             FenError::TooManyFields(n) => write!(f, "FEN has {n} fields, at most 6 expected"),
             FenError::BadCharacter(c) => write!(f, "unexpected character {c:?} in FEN"),
+            FenError::CounterTooLarge(which) => write!(f, "{which} in FEN is too large (at most {MAX_COUNTER})"),
             FenError::Syntax(e) => e.fmt(f),
             FenError::IllegalPosition(kinds) => {
                 let reasons = [
@@ -50,6 +53,8 @@ impl fmt::Display for FenError {
 impl std::error::Error for FenError {}
 
 const MAX_FIELDS: usize = 6;
+/// Counters stay below u32::MAX so that a move can always add one without saturating.
+pub const MAX_COUNTER: u64 = u32::MAX as u64 - 1;
 
 /// Parses a FEN as python-chess does and returns a legal standard-chess position.
 pub fn parse_fen(text: &str) -> Result<Chess, FenError> {
@@ -63,6 +68,12 @@ pub fn parse_fen(text: &str) -> Result<Chess, FenError> {
     // shakmaty also reads crazyhouse pockets, three-check counters and '_' separators.
     if let Some(c) = text.chars().find(|c| matches!(c, '[' | ']' | '_' | '+' | '~')) {
         return Err(FenError::BadCharacter(c));
+    }
+    for (i, which) in [(4, "halfmove clock"), (5, "fullmove number")] {
+        let digits = fields.get(i).filter(|f| f.bytes().all(|b| b.is_ascii_digit()));
+        if digits.is_some_and(|f| f.trim_start_matches('0').len() > 10 || f.parse::<u64>().is_ok_and(|n| n > MAX_COUNTER)) {
+            return Err(FenError::CounterTooLarge(which));
+        }
     }
     let fen = Fen::from_ascii(fields.join(" ").as_bytes()).map_err(FenError::Syntax)?;
     let lenient = PositionErrorKinds::INVALID_CASTLING_RIGHTS
@@ -122,6 +133,9 @@ mod tests {
         assert!(matches!(parse_fen("rnbqkbnr/pppppppp/8/8 w"), Err(FenError::Syntax(_))));
         assert!(matches!(parse_fen("8/8/8/8/8/8/8/K6k x"), Err(FenError::Syntax(_))));
         assert_eq!(parse_fen("a b c d e f g").unwrap_err(), FenError::TooManyFields(7));
+        assert_eq!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 4294967295 1"), Err(FenError::CounterTooLarge("halfmove clock")));
+        assert_eq!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 0 99999999999999999999"), Err(FenError::CounterTooLarge("fullmove number")));
+        assert!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 4294967294 00000000000000001").is_ok());
         let msg = parse_fen("8/8/8/8/8/8/8/K7 w - - 0 1").unwrap_err().to_string();
         assert!(msg.contains("missing king"), "{msg}");
     }

@@ -10,8 +10,11 @@ pub mod generate;
 pub mod moves;
 mod openings;
 pub mod perft;
+pub mod policy;
 pub mod prompt;
+pub mod reward;
 pub mod rng;
+pub mod similarity;
 
 #[cfg(feature = "python")]
 mod python;
@@ -22,3 +25,5 @@ pub use generate::{generate_position, generate_positions, GeneratedPosition, Gen
 pub use moves::{legal_move, legal_uci_moves};
 pub use perft::perft;
 pub use prompt::{env_prompt, env_target, parse_env_prompt, EnvPrompt, PromptError, HISTORY_LEN};
+pub use policy::{parse_answer, policy_target, prompt_fen, PolicyAnswer};
+pub use reward::{score, Analysis, Score, ScoreError, Shaping, Task};

@@ -1,8 +1,9 @@
 //! Legal moves in UCI, and the legality of a UCI string.
 //!
-//! A move is legal exactly when its text is the UCI of a legal move in standard notation:
-//! castling is `e1g1`, never king-takes-rook `e1h1`; promotions are lower case. This is
-//! python-chess's `Move.from_uci(text) in board.legal_moves`.
+//! A move is legal exactly when python-chess's `Move.from_uci(text) in board.legal_moves` holds:
+//! its text is the UCI of a legal move, promotions in lower case. Castling may be written as the
+//! king's two-square step (`e1g1`, what `legal_uci_moves` lists) or as king-takes-rook (`e1h1`),
+//! which python-chess also accepts in standard chess.
 
 use shakmaty::uci::UciMove;
 use shakmaty::{CastlingMode, Chess, Move, Position};
@@ -22,8 +23,9 @@ pub fn legal_move(pos: &Chess, text: &str) -> Option<Move> {
     }
     let parsed = UciMove::from_ascii(text.as_bytes()).ok()?;
     let m = parsed.to_move(pos).ok()?;
-    // shakmaty's parser also takes king-takes-rook castling and upper-case promotions.
-    (uci(m) == text).then_some(m)
+    // shakmaty's parser is laxer still (upper-case promotions): require one of the two exact spellings.
+    let exact = uci(m) == text || (m.is_castle() && m.to_uci(CastlingMode::Chess960).to_string() == text);
+    exact.then_some(m)
 }
 
 #[cfg(test)]
@@ -39,12 +41,17 @@ mod tests {
     }
 
     #[test]
-    fn castling_only_in_standard_notation() {
+    fn castling_in_both_notations_python_chess_accepts() {
         let pos = parse_fen("r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1").unwrap();
-        assert!(legal_move(&pos, "e1g1").is_some());
-        assert!(legal_move(&pos, "e1c1").is_some());
+        for text in ["e1g1", "e1c1", "e1h1", "e1a1"] {
+            assert!(legal_move(&pos, text).is_some_and(|m| m.is_castle()), "{text}");
+        }
+        assert_eq!(legal_move(&pos, "e1h1"), legal_move(&pos, "e1g1"));
+        assert!(!legal_uci_moves(&pos).contains(&"e1h1".to_string()), "listed in standard notation only");
+        // Without the right, neither spelling castles (e1h1 would be the king taking its own rook).
+        let pos = parse_fen("r3k2r/8/8/8/8/8/8/R3K2R w Qkq - 0 1").unwrap();
+        assert!(legal_move(&pos, "e1g1").is_none());
         assert!(legal_move(&pos, "e1h1").is_none());
-        assert!(legal_move(&pos, "e1a1").is_none());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use pyo3::types::PyString;
 
 use crate::batch;
 use crate::generate::{generate_positions as generate, GeneratorConfig};
+use crate::reward::{Analysis, Parts, Shaping};
 
 /// Strings from any iterable of `str`. Lone surrogates become U+FFFD rather than an exception:
 /// model output must never crash a run.
@@ -94,9 +95,10 @@ fn env_prompts(
     py: Python<'_>,
     fens: &Bound<'_, PyAny>,
     moves: &Bound<'_, PyAny>,
-    histories: Vec<Vec<String>>,
+    histories: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<String>> {
     let (fens, moves) = (texts(fens)?, texts(moves)?);
+    let histories: Vec<Vec<String>> = histories.try_iter()?.map(|h| texts(&h?)).collect::<PyResult<_>>()?;
     same_length(fens.len(), moves.len())?;
     same_length(fens.len(), histories.len())?;
     Ok(py.detach(|| batch::env_prompts(&fens, &moves, &histories)))
@@ -134,6 +136,102 @@ fn generate_positions(
         .collect())
 }
 
+/// Column-wise scores, so Python can wrap them in arrays without a per-item object.
+#[derive(IntoPyObject, Default)]
+struct ScoreColumns {
+    ok: Vec<bool>,
+    error: Vec<String>,
+    task: Vec<&'static str>,
+    reward: Vec<f64>,
+    well_formed: Vec<bool>,
+    quality: Vec<f64>,
+    best_rank: Vec<u32>,
+    best_legal: Vec<bool>,
+    best: Vec<f64>,
+    hits: Vec<u32>,
+    candidates: Vec<f64>,
+    evals: Vec<f64>,
+    eval_error: Vec<f64>,
+    fen_exact: Vec<bool>,
+    fen_similarity: Vec<f64>,
+    reward_ok: Vec<bool>,
+    terminated_ok: Vec<bool>,
+    truncated_ok: Vec<bool>,
+}
+
+impl ScoreColumns {
+    fn push(&mut self, r: Result<crate::reward::Score, crate::reward::ScoreError>) {
+        let (p, a) = match &r {
+            Ok(s) => match &s.parts {
+                Some(Parts::Policy(p)) => (p.clone(), Default::default()),
+                Some(Parts::Env(a)) => (Default::default(), a.clone()),
+                None => Default::default(),
+            },
+            Err(_) => Default::default(),
+        };
+        self.ok.push(r.is_ok());
+        self.error.push(r.as_ref().err().map(|e| e.to_string()).unwrap_or_default());
+        self.task.push(r.as_ref().map(|s| s.task.as_str()).unwrap_or(""));
+        self.reward.push(r.as_ref().map_or(f64::NAN, |s| s.reward));
+        self.well_formed.push(r.as_ref().is_ok_and(|s| s.well_formed));
+        self.quality.push(r.as_ref().map_or(f64::NAN, |s| s.quality));
+        self.best_rank.push(p.best_rank);
+        self.best_legal.push(p.best_legal);
+        self.best.push(p.best);
+        self.hits.push(p.hits);
+        self.candidates.push(p.candidates);
+        self.evals.push(p.evals);
+        self.eval_error.push(p.eval_error.unwrap_or(f64::NAN));
+        self.fen_exact.push(a.fen_exact);
+        self.fen_similarity.push(a.fen_similarity);
+        self.reward_ok.push(a.reward_ok);
+        self.terminated_ok.push(a.terminated_ok);
+        self.truncated_ok.push(a.truncated_ok);
+    }
+}
+
+#[pyfunction]
+#[pyo3(signature = (prompts, completions, analyses, shaping="continuous"))]
+fn score(
+    py: Python<'_>,
+    prompts: &Bound<'_, PyAny>,
+    completions: &Bound<'_, PyAny>,
+    analyses: Vec<Option<(Vec<String>, Vec<f64>)>>,
+    shaping: &str,
+) -> PyResult<ScoreColumns> {
+    let shaping = Shaping::parse(shaping)
+        .ok_or_else(|| PyValueError::new_err(format!("shaping must be 'continuous' or 'graduated', got {shaping:?}")))?;
+    let (prompts, completions) = (texts(prompts)?, texts(completions)?);
+    same_length(prompts.len(), completions.len())?;
+    same_length(prompts.len(), analyses.len())?;
+    let analyses: Vec<Option<Analysis>> =
+        analyses.into_iter().map(|a| a.map(|(moves, evals)| Analysis { moves, evals })).collect();
+    if let Some(bad) = analyses.iter().flatten().find(|a| a.moves.len() != a.evals.len()) {
+        return Err(PyValueError::new_err(format!("analysis with {} moves but {} evals", bad.moves.len(), bad.evals.len())));
+    }
+    Ok(py.detach(|| {
+        let mut cols = ScoreColumns::default();
+        for r in batch::score(&prompts, &completions, &analyses, shaping) {
+            cols.push(r);
+        }
+        cols
+    }))
+}
+
+#[pyfunction]
+fn policy_targets(
+    py: Python<'_>,
+    fens: Vec<String>,
+    moves: Vec<Vec<String>>,
+    evals: Vec<Vec<f64>>,
+    best: Vec<String>,
+) -> PyResult<Vec<String>> {
+    same_length(fens.len(), moves.len())?;
+    same_length(fens.len(), evals.len())?;
+    same_length(fens.len(), best.len())?;
+    Ok(py.detach(|| batch::policy_targets(&fens, &moves, &evals, &best)))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(normalize_fens, m)?)?;
@@ -144,6 +242,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(env_prompts, m)?)?;
     m.add_function(wrap_pyfunction!(perft, m)?)?;
     m.add_function(wrap_pyfunction!(generate_positions, m)?)?;
+    m.add_function(wrap_pyfunction!(score, m)?)?;
+    m.add_function(wrap_pyfunction!(policy_targets, m)?)?;
     m.add("HISTORY_LEN", crate::prompt::HISTORY_LEN)?;
     Ok(())
 }

@@ -35,13 +35,15 @@ START_FEN = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
 
 
 def _list(items: Iterable[str]) -> list[str]:
+    if isinstance(items, str):  # a lone string would be read as a batch of characters
+        raise TypeError("expected a list of strings, got a single str")
     return items if isinstance(items, list) else list(items)
 
 
 def perft(fen: str, depth: int) -> int:
     """Leaf nodes of the legal move tree to ``depth``; ``ValueError`` for a bad FEN."""
-    if depth < 0:
-        raise ValueError(f"perft depth must be >= 0, got {depth}")
+    if not 0 <= depth <= 64:
+        raise ValueError(f"perft depth must lie in [0, 64], got {depth}")
     return _core.perft(fen, depth)
 
 
@@ -107,11 +109,11 @@ def env_steps(fens: Sequence[str], moves: Sequence[str]) -> list[EnvStep]:
 
 def env_prompt(fen: str, move: str, history: Sequence[str] = ()) -> str:
     """The A: prompt for playing ``move`` in ``fen`` after ``history`` (oldest first, without ``move``)."""
-    return _core.env_prompts([fen], [move], [list(history)])[0]
+    return _core.env_prompts([fen], [move], [_list(history)])[0]
 
 
 def env_prompts(fens: Sequence[str], moves: Sequence[str], histories: Sequence[Sequence[str]]) -> list[str]:
-    return _core.env_prompts(_list(fens), _list(moves), [list(h) for h in histories])
+    return _core.env_prompts(_list(fens), _list(moves), [_list(h) for h in histories])
 
 
 def env_targets(prompts: Iterable[str]) -> list[str]:
@@ -163,7 +165,7 @@ def generate_positions(
     than 14 pieces, the rest are 8-20 plies of development-minded random play. A share
     ``illegal_share`` of the A: moves are well-formed but illegal.
     """
-    if n < 0 or seed < 0 or start < 0:
-        raise ValueError(f"n, seed and start must be >= 0, got {n}, {seed}, {start}")
+    if n < 0 or not 0 <= seed < 2**64 or not 0 <= start < 2**64:
+        raise ValueError(f"n must be >= 0 and seed, start in [0, 2**64), got {n}, {seed}, {start}")
     raw = _core.generate_positions(n, seed, start, opening_share, endgame_share, illegal_share)
     return [Position(fen, tuple(history), move, phase) for fen, history, move, phase in raw]

@@ -1,0 +1,312 @@
+//! Verifiable rewards for P: and A: completions. Rules and weights: docs/rewards.md.
+//!
+//! Every completion, however garbled, gets a score: -0.3 when the answer's structure is
+//! missing, 0.2 for a well-formed answer with nothing right, up to 1.0 for a perfect one.
+
+use std::fmt;
+
+use shakmaty::Chess;
+
+use crate::env::step;
+use crate::fen::parse_fen;
+use crate::moves::legal_move;
+use crate::policy::{parse_answer, prompt_fen, PolicyAnswer};
+use crate::prompt::parse_env_prompt;
+use crate::similarity::similarity;
+
+pub const UNPARSEABLE: f64 = -0.3;
+pub const FORMAT_ONLY: f64 = 0.2;
+
+/// How quality in [0, 1] becomes a reward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Shaping {
+    /// 0.2 + 0.8 x quality: every improvement counts, which gives GRPO spread within a group.
+    #[default]
+    Continuous,
+    /// Steps of 0.2: 0.2, 0.4, 0.6, 0.8, and 1.0 for quality 1 only.
+    Graduated,
+}
+
+impl Shaping {
+    pub fn parse(name: &str) -> Option<Shaping> {
+        match name {
+            "continuous" => Some(Shaping::Continuous),
+            "graduated" => Some(Shaping::Graduated),
+            _ => None,
+        }
+    }
+
+    pub fn reward(self, quality: f64) -> f64 {
+        let q = quality.clamp(0.0, 1.0);
+        match self {
+            Shaping::Continuous => FORMAT_ONLY + 0.8 * q,
+            Shaping::Graduated if q >= 1.0 - 1e-9 => 1.0,
+            Shaping::Graduated => FORMAT_ONLY + 0.2 * (q * 4.0).floor().min(3.0),
+        }
+    }
+}
+
+/// Weights of the P: components.
+pub const W_BEST: f64 = 0.5;
+pub const W_CANDIDATES: f64 = 0.3;
+pub const W_EVALS: f64 = 0.2;
+/// Credit for the B: move by its rank in Stockfish's top 5; a legal move outside it gets `OUTSIDE_TOP`.
+pub const RANK_CREDIT: [f64; 5] = [1.0, 0.6, 0.4, 0.25, 0.15];
+pub const OUTSIDE_TOP: f64 = 0.05;
+/// A B: move missing from the answer's own M: list gets this share of its credit.
+pub const INCONSISTENT_BEST: f64 = 0.5;
+/// Each illegal, repeated or surplus M: move cancels this much of a hit.
+pub const CANDIDATE_PENALTY: f64 = 0.5;
+/// Evals are compared after clamping to +-this many pawns, so mate scores do not dominate.
+pub const EVAL_CLAMP: f64 = 10.0;
+/// Eval credit is exp(-error / EVAL_SCALE), error in pawns.
+pub const EVAL_SCALE: f64 = 0.5;
+/// Evals within this many pawns of the best count as the same rank.
+pub const TIE: f64 = 1e-9;
+
+/// Weights of the A: components: the FEN carries the score, the rest only scales it.
+pub const W_FEN: f64 = 0.6;
+/// Credit for a wrong FEN is `NEAR_MISS_CAP * similarity ^ NEAR_MISS_POWER`.
+pub const NEAR_MISS_CAP: f64 = 0.5;
+pub const NEAR_MISS_POWER: i32 = 16;
+
+/// Stockfish's view of a position: its top moves, best first, with evals in pawns from the
+/// side to move's view.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Analysis {
+    pub moves: Vec<String>,
+    pub evals: Vec<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Task {
+    Policy,
+    Env,
+}
+
+impl Task {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Task::Policy => "P",
+            Task::Env => "A",
+        }
+    }
+
+    pub fn of_prompt(prompt: &str) -> Option<Task> {
+        let p = prompt.trim_start();
+        if p.starts_with("P:") {
+            Some(Task::Policy)
+        } else if p.starts_with("A:") {
+            Some(Task::Env)
+        } else {
+            None
+        }
+    }
+}
+
+/// The parts of a P: score, each in [0, 1].
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PolicyParts {
+    /// Rank of the B: move in Stockfish's list (1 = best), 0 when outside it.
+    pub best_rank: u32,
+    pub best_legal: bool,
+    pub best: f64,
+    /// Distinct M: moves in Stockfish's top moves.
+    pub hits: u32,
+    pub candidates: f64,
+    pub evals: f64,
+    /// Mean absolute eval error (clamped pawns) over the M: moves Stockfish also listed.
+    pub eval_error: Option<f64>,
+}
+
+/// The parts of an A: score.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct EnvParts {
+    pub fen_exact: bool,
+    pub fen_similarity: f64,
+    pub reward_ok: bool,
+    pub terminated_ok: bool,
+    pub truncated_ok: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Parts {
+    Policy(PolicyParts),
+    Env(EnvParts),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Score {
+    pub task: Task,
+    pub reward: f64,
+    /// Whether the completion had the answer's structure at all.
+    pub well_formed: bool,
+    pub quality: f64,
+    /// `None` when not well formed.
+    pub parts: Option<Parts>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScoreError {
+    UnknownTask,
+    BadPrompt(String),
+    MissingAnalysis,
+}
+
+impl fmt::Display for ScoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScoreError::UnknownTask => f.write_str("prompt is neither a P: nor an A: prompt"),
+            ScoreError::BadPrompt(e) => write!(f, "bad prompt: {e}"),
+            ScoreError::MissingAnalysis => f.write_str("a P: prompt needs a Stockfish analysis"),
+        }
+    }
+}
+
+impl std::error::Error for ScoreError {}
+
+/// Scores one completion. Errors are about the prompt or ground truth (trusted inputs), never
+/// about the completion.
+pub fn score(prompt: &str, completion: &str, analysis: Option<&Analysis>, shaping: Shaping) -> Result<Score, ScoreError> {
+    match Task::of_prompt(prompt).ok_or(ScoreError::UnknownTask)? {
+        Task::Policy => {
+            let fen = prompt_fen(prompt).ok_or_else(|| ScoreError::BadPrompt("P: prompt without a FEN".into()))?;
+            let pos = parse_fen(fen).map_err(|e| ScoreError::BadPrompt(e.to_string()))?;
+            let analysis = analysis.ok_or(ScoreError::MissingAnalysis)?;
+            Ok(match parse_answer(completion) {
+                None => malformed(Task::Policy),
+                Some(answer) => {
+                    let parts = policy_parts(&pos, &answer, analysis);
+                    let quality = W_BEST * parts.best + W_CANDIDATES * parts.candidates + W_EVALS * parts.evals;
+                    scored(Task::Policy, quality, shaping, Parts::Policy(parts))
+                }
+            })
+        }
+        Task::Env => {
+            let p = parse_env_prompt(prompt).map_err(|e| ScoreError::BadPrompt(e.to_string()))?;
+            let pos = parse_fen(&p.fen).map_err(|e| ScoreError::BadPrompt(e.to_string()))?;
+            let truth = step(&pos, &p.mv);
+            Ok(match parse_env_answer(completion) {
+                None => malformed(Task::Env),
+                Some(answer) => {
+                    let parts = EnvParts {
+                        fen_exact: answer.fen == truth.fen,
+                        fen_similarity: similarity(answer.fen, &truth.fen),
+                        reward_ok: answer.reward.is_some_and(|r| (r - truth.reward.value()).abs() < 1e-9),
+                        terminated_ok: answer.terminated == Some(truth.terminated()),
+                        truncated_ok: answer.truncated == Some(truth.truncated()),
+                    };
+                    let fen = if parts.fen_exact {
+                        1.0
+                    } else {
+                        NEAR_MISS_CAP * parts.fen_similarity.powi(NEAR_MISS_POWER)
+                    };
+                    let flags = [parts.reward_ok, parts.terminated_ok, parts.truncated_ok];
+                    let flags = flags.iter().filter(|ok| **ok).count() as f64 / 3.0;
+                    // Guessing the common `0.001+0+0` earns nothing without the right board.
+                    let quality = fen * (W_FEN + (1.0 - W_FEN) * flags);
+                    scored(Task::Env, quality, shaping, Parts::Env(parts))
+                }
+            })
+        }
+    }
+}
+
+fn malformed(task: Task) -> Score {
+    Score { task, reward: UNPARSEABLE, well_formed: false, quality: 0.0, parts: None }
+}
+
+fn scored(task: Task, quality: f64, shaping: Shaping, parts: Parts) -> Score {
+    Score { task, reward: shaping.reward(quality), well_formed: true, quality, parts: Some(parts) }
+}
+
+fn clamp_eval(pawns: f64) -> f64 {
+    pawns.clamp(-EVAL_CLAMP, EVAL_CLAMP)
+}
+
+fn policy_parts(pos: &Chess, answer: &PolicyAnswer, analysis: &Analysis) -> PolicyParts {
+    let mut parts = PolicyParts::default();
+    let truth_rank = |mv: &str| analysis.moves.iter().position(|m| m == mv);
+
+    // B: credit by rank, where moves as good as the best share rank 1.
+    parts.best_legal = legal_move(pos, &answer.best).is_some();
+    if let Some(r) = truth_rank(&answer.best) {
+        let top = analysis.evals.first().copied().unwrap_or(0.0);
+        let tied = analysis.evals.get(r).is_some_and(|e| (e - top).abs() <= TIE);
+        let r = if tied { 0 } else { r };
+        parts.best_rank = r as u32 + 1;
+        parts.best = RANK_CREDIT.get(r).copied().unwrap_or(OUTSIDE_TOP);
+    } else if parts.best_legal {
+        parts.best = OUTSIDE_TOP;
+    }
+    if !answer.moves.iter().any(|m| *m == answer.best) {
+        parts.best *= INCONSISTENT_BEST;
+    }
+
+    // M: distinct hits, less penalties for illegal, repeated and surplus moves.
+    let wanted = analysis.moves.len().min(RANK_CREDIT.len());
+    let mut seen: Vec<&str> = Vec::new();
+    let mut penalties = 0usize;
+    let mut eval_credit = 0.0;
+    let mut errors = Vec::new();
+    for (i, mv) in answer.moves.iter().enumerate() {
+        if i >= wanted.max(1) || seen.contains(&mv.as_str()) || legal_move(pos, mv).is_none() {
+            penalties += 1;
+            continue;
+        }
+        seen.push(mv);
+        if let Some(r) = truth_rank(mv) {
+            parts.hits += 1;
+            // E: the eval written beside this move against Stockfish's eval for it.
+            if let Some(Some(e)) = answer.evals.get(i) {
+                let err = (clamp_eval(*e) - clamp_eval(analysis.evals[r])).abs();
+                errors.push(err);
+                eval_credit += (-err / EVAL_SCALE).exp();
+            }
+        }
+    }
+    if wanted > 0 {
+        let net = parts.hits as f64 - CANDIDATE_PENALTY * penalties as f64;
+        parts.candidates = (net / wanted as f64).clamp(0.0, 1.0);
+        let surplus_evals = answer.evals.len().saturating_sub(wanted) as f64;
+        parts.evals = ((eval_credit - CANDIDATE_PENALTY * surplus_evals) / wanted as f64).clamp(0.0, 1.0);
+    }
+    if !errors.is_empty() {
+        parts.eval_error = Some(errors.iter().sum::<f64>() / errors.len() as f64);
+    }
+    parts
+}
+
+struct EnvAnswer<'a> {
+    fen: &'a str,
+    reward: Option<f64>,
+    terminated: Option<bool>,
+    truncated: Option<bool>,
+}
+
+fn flag(text: &str) -> Option<bool> {
+    match text {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    }
+}
+
+/// `{fen}+{reward}+{terminated}+{truncated}`; text after the fourth field's first token is ignored.
+fn parse_env_answer(text: &str) -> Option<EnvAnswer<'_>> {
+    let mut parts = text.trim_start().splitn(4, '+');
+    let fen = parts.next()?.trim();
+    let reward = parts.next()?.trim();
+    let terminated = parts.next()?.trim();
+    let rest = parts.next()?.trim_start();
+    let truncated = rest.split(|c: char| c == '+' || c.is_whitespace()).next().unwrap_or("");
+    if fen.is_empty() {
+        return None;
+    }
+    Some(EnvAnswer {
+        fen,
+        reward: reward.parse::<f64>().ok().filter(|r| r.is_finite()),
+        terminated: flag(terminated),
+        truncated: flag(truncated),
+    })
+}
