@@ -1,0 +1,385 @@
+"""Batched sampling from the policy, and the chunked log-prob pass that the GRPO loss is built on.
+
+`generate` prefills the (left-padded) prompts once, then decodes one token per step for the whole batch against
+a preallocated `KVCache`. Every decode step has the same shapes (the cache is written at a position *tensor*),
+so on CUDA the step is compiled with `torch.compile(mode="reduce-overhead")` and replayed as a CUDA graph.
+The loop body is batch-wide tensor code: finished rows keep decoding padding instead of being removed, and on
+CUDA the "all done?" check (a device sync) runs only every `check_every` steps.
+
+Log-probs come in two flavours, because GRPO needs both:
+- `GenerationOutput.logprobs`: log-prob of each sampled token under the distribution it was actually drawn
+  from, i.e. after temperature, top-k and top-p (0 for greedy decoding, a point mass). Use these for importance
+  ratios against the sampler, or to check the sampler.
+- `GenerationOutput.policy_logprobs` (return_policy_logprobs=True): log-softmax of the raw logits at
+  temperature 1 over the full vocabulary, the policy's own log-prob, which is what the GRPO ratio and KL use.
+  `token_logprobs` recomputes the same quantity with gradients (and without the cache's bf16 rounding).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from rookworld.model import GPT, KVCache
+
+EOS_ID = 50256
+PAD_ID = EOS_ID
+
+# Round the cache length up to a multiple of this when compiling, so that prompts of slightly different widths
+# reuse one compiled graph (each distinct shape is a recompilation and another CUDA graph).
+CACHE_LEN_BUCKET = 64
+# Compiled decoding keeps its KV caches between calls (the CUDA graph has their addresses baked in); at most
+# this many shapes per model, least recently used evicted. `release_caches(model)` frees them.
+MAX_CACHED_SHAPES = 2
+
+
+@dataclass
+class GenerationOutput:
+    tokens: torch.Tensor  # [B, N] long; after a sequence ends, pad_token_id
+    mask: torch.Tensor  # [B, N] bool; True on generated tokens, including the EOS that ended a sequence
+    logprobs: torch.Tensor  # [B, N] float32; sampling log-probs (see module docstring), 0 where mask is False
+    policy_logprobs: torch.Tensor | None  # [B, N] float32; temperature-1 full-vocab log-probs, if requested
+    lengths: torch.Tensor  # [B] long; number of generated tokens (mask.sum(1))
+    stopped: torch.Tensor  # [B] bool; True where the sequence ended with EOS, False where it hit its limit
+
+
+@dataclass
+class TokenScores:
+    logprobs: torch.Tensor  # [B, N] float32
+    entropy: torch.Tensor | None  # [B, N] float32, if requested
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sampling from one step's logits
+
+
+def _top_p_filter(sorted_logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix of descending-sorted logits whose probability mass reaches top_p."""
+    probs = sorted_logits.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs
+    return sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the top token always survives
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from logits [B, V] (float32). Returns (tokens [B], sampling log-probs [B]).
+
+    temperature <= 0 means greedy (log-prob 0: the distribution sampled from is a point mass).
+    """
+    if temperature <= 0:
+        return logits.argmax(-1), torch.zeros(logits.shape[0], device=logits.device)
+    scaled = logits / temperature if temperature != 1.0 else logits
+    candidates: torch.Tensor | None = None
+    if top_k is not None and top_k < scaled.shape[-1]:
+        # Top-p then only needs to sort k values, not the whole vocabulary.
+        scaled, candidates = scaled.topk(top_k, dim=-1)
+    elif top_p is not None and top_p < 1.0:
+        scaled, candidates = scaled.sort(dim=-1, descending=True)
+    if top_p is not None and top_p < 1.0:
+        scaled = _top_p_filter(scaled, top_p)
+    logp = scaled.log_softmax(-1)
+    # Exponential race (Gumbel-max): argmax_i p_i / E_i with E_i = -log(U_i) ~ Exp(1) is a draw from p. It never
+    # syncs with the host (unlike torch.multinomial) and is reproducible through `generator`. U from rand, not
+    # exponential_(), which is 5x slower on CPU. U = 0 gives E = inf: that token just cannot win.
+    uniform = torch.rand(logp.shape, generator=generator, device=logp.device)
+    choice = (logp - uniform.log().neg().log()).argmax(-1, keepdim=True)
+    token_logp = logp.gather(-1, choice).squeeze(-1)
+    token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)
+    return token, token_logp
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Decoding
+
+
+def _decode_step(
+    model: GPT,
+    cache: KVCache,
+    tokens: torch.Tensor,
+    position_ids: torch.Tensor,
+    write_pos: torch.Tensor,
+    device_type: str,
+    amp_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """One token per row [B, 1] through the model against the cache; next-token logits [B, V] in float32."""
+    with torch.autocast(device_type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+        hidden = model.trunk(tokens, None, position_ids, cache, write_pos)
+        return model.lm_head(hidden[:, -1]).float()
+
+
+_compiled_steps: dict[str, Callable[..., torch.Tensor]] = {}
+_cache_pool: weakref.WeakKeyDictionary[GPT, OrderedDict[tuple, KVCache]] = weakref.WeakKeyDictionary()
+
+
+def _compiled_step(device_type: str) -> Callable[..., torch.Tensor]:
+    if device_type not in _compiled_steps:
+        # reduce-overhead = inductor + CUDA graphs: the ~100 small kernels of a decode step become one replay.
+        mode = "reduce-overhead" if device_type == "cuda" else None
+        _compiled_steps[device_type] = torch.compile(_decode_step, mode=mode, fullgraph=True, dynamic=False)
+    return _compiled_steps[device_type]
+
+
+def _pooled_cache(model: GPT, batch_size: int, max_len: int, dtype: torch.dtype) -> KVCache:
+    """A KV cache reused across calls: CUDA graphs replay against fixed addresses, so the cache must persist."""
+    pool = _cache_pool.setdefault(model, OrderedDict())
+    key = (batch_size, max_len, dtype, model.device)
+    if key in pool:
+        pool.move_to_end(key)
+        cache = pool[key]
+        cache.reset()
+        return cache
+    while len(pool) >= MAX_CACHED_SHAPES:
+        pool.popitem(last=False)
+    cache = KVCache(model.config, batch_size, max_len, model.device, dtype)
+    # Tells dynamo/cudagraphs these inputs keep their address, so mutating them in the graph is allowed.
+    torch._dynamo.mark_static_address(cache.kv)
+    torch._dynamo.mark_static_address(cache.valid)
+    pool[key] = cache
+    return cache
+
+
+def release_caches(model: GPT | None = None) -> None:
+    """Free the KV caches that compiled decoding keeps (for one model, or all)."""
+    if model is None:
+        _cache_pool.clear()
+    else:
+        _cache_pool.pop(model, None)
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int | torch.Tensor = 144,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int = EOS_ID,
+    pad_token_id: int = PAD_ID,
+    stop_at_eos: bool = True,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    return_policy_logprobs: bool = False,
+    use_cache: bool = True,
+    compile: bool | None = None,
+    dtype: torch.dtype | None = None,
+    check_every: int | None = None,
+) -> GenerationOutput:
+    """Sample completions for a left-padded batch of prompts.
+
+    input_ids / attention_mask: [B, P], left-padded (see `rookworld.tokenizer`); mask None = no padding.
+    max_new_tokens: one limit, or one per row ([B] tensor). A row stops at its limit or, with stop_at_eos, after
+        emitting eos_token_id (the EOS is part of the completion and of its mask). stop_at_eos=False generates
+        exactly max_new_tokens per row (benchmarks).
+    temperature <= 0 is greedy; top_k / top_p restrict the support (applied after temperature, top-k first).
+    seed or generator: seeded runs are reproducible (same device, same batch). The generator must live on the
+        model's device.
+    return_policy_logprobs: also return temperature-1 full-vocab log-probs of the sampled tokens.
+    use_cache=False recomputes the whole sequence every step (slow; a reference for tests).
+    compile: compile the decode step (CUDA graphs on CUDA); default True on CUDA, False elsewhere. Each new
+        (batch size, bucketed length) compiles again; dynamo's recompile limit (torch._dynamo.config
+        .recompile_limit, 8) caps how many shapes one process can compile before falling back to eager.
+    dtype: compute dtype; default bfloat16 on CUDA for an fp32 model, else the model's own. If it differs from
+        the parameters' dtype the forward runs under torch.autocast; the KV cache is kept in `dtype`.
+    check_every: steps between "all rows done?" checks (a host sync); default 16 on CUDA, 1 on CPU.
+    """
+    device = model.device
+    input_ids = input_ids.to(device)
+    B, P = input_ids.shape
+    mask = (
+        attention_mask.to(device=device, dtype=torch.bool)
+        if attention_mask is not None
+        else torch.ones(B, P, dtype=torch.bool, device=device)
+    )
+    if isinstance(max_new_tokens, torch.Tensor):
+        limits = max_new_tokens.to(device=device, dtype=torch.long).expand(B)
+        N = int(limits.max()) if B else 0
+    else:
+        limits = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+        N = max_new_tokens
+    if N < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {N}")
+    if P + N > model.config.block_size:
+        raise ValueError(f"prompt width {P} + {N} new tokens exceeds the context of {model.config.block_size}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+
+    # bf16 on CUDA unless the model already runs in a 16-bit type; fp32 weights then stay fp32 (autocast).
+    default_dtype = torch.bfloat16 if device.type == "cuda" and model.dtype == torch.float32 else model.dtype
+    compute_dtype = dtype or default_dtype
+    amp_dtype = compute_dtype if compute_dtype != model.dtype else None
+    compile = (device.type == "cuda") if compile is None else compile
+    compile = compile and use_cache
+    check_every = check_every or (16 if device.type == "cuda" else 1)
+
+    tokens = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
+    out_mask = torch.zeros((B, N), dtype=torch.bool, device=device)
+    logprobs = torch.zeros((B, N), dtype=torch.float32, device=device)
+    policy_logprobs = torch.zeros((B, N), dtype=torch.float32, device=device) if return_policy_logprobs else None
+    done = limits <= 0
+    stopped = torch.zeros(B, dtype=torch.bool, device=device)
+
+    was_training = model.training
+    model.eval()  # dropout must be off while sampling, whatever the trainer left it at
+    try:
+        autocast = torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None)
+        if use_cache:
+            max_len = P + N
+            if compile:
+                max_len = -(-max_len // CACHE_LEN_BUCKET) * CACHE_LEN_BUCKET
+                cache = _pooled_cache(model, B, max_len, compute_dtype)
+                step_fn = _compiled_step(device.type)
+            else:
+                cache = KVCache(model.config, B, max_len, device, compute_dtype)
+                step_fn = _decode_step
+            with autocast:
+                hidden = model.trunk(input_ids, mask, None, cache, torch.arange(P, device=device))
+                logits = model.lm_head(hidden[:, -1]).float()
+            write_pos = torch.tensor([P], dtype=torch.long, device=device)
+            position_ids = mask.sum(1, keepdim=True)  # next position of every row: its real prompt length
+        else:
+            seq, seq_mask = input_ids, mask
+            with autocast:
+                logits = model.lm_head(model.trunk(seq, seq_mask)[:, -1]).float()
+
+        for step in range(N):
+            token, token_logp = sample_next(logits, temperature, top_k, top_p, generator)
+            if policy_logprobs is not None:
+                policy_logprobs[:, step] = logits.gather(-1, token[:, None]).squeeze(1) - logits.logsumexp(-1)
+            alive = ~done
+            token = torch.where(alive, token, pad_token_id)
+            tokens[:, step] = token
+            out_mask[:, step] = alive
+            logprobs[:, step] = token_logp.masked_fill(done, 0.0)
+            if stop_at_eos:
+                hit_eos = alive & (token == eos_token_id)
+                stopped |= hit_eos
+                done = done | hit_eos
+            done = done | (limits <= step + 1)
+            if step + 1 == N or ((step + 1) % check_every == 0 and bool(done.all())):
+                break
+            if use_cache:
+                if compile:
+                    torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
+                logits = step_fn(model, cache, token[:, None], position_ids, write_pos, device.type, amp_dtype)
+                write_pos = write_pos + 1
+                position_ids = position_ids + 1
+            else:
+                seq = torch.cat([seq, token[:, None]], dim=1)
+                seq_mask = torch.cat([seq_mask, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
+                with autocast:
+                    logits = model.lm_head(model.trunk(seq, seq_mask)[:, -1]).float()
+    finally:
+        model.train(was_training)
+
+    if policy_logprobs is not None:
+        policy_logprobs.masked_fill_(~out_mask, 0.0)
+    lengths = out_mask.sum(1)
+    width = int(lengths.max()) if B else 0  # one sync at the end: drop columns that no row reached
+    return GenerationOutput(
+        tokens=tokens[:, :width],
+        mask=out_mask[:, :width],
+        logprobs=logprobs[:, :width],
+        policy_logprobs=policy_logprobs[:, :width] if policy_logprobs is not None else None,
+        lengths=lengths,
+        stopped=stopped,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Scoring pass for training
+
+
+def _chunk_scores(
+    hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, ...]:
+    logits = F.linear(hidden, weight).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_z = logits.logsumexp(-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    if not with_entropy:
+        return (logp,)
+    probs = (logits - log_z.unsqueeze(-1)).exp()
+    entropy = log_z - (probs * logits).sum(-1)
+    return logp, entropy
+
+
+def token_logprobs(
+    model: GPT,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    start: int = 1,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+) -> TokenScores:
+    """log p(input_ids[:, t] | input_ids[:, :t]) for t in [start, T): logprobs [B, T - start], differentiable.
+
+    For GRPO, input_ids = prompt (left-padded, width P) + completion, and start = P gives the completion's
+    per-token log-probs. The trunk runs once; the lm_head and log-softmax run over `chunk_size` (row, time)
+    positions at a time, so the fp32 [B, T, vocab] logits never exist at once. With gradients enabled each chunk
+    is checkpointed: backward recomputes its logits instead of keeping them (peak: one chunk of logits).
+    Entropy (optional) is that of the same, temperature-scaled, distribution. Autocast, if any, is the caller's.
+    """
+    B, T = input_ids.shape
+    if not 1 <= start < T:
+        raise ValueError(f"start must lie in [1, {T}), got {start}")
+    hidden = model.trunk(input_ids, attention_mask)[:, start - 1 : T - 1]  # position t-1 predicts token t
+    N = T - start
+    hidden = hidden.reshape(B * N, -1)
+    targets = input_ids[:, start:].reshape(B * N)
+    weight = model.lm_head.weight
+    differentiable = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    logps, entropies = [], []
+    for i in range(0, B * N, chunk_size):
+        args = (hidden[i : i + chunk_size], targets[i : i + chunk_size], weight, temperature, return_entropy)
+        if differentiable:
+            out = checkpoint(_chunk_scores, *args, use_reentrant=False)
+        else:
+            out = _chunk_scores(*args)
+        logps.append(out[0])
+        if return_entropy:
+            entropies.append(out[1])
+    logprobs = torch.cat(logps).view(B, N)
+    entropy = torch.cat(entropies).view(B, N) if return_entropy else None
+    return TokenScores(logprobs=logprobs, entropy=entropy)
+
+
+def score_completions(
+    model: GPT,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> TokenScores:
+    """`token_logprobs` of completions [B, N] after left-padded prompts [B, P]: scores [B, N]."""
+    B, P = prompt_ids.shape
+    completion_ids = completion_ids.to(prompt_ids.device)
+    if prompt_mask is None:
+        prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool)
+    if completion_mask is None:
+        completion_mask = torch.ones_like(completion_ids, dtype=torch.bool)
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    mask = torch.cat([prompt_mask.bool(), completion_mask.to(prompt_ids.device).bool()], dim=1)
+    return token_logprobs(model, ids, mask, start=P, **kwargs)

@@ -1,0 +1,92 @@
+"""Shared fixtures: the GPT-2 vocabulary file, tiny GPT-2 models (ours and transformers')."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Machines here cannot download tiktoken's vocabulary; tests read the shared copy unless told otherwise.
+# Set at import time, before any test module builds a tokenizer.
+os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(REPO.parent / "shared" / "data" / "gpt2.tiktoken"))
+
+# The test models are tiny, so intra-op threads buy nothing; on a busy 2-core machine their OpenMP spin-waiting
+# made the sampling tests 3x slower.
+torch.set_num_threads(1)
+
+# A GPT-2 small enough for CPU tests, with the real vocabulary so token ids mean the same as in production.
+TINY = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=50257, n_positions=128)
+
+
+def tiny_gpt(seed: int = 0, scale: float = 1.0):
+    """A random rookworld GPT in eval mode. scale > 1 sharpens its next-token distributions (GPT-2's init gives
+    nearly uniform ones), so that sampling and greedy decoding depend visibly on the context."""
+    from rookworld.model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    model = GPT(
+        GPTConfig(
+            block_size=TINY["n_positions"],
+            vocab_size=TINY["vocab_size"],
+            n_layer=TINY["n_layer"],
+            n_head=TINY["n_head"],
+            n_embd=TINY["n_embd"],
+        )
+    )
+    if scale != 1.0:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if not name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                    p.mul_(scale)
+    return model.eval()
+
+
+def constant_gpt(logits: torch.Tensor):
+    """A GPT whose next-token logits are `logits` [vocab] at every position, whatever the input.
+
+    ln_f's weight is zeroed and its bias is the first unit vector, so the final hidden state is e_0 and the
+    (tied) lm_head returns column 0 of wte. Sampling tests can then compare against a known distribution.
+    """
+    model = tiny_gpt()
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.zero_()
+        model.transformer.ln_f.bias[0] = 1.0
+        model.transformer.wte.weight[:, 0] = logits
+    return model
+
+
+@pytest.fixture
+def tiny_model():
+    return tiny_gpt(scale=4.0)
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(tmp_path_factory):
+    """A random GPT-2 built by transformers (gelu_new), in eval mode, and the directory it was saved to."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1234)
+    config = transformers.GPT2Config(**TINY, activation_function="gelu_new")
+    model = transformers.GPT2LMHeadModel(config).eval()
+    # transformers' init is as flat as GPT-2's; sharpen it so logits differ by more than the tolerance.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "ln_" not in name:
+                p.mul_(4.0)
+    directory = tmp_path_factory.mktemp("hf_tiny")
+    model.save_pretrained(directory)
+    return model, directory
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_bin(hf_tiny, tmp_path_factory):
+    """The same model as a legacy `pytorch_model.bin` checkpoint (a pickled HF state dict)."""
+    model, directory = hf_tiny
+    bin_dir = tmp_path_factory.mktemp("hf_tiny_bin")
+    (bin_dir / "config.json").write_text((directory / "config.json").read_text())
+    torch.save(model.state_dict(), bin_dir / "pytorch_model.bin")
+    return model, bin_dir

@@ -1,0 +1,218 @@
+"""The GPT-2 port: parity with transformers in both directions, loading/saving, padding invariance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import tiny_gpt
+from rookworld.model import (
+    GPT,
+    GPTConfig,
+    ModelNotAvailableError,
+    from_pretrained,
+    positions_from_mask,
+    save_pretrained,
+)
+
+TOL = 1e-4
+
+
+def _batch(seed: int = 0, B: int = 3, T: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids with left padding of different widths (row 0 unpadded)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 50257, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    for row in range(1, B):
+        mask[row, : 3 * row] = False
+        ids[row, : 3 * row] = 50256
+    return ids, mask
+
+
+def _hf_logits(hf_model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    with torch.no_grad():
+        if mask is None:
+            return hf_model(ids).logits
+        return hf_model(ids, attention_mask=mask.long(), position_ids=positions_from_mask(mask)).logits
+
+
+def test_gpt2_small_has_124m_parameters():
+    with torch.device("meta"):
+        model = GPT(GPTConfig())
+    assert model.num_params() == 124_439_808
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert GPTConfig().dropout == 0.0 and GPTConfig().layer_norm_eps == 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_loads_transformers_checkpoint_with_same_logits(fmt, hf_tiny, hf_tiny_bin):
+    hf_model, directory = hf_tiny if fmt == "safetensors" else hf_tiny_bin
+    assert (directory / ("model.safetensors" if fmt == "safetensors" else "pytorch_model.bin")).is_file()
+    model = from_pretrained(directory)
+    assert model.config.n_layer == 2 and model.config.n_embd == 64 and model.config.block_size == 128
+    assert model.dtype == torch.float32 and not model.training
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied after loading
+
+    ids, mask = _batch()
+    with torch.no_grad():
+        ours = model(ids[:1])
+        ours_padded = model(ids, mask)
+    theirs = _hf_logits(hf_model, ids[:1])
+    assert theirs.abs().max() > 1.0  # the comparison below means something
+    assert (ours - theirs).abs().max().item() < TOL
+    theirs_padded = _hf_logits(hf_model, ids, mask)
+    diff = (ours_padded - theirs_padded).abs()[mask]  # padding positions are garbage in both
+    assert diff.max().item() < TOL
+
+
+def test_saved_checkpoint_loads_in_transformers_with_same_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = tiny_gpt(seed=3, scale=4.0)
+    out = save_pretrained(model, tmp_path / "ckpt")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert not [p for p in tmp_path.iterdir() if p.name != "ckpt"]  # no temporary directory left behind
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["activation_function"] == "gelu_new"
+
+    hf_model = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    ids, mask = _batch(seed=1)
+    with torch.no_grad():
+        ours = model(ids, mask)
+    diff = (ours - _hf_logits(hf_model, ids, mask)).abs()[mask]
+    assert diff.max().item() < TOL
+    with torch.no_grad():
+        assert (model(ids[:1]) - _hf_logits(hf_model, ids[:1])).abs().max().item() < TOL
+
+
+def test_save_load_round_trip_and_overwrite(tmp_path):
+    model = tiny_gpt(seed=5)
+    target = tmp_path / "ckpt"
+    save_pretrained(tiny_gpt(seed=6), target)
+    model.save_pretrained(target)  # replaces the files of an existing checkpoint
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+    loaded = GPT.from_pretrained(target)
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+    bf16 = from_pretrained(target, dtype=torch.bfloat16)
+    assert bf16.dtype == torch.bfloat16
+    assert torch.equal(bf16.transformer.wte.weight, model.transformer.wte.weight.bfloat16())
+
+
+def test_save_in_bf16_keeps_conv1d_layout(tmp_path):
+    from safetensors.torch import load_file
+
+    model = tiny_gpt(seed=2)
+    save_pretrained(model, tmp_path / "bf16", dtype=torch.bfloat16)
+    state = load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    assert "lm_head.weight" not in state  # tied
+    w = state["transformer.h.0.attn.c_attn.weight"]
+    assert w.dtype == torch.bfloat16 and w.shape == (64, 192)  # Conv1D: [in, out]
+    assert torch.equal(w, model.transformer.h[0].attn.c_attn.weight.t().bfloat16())
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_left_padding_does_not_change_logits(tiny_model):
+    ids, mask = _batch(seed=4, B=4, T=20)
+    with torch.no_grad():
+        batch_logits = tiny_model(ids, mask)
+        for row in range(4):
+            alone = tiny_model(ids[row : row + 1, mask[row]])  # the prompt without any padding
+            assert (alone[0] - batch_logits[row, mask[row]]).abs().max().item() < 1e-5
+
+
+def test_rejects_unsupported_configs_and_missing_weights(tmp_path, hf_tiny):
+    _, directory = hf_tiny
+    config = json.loads((directory / "config.json").read_text())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({**config, "activation_function": "gelu"}))
+    (bad / "model.safetensors").write_bytes((directory / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="gelu_new"):
+        from_pretrained(bad)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        from_pretrained(empty)
+
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    (wrong / "config.json").write_text(json.dumps({**config, "n_layer": 3}))
+    (wrong / "model.safetensors").write_bytes((directory / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="do not match"):
+        from_pretrained(wrong)
+
+
+def test_hub_offline_with_empty_cache_raises_clear_error(tmp_path):
+    # A fresh interpreter, because huggingface_hub reads HF_HUB_OFFLINE and its cache location at import.
+    code = textwrap.dedent(
+        """
+        from rookworld.model import from_pretrained, ModelNotAvailableError
+        try:
+            from_pretrained("jrahn/RookWorld-LM-124M")
+        except ModelNotAvailableError as e:
+            print("MESSAGE:", e)
+        else:
+            print("LOADED")
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hub")}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    message = result.stdout
+    assert "MESSAGE:" in message, message
+    assert "jrahn/RookWorld-LM-124M" in message
+    assert "HF_HUB_OFFLINE" in message
+    assert str(tmp_path / "hub") in message  # says where it looked
+    assert "from_pretrained('DIR')" in message and "local directory" in message
+
+
+def test_hub_repo_id_loads_from_cache_offline(tmp_path, hf_tiny, monkeypatch):
+    """A repo already in the hub cache loads with no network (the hub-id branch, not the local-dir one)."""
+    from huggingface_hub import constants
+
+    hf_model, directory = hf_tiny
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelNotAvailableError, match="cannot be reached"):
+        from_pretrained("someone/tiny-gpt2", cache_dir=tmp_path)
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "models--someone--tiny-gpt2"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (snapshot / name).write_bytes((directory / name).read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+
+    model = from_pretrained("someone/tiny-gpt2", cache_dir=tmp_path)
+    ids, _ = _batch()
+    with torch.no_grad():
+        assert (model(ids) - _hf_logits(hf_model, ids)).abs().max().item() < TOL
+
+
+def test_local_path_that_is_not_a_checkpoint_is_not_sent_to_the_hub(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        from_pretrained(tmp_path / "does-not-exist")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        from_pretrained(tmp_path)
+
+
+def test_training_mode_gradients_and_dropout_default_off(tiny_model):
+    ids, mask = _batch(seed=7)
+    tiny_model.train()
+    with torch.no_grad():
+        a, b = tiny_model(ids, mask), tiny_model(ids, mask)
+    assert torch.equal(a, b)  # dropout 0 by default: train mode is deterministic
+    loss = tiny_model(ids, mask)[mask].logsumexp(-1).mean()
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in tiny_model.parameters())

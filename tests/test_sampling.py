@@ -1,0 +1,294 @@
+"""Batched generation (KV cache, stopping, sampler correctness) and the chunked log-prob pass."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from conftest import constant_gpt, tiny_gpt
+from rookworld import sampling
+from rookworld.sampling import generate, sample_next, score_completions, token_logprobs
+
+EOS = 50256
+V = 50257
+
+
+def _prompts(B: int = 4, T: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, EOS, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    for row in range(1, B):
+        pad = (3 * row) % (T - 2)
+        mask[row, :pad] = False
+        ids[row, :pad] = EOS
+    return ids, mask
+
+
+def _reference_greedy(model, ids: torch.Tensor, n: int) -> list[int]:
+    """Greedy decoding of one unpadded prompt, recomputing the whole sequence each step."""
+    seq = ids.clone()
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = int(model(seq[None])[0, -1].argmax())
+            out.append(nxt)
+            seq = torch.cat([seq, torch.tensor([nxt])])
+    return out
+
+
+def _peaked_logits() -> torch.Tensor:
+    """Next-token logits with probabilities 0.4, 0.3, 0.2, 0.1 on tokens 11, 22, 33, 44 (others ~0)."""
+    logits = torch.full((V,), -40.0)
+    for token, p in zip((11, 22, 33, 44), (0.4, 0.3, 0.2, 0.1)):
+        logits[token] = math.log(p)
+    return logits
+
+
+def test_kv_cache_matches_full_recomputation(tiny_model):
+    ids, mask = _prompts()
+    kwargs = dict(max_new_tokens=24, seed=7, return_policy_logprobs=True, stop_at_eos=False)
+    cached = generate(tiny_model, ids, mask, **kwargs)
+    recomputed = generate(tiny_model, ids, mask, use_cache=False, **kwargs)
+    assert torch.equal(cached.tokens, recomputed.tokens)
+    assert torch.allclose(cached.logprobs, recomputed.logprobs, atol=1e-4)
+    assert torch.allclose(cached.policy_logprobs, recomputed.policy_logprobs, atol=1e-4)
+    assert len(set(cached.tokens.flatten().tolist())) > 20  # really sampled, not a constant
+
+    for top_k, top_p in [(50, None), (None, 0.9)]:
+        kw = dict(kwargs, temperature=0.8, top_k=top_k, top_p=top_p)
+        a = generate(tiny_model, ids, mask, **kw)
+        b = generate(tiny_model, ids, mask, use_cache=False, **kw)
+        assert torch.equal(a.tokens, b.tokens) and torch.allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_greedy_is_deterministic_and_matches_reference(tiny_model):
+    ids, mask = _prompts()
+    a = generate(tiny_model, ids, mask, max_new_tokens=16, temperature=0.0, stop_at_eos=False)
+    b = generate(tiny_model, ids, mask, max_new_tokens=16, temperature=0.0, stop_at_eos=False)
+    assert torch.equal(a.tokens, b.tokens)
+    assert (a.logprobs == 0).all()  # a point mass
+    for row in range(ids.shape[0]):
+        assert a.tokens[row].tolist() == _reference_greedy(tiny_model, ids[row, mask[row]], 16)
+
+
+def test_left_padding_does_not_change_completions(tiny_model):
+    ids, mask = _prompts(B=4, T=14, seed=3)
+    batch = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=0.0, return_policy_logprobs=True)
+    for row in range(4):
+        alone = generate(
+            tiny_model, ids[row : row + 1, mask[row]], None, max_new_tokens=12, temperature=0.0,
+            return_policy_logprobs=True,
+        )
+        n = int(alone.lengths[0])
+        assert batch.tokens[row, :n].tolist() == alone.tokens[0, :n].tolist()
+        assert torch.allclose(batch.policy_logprobs[row, :n], alone.policy_logprobs[0, :n], atol=1e-4)
+
+
+def test_stops_at_eos_and_pads_after_it():
+    logits = torch.zeros(V)
+    logits[EOS] = math.log(0.3 * (V - 1) / 0.7)  # P(EOS) = 0.3 at every step
+    model = constant_gpt(logits)
+    ids, mask = _prompts(B=64, T=5)
+    out = generate(model, ids, mask, max_new_tokens=20, seed=0, pad_token_id=0, return_policy_logprobs=True)
+    first_eos = []
+    for row in range(64):
+        tokens, m = out.tokens[row].tolist(), out.mask[row].tolist()
+        if EOS in tokens:
+            e = tokens.index(EOS)
+            first_eos.append(e)
+            assert out.stopped[row] and out.lengths[row] == e + 1
+            assert all(m[: e + 1]) and not any(m[e + 1 :])
+            assert all(t == 0 for t in tokens[e + 1 :])  # pad_token_id after the end
+            assert (out.logprobs[row, e + 1 :] == 0).all() and (out.policy_logprobs[row, e + 1 :] == 0).all()
+            assert out.logprobs[row, e].item() == pytest.approx(math.log(0.3), abs=1e-4)
+        else:
+            assert not out.stopped[row] and out.lengths[row] == 20 and all(m)
+    assert len(first_eos) > 50 and len(set(first_eos)) > 4  # rows stop at different steps
+    assert out.tokens.shape[1] == int(out.lengths.max())
+
+    ignore = generate(model, ids, mask, max_new_tokens=20, seed=0, stop_at_eos=False)
+    assert (ignore.lengths == 20).all() and ignore.mask.all() and not ignore.stopped.any()
+    assert (ignore.tokens == EOS).sum() > 100  # EOS kept coming, generation went on
+
+
+def test_max_new_tokens_per_row_and_early_exit():
+    model = constant_gpt(torch.zeros(V))  # uniform: EOS is rare
+    ids, mask = _prompts(B=3, T=6)
+    out = generate(model, ids, mask, max_new_tokens=torch.tensor([2, 7, 4]), seed=1, stop_at_eos=False)
+    assert out.lengths.tolist() == [2, 7, 4]
+    assert out.tokens.shape == (3, 7)
+    assert out.mask.sum(1).tolist() == [2, 7, 4]
+    assert (out.tokens[0, 2:] == EOS).all()
+
+    eos_only = torch.full((V,), -30.0)
+    eos_only[EOS] = 0.0
+    out = generate(constant_gpt(eos_only), ids, mask, max_new_tokens=50, seed=1)
+    assert out.tokens.shape == (3, 1) and out.stopped.all()  # everyone done after one step: loop ended
+
+    with pytest.raises(ValueError, match="context"):
+        generate(model, ids, mask, max_new_tokens=200)
+
+
+def test_seeded_sampling_is_reproducible(tiny_model):
+    ids, mask = _prompts()
+    a = generate(tiny_model, ids, mask, max_new_tokens=10, seed=123)
+    b = generate(tiny_model, ids, mask, max_new_tokens=10, seed=123)
+    c = generate(tiny_model, ids, mask, max_new_tokens=10, seed=124)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.tokens, c.tokens)
+    d = generate(tiny_model, ids, mask, max_new_tokens=10, generator=torch.Generator().manual_seed(123))
+    assert torch.equal(a.tokens, d.tokens)
+
+
+def test_sampler_draws_from_the_right_distribution():
+    small = _peaked_logits()[:64].expand(20000, 64)  # the sampler does not care about the vocabulary size
+    g = torch.Generator().manual_seed(5)
+    for temperature in (1.0, 0.5):
+        tokens, _ = sample_next(small, temperature=temperature, generator=g)
+        p = torch.tensor([0.4, 0.3, 0.2, 0.1]) ** (1 / temperature)
+        p = p / p.sum()
+        freq = torch.stack([(tokens == t).float().mean() for t in (11, 22, 33, 44)])
+        assert (freq - p).abs().max() < 0.015, (temperature, freq, p)
+
+    model = constant_gpt(_peaked_logits())
+    for temperature in (1.0, 0.5):
+        out = generate(model, torch.full((512, 1), 7), max_new_tokens=2, temperature=temperature, seed=5,
+                       return_policy_logprobs=True)
+        tokens = out.tokens
+        assert set(tokens.flatten().tolist()) == {11, 22, 33, 44}
+        p = torch.tensor([0.4, 0.3, 0.2, 0.1]) ** (1 / temperature)
+        p = p / p.sum()
+        # Sampling log-probs are those of the tempered distribution; policy log-probs those at temperature 1.
+        for t, pt, p1 in zip((11, 22, 33, 44), p, (0.4, 0.3, 0.2, 0.1)):
+            sel = tokens == t
+            assert torch.allclose(out.logprobs[sel], pt.log(), atol=1e-4)
+            assert torch.allclose(out.policy_logprobs[sel], torch.tensor(math.log(p1)), atol=1e-4)
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    logits = _peaked_logits()[:100].expand(3000, 100)  # the sampler does not care about the vocabulary size
+    g = torch.Generator().manual_seed(0)
+
+    tokens, logp = sample_next(logits, top_k=2, generator=g)
+    assert set(tokens.tolist()) == {11, 22}
+    for t, p in ((11, 0.4 / 0.7), (22, 0.3 / 0.7)):
+        assert torch.allclose(logp[tokens == t], torch.tensor(math.log(p)), atol=1e-5)
+
+    tokens, logp = sample_next(logits, top_p=0.75, generator=g)  # 0.4 + 0.3 < 0.75: token 33 is needed too
+    assert set(tokens.tolist()) == {11, 22, 33}
+    assert torch.allclose(logp[tokens == 33], torch.tensor(math.log(0.2 / 0.9)), atol=1e-5)
+
+    tokens, _ = sample_next(logits, top_p=0.65, generator=g)
+    assert set(tokens.tolist()) == {11, 22}
+    tokens, _ = sample_next(logits, top_p=0.3, generator=g)  # the top token always survives
+    assert set(tokens.tolist()) == {11}
+    tokens, _ = sample_next(logits, top_k=3, top_p=0.65, generator=g)
+    assert set(tokens.tolist()) == {11, 22}
+    tokens, logp = sample_next(logits, temperature=0.0)
+    assert set(tokens.tolist()) == {11} and (logp == 0).all()
+
+    model = constant_gpt(_peaked_logits())
+    out = generate(model, torch.full((64, 2), 7), max_new_tokens=3, top_k=3, top_p=0.65, seed=2)
+    assert set(out.tokens.flatten().tolist()) == {11, 22}
+    out = generate(model, torch.full((64, 2), 7), max_new_tokens=3, top_p=0.75, seed=2)
+    assert set(out.tokens.flatten().tolist()) == {11, 22, 33}
+    with pytest.raises(ValueError, match="top_p"):
+        generate(model, torch.full((2, 2), 7), max_new_tokens=3, top_p=0.0)
+
+
+def test_bf16_autocast_decoding_tracks_fp32(tiny_model):
+    """The GPU default (fp32 weights, bf16 autocast, bf16 KV cache), exercised on CPU."""
+    ids, mask = _prompts(seed=5)
+    kw = dict(max_new_tokens=10, temperature=0.0, stop_at_eos=False, return_policy_logprobs=True)
+    fp32 = generate(tiny_model, ids, mask, **kw)
+    bf16 = generate(tiny_model, ids, mask, dtype=torch.bfloat16, **kw)
+    bf16_recomputed = generate(tiny_model, ids, mask, dtype=torch.bfloat16, use_cache=False, **kw)
+    assert bf16.policy_logprobs.dtype == torch.float32 and torch.isfinite(bf16.policy_logprobs).all()
+    assert (bf16.tokens == fp32.tokens).float().mean() > 0.9
+    assert (bf16.tokens == bf16_recomputed.tokens).float().mean() > 0.9
+    same = bf16.tokens == fp32.tokens
+    assert (bf16.policy_logprobs - fp32.policy_logprobs)[same].abs().max() < 0.1
+
+
+def test_generate_leaves_training_mode_alone_and_samples_without_dropout():
+    model = tiny_gpt(scale=4.0)
+    model.config.dropout = 0.5
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.5
+    model.train()
+    ids, mask = _prompts()
+    a = generate(model, ids, mask, max_new_tokens=8, temperature=0.0)
+    b = generate(model, ids, mask, max_new_tokens=8, temperature=0.0)
+    assert model.training
+    assert torch.equal(a.tokens, b.tokens)
+
+
+def _naive_scores(model, ids, mask, start, temperature=1.0):
+    logits = model(ids, mask)[:, start - 1 : -1].float() / temperature
+    logp = logits.log_softmax(-1)
+    token_logp = logp.gather(-1, ids[:, start:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return token_logp, entropy
+
+
+def test_chunked_logprobs_equal_unchunked_with_gradients(monkeypatch):
+    ids, mask = _prompts(B=3, T=20, seed=9)
+    start = 12
+    model_a, model_b = tiny_gpt(seed=4, scale=3.0), tiny_gpt(seed=4, scale=3.0)
+
+    rows_seen = []
+    original = sampling._chunk_scores
+
+    def spy(hidden, *args):
+        rows_seen.append(hidden.shape[0])
+        return original(hidden, *args)
+
+    monkeypatch.setattr(sampling, "_chunk_scores", spy)
+    scores = token_logprobs(model_a, ids, mask, start=start, chunk_size=5, temperature=0.9, return_entropy=True)
+    assert scores.logprobs.shape == scores.entropy.shape == (3, 8)
+    assert max(rows_seen) <= 5 and sum(rows_seen) == 24  # really chunked
+
+    ref_logp, ref_entropy = _naive_scores(model_b, ids, mask, start, temperature=0.9)
+    assert torch.allclose(scores.logprobs, ref_logp, atol=1e-5)
+    assert torch.allclose(scores.entropy, ref_entropy, atol=1e-4)
+
+    weights = torch.linspace(0.5, 1.5, 24).view(3, 8)
+    ((scores.logprobs * weights).sum() + 0.1 * scores.entropy.sum()).backward()
+    ((ref_logp * weights).sum() + 0.1 * ref_entropy.sum()).backward()
+    # Checkpointed: backward recomputed each chunk's logits instead of keeping all of them from the forward.
+    assert max(rows_seen) <= 5 and sum(rows_seen) == 48
+    for (name, pa), (_, pb) in zip(model_a.named_parameters(), model_b.named_parameters()):
+        assert pa.grad is not None and pa.grad.abs().sum() > 0, name
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-4, rtol=1e-3), name
+
+    with torch.no_grad():
+        plain = token_logprobs(model_a, ids, mask, start=start, chunk_size=7, temperature=0.9)
+    assert plain.entropy is None and torch.allclose(plain.logprobs, ref_logp, atol=1e-5)
+
+
+def test_scoring_generated_completions_reproduces_policy_logprobs(tiny_model):
+    ids, mask = _prompts(B=4, T=10, seed=11)
+    out = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=1.3, seed=3, return_policy_logprobs=True)
+    with torch.no_grad():
+        scores = score_completions(tiny_model, ids, mask, out.tokens, out.mask, chunk_size=16)
+    assert torch.allclose(scores.logprobs[out.mask], out.policy_logprobs[out.mask], atol=1e-4)
+    # At the sampling temperature (no top-k/top-p) the scores equal the sampling log-probs.
+    with torch.no_grad():
+        tempered = score_completions(tiny_model, ids, mask, out.tokens, out.mask, temperature=1.3)
+    assert torch.allclose(tempered.logprobs[out.mask], out.logprobs[out.mask], atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
+def test_compiled_decode_matches_eager():
+    model = tiny_gpt(scale=4.0)
+    ids, mask = _prompts()
+    eager = generate(model, ids, mask, max_new_tokens=20, seed=1, compile=False)
+    for _ in range(2):  # the second call reuses the pooled cache and the compiled step
+        compiled = generate(model, ids, mask, max_new_tokens=20, seed=1, compile=True)
+        assert torch.equal(compiled.tokens, eager.tokens)
+        assert torch.allclose(compiled.logprobs, eager.logprobs, atol=1e-4)

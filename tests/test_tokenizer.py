@@ -1,0 +1,131 @@
+"""GPT-2 tokenizer: known ids, exact round trips of real RookWorld samples, left-padded batches."""
+
+from __future__ import annotations
+
+import pytest
+import tiktoken
+import torch
+
+from rookworld import tokenizer as tok_module
+from rookworld.tokenizer import (
+    ENV_VAR,
+    EOS_ID,
+    Tokenizer,
+    TokenizerUnavailableError,
+    get_tokenizer,
+    load_encoding,
+    pad_left,
+)
+
+# Real samples from docs/ROOKWORLD.md, spaces kept.
+P_SAMPLE = (
+    "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34                                    "
+    "M: a4a3 c8f5 h7f6 h7g5 h7f8      E: -3.06 -2.82 -3.21 -3.16 -2.3            B: h7f6"
+)
+P_PROMPT = "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34"
+P_COMPLETION = "M: d7d6 d7d5 e7e5 g7g6 e7e6      E: -0.62 -0.45 -0.62 -0.7 -0.73            B: e7e6"
+A_PROMPT = (
+    "A: 8/2k2b2/R1p4r/3p1p2/P7/2P2B1P/5PPK/4R3 w - - 1 31+a6a5+f7e7 h5f3 e6f7 b1b6 h8h6 a1e1 e7d8 b6a6 d8c7 a6a5+"
+)
+A_TARGET = "8/2k2b2/2p4r/R2p1p2/P7/2P2B1P/5PPK/4R3 b - - 2 31+0.001+0+0"
+A_FIRST = "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return get_tokenizer()
+
+
+def test_known_ids(tok):
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.encode(" the") == [262]
+    assert tok.vocab_size == 50257
+    assert tok.eos_id == tok.pad_id == EOS_ID == 50256
+    assert tok.decode([EOS_ID]) == "<|endoftext|>"
+    # Prompts are ordinary text: the special token's spelling is not turned into 50256.
+    assert EOS_ID not in tok.encode("<|endoftext|>")
+
+
+@pytest.mark.parametrize("text", [P_SAMPLE, P_PROMPT, P_PROMPT + " ", P_COMPLETION, A_PROMPT, A_TARGET, A_FIRST])
+def test_real_samples_round_trip(tok, text):
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert tok.decode(tok.encode(text, bos=True)) == "<|endoftext|>" + text
+
+
+def test_prompt_lengths_match_the_documented_ranges(tok):
+    assert 42 <= len(tok.encode(P_PROMPT)) <= 50
+    assert len(tok.encode(A_PROMPT)) == 91
+
+
+def test_left_padded_batch(tok):
+    texts = [P_PROMPT, "Hello world", A_PROMPT]
+    ids, mask = tok.encode_batch(texts)
+    lengths = [len(tok.encode(t)) for t in texts]
+    assert ids.shape == mask.shape == (3, max(lengths))
+    assert ids.dtype == torch.long and mask.dtype == torch.bool
+    for row, (text, n) in enumerate(zip(texts, lengths)):
+        assert mask[row].sum().item() == n
+        assert not mask[row, : ids.shape[1] - n].any() and mask[row, ids.shape[1] - n :].all()  # padding on the left
+        assert (ids[row, : ids.shape[1] - n] == EOS_ID).all()
+        assert ids[row, mask[row]].tolist() == tok.encode(text)
+
+    ids, mask = tok.encode_batch(["Hello world"], bos=True, length=5)
+    assert ids.tolist() == [[EOS_ID, EOS_ID, EOS_ID, 15496, 995]]
+    assert mask.tolist() == [[False, False, True, True, True]]
+    with pytest.raises(ValueError, match="shorter"):
+        tok.encode_batch(["Hello world"], length=1)
+    with pytest.raises(ValueError, match="empty"):
+        pad_left([])
+
+
+def test_decode_completion_stops_at_eos(tok):
+    ids = tok.encode(P_COMPLETION) + [EOS_ID] + tok.encode("garbage")
+    assert tok.decode_completion(ids) == P_COMPLETION
+    assert tok.decode_completion(torch.tensor(ids)) == P_COMPLETION
+    tokens = torch.tensor([ids, tok.encode("Hello world") + [EOS_ID] * (len(ids) - 2)])
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    mask[1, 2:] = False
+    assert tok.decode_batch(tokens, mask) == [P_COMPLETION, "Hello world"]
+
+
+def test_file_encoding_matches_tiktoken_gpt2_behaviour(tok):
+    enc = tok.encoding
+    assert enc.n_vocab == 50257 and enc.eot_token == EOS_ID
+    assert enc.encode("<|endoftext|>", allowed_special="all") == [EOS_ID]
+    # GPT-2's split pattern: contractions and digit runs split as in the original encoder.
+    assert [enc.decode([t]) for t in enc.encode_ordinary("don't 1234")] == ["don", "'t", " 12", "34"]
+
+
+def test_missing_file_named_by_env_var_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "nope.tiktoken"))
+    with pytest.raises(TokenizerUnavailableError, match=ENV_VAR):
+        load_encoding()
+
+
+def test_no_file_and_no_download_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+
+    def offline(name: str):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(TokenizerUnavailableError, match=ENV_VAR) as info:
+        Tokenizer()
+    assert "no network" in str(info.value)
+
+
+def test_without_env_var_uses_tiktoken(monkeypatch, tok):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    calls = []
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: calls.append(name) or tok.encoding)
+    assert Tokenizer().encode("Hello world") == [15496, 995]
+    assert calls == ["gpt2"]
+
+
+def test_a_file_that_is_not_gpt2_is_rejected(monkeypatch, tmp_path):
+    small = tmp_path / "small.tiktoken"
+    small.write_text("IQ== 0\nIg== 1\n")
+    monkeypatch.setenv(ENV_VAR, str(small))
+    with pytest.raises(TokenizerUnavailableError, match="ranks"):
+        tok_module.load_encoding()
