@@ -60,16 +60,21 @@ pub fn perft(fen: &str, depth: u32) -> Result<u64, FenError> {
         .sum())
 }
 
-/// Scores each completion against its prompt; `analyses[i]` is needed for P: prompts only.
+/// Scores each completion against its prompt. `truth_index[i]` names prompt i's analysis in `truths`
+/// (negative: none; P: prompts need one), so the completions of a group share one analysis.
 pub fn score<P: AsRef<str> + Sync, C: AsRef<str> + Sync>(
     prompts: &[P],
     completions: &[C],
-    analyses: &[Option<crate::reward::Analysis>],
+    truth_index: &[i64],
+    truths: &[crate::reward::Analysis],
     shaping: crate::reward::Shaping,
 ) -> Vec<Result<crate::reward::Score, crate::reward::ScoreError>> {
-    (prompts, completions, analyses)
+    (prompts, completions, truth_index)
         .into_par_iter()
-        .map(|(p, c, a)| crate::reward::score(p.as_ref(), c.as_ref(), a.as_ref(), shaping))
+        .map(|(p, c, t)| {
+            let analysis = usize::try_from(*t).ok().and_then(|t| truths.get(t));
+            crate::reward::score(p.as_ref(), c.as_ref(), analysis, shaping)
+        })
         .collect()
 }
 

@@ -83,6 +83,17 @@ impl Transition {
     }
 }
 
+impl Transition {
+    /// Appends the A: target text to `out`.
+    pub fn write_target(&self, out: &mut String) {
+        out.push_str(&self.fen);
+        out.push('+');
+        out.push_str(self.reward.as_str());
+        out.push_str(if self.terminated() { "+1" } else { "+0" });
+        out.push_str(if self.truncated() { "+1" } else { "+0" });
+    }
+}
+
 /// The A: target text: `{new_fen}+{reward}+{terminated}+{truncated}`.
 impl fmt::Display for Transition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

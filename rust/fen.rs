@@ -75,7 +75,15 @@ pub fn parse_fen(text: &str) -> Result<Chess, FenError> {
             return Err(FenError::CounterTooLarge(which));
         }
     }
-    let fen = Fen::from_ascii(fields.join(" ").as_bytes()).map_err(FenError::Syntax)?;
+    // shakmaty splits on single spaces; most FENs already are, and need no copy.
+    let canonical = !text.starts_with(' ') && !text.ends_with(' ') && !text.contains("  ")
+        && !text.bytes().any(|b| b.is_ascii_whitespace() && b != b' ');
+    let fen = if canonical {
+        Fen::from_ascii(text.as_bytes())
+    } else {
+        Fen::from_ascii(fields.join(" ").as_bytes())
+    }
+    .map_err(FenError::Syntax)?;
     let lenient = PositionErrorKinds::INVALID_CASTLING_RIGHTS
         | PositionErrorKinds::INVALID_EP_SQUARE
         | PositionErrorKinds::TOO_MUCH_MATERIAL;
@@ -95,7 +103,14 @@ fn recover(err: PositionError<Chess>) -> Chess {
 
 /// The position as python-chess's `board.fen()` prints it.
 pub fn to_fen(pos: &Chess) -> String {
-    Fen::from_position(pos, EnPassantMode::Legal).to_string()
+    let mut s = String::with_capacity(96);
+    write_fen(pos, &mut s);
+    s
+}
+
+/// Appends the FEN to `out` (no intermediate String).
+pub fn write_fen(pos: &Chess, out: &mut String) {
+    Fen::from_position(pos, EnPassantMode::Legal).append_to_string(out);
 }
 
 #[cfg(test)]

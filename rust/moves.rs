@@ -18,13 +18,14 @@ pub fn legal_uci_moves(pos: &Chess) -> Vec<String> {
 
 /// The legal move that `text` names, or `None` for anything else (illegal, malformed, other notation).
 pub fn legal_move(pos: &Chess, text: &str) -> Option<Move> {
-    if !(4..=5).contains(&text.len()) {
+    // shakmaty's parser is laxer than python-chess (upper-case promotions): only lower case passes.
+    if !(4..=5).contains(&text.len()) || text.bytes().any(|b| b.is_ascii_uppercase()) {
         return None;
     }
     let parsed = UciMove::from_ascii(text.as_bytes()).ok()?;
     let m = parsed.to_move(pos).ok()?;
-    // shakmaty's parser is laxer still (upper-case promotions): require one of the two exact spellings.
-    let exact = uci(m) == text || (m.is_castle() && m.to_uci(CastlingMode::Chess960).to_string() == text);
+    // to_move also reads king-takes-rook castling; python-chess accepts both spellings, nothing else.
+    let exact = m.to_uci(CastlingMode::Standard) == parsed || (m.is_castle() && m.to_uci(CastlingMode::Chess960) == parsed);
     exact.then_some(m)
 }
 

@@ -53,29 +53,36 @@ pub fn env_prompt<S: AsRef<str>>(fen: &str, mv: &str, history: &[S]) -> String {
     text
 }
 
-/// Splits an A: prompt into its parts. Surrounding whitespace is ignored, and so is a missing
-/// final `+`; the FEN is checked, the move is not (an illegal move is a valid prompt).
-pub fn parse_env_prompt(text: &str) -> Result<EnvPrompt, PromptError> {
+/// The (FEN, move, history) fields of an A: prompt, borrowed.
+fn split_env_prompt(text: &str) -> Result<(&str, &str, &str), PromptError> {
     let body = text.trim().strip_prefix("A:").ok_or(PromptError::MissingPrefix)?;
     let body = body.strip_suffix('+').unwrap_or(body);
     let mut parts = body.split('+');
-    let (Some(fen), Some(mv), Some(history), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(PromptError::Shape);
-    };
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(fen), Some(mv), Some(history), None) => Ok((fen.trim(), mv.trim(), history)),
+        _ => Err(PromptError::Shape),
+    }
+}
+
+/// Splits an A: prompt into its parts. Surrounding whitespace is ignored, and so is a missing
+/// final `+`; the FEN is checked, the move is not (an illegal move is a valid prompt).
+pub fn parse_env_prompt(text: &str) -> Result<EnvPrompt, PromptError> {
+    let (fen, mv, history) = split_env_prompt(text)?;
     parse_fen(fen).map_err(PromptError::Fen)?;
     Ok(EnvPrompt {
-        fen: fen.trim().to_string(),
-        mv: mv.trim().to_string(),
+        fen: fen.to_string(),
+        mv: mv.to_string(),
         history: history.split_ascii_whitespace().map(str::to_string).collect(),
     })
 }
 
 /// The exact target text for an A: prompt: `{new_fen}+{reward}+{terminated}+{truncated}`.
 pub fn env_target(text: &str) -> Result<String, PromptError> {
-    let prompt = parse_env_prompt(text)?;
-    let pos = parse_fen(&prompt.fen).map_err(PromptError::Fen)?;
-    Ok(step(&pos, &prompt.mv).to_string())
+    let (fen, mv, _) = split_env_prompt(text)?;
+    let pos = parse_fen(fen).map_err(PromptError::Fen)?;
+    let mut out = String::with_capacity(112);
+    step(&pos, mv).write_target(&mut out);
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -5,6 +5,14 @@ const MAX_LEN: usize = 256;
 
 /// Levenshtein distance over bytes.
 pub fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    // A common prefix or suffix never changes the distance, and near-miss FENs share long ones.
+    let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let (a, b) = (&a[prefix..], &b[prefix..]);
+    let suffix = a.iter().rev().zip(b.iter().rev()).take_while(|(x, y)| x == y).count();
+    let (a, b) = (&a[..a.len() - suffix], &b[..b.len() - suffix]);
+    if a.is_empty() || b.is_empty() {
+        return a.len().max(b.len());
+    }
     let mut prev: Vec<usize> = (0..=b.len()).collect();
     let mut cur = vec![0; b.len() + 1];
     for (i, ca) in a.iter().enumerate() {
@@ -38,6 +46,10 @@ mod tests {
         assert_eq!(edit_distance(b"kitten", b"sitting"), 3);
         assert_eq!(edit_distance(b"", b"abc"), 3);
         assert_eq!(edit_distance(b"abc", b"abc"), 0);
+        assert_eq!(edit_distance(b"abcXdef", b"abcdef"), 1);
+        assert_eq!(edit_distance(b"aaaa", b"aa"), 2);
+        assert_eq!(edit_distance(b"flaw", b"lawn"), 2);
+        assert_eq!(edit_distance(b"8/8/8/R7 w - - 0 1", b"8/8/8/7R b - - 0 1"), 3);
         assert_eq!(similarity("abcd", "abcd"), 1.0);
         assert_eq!(similarity("abcd", "abce"), 0.75);
         assert_eq!(similarity("", "abcd"), 0.0);

@@ -123,11 +123,11 @@ def env_targets(prompts: Iterable[str]) -> list[str]:
     cannot be parsed raises ``ValueError`` naming it.
     """
     prompts = _list(prompts)
-    results = _core.env_targets(prompts)
-    for prompt, (ok, text) in zip(prompts, results):
-        if not ok:
-            raise ValueError(f"{text}: {prompt!r}")
-    return [text for _, text in results]
+    targets, errors = _core.env_targets(prompts)
+    if errors:
+        i, message = errors[0]
+        raise ValueError(f"{message}: {prompts[i]!r}")
+    return targets
 
 
 @dataclass(frozen=True, slots=True)
