@@ -44,15 +44,46 @@ def _add_positions(sub: argparse._SubParsersAction) -> None:
         description="Generate legal, unfinished chess positions, each with the moves that led to it "
         "and a move for an A: task. The same seed always gives the same positions.",
     )
-    p.add_argument("--count", type=_positive, required=True, help="number of positions")
+    p.add_argument("--count", type=_positive, default=None,
+                   help="number of positions (required unless --from; with --from, at most this many)")
     p.add_argument("--seed", type=_non_negative, default=0, help="random seed (default 0)")
     p.add_argument("--out", required=True, help="output JSONL file, or - for stdout")
     p.add_argument("--opening-share", type=_share, default=0.2, help="share of opening positions (default 0.2)")
     p.add_argument("--endgame-share", type=_share, default=0.2, help="share of endgames (default 0.2)")
     p.add_argument("--illegal-share", type=_share, default=0.01,
                    help="share of A: moves that are well-formed but illegal (default 0.01)")
+    p.add_argument("--from", dest="source", metavar="FILE",
+                   help="read positions from FILE (FEN, EPD or JSONL a line) instead of generating them")
+    p.add_argument("--skip-bad", action="store_true", help="with --from: skip bad lines (and count them) instead of stopping")
+    p.add_argument("--annotate", action="store_true",
+                   help="add Stockfish analyses and the P:/A: prompts and targets (what train and eval read)")
+    _add_stockfish_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_positions)
+
+
+def _add_stockfish_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Stockfish")
+    g.add_argument("--stockfish-path", help="Stockfish binary (default: stockfish on PATH, then /usr/games/stockfish)")
+    g.add_argument("--depth", type=_positive, default=10, help="analysis depth (default 10)")
+    g.add_argument("--nodes", type=_positive, default=None, help="analyse to a node count instead of a depth")
+    g.add_argument("--stockfish-workers", type=_positive, default=None,
+                   help="engine processes (default: one per spare core)")
+    g.add_argument("--stockfish-cache", metavar="FILE", default=None,
+                   help="sqlite file caching analyses across runs (default: none)")
+
+
+def stockfish_pool(args: argparse.Namespace):
+    """A StockfishPool from the CLI options, with a one-line error when Stockfish is missing."""
+    from rookworld.stockfish import StockfishError, StockfishNotFoundError, StockfishPool
+
+    try:
+        return StockfishPool(path=args.stockfish_path, workers=args.stockfish_workers, depth=args.depth,
+                             nodes=args.nodes, cache_path=args.stockfish_cache)
+    except StockfishNotFoundError as e:
+        raise CliError(str(e)) from None
+    except (StockfishError, OSError) as e:
+        raise CliError(f"cannot start Stockfish: {e}") from None
 
 
 POSITIONS_CHUNK = 20_000
@@ -64,6 +95,10 @@ def _run_positions(args: argparse.Namespace) -> int:
 
     if args.opening_share + args.endgame_share > 1.0:
         raise CliError("--opening-share + --endgame-share must not exceed 1")
+    if args.count is None and not args.source:
+        raise CliError("--count is required (or --from FILE)")
+    if args.annotate or args.source:
+        return _run_annotate(args)
 
     def chunks():
         for start in range(0, args.count, POSITIONS_CHUNK):
@@ -96,6 +131,193 @@ def _run_positions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_annotate(args: argparse.Namespace) -> int:
+    from concurrent.futures import wait, FIRST_COMPLETED
+
+    from rookworld import data
+    from rookworld.chess import generate_positions
+    from rookworld.progress import Progress
+
+    if args.source:
+        try:
+            records, skipped = data.read_records(args.source, skip_bad=args.skip_bad)
+        except data.DataError as e:
+            raise CliError(str(e)) from None
+        if skipped:
+            print(f"skipped {skipped} bad lines of {args.source}", file=sys.stderr)
+        records = records[: args.count]
+    else:
+        records = [data.Record(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
+                   for p in generate_positions(args.count, args.seed, opening_share=args.opening_share,
+                                               endgame_share=args.endgame_share,
+                                               illegal_share=args.illegal_share)]
+    records = data.assign_moves(records, args.seed)
+    if not args.annotate:
+        lines = [r.to_dict() for r in records]
+    else:
+        with stockfish_pool(args) as pool, Progress(len(records), "analyses", "pos", enabled=not args.quiet) as bar:
+            futures = pool.submit([r.fen for r in records])
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                bar.update(len(done))
+            analyses = []
+            for r, f in zip(records, futures):
+                try:
+                    analyses.append(f.result())
+                except Exception as e:  # an engine that failed every retry: say which position
+                    raise CliError(f"Stockfish could not analyse {r.fen!r} ({r.source or 'generated'}): {e}") from None
+        lines = data.annotated(records, analyses, seed=args.seed)
+    if args.out == "-":
+        for line in lines:
+            sys.stdout.write(json.dumps(line) + "\n")
+    else:
+        out = Path(args.out)
+        if not out.parent.exists():
+            raise CliError(f"output directory does not exist: {out.parent}")
+        data.write_records(lines, out)
+        if not args.quiet:
+            print(f"wrote {len(lines)} positions to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a model with greedy decoding on held-out positions",
+        description="Greedy decoding on a held-out set; reports per task the format validity, mean reward and "
+        "task metrics (P: best move, top 5, legal best move, candidate overlap, eval error; A: next state, FEN "
+        "similarity, reward/terminated/truncated accuracy). Positions without an analysis are analysed by "
+        "Stockfish first.",
+    )
+    p.add_argument("--model", default="jrahn/RookWorld-LM-124M", help="hub repo id or local directory")
+    p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
+    p.add_argument("--data", required=True, help="positions file (JSONL from `rookworld positions`, FEN or EPD)")
+    p.add_argument("--tasks", default="P,A", help="tasks to evaluate: P, A or P,A (default)")
+    p.add_argument("--limit", type=_positive, default=None, help="evaluate only the first N positions")
+    p.add_argument("--batch-size", type=_positive, default=64, help="prompts decoded at once (default 64)")
+    p.add_argument("--max-new-tokens", type=_positive, default=144, help="completion length limit (default 144)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--out", default=None, help="also write the results as JSON to this file")
+    p.add_argument("--samples", type=_non_negative, default=0, help="include N example completions in the JSON")
+    p.add_argument("--skip-bad", action="store_true", help="skip bad lines of --data instead of stopping")
+    p.add_argument("--seed", type=_non_negative, default=0, help="seed for A: moves of positions without one")
+    _add_stockfish_options(p)
+    p.set_defaults(run=_run_eval)
+
+
+def resolve_device(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CliError(f"unknown device {name!r}: use cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CliError(f"device {name} requested but CUDA is not available")
+    return device
+
+
+def load_model(name: str, revision: str | None, device):
+    from rookworld.model import ModelNotAvailableError, from_pretrained
+
+    try:
+        return from_pretrained(name, revision=revision, device=device)
+    except (ModelNotAvailableError, FileNotFoundError, NotADirectoryError, ValueError) as e:
+        raise CliError(str(e)) from None
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from rookworld import data
+    from rookworld.evaluate import evaluate, format_table
+    from rookworld.rewards import RewardScorer
+    from rookworld.tokenizer import TokenizerUnavailableError, get_tokenizer
+
+    tasks = [t.strip().upper() for t in args.tasks.split(",") if t.strip()]
+    if not tasks or any(t not in ("P", "A") for t in tasks):
+        raise CliError(f"--tasks must be P, A or P,A, got {args.tasks!r}")
+    try:
+        records, skipped = data.read_records(args.data, skip_bad=args.skip_bad)
+    except data.DataError as e:
+        raise CliError(str(e)) from None
+    if skipped:
+        print(f"skipped {skipped} bad lines of {args.data}", file=sys.stderr)
+    records = data.assign_moves(records[: args.limit], args.seed)
+    need_stockfish = "P" in tasks and any(r.analysis is None for r in records)
+    pool = stockfish_pool(args) if need_stockfish else None
+    try:
+        try:
+            tokenizer = get_tokenizer()
+        except TokenizerUnavailableError as e:
+            raise CliError(str(e)) from None
+        device = resolve_device(args.device)
+        model = load_model(args.model, args.revision, device)
+        result = evaluate(model, tokenizer, records, RewardScorer(pool), tasks=tasks, batch_size=args.batch_size,
+                          max_new_tokens=args.max_new_tokens, samples=args.samples)
+    finally:
+        if pool is not None:
+            pool.close()
+    result["model"], result["data"] = args.model, str(args.data)
+    print(format_table(result))
+    if args.out:
+        data.write_json(result, args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from rookworld.config import add_arguments
+
+    p = sub.add_parser(
+        "train",
+        help="fine-tune RookWorld-LM with GRPO on P: and A: tasks",
+        description="GRPO on mixed P:/A: chess tasks with verifiable rewards (Stockfish for P:, the rules for A:). "
+        "Settings come from the defaults, then --config FILE.toml, then flags; --resume DIR continues a run with "
+        "its saved settings (flags still override). Under torchrun it trains data-parallel.",
+    )
+    add_arguments(p)
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from rookworld import checkpoint
+    from rookworld.config import ConfigError, TrainConfig, from_args
+    from rookworld.data import DataError
+    from rookworld.model import ModelNotAvailableError
+    from rookworld.stockfish import StockfishError, StockfishNotFoundError
+    from rookworld.tokenizer import TokenizerUnavailableError
+
+    try:
+        if getattr(args, "resume", None):
+            # A resumed run keeps the settings it was started with, unless flags say otherwise.
+            saved = checkpoint.load_config(checkpoint.resolve_checkpoint(args.resume))
+            given = {k for k in vars(args) if k not in ("command", "run", "config")}
+            for key, value in saved.items():
+                if key not in given and not getattr(args, "config", None):
+                    setattr(args, key, value)
+        cfg = from_args(args)
+        from rookworld.stockfish import find_stockfish
+
+        find_stockfish(cfg.stockfish_path)  # a missing engine is reported before any model is loaded
+    except (ConfigError, checkpoint.CheckpointError, StockfishNotFoundError) as e:
+        raise CliError(str(e)) from None
+
+    from rookworld.trainer import Trainer
+
+    try:
+        trainer = Trainer(cfg)
+    except (ConfigError, DataError, ModelNotAvailableError, TokenizerUnavailableError, StockfishError,
+            checkpoint.CheckpointError, FileNotFoundError, NotADirectoryError) as e:
+        raise CliError(str(e)) from None
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rookworld",
@@ -104,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rookworld {rookworld.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_positions(sub)
+    _add_eval(sub)
+    _add_train(sub)
     return parser
 
 

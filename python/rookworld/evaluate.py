@@ -1,0 +1,141 @@
+"""Greedy evaluation on held-out positions: the figures users of RookWorld-LM compare models by."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rookworld.data import Record
+from rookworld.rewards import RewardBatch, RewardScorer
+from rookworld.sampling import generate
+from rookworld.tokenizer import Tokenizer
+
+#: New tokens per completion: every P: and A: answer of the data fits.
+MAX_NEW_TOKENS = 144
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    task: str
+    prompt: str
+    truth: tuple[list[str], list[float]] | None
+
+
+def eval_items(records: Sequence[Record], tasks: Sequence[str] = ("P", "A")) -> list[EvalItem]:
+    """A P: item for every record, an A: item for every record with a move."""
+    items = []
+    if "P" in tasks:
+        for r in records:
+            truth = (list(r.analysis["moves"]), [float(e) for e in r.analysis["evals"]]) if r.analysis else None
+            items.append(EvalItem("P", r.policy_prompt, truth))
+    if "A" in tasks:
+        items.extend(EvalItem("A", r.env_prompt, None) for r in records if r.move is not None)
+    return items
+
+
+@torch.no_grad()
+def complete(model, tokenizer: Tokenizer, prompts: Sequence[str], *, batch_size: int = 64,
+             max_new_tokens: int = MAX_NEW_TOKENS, compile: bool | None = None) -> list[str]:
+    """Greedy completions, batched; prompts start with EOS as the pretraining documents did."""
+    out: list[str] = []
+    for i in range(0, len(prompts), batch_size):
+        ids, mask = tokenizer.encode_batch(prompts[i : i + batch_size], bos=True, device=model.device)
+        gen = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0, compile=compile)
+        out.extend(tokenizer.decode_batch(gen.tokens, gen.mask))
+    return out
+
+
+def _mean(x: np.ndarray) -> float | None:
+    return float(np.mean(x)) if len(x) else None
+
+
+def summarize(tasks: np.ndarray, batch: RewardBatch, truth_sizes: np.ndarray) -> dict:
+    """Per-task metrics from scored completions."""
+    result: dict = {}
+    p = tasks == "P"
+    if p.any():
+        err = batch.eval_error[p]
+        err = err[~np.isnan(err)]
+        result["P"] = {
+            "n": int(p.sum()),
+            "format_valid": _mean(batch.well_formed[p]),
+            "mean_reward": _mean(batch.rewards[p]),
+            "best_move_accuracy": _mean(batch.best_rank[p] == 1),
+            "top5_accuracy": _mean(batch.best_rank[p] >= 1),
+            "legal_best_move": _mean(batch.best_legal[p]),
+            "candidate_overlap": _mean(batch.hits[p] / np.maximum(truth_sizes[p], 1)),
+            "eval_mae": _mean(err),
+        }
+    a = tasks == "A"
+    if a.any():
+        result["A"] = {
+            "n": int(a.sum()),
+            "format_valid": _mean(batch.well_formed[a]),
+            "mean_reward": _mean(batch.rewards[a]),
+            "next_state_exact": _mean(batch.fen_exact[a]),
+            "fen_similarity": _mean(batch.fen_similarity[a]),
+            "reward_accuracy": _mean(batch.reward_ok[a]),
+            "terminated_accuracy": _mean(batch.terminated_ok[a]),
+            "truncated_accuracy": _mean(batch.truncated_ok[a]),
+        }
+    return result
+
+
+def evaluate(model, tokenizer: Tokenizer, records: Sequence[Record], scorer: RewardScorer, *,
+             tasks: Sequence[str] = ("P", "A"), batch_size: int = 64, max_new_tokens: int = MAX_NEW_TOKENS,
+             compile: bool | None = None, samples: int = 0) -> dict:
+    """Greedy decoding on ``records``; returns per-task metrics (and ``samples`` example completions)."""
+    items = eval_items(records, tasks)
+    if not items:
+        raise ValueError("nothing to evaluate: no records (or no A: moves) for the chosen tasks")
+    prompts = [it.prompt for it in items]
+    completions = complete(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                           compile=compile)
+    truth = [it.truth for it in items]
+    missing = [i for i, it in enumerate(items) if it.task == "P" and it.truth is None]
+    if missing:  # records without an analysis: ask Stockfish now
+        found = scorer.ground_truth([prompts[i] for i in missing])
+        for i, t in zip(missing, found):
+            truth[i] = t
+    batch = scorer.score_batch(prompts, completions, ground_truth=truth)
+    tasks_arr = np.array([it.task for it in items])
+    sizes = np.array([len(t[0]) if t else 0 for t in truth])
+    result = summarize(tasks_arr, batch, sizes)
+    if samples:
+        result["samples"] = [{"prompt": prompts[i], "completion": completions[i], **batch.breakdown(i)}
+                             for i in range(min(samples, len(items)))]
+    return result
+
+
+_LABELS = {
+    "format_valid": "format valid", "mean_reward": "mean reward", "best_move_accuracy": "best move",
+    "top5_accuracy": "best move in top 5", "legal_best_move": "legal best move",
+    "candidate_overlap": "candidate overlap", "eval_mae": "eval MAE (pawns)",
+    "next_state_exact": "next state exact", "fen_similarity": "FEN similarity",
+    "reward_accuracy": "reward accuracy", "terminated_accuracy": "terminated accuracy",
+    "truncated_accuracy": "truncated accuracy",
+}
+
+
+def format_table(result: dict) -> str:
+    lines = []
+    for task, title in (("P", "P: policy"), ("A", "A: environment")):
+        if task not in result:
+            continue
+        m = result[task]
+        lines.append(f"{title} ({m['n']} positions)")
+        for key, value in m.items():
+            if key == "n":
+                continue
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                text = "n/a"
+            elif key in ("mean_reward", "eval_mae"):
+                text = f"{value:.3f}"
+            else:
+                text = f"{100 * value:.1f}%"
+            lines.append(f"  {_LABELS.get(key, key):<22} {text:>8}")
+    return "\n".join(lines)

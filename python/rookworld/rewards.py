@@ -1,0 +1,174 @@
+"""Verifiable rewards for P: and A: completions, scored in batches by the Rust core.
+
+Rules and weights: docs/rewards.md. Every completion gets a score, never an exception: -0.3
+when the answer's structure is missing, 0.2 for a well-formed answer with nothing right, up to
+1.0 for a perfect one. A: ground truth is the rules of chess; P: ground truth is Stockfish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from rookworld import _core
+
+__all__ = ["SHAPINGS", "RewardBatch", "RewardScorer", "policy_prompt", "policy_targets", "prompt_fen", "task_of"]
+
+SHAPINGS = ("continuous", "graduated")
+
+#: Analysis as the scorer needs it: Stockfish's top moves (best first) and their evals in pawns.
+GroundTruth = tuple[list[str], list[float]]
+
+
+def task_of(prompt: str) -> str | None:
+    """``"P"``, ``"A"`` or ``None``."""
+    head = prompt.lstrip()[:2]
+    return {"P:": "P", "A:": "A"}.get(head)
+
+
+def policy_prompt(fen: str) -> str:
+    """The P: prompt at inference: the model writes the padding itself."""
+    return f"P: {fen}"
+
+
+def prompt_fen(prompt: str) -> str:
+    """The FEN of a P: or A: prompt."""
+    task = task_of(prompt)
+    body = prompt.strip()[2:].strip()
+    if task == "P":
+        return body.split("M:")[0].strip()
+    if task == "A":
+        return body.split("+")[0].strip()
+    raise ValueError(f"not a P: or A: prompt: {prompt[:120]!r}")
+
+
+def policy_targets(fens: Sequence[str], moves: Sequence[Sequence[str]], evals: Sequence[Sequence[float]],
+                   best: Sequence[str]) -> list[str]:
+    """P: target completions in the training layout (FEN padded to 90 columns, moves to 30, evals to 40)."""
+    return _core.policy_targets(list(fens), [list(m) for m in moves], [list(map(float, e)) for e in evals], list(best))
+
+
+@dataclass(frozen=True)
+class RewardBatch:
+    """Per-sample rewards and their components, as arrays (NaN or 0 where a part does not apply)."""
+
+    rewards: np.ndarray
+    task: np.ndarray
+    well_formed: np.ndarray
+    quality: np.ndarray
+    # P: parts
+    best_rank: np.ndarray
+    best_legal: np.ndarray
+    best: np.ndarray
+    hits: np.ndarray
+    candidates: np.ndarray
+    evals: np.ndarray
+    eval_error: np.ndarray
+    # A: parts
+    fen_exact: np.ndarray
+    fen_similarity: np.ndarray
+    reward_ok: np.ndarray
+    terminated_ok: np.ndarray
+    truncated_ok: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    def breakdown(self, i: int) -> dict:
+        """The components of sample ``i`` that apply to its task."""
+        common = {"task": str(self.task[i]), "reward": float(self.rewards[i]),
+                  "well_formed": bool(self.well_formed[i]), "quality": float(self.quality[i])}
+        if self.task[i] == "P":
+            err = float(self.eval_error[i])
+            return common | {"best_rank": int(self.best_rank[i]), "best_legal": bool(self.best_legal[i]),
+                             "best": float(self.best[i]), "hits": int(self.hits[i]),
+                             "candidates": float(self.candidates[i]), "evals": float(self.evals[i]),
+                             "eval_error": None if np.isnan(err) else err}
+        return common | {"fen_exact": bool(self.fen_exact[i]), "fen_similarity": float(self.fen_similarity[i]),
+                         "reward_ok": bool(self.reward_ok[i]), "terminated_ok": bool(self.terminated_ok[i]),
+                         "truncated_ok": bool(self.truncated_ok[i])}
+
+
+def _analysis_truth(analysis) -> GroundTruth:
+    return [c.move for c in analysis.candidates], [float(c.pawns) for c in analysis.candidates]
+
+
+class RewardScorer:
+    """Scores (prompt, completion) pairs. P: prompts need Stockfish: pass a ``StockfishPool``.
+
+    ``prefetch(prompts)`` starts the Stockfish analyses of upcoming prompts in the background,
+    so they overlap generation on the GPU; ``score`` then finds them ready (or cached).
+    """
+
+    def __init__(self, stockfish=None, shaping: str = "continuous"):
+        if shaping not in SHAPINGS:
+            raise ValueError(f"shaping must be one of {SHAPINGS}, got {shaping!r}")
+        self.stockfish = stockfish
+        self.shaping = shaping
+
+    def _policy_fens(self, prompts: Sequence[str]) -> dict[int, str]:
+        return {i: prompt_fen(p) for i, p in enumerate(prompts) if task_of(p) == "P"}
+
+    def prefetch(self, prompts: Sequence[str]) -> list[Future]:
+        fens = list(dict.fromkeys(self._policy_fens(prompts).values()))
+        if not fens:
+            return []
+        if self.stockfish is None:
+            raise ValueError("P: prompts need Stockfish: create the RewardScorer with a StockfishPool")
+        return self.stockfish.submit(fens)
+
+    def ground_truth(self, prompts: Sequence[str]) -> list[GroundTruth | None]:
+        """Stockfish's analysis for each P: prompt (``None`` for A: prompts)."""
+        fens = self._policy_fens(prompts)
+        truth: list[GroundTruth | None] = [None] * len(prompts)
+        if not fens:
+            return truth
+        if self.stockfish is None:
+            raise ValueError("P: prompts need Stockfish: create the RewardScorer with a StockfishPool")
+        unique = list(dict.fromkeys(fens.values()))
+        by_fen = dict(zip(unique, (_analysis_truth(a) for a in self.stockfish.analyse(unique))))
+        for i, fen in fens.items():
+            truth[i] = by_fen[fen]
+        return truth
+
+    def score_batch(self, prompts: Sequence[str], completions: Sequence[str],
+                    ground_truth: Sequence[GroundTruth | None] | None = None) -> RewardBatch:
+        """Scores every pair. Completions may be anything; a prompt that is not a valid P: or A:
+        prompt raises ``ValueError`` naming it."""
+        prompts, completions = list(prompts), list(completions)
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        if ground_truth is None:
+            ground_truth = self.ground_truth(prompts)
+        if len(ground_truth) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(ground_truth)} ground truths")
+        # The completions of a group share their analysis object: convert each one once.
+        slot: dict[int, int] = {}
+        truths: list = []
+        index = []
+        for t in ground_truth:
+            if t is None:
+                index.append(-1)
+                continue
+            k = slot.get(id(t))
+            if k is None:
+                k = slot[id(t)] = len(truths)
+                truths.append((list(t[0]), [float(e) for e in t[1]]))
+            index.append(k)
+        cols, errors = _core.score(prompts, completions, index, truths, self.shaping)
+        if errors:
+            i, message = errors[0]
+            raise ValueError(f"{message}: {prompts[i][:200]!r}")
+        f64 = {k: np.frombuffer(cols[k], dtype="<f8") for k in
+               ("reward", "quality", "best", "candidates", "evals", "eval_error", "fen_similarity")}
+        flags = {k: np.frombuffer(cols[k], dtype=np.uint8).astype(bool) for k in
+                 ("well_formed", "best_legal", "fen_exact", "reward_ok", "terminated_ok", "truncated_ok")}
+        counts = {k: np.frombuffer(cols[k], dtype=np.uint8).astype(np.int64) for k in ("best_rank", "hits")}
+        task = np.frombuffer(cols["task"], dtype="S1").astype(str)
+        return RewardBatch(rewards=f64.pop("reward"), task=task, **f64, **flags, **counts)
+
+    def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
+        return self.score_batch(prompts, completions).rewards.tolist()

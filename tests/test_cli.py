@@ -1,0 +1,93 @@
+"""The `rookworld` command as a user runs it: the installed console script, real files, real Stockfish."""
+
+import json
+import subprocess
+import sys
+
+import chess as pychess
+import pytest
+
+import rookworld
+from rookworld import chess
+from rookworld.rewards import RewardScorer
+from rookworld.stockfish import Analysis, Candidate, find_stockfish
+
+
+def run(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def test_version_and_help():
+    assert run("--version").stdout.strip() == f"rookworld {rookworld.__version__}"
+    assert "positions" in run("--help").stdout
+    assert "--count" in run("positions", "--help").stdout
+
+
+def test_positions_writes_the_same_file_for_the_same_seed(tmp_path):
+    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    run("positions", "--count", "300", "--seed", "9", "--out", str(a))
+    run("positions", "--count", "300", "--seed", "9", "--out", str(b), "--quiet")
+    run("positions", "--count", "300", "--seed", "10", "--out", str(c), "--quiet")
+    assert a.read_text() == b.read_text() != c.read_text()
+    lines = [json.loads(line) for line in a.read_text().splitlines()]
+    assert len(lines) == 300
+    assert lines == [p.to_dict() for p in chess.generate_positions(300, 9)]
+    for line in lines[:50]:
+        board = pychess.Board()
+        for move in line["history"]:
+            board.push_uci(move)
+        assert board.fen() == line["fen"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["positions", "--count", "0", "--out", "x"], "must be a positive integer"),
+    (["positions", "--count", "5", "--out", "/nonexistent/dir/x.jsonl"], "output directory does not exist"),
+    (["positions", "--out", "x.jsonl"], "--count is required"),
+    (["positions", "--count", "5", "--opening-share", "0.7", "--endgame-share", "0.5", "--out", "x"], "must not exceed 1"),
+    (["positions", "--count", "5", "--illegal-share", "2", "--out", "x"], "must lie in [0, 1]"),
+    (["positions", "--from", "/nonexistent.fen", "--out", "x"], "no such file"),
+    (["positions", "--count", "2", "--annotate", "--stockfish-path", "/nonexistent/stockfish", "--out", "x"],
+     "--stockfish-path"),
+])
+def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_annotate_user_file_names_the_bad_line(tmp_path):
+    src = tmp_path / "mine.fen"
+    src.write_text(f"{chess.START_FEN}\n8/8/8/8/8/8/8/8 w - - 0 1\n")
+    proc = run("positions", "--from", str(src), "--out", str(tmp_path / "o.jsonl"), check=False)
+    assert proc.returncode == 2 and f"{src}:2:" in proc.stderr and "Traceback" not in proc.stderr
+    run("positions", "--from", str(src), "--skip-bad", "--out", str(tmp_path / "o.jsonl"))
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 1
+
+
+def test_annotate_writes_targets_that_score_one(tmp_path):
+    find_stockfish()  # real Stockfish, as .ci/run installs it
+    out = tmp_path / "annotated.jsonl"
+    run("positions", "--count", "12", "--seed", "4", "--annotate", "--depth", "6", "--out", str(out), "--quiet")
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 12
+    for line in lines:
+        assert line["p_prompt"] == f"P: {line['fen']}"
+        a = line["analysis"]
+        assert 1 <= len(a["moves"]) <= 5 and len(a["moves"]) == len(a["evals"])
+        legal = set(chess.legal_moves(line["fen"]))
+        assert set(a["moves"]) <= legal
+        assert line["a_prompt"] == chess.env_prompt(line["fen"], line["move"], line["history"])
+        assert chess.env_targets([line["a_prompt"]]) == [line["a_target"]]
+    scorer = RewardScorer()
+    prompts = [l["p_prompt"] for l in lines] + [l["a_prompt"] for l in lines]
+    completions = [l["p_target"] for l in lines] + [l["a_target"] for l in lines]
+    truth = [(l["analysis"]["moves"], l["analysis"]["evals"]) for l in lines] + [None] * len(lines)
+    assert scorer.score_batch(prompts, completions, ground_truth=truth).rewards.tolist() == [1.0] * 24
+    # The targets follow the training layout: FEN padded to 90 columns, moves to 30, evals to 40.
+    text = lines[0]["p_prompt"] + lines[0]["p_target"]
+    assert text.index("M:") == 93 and text.index("E:") - text.index("M:") == 33
+    assert text.index("B:") - text.index("E:") == 43

@@ -1,0 +1,94 @@
+"""`rookworld eval`: metrics from real scored completions, and the command end to end."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from rookworld import chess
+from rookworld.data import Record
+from rookworld.evaluate import eval_items, format_table, summarize
+from rookworld.rewards import RewardScorer, policy_targets
+
+FEN = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
+TRUTH = (["f1b5", "d2d4", "f1c4", "b1c3", "c2c3"], [0.45, 0.38, 0.3, 0.21, 0.12])
+
+
+def test_metrics_from_scored_completions():
+    exact = policy_targets([FEN], [TRUTH[0]], [TRUTH[1]], ["f1b5"])[0]
+    second = exact.replace("B: f1b5", "B: d2d4")
+    evals_off = policy_targets([FEN], [TRUTH[0]], [[e + 1.0 for e in TRUTH[1]]], ["f1b5"])[0]
+    a_prompt = chess.env_prompt(FEN, "f1b5", [])
+    a_target = chess.env_targets([a_prompt])[0]
+    prompts = [f"P: {FEN}"] * 4 + [a_prompt] * 3
+    completions = [exact, second, evals_off, "garbage", a_target, a_target.replace("+0.001+", "+0.5+"), "x"]
+    truth = [TRUTH] * 4 + [None] * 3
+    batch = RewardScorer().score_batch(prompts, completions, ground_truth=truth)
+    m = summarize(np.array(["P"] * 4 + ["A"] * 3), batch, np.array([5] * 4 + [0] * 3))
+    p, a = m["P"], m["A"]
+    assert p["n"] == 4 and a["n"] == 3
+    assert p["format_valid"] == 0.75
+    assert p["best_move_accuracy"] == 0.5       # exact and evals_off
+    assert p["top5_accuracy"] == 0.75           # + second best
+    assert p["legal_best_move"] == 0.75
+    assert p["candidate_overlap"] == 0.75       # 5/5 for the three well-formed answers
+    assert p["eval_mae"] == pytest.approx(1.0 / 3)  # errors 0, 0, 1 pawn
+    assert a["next_state_exact"] == pytest.approx(2 / 3)
+    assert a["reward_accuracy"] == pytest.approx(1 / 3)
+    assert a["format_valid"] == pytest.approx(2 / 3)
+    table = format_table(m)
+    assert "best move" in table and "50.0%" in table and "next state exact" in table
+
+
+def test_eval_items_cover_both_tasks():
+    records = [Record(fen=FEN, move="f1b5", analysis={"moves": TRUTH[0], "evals": TRUTH[1]}),
+               Record(fen=chess.START_FEN)]
+    items = eval_items(records)
+    assert [i.task for i in items] == ["P", "P", "A"]
+    assert items[0].truth == (TRUTH[0], TRUTH[1]) and items[1].truth is None
+    assert [i.task for i in eval_items(records, ("A",))] == ["A"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=256,
+                                     activation_function="gelu_new")
+    directory = tmp_path_factory.mktemp("tiny")
+    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
+    return directory
+
+
+def test_eval_command_end_to_end(tiny_dir, tmp_path):
+    data = tmp_path / "held_out.fen"
+    data.write_text("\n".join(p.fen for p in chess.generate_positions(6, 11)) + "\n")
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--data", str(data),
+                           "--depth", "4", "--max-new-tokens", "16", "--device", "cpu", "--out", str(out),
+                           "--samples", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "P: policy (6 positions)" in proc.stdout and "A: environment (6 positions)" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["P"]["n"] == 6 and result["A"]["n"] == 6
+    # A random model writes no well-formed answer: every metric says so.
+    assert result["P"]["format_valid"] == 0.0 and result["P"]["mean_reward"] == pytest.approx(-0.3)
+    assert result["A"]["next_state_exact"] == 0.0
+    assert len(result["samples"]) == 2 and "completion" in result["samples"][0]
+
+
+def test_eval_bad_input(tiny_dir, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "rookworld", "eval", *args], capture_output=True, text=True)
+
+    proc = run("--model", str(tmp_path / "none"), "--data", str(tmp_path / "none.fen"))
+    assert proc.returncode == 2 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
+    data = tmp_path / "d.fen"
+    data.write_text(chess.START_FEN + "\n")
+    proc = run("--model", str(tmp_path / "none"), "--data", str(data), "--tasks", "A")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    proc = run("--model", str(tiny_dir), "--data", str(data), "--tasks", "Q")
+    assert proc.returncode == 2 and "--tasks" in proc.stderr
