@@ -1,0 +1,121 @@
+"""Checkpoints: the policy in the Hugging Face GPT-2 layout plus the trainer's state, written atomically.
+
+    OUTPUT_DIR/checkpoints/step-000050/{config.json, model.safetensors, trainer_state.pt, train_config.json}
+    OUTPUT_DIR/checkpoints/latest        (the name of the newest complete checkpoint)
+
+A checkpoint is assembled in a temporary directory and renamed into place, and `latest` is replaced
+atomically after it, so a crash at any moment leaves the previous checkpoint intact and `latest` valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.pt"
+CONFIG_FILE = "train_config.json"
+LATEST = "latest"
+_STEP_DIR = re.compile(r"step-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be found or read."""
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict[str, Any], config: dict[str, Any],
+                    keep: int) -> Path:
+    """Writes checkpoint `step` and prunes all but the newest `keep`; returns its directory."""
+    root = Path(output_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:06d}"
+    final = root / name
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    try:
+        model.save_pretrained(tmp)
+        torch.save(state, tmp / STATE_FILE)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        if final.exists():  # saved again (e.g. the final step right after a periodic save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_text_atomic(root / LATEST, name + "\n")
+    for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found) if (p / STATE_FILE).is_file()]
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint directory, or the newest checkpoint of an output directory."""
+    path = Path(path).expanduser()
+    if (path / STATE_FILE).is_file():
+        return path
+    root = path / "checkpoints"
+    latest = root / LATEST
+    if latest.is_file():
+        candidate = root / latest.read_text().strip()
+        if (candidate / STATE_FILE).is_file():
+            return candidate
+    found = list_checkpoints(path)
+    if found:
+        return found[-1]
+    raise CheckpointError(f"--resume {path}: no checkpoint there (expected {STATE_FILE} in it or in "
+                          f"{path}/checkpoints/step-*)")
+
+
+def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    try:
+        # Our own file: optimizer state and numpy RNG state need the full unpickler.
+        return torch.load(checkpoint / STATE_FILE, map_location=map_location, weights_only=False)
+    except Exception as e:  # a truncated or foreign file
+        raise CheckpointError(f"cannot read {checkpoint / STATE_FILE}: {e}") from None
+
+
+def load_config(checkpoint: Path) -> dict[str, Any]:
+    try:
+        return json.loads((checkpoint / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {checkpoint / CONFIG_FILE}: {e}") from None

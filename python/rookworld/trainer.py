@@ -1,0 +1,681 @@
+"""GRPO for RookWorld-LM: sample a group of completions per prompt, score them with verifiable rewards,
+and push the policy toward the better ones, with a KL leash to the frozen reference.
+
+One step:
+  1. prompts for this step (the next step's P: analyses are already running in Stockfish);
+  2. G completions per prompt from the KV-cache sampler;
+  3. rewards (Rust scorer), group-relative advantages;
+  4. reference (and, when the policy moves within a step, sampling-policy) log-probs, once;
+  5. `mu` epochs of minibatch updates with gradient accumulation over micro-batches.
+
+Randomness comes from (seed, step, rank) alone, so a resumed run continues exactly as an unbroken one.
+Under torchrun the prompts are sharded over ranks, gradients are averaged by DDP, metrics are reduced,
+and only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import random
+import resource
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rookworld import chess, checkpoint
+from rookworld.config import ConfigError, TrainConfig
+from rookworld.data import Record, assign_moves, read_records
+from rookworld.grpo import aggregate, clipped_surrogate, group_advantages, group_has_spread, kl_estimate
+from rookworld.runlog import RunLog
+from rookworld.sampling import generate, release_caches, token_logprobs
+from rookworld.tokenizer import Tokenizer, get_tokenizer
+
+#: Seed offset of the held-out evaluation positions, so they never share a stream with training prompts.
+EVAL_SEED_OFFSET = 1_000_003
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Prompts and rewards
+
+
+@dataclass(frozen=True)
+class Prompt:
+    task: str
+    text: str
+    #: Stockfish's analysis when the data file already has it: (moves best first, evals in pawns).
+    truth: tuple[list[str], list[float]] | None = None
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    rewards: np.ndarray  # [N] float
+    tasks: np.ndarray  # [N] str
+    well_formed: np.ndarray  # [N] bool
+
+
+class RewardFn(Protocol):
+    def prefetch(self, prompts: Sequence[Prompt]) -> None: ...
+
+    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> RewardResult: ...
+
+
+class ChessReward:
+    """The verifiable chess rewards: Stockfish for P:, the rules for A: (`rookworld.rewards`)."""
+
+    def __init__(self, scorer):
+        self.scorer = scorer
+
+    def prefetch(self, prompts: Sequence[Prompt]) -> None:
+        texts = [p.text for p in prompts if p.task == "P" and p.truth is None]
+        if texts:
+            self.scorer.prefetch(texts)
+
+    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> RewardResult:
+        texts = [p.text for p in prompts]
+        truth = [p.truth for p in prompts]
+        missing = [i for i, p in enumerate(prompts) if p.task == "P" and p.truth is None]
+        if missing:
+            for i, t in zip(missing, self.scorer.ground_truth([texts[i] for i in missing])):
+                truth[i] = t
+        batch = self.scorer.score_batch(texts, completions, ground_truth=truth)
+        return RewardResult(batch.rewards, batch.task, batch.well_formed.astype(bool))
+
+
+def _task_draw(seed: int, index: int) -> float:
+    return random.Random(f"{seed}:task:{index}").random()
+
+
+class PromptSource:
+    """The prompts of each step, a pure function of (seed, step, rank): generated positions by default,
+    or the records of a positions file, reshuffled every pass."""
+
+    def __init__(self, cfg: TrainConfig, records: Sequence[Record] | None = None, rank: int = 0, world: int = 1):
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.per_rank = cfg.prompts_per_step // world
+        self.records = list(records) if records else None
+
+    def _record(self, index: int) -> Record:
+        n = len(self.records)
+        order = list(range(n))
+        random.Random(self.cfg.seed * 7919 + index // n).shuffle(order)
+        return self.records[order[index % n]]
+
+    def batch(self, step: int) -> list[Prompt]:
+        cfg = self.cfg
+        if cfg.overfit_single_batch:
+            step = 0
+        start = step * cfg.prompts_per_step + self.rank * self.per_rank
+        if self.records is not None:
+            records = [self._record(start + i) for i in range(self.per_rank)]
+        else:
+            records = [Record(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
+                       for p in chess.generate_positions(self.per_rank, cfg.seed, start=start,
+                                                         illegal_share=cfg.illegal_share)]
+        prompts = []
+        for i, r in enumerate(records):
+            if _task_draw(cfg.seed, start + i) < cfg.task_mix or r.move is None:
+                truth = (list(r.analysis["moves"]), [float(e) for e in r.analysis["evals"]]) if r.analysis else None
+                prompts.append(Prompt("P", r.policy_prompt, truth))
+            else:
+                prompts.append(Prompt("A", r.env_prompt))
+        return prompts
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Distributed set-up
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def init_distributed(device_kind: str) -> DistInfo:
+    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; start the process group (NCCL on CUDA, gloo on CPU)."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return DistInfo()
+    world = int(os.environ["WORLD_SIZE"])
+    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", 0)),
+                    int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device_kind == "cuda" else "gloo"
+        if device_kind == "cuda":
+            torch.cuda.set_device(info.local_rank)
+        dist.init_process_group(backend=backend)
+    return info
+
+
+class _LogProbs(nn.Module):
+    """`token_logprobs` behind a forward(), so DDP's hooks see the parameters it uses."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, temperature: float):
+        s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=True)
+        return s.logprobs, s.entropy
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The trainer
+
+
+def _seed_of(*parts: int) -> int:
+    return random.Random(":".join(map(str, parts))).getrandbits(63)
+
+
+def _pct(x: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(x, q)) if len(x) else None
+
+
+def _mean(x: np.ndarray) -> float | None:
+    return float(np.mean(x)) if len(x) else None
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to the peak, then cosine decay to min_lr_ratio x peak at the last step."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / (cfg.warmup_steps + 1)
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, policy: nn.Module | None = None, reference: nn.Module | None = None,
+                 tokenizer: Tokenizer | None = None, reward_fn: RewardFn | None = None,
+                 prompt_source: PromptSource | None = None, stream=None,
+                 completion_lengths: dict[str, int] | None = None):
+        """``completion_lengths`` ({task: n}) makes every completion exactly n tokens, EOS or not: for
+        benchmarks, which must measure the same work whatever the (random) weights write."""
+        self.cfg = cfg
+        self.completion_lengths = completion_lengths
+        kind = "cuda" if (cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())) \
+            else "cpu"
+        self.dist = init_distributed(kind)
+        if cfg.prompts_per_step % self.dist.world:
+            raise ConfigError(f"--prompts-per-step ({cfg.prompts_per_step}) must divide over {self.dist.world} ranks")
+        local_samples = cfg.prompts_per_step // self.dist.world * cfg.group_size
+        if local_samples % cfg.minibatches:
+            raise ConfigError(f"each rank's {local_samples} completions must split into --minibatches "
+                              f"({cfg.minibatches})")
+        if cfg.auto_batch and kind != "cuda":
+            raise ConfigError("--auto-batch measures GPU memory: it needs a CUDA device")
+        if kind == "cuda":
+            self.device = torch.device(f"cuda:{self.dist.local_rank}" if cfg.device in ("auto", "cuda")
+                                       else cfg.device)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        else:
+            self.device = torch.device("cpu")
+        bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and kind == "cuda")
+        self.amp_dtype = torch.bfloat16 if bf16 else None
+        torch.manual_seed(cfg.seed)
+
+        # Everything a user can get wrong is checked before the slow parts (models, engines) start.
+        self.records = None
+        if cfg.data and prompt_source is None:
+            records, _ = read_records(cfg.data)
+            self.records = assign_moves(records, cfg.seed)
+        self.resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
+        self.tokenizer = tokenizer or get_tokenizer()
+        from rookworld.model import from_pretrained
+
+        if policy is None:
+            policy = from_pretrained(self.resume_from or cfg.model, revision=None if self.resume_from else cfg.revision,
+                                     device=self.device)
+        self.policy = policy.to(self.device).eval()  # eval(): dropout stays off during RL
+        if reference is None and cfg.beta > 0:
+            reference = from_pretrained(cfg.model, revision=cfg.revision, device=self.device)
+        self.reference = reference.to(self.device).eval().requires_grad_(False) if reference is not None else None
+
+        self.logprobs = _LogProbs(self.policy)
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.logprobs = DDP(self.logprobs, device_ids=[self.device.index] if kind == "cuda" else None)
+
+        decay = [p for p in self.policy.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.policy.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(0.9, 0.95), fused=kind == "cuda")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
+
+        self.step = 0
+        self.beta = cfg.beta
+        self.best_reward = -math.inf
+        if self.resume_from is not None:
+            state = checkpoint.load_state(self.resume_from)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.step, self.beta, self.best_reward = state["step"], state["beta"], state["best_reward"]
+            checkpoint.set_rng_state(state["rng"])
+
+        self.pool = None
+        if reward_fn is None:
+            from rookworld.rewards import RewardScorer
+            from rookworld.stockfish import StockfishPool
+
+            workers = cfg.stockfish_workers or max(1, ((os.cpu_count() or 2) - 1) // self.dist.local_world)
+            if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+                # On the CPU, torch's threads and the engines share the cores; oversubscribed OpenMP threads
+                # spin against busy engines and run an order of magnitude slower.
+                cores = max(1, (os.cpu_count() or 1) // self.dist.local_world)
+                torch.set_num_threads(max(1, cores - workers))
+            self.pool = StockfishPool(path=cfg.stockfish_path, workers=workers, depth=cfg.stockfish_depth,
+                                      cache_path=cfg.stockfish_cache)
+            reward_fn = ChessReward(RewardScorer(self.pool, shaping=cfg.reward_shaping))
+        self.reward_fn = reward_fn
+        if prompt_source is None:
+            prompt_source = PromptSource(cfg, self.records, self.dist.rank, self.dist.world)
+        self.prompts = prompt_source
+        self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, resume_step=self.step, stream=stream,
+                          kl_warn=cfg.kl_warn, clip_warn=cfg.clip_warn)
+        self._stop_requested = False
+        self._eval_records: list[Record] | None = None
+
+    # -- helpers ------------------------------------------------------------------------------------------
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _chunked_logprobs(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
+        outs = []
+        for i in range(0, ids.shape[0], self.cfg.micro_batch_size):
+            with self._autocast():
+                s = token_logprobs(model, ids[i : i + self.cfg.micro_batch_size],
+                                   mask[i : i + self.cfg.micro_batch_size], start=start,
+                                   temperature=self.cfg.temperature)
+            outs.append(s.logprobs.float())
+        return torch.cat(outs)
+
+    def _beta_now(self) -> float:
+        if self.cfg.beta_warmup_steps and self.cfg.kl_target is None:
+            return self.beta * min(1.0, (self.step + 1) / self.cfg.beta_warmup_steps)
+        return self.beta
+
+    def _all_mean(self, values: list[float]) -> list[float]:
+        if not self.dist.enabled:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return (t / self.dist.world).tolist()
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        if not self.dist.enabled:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.dist.enabled:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.dist.world)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts)
+
+    # -- one GRPO step ------------------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, step, G = self.cfg, self.step, self.cfg.group_size
+        t_start = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+        prompts = self.prompts.batch(step)
+        if step + 1 < cfg.steps:
+            self.reward_fn.prefetch(self.prompts.batch(step + 1))  # Stockfish works while the GPU samples
+
+        # 1. Sample G completions per prompt.
+        ids, pmask = self.tokenizer.encode_batch([p.text for p in prompts], bos=True, device=self.device)
+        ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
+        gen = torch.Generator(device=self.device).manual_seed(_seed_of(cfg.seed, step, self.dist.rank))
+        limit: int | torch.Tensor = cfg.max_new_tokens
+        if self.completion_lengths is not None:
+            limit = torch.tensor([self.completion_lengths.get(p.task, cfg.max_new_tokens) for p in prompts],
+                                 device=self.device).repeat_interleave(G)
+        with torch.no_grad():
+            out = generate(self.policy, ids, pmask, max_new_tokens=limit, stop_at_eos=self.completion_lengths is None,
+                           temperature=cfg.temperature, top_k=cfg.top_k or None,
+                           top_p=cfg.top_p if cfg.top_p < 1.0 else None, generator=gen,
+                           compile=cfg.compile and self.device.type == "cuda", dtype=self.amp_dtype)
+        self._sync()
+        t_gen = time.perf_counter()
+
+        # 2. Rewards and advantages.
+        completions = self.tokenizer.decode_batch(out.tokens, out.mask)
+        expanded = [p for p in prompts for _ in range(G)]
+        scored = self.reward_fn(expanded, completions)
+        rewards = torch.as_tensor(np.asarray(scored.rewards, dtype=np.float32), device=self.device)
+        advantages = group_advantages(rewards, G, cfg.std_scaling)
+        spread = group_has_spread(rewards, G)
+        loss_mask = out.mask.clone()
+        if cfg.mask_truncated:
+            loss_mask &= out.stopped.unsqueeze(1)
+        if cfg.drop_zero_spread:
+            loss_mask &= spread.unsqueeze(1)
+        t_reward = time.perf_counter()
+
+        # 3. Reference and sampling-policy log-probs, once per rollout.
+        full_ids = torch.cat([ids, out.tokens], dim=1)
+        full_mask = torch.cat([pmask, out.mask], dim=1)
+        P = ids.shape[1]
+        with torch.no_grad():
+            ref_lp = self._chunked_logprobs(self.reference, full_ids, full_mask, P) if self.reference else None
+            moves_within_step = cfg.mu > 1 or cfg.minibatches > 1
+            old_lp = self._chunked_logprobs(self.policy, full_ids, full_mask, P) if moves_within_step else None
+        self._sync()
+        t_ref = time.perf_counter()
+
+        # 4. Updates.
+        beta = self._beta_now()
+        n = full_ids.shape[0]
+        sums = {"kl": 0.0, "clipped": 0.0, "entropy": 0.0, "tokens": 0.0, "loss": 0.0}
+        kl_tokens: list[torch.Tensor] = []
+        grad_norms = []
+        for epoch in range(cfg.mu):
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(_seed_of(cfg.seed, step, epoch)))
+            for mb in order.chunk(cfg.minibatches):
+                mb = mb.to(self.device)
+                mb_tokens = float(loss_mask[mb].sum())
+                self.optimizer.zero_grad(set_to_none=True)
+                micro = mb.split(cfg.micro_batch_size)
+                for j, mi in enumerate(micro):
+                    sync = j == len(micro) - 1
+                    ctx = self.logprobs.no_sync() if self.dist.enabled and not sync else contextlib.nullcontext()
+                    with ctx:
+                        with self._autocast():
+                            lp, entropy = self.logprobs(full_ids[mi], full_mask[mi], P, cfg.temperature)
+                        lp, entropy = lp.float(), entropy.float()
+                        m = loss_mask[mi]
+                        old = old_lp[mi] if old_lp is not None else lp.detach()
+                        per_token, clipped = clipped_surrogate(lp, old, advantages[mi], cfg.clip_low, cfg.clip_high)
+                        if ref_lp is not None:
+                            kl = kl_estimate(lp, ref_lp[mi], cfg.kl_estimator)
+                            if beta > 0:
+                                per_token = per_token + beta * kl
+                        if cfg.entropy_coef > 0:
+                            per_token = per_token - cfg.entropy_coef * entropy
+                        loss = aggregate(per_token, m, cfg.loss_aggregation, max_tokens=cfg.max_new_tokens,
+                                         total_tokens=max(mb_tokens, 1.0), total_sequences=float(len(mb)))
+                        loss.backward()
+                    with torch.no_grad():
+                        mf = m.float()
+                        sums["loss"] += float(loss)
+                        sums["tokens"] += float(mf.sum())
+                        sums["clipped"] += float((clipped.float() * mf).sum())
+                        sums["entropy"] += float((entropy * mf).sum())
+                        if ref_lp is not None:
+                            sums["kl"] += float((kl * mf).sum())
+                            if epoch == 0:
+                                kl_tokens.append(kl[m].detach().float().cpu())
+                params = [p for p in self.policy.parameters() if p.grad is not None]
+                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+                grad_norms.append(float(norm))
+                self.optimizer.step()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        self._sync()
+        t_end = time.perf_counter()
+
+        # 5. Metrics, reduced over ranks.
+        all_rewards = self._gather(torch.as_tensor(np.asarray(scored.rewards, dtype=np.float64),
+                                                   device=self.device)).cpu().numpy()
+        task_codes = torch.as_tensor([{"P": 1, "A": 0}.get(str(t), 2) for t in scored.tasks], device=self.device)
+        all_tasks = self._gather(task_codes).cpu().numpy()
+        well = self._gather(torch.as_tensor(scored.well_formed, device=self.device)).cpu().numpy()
+        kl_sum, clipped, ent, tokens = self._all_sum([sums["kl"], sums["clipped"], sums["entropy"], sums["tokens"]])
+        gen_tokens, truncated, zero_spread = self._all_sum(
+            [float(out.mask.sum()), float((~out.stopped).sum()), float((~spread).sum())])
+        kl_all = torch.cat(kl_tokens) if kl_tokens else torch.zeros(0)
+        if self.dist.enabled and ref_lp is not None:
+            # p95 over each rank's tokens, averaged: exact gathering would move every token's KL.
+            kl_p95 = self._all_mean([float(torch.quantile(kl_all, 0.95)) if kl_all.numel() else 0.0])[0]
+        else:
+            kl_p95 = float(torch.quantile(kl_all, 0.95)) if kl_all.numel() else None
+        grad_norm = self._all_mean([float(np.mean(grad_norms))])[0]
+        n_total = len(all_rewards)
+        step_time = t_end - t_start
+        kl_mean = kl_sum / max(tokens, 1.0) if ref_lp is not None else None
+
+        self.step += 1
+        reward_mean = float(all_rewards.mean())
+        self.best_reward = max(self.best_reward, reward_mean)
+        if cfg.kl_target is not None and kl_mean is not None:
+            # Proportional control (Ziegler et al.): beta grows when KL overshoots the target, shrinks below it.
+            error = max(-0.2, min(0.2, kl_mean / cfg.kl_target - 1.0))
+            self.beta = max(1e-6, self.beta * (1.0 + error / cfg.kl_horizon))
+
+        m: dict[str, Any] = {"step": self.step, "reward/mean": reward_mean, "reward/best": self.best_reward,
+                             "reward/std": float(all_rewards.std())}
+        for code, name in ((1, "P"), (0, "A")):
+            r = all_rewards[all_tasks == code]
+            m[f"reward/{name}/mean"] = _mean(r)
+            for q in (10, 50, 90):
+                m[f"reward/{name}/p{q}"] = _pct(r, q)
+            m[f"format_valid/{name}"] = _mean(well[all_tasks == code])
+            m[f"share/{name}"] = float((all_tasks == code).mean())
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+        m.update({
+            "kl/mean": kl_mean, "kl/p95": kl_p95, "clip_fraction": clipped / max(tokens, 1.0),
+            "entropy": ent / max(tokens, 1.0), "loss": sums["loss"] / max(cfg.mu * cfg.minibatches, 1),
+            "grad_norm": grad_norm, "lr": lr, "beta": beta,
+            "completion_len": gen_tokens / n_total, "truncated": truncated / n_total,
+            "groups/zero_spread": zero_spread / n_total,
+            "samples_per_s": n_total / step_time, "tokens_per_s": gen_tokens / step_time,
+            "time/step": step_time, "time/generate": t_gen - t_start, "time/reward": t_reward - t_gen,
+            "time/reference": t_ref - t_reward, "time/update": t_end - t_ref, "peak_memory_gb": peak,
+        })
+        self._last_rollout = (prompts, completions, scored)
+        return m
+
+    # -- automatic batch size -----------------------------------------------------------------------------
+
+    def auto_batch(self, memory_fraction: Callable[[], float] | None = None) -> int:
+        """Runs real steps at doubling prompts-per-step and keeps the largest whose peak memory stays under
+        `memory_target`; the policy, optimizer and counters are restored after each probe.
+
+        `memory_fraction` reads the peak memory share of the last step (default: CUDA's peak allocation over
+        the device's memory); tests pass their own to exercise the search on the CPU."""
+        cfg = self.cfg
+        if memory_fraction is None:
+            if self.device.type != "cuda":
+                raise ConfigError("--auto-batch measures GPU memory: it needs a CUDA device")
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            memory_fraction = lambda: torch.cuda.max_memory_allocated(self.device) / total  # noqa: E731
+        if not isinstance(self.prompts, PromptSource):
+            raise ConfigError("--auto-batch works with the built-in prompt source")
+        snapshot = {
+            "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "scheduler": self.scheduler.state_dict(),
+            "counters": (self.step, self.beta, self.best_reward),
+        }
+
+        def restore() -> None:
+            self.policy.load_state_dict(snapshot["policy"])
+            self.optimizer.load_state_dict(snapshot["optimizer"])
+            self.scheduler.load_state_dict(snapshot["scheduler"])
+            self.step, self.beta, self.best_reward = snapshot["counters"]
+
+        world, G = self.dist.world, cfg.group_size
+        start = cfg.prompts_per_step
+        chosen, p = None, start
+        self.log.say(f"auto-batch: probing prompts-per-step from {start} (x {G} completions), memory target "
+                     f"{100 * cfg.memory_target:.0f}%")
+        while p <= cfg.auto_batch_max:
+            if (p // world * G) % cfg.minibatches:
+                p *= 2
+                continue
+            cfg.prompts_per_step, self.prompts.per_rank = p, p // world
+            if self.device.type == "cuda":
+                release_caches(self.policy)
+                torch.cuda.empty_cache()
+            try:
+                m = self.train_step()
+                used, seconds = memory_fraction(), m["time/step"]
+            except torch.cuda.OutOfMemoryError:
+                used, seconds = math.inf, math.nan
+            finally:
+                restore()
+            fits = self._all_sum([0.0 if used <= cfg.memory_target else 1.0])[0] == 0
+            shown = "out of memory" if math.isinf(used) else f"peak {100 * used:.0f}% of memory, {seconds:.2f} s/step"
+            self.log.say(f"auto-batch: {p} prompts x {G} = {p * G} completions: {shown}"
+                         f"{'' if fits else ' (over the target)'}")
+            if not fits:
+                break
+            chosen, p = p, p * 2
+        if chosen is None:
+            raise ConfigError(f"--auto-batch: even {start} prompts per step exceed --memory-target "
+                              f"{cfg.memory_target}; lower --prompts-per-step, --group-size or --micro-batch-size")
+        cfg.prompts_per_step, self.prompts.per_rank = chosen, chosen // world
+        if self.device.type == "cuda":
+            release_caches(self.policy)
+            torch.cuda.empty_cache()
+        self.log.say(f"auto-batch: training with {chosen} prompts per step ({chosen * G} completions)")
+        return chosen
+
+    # -- evaluation, checkpoints, the loop ----------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, Any]:
+        from rookworld.evaluate import evaluate
+
+        if self._eval_records is None:
+            if self.cfg.eval_data:
+                records, _ = read_records(self.cfg.eval_data)
+            else:
+                records = [Record(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
+                           for p in chess.generate_positions(self.cfg.eval_size, self.cfg.seed + EVAL_SEED_OFFSET,
+                                                             illegal_share=self.cfg.illegal_share)]
+            self._eval_records = assign_moves(records[: self.cfg.eval_size], self.cfg.seed)
+        scorer = getattr(self.reward_fn, "scorer", None)
+        if scorer is None:
+            return {}
+        result = evaluate(self.policy, self.tokenizer, self._eval_records, scorer,
+                          batch_size=self.cfg.micro_batch_size, max_new_tokens=self.cfg.max_new_tokens,
+                          compile=self.cfg.compile and self.device.type == "cuda")
+        return {f"eval/{task}/{k}": v for task in ("P", "A") for k, v in result.get(task, {}).items()}
+
+    def save(self) -> Path | None:
+        if not self.dist.main:
+            return None
+        state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "beta": self.beta, "best_reward": self.best_reward, "rng": checkpoint.rng_state(),
+                 "world_size": self.dist.world}
+        path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, state, self.cfg.to_dict(),
+                                          self.cfg.keep_checkpoints)
+        self.log.say(f"saved checkpoint {path}")
+        return path
+
+    def _request_stop(self, signum, frame) -> None:
+        if self._stop_requested:  # second Ctrl-C: stop now, without saving
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self.log.say("stopping after this step and saving a checkpoint (Ctrl-C again to abort without saving)")
+
+    def _agree_to_stop(self) -> bool:
+        flag = self._all_sum([1.0 if self._stop_requested else 0.0])[0]
+        return flag > 0
+
+    def _write_samples(self, k: int = 8) -> None:
+        prompts, completions, scored = self._last_rollout
+        G = self.cfg.group_size
+        rows = []
+        for i in range(0, len(completions), max(G, len(completions) // k or 1))[:k]:
+            rows.append({"task": str(scored.tasks[i]), "prompt": prompts[i // G].text, "completion": completions[i],
+                         "reward": float(scored.rewards[i])})
+        self.log.samples(self.step, rows)
+
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self._request_stop)
+        if self.resume_from is not None:
+            self.log.say(f"resumed from {self.resume_from} at step {self.step}")
+            if cfg.auto_batch:
+                self.log.say(f"auto-batch: keeping the resumed run's {cfg.prompts_per_step} prompts per step")
+        elif cfg.auto_batch:
+            self.auto_batch()
+        last: dict[str, Any] = {}
+        saved_at = self.step
+        t0, first_step = time.perf_counter(), self.step
+        try:
+            while self.step < cfg.steps:
+                m = self.train_step()
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    if self.dist.main:
+                        m.update(self.evaluate())
+                    if self.dist.enabled:
+                        dist.barrier()
+                done = self.step - first_step
+                m["eta_s"] = (time.perf_counter() - t0) / done * (cfg.steps - self.step)
+                self.log.step(m, log_line=self.step % cfg.log_every == 0 or self.step == cfg.steps)
+                if cfg.sample_every and self.step % cfg.sample_every == 0 and self.dist.main:
+                    self._write_samples()
+                last = m
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save()
+                    saved_at = self.step
+                if self._agree_to_stop():
+                    break
+            if saved_at != self.step:
+                self.save()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.log.close()
+        return last
+
+    def close(self) -> None:
+        digest_dir = os.environ.get("ROOKWORLD_TEST_PARAM_DIGEST")
+        if digest_dir:  # lets the torchrun test compare every rank's parameters
+            import hashlib
+
+            h = hashlib.sha256()
+            for name, p in sorted(self.policy.state_dict().items()):
+                h.update(name.encode())
+                h.update(p.detach().float().cpu().numpy().tobytes())
+            Path(digest_dir).mkdir(parents=True, exist_ok=True)
+            (Path(digest_dir) / f"rank{self.dist.rank}.txt").write_text(h.hexdigest())
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.dist.enabled and dist.is_initialized():
+            dist.destroy_process_group()

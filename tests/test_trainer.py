@@ -1,0 +1,279 @@
+"""GRPO training: that it learns, and `rookworld train` end to end on the CPU with real chess tasks,
+real Stockfish, checkpoints, resume, torchrun and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import rookworld.trainer as trainer_module
+from rookworld.config import TrainConfig
+from rookworld.trainer import Prompt, RewardResult, Trainer
+from rookworld.tokenizer import get_tokenizer
+
+from conftest import tiny_gpt
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- learning: the update moves the policy toward higher reward ----------------------------------------------
+
+class FixedPrompts:
+    def __init__(self, text: str, n: int):
+        self.text, self.n = text, n
+
+    def batch(self, step):
+        return [Prompt("X", self.text)] * self.n
+
+
+class StartsWith:
+    """1 when the completion starts with `prefix`: a simple verifiable reward."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def prefetch(self, prompts):
+        pass
+
+    def __call__(self, prompts, completions):
+        r = np.array([float(c.startswith(self.prefix)) for c in completions])
+        return RewardResult(r, np.array(["X"] * len(r)), np.ones(len(r), dtype=bool))
+
+
+def _learning_run(tmp_path, steps=12):
+    tok = get_tokenizer()
+    policy = tiny_gpt(seed=0, scale=4.0)
+    prompt = "P: hello"
+    ids = torch.tensor([tok.encode(prompt, bos=True)])
+    with torch.no_grad():
+        logits = policy(ids)[0, -1]
+    top = logits.topk(8).indices.tolist()
+    # A plausible but unlikely first token: chance is its share of the top 8.
+    target = next(t for t in top[2:] if tok.decode([t]).strip() and tok.decode([t]).isprintable())
+    chance = logits[top].softmax(-1)[top.index(target)].item()
+    cfg = TrainConfig(steps=steps, prompts_per_step=8, group_size=8, max_new_tokens=2, top_k=8, lr=3e-3, beta=0.0,
+                      warmup_steps=0, eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path),
+                      compile=False, log_every=100).validate()
+    t = Trainer(cfg, policy=policy, tokenizer=tok, reward_fn=StartsWith(tok.decode([target])),
+                prompt_source=FixedPrompts(prompt, 8), stream=open(os.devnull, "w"))
+    t.train()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return chance, [r["reward/mean"] for r in rows]
+
+
+def test_grpo_raises_a_simple_verifiable_reward(tmp_path):
+    chance, rewards = _learning_run(tmp_path)
+    assert chance < 0.25
+    assert np.mean(rewards[-3:]) > chance + 0.4, (chance, rewards)
+
+
+def test_the_learning_test_fails_when_the_advantage_sign_is_flipped(tmp_path, monkeypatch):
+    original = trainer_module.group_advantages
+    monkeypatch.setattr(trainer_module, "group_advantages", lambda *a, **k: -original(*a, **k))
+    chance, rewards = _learning_run(tmp_path)
+    assert np.mean(rewards[-3:]) < chance, (chance, rewards)
+
+
+# -- rookworld train on real chess tasks ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random GPT-2 written by transformers: what a user's local model directory looks like."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=256,
+                                     activation_function="gelu_new")
+    directory = tmp_path_factory.mktemp("tiny")
+    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
+    return directory
+
+
+def train_args(model_dir, out, *extra):
+    return ["train", "--model", str(model_dir), "--output-dir", str(out), "--prompts-per-step", "4",
+            "--group-size", "4", "--max-new-tokens", "12", "--stockfish-depth", "4", "--stockfish-workers", "1",
+            "--eval-every", "0", "--sample-every", "1", "--device", "cpu", "--seed", "3", *extra]
+
+
+def run_cli(args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=600)
+
+
+def metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_end_to_end_three_steps(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    # A random model writes no well-formed answer, so rewards have no spread; the entropy bonus still moves
+    # the weights, which is what this test checks the whole path with.
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "3", "--save-every", "2", "--eval-every", "3",
+                              "--eval-size", "4", "--entropy-coef", "0.01", "--lr", "1e-3"))
+    assert proc.returncode == 0, proc.stderr
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert -0.3 <= r["reward/mean"] <= 1.0
+        assert r["samples_per_s"] > 0 and r["time/generate"] > 0
+        assert r["kl/mean"] is not None and r["lr"] > 0
+    assert "eval/P/best_move_accuracy" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
+    assert "step 3/3 | reward" in proc.stderr
+    assert (out / "samples.jsonl").read_text().count('"completion"') >= 3
+    ckpt = out / "checkpoints" / "step-000003"
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-000003"
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt)
+    from rookworld.model import from_pretrained
+
+    ours = from_pretrained(ckpt)
+    ids = torch.tensor([get_tokenizer().encode("P: 8/8/8/8/8/8/8/K6k w - - 0 1", bos=True)])
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, ours(ids), atol=1e-4)
+    # The trained weights moved away from the start.
+    start = from_pretrained(tiny_dir)
+    assert any(not torch.equal(a, b) for a, b in zip(start.state_dict().values(), ours.state_dict().values()))
+
+
+def final_weights(out):
+    from rookworld.checkpoint import resolve_checkpoint
+    from rookworld.model import from_pretrained
+
+    return from_pretrained(resolve_checkpoint(out)).state_dict()
+
+
+def test_resume_gives_the_same_weights_as_an_unbroken_run(tiny_dir, tmp_path):
+    # The entropy bonus makes every step change the weights (the random model's rewards have no spread).
+    common = ["--save-every", "2", "--mu", "2", "--minibatches", "2", "--micro-batch-size", "4", "--lr", "1e-3",
+              "--entropy-coef", "0.01"]
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    assert run_cli(train_args(tiny_dir, straight, "--steps", "4", *common)).returncode == 0
+    first = run_cli(train_args(tiny_dir, broken, "--steps", "2", *common))
+    assert first.returncode == 0, first.stderr
+    second = run_cli(["train", "--resume", str(broken), "--steps", "4"])
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stderr
+    a, b = final_weights(straight), final_weights(broken)
+    from rookworld.model import from_pretrained
+
+    start = from_pretrained(tiny_dir).state_dict()
+    assert any(not torch.equal(a[k], start[k]) for k in a), "training must have changed the weights"
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert [r["step"] for r in metrics(broken)] == [1, 2, 3, 4]
+    assert [r["reward/mean"] for r in metrics(broken)] == [r["reward/mean"] for r in metrics(straight)]
+
+
+def test_torchrun_two_processes_on_gloo(tiny_dir, tmp_path):
+    out = tmp_path / "ddp"
+    env = dict(os.environ, ROOKWORLD_TEST_PARAM_DIGEST=str(tmp_path / "digest"), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "rookworld", *train_args(tiny_dir, out, "--steps", "2", "--save-every", "0", "--lr", "1e-3",
+                                                 "--entropy-coef", "0.01")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    digests = sorted((tmp_path / "digest").glob("rank*.txt"))
+    assert [d.name for d in digests] == ["rank0.txt", "rank1.txt"]
+    assert digests[0].read_text() == digests[1].read_text(), "parameters differ between ranks"
+    assert [r["step"] for r in metrics(out)] == [1, 2], "one set of metrics, written by rank 0"
+    assert len(list((out / "checkpoints").glob("step-*"))) == 1
+    assert proc.stderr.count("step 2/2 | reward") == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--loss-aggregation", "mean"], "invalid choice"),
+    (["--group-size", "1"], "--group-size must be >= 2"),
+    (["--task-mix", "1.5"], "--task-mix must lie in [0, 1]"),
+    (["--prompts-per-step", "3", "--group-size", "3", "--minibatches", "2"], "must split into --minibatches"),
+    (["--stockfish-path", "/nonexistent/stockfish"], "--stockfish-path"),
+    (["--resume", "/nonexistent/run"], "no checkpoint"),
+])
+def test_bad_settings_are_one_clear_line(tiny_dir, tmp_path, extra, message):
+    proc = run_cli(train_args(tiny_dir, tmp_path / "x", "--steps", "1", *extra))
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_model_and_corrupt_data_are_clear_errors(tiny_dir, tmp_path):
+    proc = run_cli(train_args(tmp_path / "no-such-model", tmp_path / "x", "--steps", "1"))
+    assert proc.returncode == 2 and "no such model directory" in proc.stderr and "Traceback" not in proc.stderr
+    data = tmp_path / "positions.jsonl"
+    data.write_text('{"fen": "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"}\n{"fen": "garbage"}\n')
+    proc = run_cli(train_args(tiny_dir, tmp_path / "x", "--steps", "1", "--data", str(data)))
+    assert proc.returncode == 2 and f"{data}:2:" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x" / "metrics.jsonl").exists(), "no work before the error"
+
+
+def test_config_file_and_flags(tiny_dir, tmp_path):
+    from rookworld.config import ConfigError, TrainConfig
+
+    toml = tmp_path / "run.toml"
+    toml.write_text('steps = 7\nlr = 1e-5\n[ignored]\n')
+    proc = run_cli(["train", "--config", str(toml), "--help"])
+    assert proc.returncode == 0
+    toml.write_text('steps = 1\ngroup-size = 4\nprompts_per_step = 4\nmax_new_tokens = 8\nlr = 1e-5\n'
+                    f'model = "{tiny_dir}"\noutput_dir = "{tmp_path / "cfg"}"\nstockfish_depth = 4\n'
+                    'eval_every = 0\n')
+    proc = run_cli(["train", "--config", str(toml), "--lr", "2e-5", "--device", "cpu"])
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((tmp_path / "cfg" / "checkpoints" / "step-000001" / "train_config.json").read_text())
+    assert saved["lr"] == 2e-5 and saved["group_size"] == 4 and saved["steps"] == 1
+    with pytest.raises(ConfigError, match="unknown setting"):
+        TrainConfig.from_dict({"learning_rate": 1.0})
+    with pytest.raises(ConfigError, match="is not a int"):
+        TrainConfig.from_dict({"steps": "ten"})
+    toml.write_text("steps = [broken")
+    proc = run_cli(["train", "--config", str(toml)])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_auto_batch_keeps_the_largest_batch_under_the_target_and_restores_the_model(tmp_path):
+    from rookworld.trainer import PromptSource
+
+    tok = get_tokenizer()
+    policy = tiny_gpt(seed=1)
+    cfg = TrainConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=2, beta=0.0, warmup_steps=0,
+                      eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False,
+                      lr=1e-2, entropy_coef=0.1, memory_target=0.85).validate()
+    lines = []
+
+    class Lines:
+        def write(self, text):
+            lines.append(text)
+
+        def flush(self):
+            pass
+
+    t = Trainer(cfg, policy=policy, tokenizer=tok, reward_fn=StartsWith(" M"),
+                prompt_source=PromptSource(cfg), stream=Lines())
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    # Peak memory modelled as proportional to the batch: 2 -> 5%, 4 -> 10%, ..., 32 -> 80%, 64 -> 160%.
+    chosen = t.auto_batch(memory_fraction=lambda: t.cfg.prompts_per_step / 40)
+    assert chosen == 32 and t.cfg.prompts_per_step == 32 and t.prompts.per_rank == 32
+    text = "".join(lines)
+    for p in (2, 4, 8, 16, 32, 64):
+        assert f"auto-batch: {p} prompts x 2" in text
+    assert "over the target" in text and "training with 32 prompts per step" in text
+    assert t.step == 0
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, before[k]), f"probing changed {k}"
+    assert len(t.prompts.batch(0)) == 32
+    with pytest.raises(Exception, match="exceed --memory-target"):
+        t.cfg.prompts_per_step = 2
+        t.auto_batch(memory_fraction=lambda: 0.9)
+
+
+def test_auto_batch_needs_cuda(tmp_path):
+    from rookworld.config import ConfigError
+
+    cfg = TrainConfig(auto_batch=True, device="cpu", output_dir=str(tmp_path)).validate()
+    with pytest.raises(ConfigError, match="needs a CUDA device"):
+        Trainer(cfg, policy=tiny_gpt(), tokenizer=get_tokenizer(), reward_fn=StartsWith("x"),
+                prompt_source=FixedPrompts("x", 2))
