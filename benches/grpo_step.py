@@ -1,0 +1,143 @@
+"""Whole GRPO steps per second: generation, rewards (with Stockfish), reference pass and update.
+
+The 124M RookWorld-LM configuration with random weights and fixed completion lengths (48 new tokens for P:,
+96 for A:, 80/20 mix), so every run does the same work whatever the weights write. Prints samples/s,
+generated tokens/s, time per phase, model FLOP utilisation and peak memory, after warm-up steps.
+
+    python benches/grpo_step.py                              # one H100: 128 prompts x group 16
+    python benches/grpo_step.py --device cpu --tiny --prompts 4 --group 4 --steps 2   # smoke check here
+
+`--uniform-length N` gives every completion N tokens (for a like-for-like run beside benches/trl_baseline.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(REPO.parent / "shared" / "data" / "gpt2.tiktoken"))
+
+from rookworld.config import TrainConfig  # noqa: E402
+from rookworld.model import GPT, GPTConfig  # noqa: E402
+from rookworld.trainer import Trainer  # noqa: E402
+
+#: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation.
+H100_BF16_TFLOPS = 989.4
+
+
+def model_config(tiny: bool) -> GPTConfig:
+    if tiny:
+        return GPTConfig(block_size=512, vocab_size=50257, n_layer=2, n_head=2, n_embd=64)
+    return GPTConfig()  # GPT-2 small: 12 layers, 12 heads, 768 wide, 1024 positions
+
+
+def step_flops(cfg: GPTConfig, n_params: int, prompt_len: float, lengths: list[int], mu: int, old_pass: bool,
+               reference: bool) -> float:
+    """Model FLOPs of one GRPO step (2 per multiply-add; attention included; embedding lookups excluded)."""
+    dense = n_params - cfg.block_size * cfg.n_embd  # the position table is a lookup; wte counts once, as lm_head
+    attn = lambda ctx: 4 * cfg.n_layer * ctx * cfg.n_embd  # QK^T and AV per token at context ctx  # noqa: E731
+    total = 0.0
+    for n in lengths:
+        seq = prompt_len + n
+        gen = 2 * dense * (prompt_len + n) + sum(attn(prompt_len + i) for i in range(n))
+        fwd = 2 * dense * seq + attn(seq / 2) * seq
+        total += gen + (fwd if reference else 0) + (fwd if old_pass else 0) + mu * 3 * fwd
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer model (CPU smoke check)")
+    ap.add_argument("--prompts", type=int, default=128, help="prompts per step")
+    ap.add_argument("--group", type=int, default=16, help="completions per prompt")
+    ap.add_argument("--p-len", type=int, default=48)
+    ap.add_argument("--a-len", type=int, default=96)
+    ap.add_argument("--uniform-length", type=int, default=None, help="every completion this long")
+    ap.add_argument("--task-mix", type=float, default=0.8)
+    ap.add_argument("--steps", type=int, default=5, help="measured steps")
+    ap.add_argument("--warmup", type=int, default=2, help="steps before measuring (compilation, caches)")
+    ap.add_argument("--micro-batch-size", type=int, default=256)
+    ap.add_argument("--mu", type=int, default=1)
+    ap.add_argument("--beta", type=float, default=0.04)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"))
+    ap.add_argument("--stockfish-depth", type=int, default=10)
+    ap.add_argument("--stockfish-workers", type=int, default=None)
+    ap.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS)
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    args = ap.parse_args()
+
+    lengths = {"P": args.uniform_length or args.p_len, "A": args.uniform_length or args.a_len}
+    with tempfile.TemporaryDirectory() as out:
+        cfg = TrainConfig(
+            steps=args.warmup + args.steps + 1, prompts_per_step=args.prompts, group_size=args.group,
+            max_new_tokens=max(lengths.values()), task_mix=args.task_mix, device=args.device, dtype=args.dtype,
+            compile=not args.no_compile, micro_batch_size=args.micro_batch_size, mu=args.mu, beta=args.beta,
+            stockfish_depth=args.stockfish_depth, stockfish_workers=args.stockfish_workers, output_dir=out,
+            eval_every=0, save_every=0, sample_every=0, log_every=1000, warmup_steps=0,
+        ).validate()
+        torch.manual_seed(0)
+        mcfg = model_config(args.tiny)
+        policy = GPT(mcfg).to(args.device)
+        reference = copy.deepcopy(policy) if args.beta > 0 else None
+        trainer = Trainer(cfg, policy=policy, reference=reference, completion_lengths=lengths,
+                          stream=open(os.devnull, "w"))
+        n_params = sum(p.numel() for p in policy.parameters())
+        print(f"model: {n_params / 1e6:.1f}M parameters on {args.device}; {args.prompts} prompts x group "
+              f"{args.group}; completions P:{lengths['P']} A:{lengths['A']} tokens; mix {args.task_mix}",
+              file=sys.stderr)
+        rows = []
+        try:
+            for i in range(args.warmup + args.steps):
+                m = trainer.train_step()
+                tag = "warm-up" if i < args.warmup else "measured"
+                print(f"step {i + 1} ({tag}): {m['time/step']:.3f} s, {m['samples_per_s']:,.0f} samples/s",
+                      file=sys.stderr)
+                if i >= args.warmup:
+                    rows.append(m)
+            prompt_len = float(trainer.tokenizer.encode_batch([p.text for p in trainer.prompts.batch(0)],
+                                                              bos=True)[0].shape[1])
+            share_p = statistics.mean(r["share/P"] for r in rows)
+        finally:
+            trainer.close()
+
+    med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+    samples = args.prompts * args.group
+    n_p = round(samples * share_p)
+    flops = step_flops(mcfg, n_params, prompt_len, [lengths["P"]] * n_p + [lengths["A"]] * (samples - n_p),
+                       args.mu, args.mu > 1, args.beta > 0)
+    step_time = med("time/step")
+    figures = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "params_m": n_params / 1e6, "prompts": args.prompts, "group": args.group, "lengths": lengths,
+        "samples_per_s": samples / step_time, "generated_tokens_per_s": med("tokens_per_s"),
+        "step_s": step_time, "generate_s": med("time/generate"), "reward_s": med("time/reward"),
+        "reference_s": med("time/reference"), "update_s": med("time/update"),
+        "mfu": flops / step_time / (args.peak_tflops * 1e12) if args.device.startswith("cuda") else None,
+        "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "compile": not args.no_compile,
+    }
+    print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.0f}")
+    print(f"{'generated tokens/s':<22}{figures['generated_tokens_per_s']:>12,.0f}")
+    for k in ("step_s", "generate_s", "reward_s", "reference_s", "update_s"):
+        print(f"{k.replace('_s', ' (s)'):<22}{figures[k]:>12.3f}")
+    mfu = "n/a" if figures["mfu"] is None else f"{100 * figures['mfu']:.1f}%"
+    print(f"{'MFU':<22}{mfu:>12}")
+    print(f"{'peak memory (GB)':<22}{figures['peak_memory_gb']:>12.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The GRPO step benchmarks run (as CPU smoke checks with a tiny model) and report what they promise."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_grpo_step_benchmark_smoke(tmp_path):
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benches" / "grpo_step.py"), "--device", "cpu", "--tiny",
+                           "--prompts", "2", "--group", "2", "--p-len", "4", "--a-len", "8", "--steps", "1",
+                           "--warmup", "1", "--stockfish-depth", "4", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["samples_per_s"] > 0 and figures["generated_tokens_per_s"] > 0
+    for phase in ("generate_s", "reward_s", "reference_s", "update_s"):
+        assert figures[phase] >= 0
+    assert figures["lengths"] == {"P": 4, "A": 8}
+    assert "samples/s" in proc.stdout and "MFU" in proc.stdout
+
+
+def test_trl_baseline_smoke(tmp_path):
+    pytest.importorskip("trl", reason="TRL is only needed for the side-by-side benchmark")
+    pytest.importorskip("datasets")
+    out = tmp_path / "trl.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benches" / "trl_baseline.py"), "--device", "cpu", "--tiny",
+                           "--prompts", "2", "--group", "2", "--length", "4", "--steps", "1", "--warmup", "1",
+                           "--micro-batch-size", "4", "--stockfish-depth", "4", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["samples_per_s"] > 0 and len(figures["step_times"]) == 2
