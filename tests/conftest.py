@@ -90,3 +90,16 @@ def hf_tiny_bin(hf_tiny, tmp_path_factory):
     (bin_dir / "config.json").write_text((directory / "config.json").read_text())
     torch.save(model.state_dict(), bin_dir / "pytorch_model.bin")
     return model, bin_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny random GPT-2 written by transformers: what a user's local model directory looks like, with room
+    for A: prompts (about 91 tokens) plus completions."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=256,
+                                     activation_function="gelu_new")
+    directory = tmp_path_factory.mktemp("tiny")
+    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
+    return directory

@@ -52,17 +52,6 @@ def test_eval_items_cover_both_tasks():
     assert [i.task for i in eval_items(records, ("A",))] == ["A"]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=256,
-                                     activation_function="gelu_new")
-    directory = tmp_path_factory.mktemp("tiny")
-    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
-    return directory
-
-
 def test_eval_command_end_to_end(tiny_dir, tmp_path):
     data = tmp_path / "held_out.fen"
     data.write_text("\n".join(p.fen for p in chess.generate_positions(6, 11)) + "\n")
@@ -92,3 +81,11 @@ def test_eval_bad_input(tiny_dir, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     proc = run("--model", str(tiny_dir), "--data", str(data), "--tasks", "Q")
     assert proc.returncode == 2 and "--tasks" in proc.stderr
+
+
+def test_eval_checks_its_output_before_any_work(tiny_dir, tmp_path):
+    data = tmp_path / "d.fen"
+    data.write_text(chess.START_FEN + "\n")
+    proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--data", str(data),
+                           "--out", str(tmp_path / "missing" / "r.json")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "output directory does not exist" in proc.stderr

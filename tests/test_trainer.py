@@ -83,18 +83,6 @@ def test_the_learning_test_fails_when_the_advantage_sign_is_flipped(tmp_path, mo
 
 # -- rookworld train on real chess tasks ----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """A tiny random GPT-2 written by transformers: what a user's local model directory looks like."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=256,
-                                     activation_function="gelu_new")
-    directory = tmp_path_factory.mktemp("tiny")
-    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
-    return directory
-
-
 def train_args(model_dir, out, *extra):
     return ["train", "--model", str(model_dir), "--output-dir", str(out), "--prompts-per-step", "4",
             "--group-size", "4", "--max-new-tokens", "12", "--stockfish-depth", "4", "--stockfish-workers", "1",
@@ -277,3 +265,24 @@ def test_auto_batch_needs_cuda(tmp_path):
     with pytest.raises(ConfigError, match="needs a CUDA device"):
         Trainer(cfg, policy=tiny_gpt(), tokenizer=get_tokenizer(), reward_fn=StartsWith("x"),
                 prompt_source=FixedPrompts("x", 2))
+
+
+def test_ctrl_c_finishes_the_step_saves_and_exits(tiny_dir, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "rookworld", *train_args(tiny_dir, out, "--steps", "500",
+                                                                           "--save-every", "0")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr
+    assert "stopping after this step" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    done = [r["step"] for r in metrics(out)]
+    assert done and done[-1] < 500
+    saved = out / "checkpoints" / f"step-{done[-1]:06d}"
+    assert (saved / "trainer_state.pt").is_file() and (saved / "model.safetensors").is_file()

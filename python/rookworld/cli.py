@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import rookworld
@@ -89,12 +87,19 @@ def stockfish_pool(args: argparse.Namespace):
 POSITIONS_CHUNK = 20_000
 
 
+def _check_out_dir(out: str | None) -> None:
+    """Before any work: an output that cannot be written is an error now, not after an hour."""
+    if out and out != "-" and not Path(out).parent.exists():
+        raise CliError(f"output directory does not exist: {Path(out).parent}")
+
+
 def _run_positions(args: argparse.Namespace) -> int:
     from rookworld.chess import generate_positions
     from rookworld.progress import Progress
 
     if args.opening_share + args.endgame_share > 1.0:
         raise CliError("--opening-share + --endgame-share must not exceed 1")
+    _check_out_dir(args.out)
     if args.count is None and not args.source:
         raise CliError("--count is required (or --from FILE)")
     if args.annotate or args.source:
@@ -106,26 +111,20 @@ def _run_positions(args: argparse.Namespace) -> int:
             yield generate_positions(n, args.seed, start=start, opening_share=args.opening_share,
                                      endgame_share=args.endgame_share, illegal_share=args.illegal_share)
 
+    from rookworld import data
+
+    _check_out_dir(args.out)
     with Progress(args.count, "positions", "pos", enabled=not args.quiet) as bar:
-        if args.out == "-":
+        def lines():
             for chunk in chunks():
-                sys.stdout.write("".join(json.dumps(p.to_dict()) + "\n" for p in chunk))
+                yield from (p.to_dict() for p in chunk)
                 bar.update(len(chunk))
+
+        if args.out == "-":
+            for line in lines():
+                sys.stdout.write(json.dumps(line) + "\n")
         else:
-            out = Path(args.out)
-            if out.parent and not out.parent.exists():
-                raise CliError(f"output directory does not exist: {out.parent}")
-            # Written beside the target and renamed, so an interrupted run never leaves half a file.
-            fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    for chunk in chunks():
-                        f.write("".join(json.dumps(p.to_dict()) + "\n" for p in chunk))
-                        bar.update(len(chunk))
-                os.replace(tmp, out)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            data.write_records(lines(), args.out)  # atomic: an interrupted run leaves no half file
     if args.out != "-" and not args.quiet:
         print(f"wrote {args.count} positions to {args.out}", file=sys.stderr)
     return 0
@@ -172,10 +171,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
         for line in lines:
             sys.stdout.write(json.dumps(line) + "\n")
     else:
-        out = Path(args.out)
-        if not out.parent.exists():
-            raise CliError(f"output directory does not exist: {out.parent}")
-        data.write_records(lines, out)
+        data.write_records(lines, args.out)
         if not args.quiet:
             print(f"wrote {len(lines)} positions to {args.out}", file=sys.stderr)
     return 0
@@ -235,6 +231,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     from rookworld.rewards import RewardScorer
     from rookworld.tokenizer import TokenizerUnavailableError, get_tokenizer
 
+    _check_out_dir(args.out)
     tasks = [t.strip().upper() for t in args.tasks.split(",") if t.strip()]
     if not tasks or any(t not in ("P", "A") for t in tasks):
         raise CliError(f"--tasks must be P, A or P,A, got {args.tasks!r}")
@@ -315,6 +312,10 @@ def _run_train(args: argparse.Namespace) -> int:
         trainer.train()
     finally:
         trainer.close()
+    if trainer.interrupted:
+        print(f"rookworld train: interrupted at step {trainer.step}; continue with "
+              f"rookworld train --resume {cfg.output_dir}", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -23,6 +23,7 @@ class Progress:
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.done = 0
         self.start = time.monotonic()
+        self.first = 0  # items done before this run (a resumed job), left out of the rate
         self._last_draw = 0.0
         self._last_decile = -1
 
@@ -46,7 +47,7 @@ class Progress:
     def line(self, now: float | None = None, postfix: str = "") -> str:
         elapsed = (now if now is not None else time.monotonic()) - self.start
         frac = self.done / self.total if self.total else 1.0
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
         width = 24
         filled = int(width * min(frac, 1.0))

@@ -162,7 +162,8 @@ class RewardScorer:
         if errors:
             i, message = errors[0]
             raise ValueError(f"{message}: {prompts[i][:200]!r}")
-        f64 = {k: np.frombuffer(cols[k], dtype="<f8") for k in
+        # frombuffer views are read-only; the copies are ordinary arrays users may modify.
+        f64 = {k: np.frombuffer(cols[k], dtype="<f8").astype(np.float64) for k in
                ("reward", "quality", "best", "candidates", "evals", "eval_error", "fen_similarity")}
         flags = {k: np.frombuffer(cols[k], dtype=np.uint8).astype(bool) for k in
                  ("well_formed", "best_legal", "fen_exact", "reward_ok", "terminated_ok", "truncated_ok")}

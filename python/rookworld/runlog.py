@@ -29,8 +29,10 @@ class RunLog:
         self.dir = Path(output_dir)
         self._last_warned: dict[str, int] = {}
         self._writer = None
+        # A live bar on a terminal only; logs and pipes get the summary lines alone.
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.bar = Progress(total_steps, "train", "step", stream=self.stream, enabled=False)
-        self.bar.done = resume_step
+        self.bar.done = self.bar.first = resume_step
         if not enabled:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -51,7 +53,10 @@ class RunLog:
 
     def say(self, text: str) -> None:
         if self.enabled:
-            self.stream.write(text + "\n")
+            clear = "\r\033[K" if self.tty else ""
+            self.stream.write(clear + text + "\n")
+            if self.tty and self.bar.done:
+                self.stream.write(self.bar.line())
             self.stream.flush()
 
     def warn(self, kind: str, step: int, text: str, every: int = 10) -> None:
@@ -73,6 +78,9 @@ class RunLog:
         self.bar.done = m["step"]
         if log_line:
             self.say(self.line(m))
+        elif self.tty:
+            self.stream.write("\r\033[K" + self.bar.line())
+            self.stream.flush()
         self.check(m)
 
     def line(self, m: dict[str, Any]) -> str:
@@ -117,5 +125,8 @@ class RunLog:
                 f.write(json.dumps({"step": step, **row}) + "\n")
 
     def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
         if self._writer is not None:
             self._writer.close()

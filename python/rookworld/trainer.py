@@ -297,6 +297,8 @@ class Trainer:
         self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, resume_step=self.step, stream=stream,
                           kl_warn=cfg.kl_warn, clip_warn=cfg.clip_warn)
         self._stop_requested = False
+        #: Set when a run stopped early on Ctrl-C or SIGTERM (after saving).
+        self.interrupted = False
         self._eval_records: list[Record] | None = None
 
     # -- helpers ------------------------------------------------------------------------------------------
@@ -378,7 +380,7 @@ class Trainer:
         completions = self.tokenizer.decode_batch(out.tokens, out.mask)
         expanded = [p for p in prompts for _ in range(G)]
         scored = self.reward_fn(expanded, completions)
-        rewards = torch.as_tensor(np.asarray(scored.rewards, dtype=np.float32), device=self.device)
+        rewards = torch.tensor(np.asarray(scored.rewards, dtype=np.float32), device=self.device)
         advantages = group_advantages(rewards, G, cfg.std_scaling)
         spread = group_has_spread(rewards, G)
         loss_mask = out.mask.clone()
@@ -451,11 +453,11 @@ class Trainer:
         t_end = time.perf_counter()
 
         # 5. Metrics, reduced over ranks.
-        all_rewards = self._gather(torch.as_tensor(np.asarray(scored.rewards, dtype=np.float64),
-                                                   device=self.device)).cpu().numpy()
+        all_rewards = self._gather(torch.tensor(np.asarray(scored.rewards, dtype=np.float64),
+                                                device=self.device)).cpu().numpy()
         task_codes = torch.as_tensor([{"P": 1, "A": 0}.get(str(t), 2) for t in scored.tasks], device=self.device)
         all_tasks = self._gather(task_codes).cpu().numpy()
-        well = self._gather(torch.as_tensor(scored.well_formed, device=self.device)).cpu().numpy()
+        well = self._gather(torch.tensor(np.asarray(scored.well_formed), device=self.device)).cpu().numpy()
         kl_sum, clipped, ent, tokens = self._all_sum([sums["kl"], sums["clipped"], sums["entropy"], sums["tokens"]])
         gen_tokens, truncated, zero_spread = self._all_sum(
             [float(out.mask.sum()), float((~out.stopped).sum()), float((~spread).sum())])
@@ -654,6 +656,7 @@ class Trainer:
                     self.save()
                     saved_at = self.step
                 if self._agree_to_stop():
+                    self.interrupted = self.step < cfg.steps
                     break
             if saved_at != self.step:
                 self.save()
