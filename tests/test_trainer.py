@@ -286,3 +286,24 @@ def test_ctrl_c_finishes_the_step_saves_and_exits(tiny_dir, tmp_path):
     assert done and done[-1] < 500
     saved = out / "checkpoints" / f"step-{done[-1]:06d}"
     assert (saved / "trainer_state.pt").is_file() and (saved / "model.safetensors").is_file()
+
+
+def test_prompts_from_a_file_are_deterministic_and_cover_every_record(tmp_path):
+    from rookworld.chess import generate_positions
+    from rookworld.data import Record, assign_moves
+    from rookworld.trainer import PromptSource
+
+    records = assign_moves([Record(fen=p.fen) for p in generate_positions(10, 5)], seed=0)
+    cfg = TrainConfig(prompts_per_step=4, task_mix=0.5, output_dir=str(tmp_path)).validate()
+    a, b = PromptSource(cfg, records), PromptSource(cfg, records)
+    steps = [a.batch(s) for s in range(5)]
+    assert steps == [b.batch(s) for s in range(5)], "a pure function of (seed, step)"
+    assert steps[3] == PromptSource(cfg, records).batch(3), "no hidden state: a resumed run sees the same prompts"
+    first_pass = {p.text.split("+")[0].removeprefix("A: ").removeprefix("P: ") for s in steps[:2] for p in s}
+    first_pass |= {p.text.split("+")[0].removeprefix("A: ").removeprefix("P: ") for p in steps[2][:2]}
+    assert first_pass == {r.fen for r in records}, "each pass visits every record once"
+    tasks = [p.task for s in steps for p in s]
+    assert 0 < tasks.count("P") < len(tasks)
+    # Two ranks split a step's prompts between them.
+    r0, r1 = PromptSource(cfg, records, rank=0, world=2), PromptSource(cfg, records, rank=1, world=2)
+    assert r0.batch(1) + r1.batch(1) == a.batch(1)

@@ -105,12 +105,18 @@ class PromptSource:
         self.cfg, self.rank, self.world = cfg, rank, world
         self.per_rank = cfg.prompts_per_step // world
         self.records = list(records) if records else None
+        self._order: list[int] = []
+        self._order_epoch = -1
 
     def _record(self, index: int) -> Record:
+        """Record `index` of the stream: pass k over the file is its own seeded permutation."""
         n = len(self.records)
-        order = list(range(n))
-        random.Random(self.cfg.seed * 7919 + index // n).shuffle(order)
-        return self.records[order[index % n]]
+        epoch = index // n
+        if self._order_epoch != epoch:
+            self._order = list(range(n))
+            random.Random(self.cfg.seed * 7919 + epoch).shuffle(self._order)
+            self._order_epoch = epoch
+        return self.records[self._order[index % n]]
 
     def batch(self, step: int) -> list[Prompt]:
         cfg = self.cfg
