@@ -307,3 +307,19 @@ def test_prompts_from_a_file_are_deterministic_and_cover_every_record(tmp_path):
     # Two ranks split a step's prompts between them.
     r0, r1 = PromptSource(cfg, records, rank=0, world=2), PromptSource(cfg, records, rank=1, world=2)
     assert r0.batch(1) + r1.batch(1) == a.batch(1)
+
+
+def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):
+    pytest.importorskip("tensorboard", reason="TensorBoard logging is optional (pip install '.[tensorboard]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _learning_run(tmp_path, steps=3)
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events, "no event file written"
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    rewards = acc.Scalars("reward/mean")
+    assert [e.step for e in rewards] == [1, 2, 3]
+    rows = metrics(tmp_path)
+    assert [pytest.approx(e.value, abs=1e-6) for e in rewards] == [r["reward/mean"] for r in rows]
+    assert "time/generate" in acc.Tags()["scalars"]
