@@ -238,11 +238,11 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
             # Each (batch, cache length) of the compiled decode step is one dynamo entry; --auto-batch probes and
             # evaluation add shapes, and past the default limit of 8 decoding would quietly fall back to eager.
-            import torch._dynamo
+            import torch._dynamo as dynamo  # (a bare `import torch._dynamo` would make `torch` local here)
 
             for name in ("recompile_limit", "cache_size_limit"):
-                if hasattr(torch._dynamo.config, name):
-                    setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+                if hasattr(dynamo.config, name):
+                    setattr(dynamo.config, name, max(64, getattr(dynamo.config, name)))
         else:
             self.device = torch.device("cpu")
         bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and kind == "cuda")
