@@ -173,7 +173,7 @@ def test_hub_offline_with_empty_cache_raises_clear_error(tmp_path):
     assert "jrahn/RookWorld-LM-124M" in message
     assert "HF_HUB_OFFLINE" in message
     assert str(tmp_path / "hub") in message  # says where it looked
-    assert "from_pretrained('DIR')" in message and "local directory" in message
+    assert "from_pretrained('DIR')" in message and "local directory" in message and "--model DIR" in message
 
 
 def test_hub_repo_id_loads_from_cache_offline(tmp_path, hf_tiny, monkeypatch):

@@ -384,7 +384,8 @@ def _resolve_hub(repo_id: str, revision: str | None, cache_dir: str | os.PathLik
             f"cannot be reached{offline} and the model is not in the local cache ({where}). "
             f"On a machine with network access run `hf download {repo_id} --local-dir DIR` "
             f"(or huggingface_hub.snapshot_download({repo_id!r}, local_dir='DIR')), copy DIR here and pass the "
-            f"local directory instead: rookworld.model.from_pretrained('DIR'). The directory needs config.json "
+            f"local directory instead: --model DIR on the command line, rookworld.model.from_pretrained('DIR') in "
+            f"Python. The directory needs config.json "
             f"and model.safetensors (or pytorch_model.bin)."
         ) from e
     return folder
