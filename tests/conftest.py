@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -103,3 +106,54 @@ def tiny_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny")
     transformers.GPT2LMHeadModel(config).save_pretrained(directory)
     return directory
+
+
+# A scripted UCI engine for failure paths the real Stockfish cannot be made to take on demand: it crashes on
+# positions whose FEN starts with "6k1" and hangs on those starting with "7k".
+FAKE_ENGINE = textwrap.dedent(
+    """\
+    import sys, time
+    fen = ""
+    def say(*lines):
+        for line in lines:
+            sys.stdout.write(line + "\\n")
+        sys.stdout.flush()
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "uci":
+            say("id name Fake", "uciok")
+        elif cmd[0] == "isready":
+            say("readyok")
+        elif cmd[0] == "position":
+            fen = " ".join(cmd[2:])
+        elif cmd[0] == "go":
+            if fen.startswith("6k1"):
+                sys.exit(3)  # crash on this position
+            if fen.startswith("7k"):
+                time.sleep(3600)  # hang on this one
+            say(
+                "info string NNUE evaluation enabled multipv 1 score cp 999 pv a2a3",
+                "info depth 1 seldepth 1 multipv 1 score cp 10 nodes 20 pv e2e4",
+                "info depth 2 seldepth 2 multipv 1 score cp 50 lowerbound nodes 30 pv d2d4",
+                "info depth 2 seldepth 3 multipv 2 score mate -3 nodes 40 pv g1f3 e7e5",
+                "info depth 2 seldepth 3 multipv 1 score cp 20 nodes 50 pv e2e4 e7e5",
+                "info depth 1 seldepth 1 multipv 2 score cp 5 nodes 60 pv b1c3",
+                "info depth 2 seldepth 2 multipv 3 score cp 0 nodes 70 pv e2e4",
+                "info depth 2 seldepth 2 multipv 4 score cp -1 nodes 80 pv e7e5",
+                "info depth 2 currmove e2e4 currmovenumber 1",
+                "bestmove e2e4",
+            )
+        elif cmd[0] == "quit":
+            break
+    """
+)
+
+
+@pytest.fixture()
+def fake_engine(tmp_path):
+    script = tmp_path / "fake-stockfish"
+    script.write_text(f"#!{sys.executable}\n" + FAKE_ENGINE)
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)

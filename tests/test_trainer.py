@@ -323,3 +323,41 @@ def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):
     rows = metrics(tmp_path)
     assert [pytest.approx(e.value, abs=1e-6) for e in rewards] == [r["reward/mean"] for r in rows]
     assert "time/generate" in acc.Tags()["scalars"]
+
+
+def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fake_engine, tmp_path):
+    from rookworld.rewards import RewardScorer
+    from rookworld.stockfish import StockfishPool
+    from rookworld.trainer import ChessReward
+
+    crashing = "6k1/5ppp/8/8/8/8/5PPP/6K1 w - - 0 1"  # the scripted engine dies on this one, every time
+    fine = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+
+    class Prompts:
+        def batch(self, step):
+            return [Prompt("P", f"P: {crashing}"), Prompt("P", f"P: {fine}")]
+
+    lines = []
+
+    class Lines:
+        def write(self, text):
+            lines.append(text)
+
+        def flush(self):
+            pass
+
+    cfg = TrainConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, beta=0.0, warmup_steps=0,
+                      eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False,
+                      lr=1e-3, entropy_coef=0.01).validate()
+    with StockfishPool(fake_engine, workers=1, depth=2, retries=1) as pool:
+        reward = ChessReward(RewardScorer(pool))
+        result = reward([Prompt("P", f"P: {crashing}")] * 2 + [Prompt("P", f"P: {fine}")] * 2, ["x"] * 4)
+        assert result.valid.tolist() == [False, False, True, True]
+        assert result.rewards.tolist()[2:] == [-0.3, -0.3]
+        t = Trainer(cfg, policy=tiny_gpt(), tokenizer=get_tokenizer(), reward_fn=reward, prompt_source=Prompts(),
+                    stream=Lines())
+        t.train()
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2], "the run went on"
+    assert all(r["unscored"] == 0.5 and r["reward/mean"] == pytest.approx(-0.3) for r in rows)
+    assert "could not be scored" in "".join(lines)

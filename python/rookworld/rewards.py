@@ -134,6 +134,27 @@ class RewardScorer:
             truth[i] = by_fen[fen]
         return truth
 
+    def ground_truth_or_failures(self, prompts: Sequence[str]) -> tuple[list[GroundTruth | None], list[int]]:
+        """Like `ground_truth`, but a position Stockfish could not analyse (after the pool's restarts and
+        retries) is reported by index instead of raised, so a training run can leave it out and go on."""
+        fens = self._policy_fens(prompts)
+        truth: list[GroundTruth | None] = [None] * len(prompts)
+        if not fens:
+            return truth, []
+        if self.stockfish is None:
+            raise ValueError("P: prompts need Stockfish: create the RewardScorer with a StockfishPool")
+        unique = list(dict.fromkeys(fens.values()))
+        by_fen: dict[str, GroundTruth | None] = {}
+        for fen, future in zip(unique, self.stockfish.submit(unique)):
+            try:
+                by_fen[fen] = _analysis_truth(future.result())
+            except Exception:  # StockfishError after retries; the pool itself goes on
+                by_fen[fen] = None
+        failed = [i for i, fen in fens.items() if by_fen[fen] is None]
+        for i, fen in fens.items():
+            truth[i] = by_fen[fen]
+        return truth, failed
+
     def score_batch(self, prompts: Sequence[str], completions: Sequence[str],
                     ground_truth: Sequence[GroundTruth | None] | None = None) -> RewardBatch:
         """Scores every pair. Completions may be anything; a prompt that is not a valid P: or A:

@@ -63,6 +63,8 @@ class RewardResult:
     rewards: np.ndarray  # [N] float
     tasks: np.ndarray  # [N] str
     well_formed: np.ndarray  # [N] bool
+    #: [N] bool: False where no ground truth could be had (the sample is left out of the update).
+    valid: np.ndarray | None = None
 
 
 class RewardFn(Protocol):
@@ -85,12 +87,21 @@ class ChessReward:
     def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> RewardResult:
         texts = [p.text for p in prompts]
         truth = [p.truth for p in prompts]
+        valid = np.ones(len(prompts), dtype=bool)
         missing = [i for i, p in enumerate(prompts) if p.task == "P" and p.truth is None]
         if missing:
-            for i, t in zip(missing, self.scorer.ground_truth([texts[i] for i in missing])):
+            found, failed = self.scorer.ground_truth_or_failures([texts[i] for i in missing])
+            for i, t in zip(missing, found):
                 truth[i] = t
-        batch = self.scorer.score_batch(texts, completions, ground_truth=truth)
-        return RewardResult(batch.rewards, batch.task, batch.well_formed.astype(bool))
+            valid[[missing[j] for j in failed]] = False
+        rewards = np.zeros(len(prompts))
+        tasks = np.array([p.task for p in prompts])
+        well_formed = np.zeros(len(prompts), dtype=bool)
+        keep = np.flatnonzero(valid)
+        batch = self.scorer.score_batch([texts[i] for i in keep], [completions[i] for i in keep],
+                                        ground_truth=[truth[i] for i in keep])
+        rewards[keep], well_formed[keep] = batch.rewards, batch.well_formed
+        return RewardResult(rewards, tasks, well_formed, valid)
 
 
 def _task_draw(seed: int, index: int) -> float:
@@ -397,6 +408,12 @@ class Trainer:
         advantages = group_advantages(rewards, G, cfg.std_scaling)
         spread = group_has_spread(rewards, G)
         loss_mask = out.mask.clone()
+        valid = np.ones(len(completions), dtype=bool) if scored.valid is None else np.asarray(scored.valid, bool)
+        if not valid.all():
+            # Whole groups (one prompt, one position) without ground truth: zero advantage, no loss.
+            loss_mask &= torch.tensor(valid, device=self.device).unsqueeze(1)
+            self.log.warn("unscored", step + 1, f"{int((~valid).sum()) // G} prompt(s) could not be scored "
+                                                "(Stockfish failed after retries) and were left out of this step")
         if cfg.mask_truncated:
             loss_mask &= out.stopped.unsqueeze(1)
         if cfg.drop_zero_spread:
@@ -468,9 +485,12 @@ class Trainer:
         # 5. Metrics, reduced over ranks.
         all_rewards = self._gather(torch.tensor(np.asarray(scored.rewards, dtype=np.float64),
                                                 device=self.device)).cpu().numpy()
-        task_codes = torch.as_tensor([{"P": 1, "A": 0}.get(str(t), 2) for t in scored.tasks], device=self.device)
+        # Unscored samples (code 3) count in no task's statistics.
+        task_codes = torch.as_tensor([{"P": 1, "A": 0}.get(str(t), 2) if ok else 3
+                                      for t, ok in zip(scored.tasks, valid)], device=self.device)
         all_tasks = self._gather(task_codes).cpu().numpy()
         well = self._gather(torch.tensor(np.asarray(scored.well_formed), device=self.device)).cpu().numpy()
+        all_rewards_scored = all_rewards[all_tasks != 3]
         kl_sum, clipped, ent, tokens = self._all_sum([sums["kl"], sums["clipped"], sums["entropy"], sums["tokens"]])
         gen_tokens, truncated, zero_spread = self._all_sum(
             [float(out.mask.sum()), float((~out.stopped).sum()), float((~spread).sum())])
@@ -486,15 +506,17 @@ class Trainer:
         kl_mean = kl_sum / max(tokens, 1.0) if ref_lp is not None else None
 
         self.step += 1
-        reward_mean = float(all_rewards.mean())
-        self.best_reward = max(self.best_reward, reward_mean)
+        reward_mean = float(all_rewards_scored.mean()) if len(all_rewards_scored) else math.nan
+        if not math.isnan(reward_mean):
+            self.best_reward = max(self.best_reward, reward_mean)
         if cfg.kl_target is not None and kl_mean is not None:
             # Proportional control (Ziegler et al.): beta grows when KL overshoots the target, shrinks below it.
             error = max(-0.2, min(0.2, kl_mean / cfg.kl_target - 1.0))
             self.beta = max(1e-6, self.beta * (1.0 + error / cfg.kl_horizon))
 
         m: dict[str, Any] = {"step": self.step, "reward/mean": reward_mean, "reward/best": self.best_reward,
-                             "reward/std": float(all_rewards.std())}
+                             "reward/std": float(all_rewards_scored.std()) if len(all_rewards_scored) else None,
+                             "unscored": float((all_tasks == 3).mean())}
         for code, name in ((1, "P"), (0, "A")):
             r = all_rewards[all_tasks == code]
             m[f"reward/{name}/mean"] = _mean(r)
