@@ -46,15 +46,14 @@ fn fen_parses(c: &mut Criterion) {
 fn positions(c: &mut Criterion) {
     let cfg = GeneratorConfig::default();
     let mut g = c.benchmark_group("generate");
-    for n in [1_000usize] {
-        g.throughput(Throughput::Elements(n as u64));
-        g.bench_with_input(BenchmarkId::new("generate_positions/batch (rayon)", n), &n, |b, &n| {
-            b.iter(|| generate_positions(n, black_box(3), 0, &cfg))
-        });
-        g.bench_with_input(BenchmarkId::new("generate_position/1 thread", n), &n, |b, &n| {
-            b.iter(|| (0..n as u64).map(|i| rookworld::generate_position(3, i, &cfg).fen.len()).sum::<usize>())
-        });
-    }
+    let n = 1_000usize;
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_with_input(BenchmarkId::new("generate_positions/batch (rayon)", n), &n, |b, &n| {
+        b.iter(|| generate_positions(n, black_box(3), 0, &cfg))
+    });
+    g.bench_with_input(BenchmarkId::new("generate_position/1 thread", n), &n, |b, &n| {
+        b.iter(|| (0..n as u64).map(|i| rookworld::generate_position(3, i, &cfg).fen.len()).sum::<usize>())
+    });
     g.finish();
 }
 

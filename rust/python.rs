@@ -8,6 +8,13 @@ use crate::batch;
 use crate::generate::{generate_positions as generate, GeneratorConfig};
 use crate::reward::{Analysis, Parts, Shaping};
 
+/// Failures of a batch, by index: the all-good batch crosses into Python as one plain list beside an empty one.
+type Failures = Vec<(usize, String)>;
+/// One A: step as Python sees it: `(ok, new_fen or error, reward, terminated, truncated)`.
+type StepTuple = (bool, String, f64, bool, bool);
+/// One generated position: `(fen, history, move, phase)`.
+type PositionTuple = (String, Vec<String>, String, &'static str);
+
 /// Strings from any iterable of `str`. Lone surrogates become U+FFFD rather than an exception:
 /// model output must never crash a run.
 fn texts(items: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
@@ -71,7 +78,7 @@ fn env_steps(
     py: Python<'_>,
     fens: &Bound<'_, PyAny>,
     moves: &Bound<'_, PyAny>,
-) -> PyResult<Vec<(bool, String, f64, bool, bool)>> {
+) -> PyResult<Vec<StepTuple>> {
     let (fens, moves) = (texts(fens)?, texts(moves)?);
     same_length(fens.len(), moves.len())?;
     Ok(py
@@ -87,7 +94,7 @@ fn env_steps(
 /// `(targets, errors)`: a target per prompt ("" where it failed) and `(index, message)` per failure,
 /// so that the common all-good batch crosses into Python as one plain list.
 #[pyfunction]
-fn env_targets(py: Python<'_>, prompts: &Bound<'_, PyAny>) -> PyResult<(Vec<String>, Vec<(usize, String)>)> {
+fn env_targets(py: Python<'_>, prompts: &Bound<'_, PyAny>) -> PyResult<(Vec<String>, Failures)> {
     let prompts = texts(prompts)?;
     let results = py.detach(|| batch::env_targets(&prompts));
     let mut errors = Vec::new();
@@ -133,7 +140,7 @@ fn generate_positions(
     opening_share: f64,
     endgame_share: f64,
     illegal_share: f64,
-) -> PyResult<Vec<(String, Vec<String>, String, &'static str)>> {
+) -> PyResult<Vec<PositionTuple>> {
     let shares = [opening_share, endgame_share, illegal_share];
     if shares.iter().any(|s| !(0.0..=1.0).contains(s)) || opening_share + endgame_share > 1.0 {
         return Err(PyValueError::new_err(format!(
@@ -162,16 +169,17 @@ struct ScoreColumns {
     reward_ok: Vec<u8>,
     terminated_ok: Vec<u8>,
     truncated_ok: Vec<u8>,
-    errors: Vec<(usize, String)>,
+    errors: Failures,
 }
 
-const F64_COLUMNS: [&str; 8] = ["reward", "quality", "best", "candidates", "evals", "eval_error", "fen_similarity", "_"];
+const F64_COLUMNS: [&str; 7] = ["reward", "quality", "best", "candidates", "evals", "eval_error", "fen_similarity"];
 
 impl ScoreColumns {
     fn new(n: usize) -> Self {
-        let mut cols = ScoreColumns::default();
-        cols.f64s = F64_COLUMNS[..7].iter().map(|name| (*name, Vec::with_capacity(8 * n))).collect();
-        cols
+        ScoreColumns {
+            f64s: F64_COLUMNS.iter().map(|name| (*name, Vec::with_capacity(8 * n))).collect(),
+            ..Default::default()
+        }
     }
 
     fn push(&mut self, i: usize, r: Result<crate::reward::Score, crate::reward::ScoreError>) {
@@ -212,7 +220,7 @@ impl ScoreColumns {
         self.truncated_ok.push(u8::from(a.truncated_ok));
     }
 
-    fn into_py(self, py: Python<'_>) -> PyResult<(Bound<'_, PyDict>, Vec<(usize, String)>)> {
+    fn into_py(self, py: Python<'_>) -> PyResult<(Bound<'_, PyDict>, Failures)> {
         let d = PyDict::new(py);
         for (name, col) in &self.f64s {
             d.set_item(*name, PyBytes::new(py, col))?;
@@ -245,7 +253,7 @@ fn score<'py>(
     truth_index: Vec<i64>,
     truths: Vec<(Vec<String>, Vec<f64>)>,
     shaping: &str,
-) -> PyResult<(Bound<'py, PyDict>, Vec<(usize, String)>)> {
+) -> PyResult<(Bound<'py, PyDict>, Failures)> {
     let shaping = Shaping::parse(shaping)
         .ok_or_else(|| PyValueError::new_err(format!("shaping must be 'continuous' or 'graduated', got {shaping:?}")))?;
     let (prompts, completions) = (texts(prompts)?, texts(completions)?);

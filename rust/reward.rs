@@ -239,7 +239,7 @@ fn policy_parts(pos: &Chess, answer: &PolicyAnswer, analysis: &Analysis) -> Poli
     } else if parts.best_legal {
         parts.best = OUTSIDE_TOP;
     }
-    if !answer.moves.iter().any(|m| *m == answer.best) {
+    if !answer.moves.contains(&answer.best) {
         parts.best *= INCONSISTENT_BEST;
     }
 

@@ -10,7 +10,7 @@ import pytest
 import rookworld
 from rookworld import chess
 from rookworld.rewards import RewardScorer
-from rookworld.stockfish import Analysis, Candidate, find_stockfish
+from rookworld.stockfish import find_stockfish
 
 
 def run(*args, check=True):

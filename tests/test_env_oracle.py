@@ -422,7 +422,7 @@ def test_sources_are_independent_and_valid():
     for fen in endgames:
         board = chess.Board(fen)
         assert board.is_valid() and board.outcome(claim_draw=False) is None
-    for fen, move in SPECIAL_CASES:
+    for fen, _move in SPECIAL_CASES:
         assert chess.Board(fen).is_valid(), fen
 
 

@@ -6,7 +6,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 from rookworld import chess
 from rookworld.data import Record

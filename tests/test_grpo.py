@@ -40,7 +40,7 @@ def test_zero_spread_groups_have_zero_advantage_and_are_flagged():
 def test_kl_estimators():
     logp = torch.tensor([math.log(0.5), math.log(0.2)])
     ref = torch.tensor([math.log(0.25), math.log(0.4)])
-    r = ref - logp  # log(0.5), log(2)
+    # r = ref - logp = log(0.5), log(2)
     assert close(kl_estimate(logp, ref, "k1"), [math.log(2), -math.log(2)])
     assert close(kl_estimate(logp, ref, "k2"), [0.5 * math.log(2) ** 2] * 2)
     # k3 = e^r - 1 - r: 0.5 - 1 - log 0.5, 2 - 1 - log 2

@@ -29,7 +29,6 @@ import chess
 import numpy as np
 import pytest
 
-from rookworld import _core
 from rookworld.chess import START_FEN, env_prompt, env_targets, generate_positions
 from rookworld.rewards import RewardScorer, policy_targets
 

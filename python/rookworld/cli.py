@@ -280,7 +280,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     from rookworld import checkpoint
-    from rookworld.config import ConfigError, TrainConfig, from_args
+    from rookworld.config import ConfigError, from_args
     from rookworld.data import DataError
     from rookworld.model import ModelNotAvailableError
     from rookworld.stockfish import StockfishError, StockfishNotFoundError

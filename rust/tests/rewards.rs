@@ -103,10 +103,10 @@ fn garbage_gets_a_score_without_panicking() {
     let exact = exact_p();
     for cut in (0..exact.len()).filter(|i| exact.is_char_boundary(*i)) {
         let r = p_reward(&exact[..cut]);
-        assert!(r < 1.0 && r >= UNPARSEABLE, "cut {cut}: {r}");
+        assert!((UNPARSEABLE..1.0).contains(&r), "cut {cut}: {r}");
     }
     assert_eq!(p_reward(""), UNPARSEABLE);
-    assert_eq!(p_reward("M: a2a3 E: 0.0 B: a2a3").max(0.2), p_reward("M: a2a3 E: 0.0 B: a2a3"));
+    assert!(p_reward("M: a2a3 E: 0.0 B: a2a3") >= 0.2, "well formed scores at least 0.2");
 }
 
 const A_PROMPT: &str =
