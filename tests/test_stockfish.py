@@ -72,7 +72,7 @@ def test_missing_binary_names_the_option_and_how_to_install(tmp_path):
         StockfishPool(missing)
 
 
-def test_lookup_order_falls_back_to_env_var(tmp_path, monkeypatch):
+def test_lookup_order_env_var_then_path_then_games(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no stockfish on PATH
     monkeypatch.setattr(sf, "_FALLBACK_PATHS", (str(tmp_path / "games" / "stockfish"),))
     monkeypatch.delenv("ROOKWORLD_STOCKFISH", raising=False)
@@ -80,10 +80,15 @@ def test_lookup_order_falls_back_to_env_var(tmp_path, monkeypatch):
         find_stockfish()
     monkeypatch.setenv("ROOKWORLD_STOCKFISH", STOCKFISH)
     assert find_stockfish() == os.path.abspath(STOCKFISH)
-    # PATH comes first
+    # The environment variable beats a stockfish on PATH; without it, PATH is used.
     link = tmp_path / "stockfish"
     link.symlink_to(STOCKFISH)
+    assert find_stockfish() == os.path.abspath(STOCKFISH)
+    monkeypatch.delenv("ROOKWORLD_STOCKFISH")
     assert find_stockfish() == str(link)
+    monkeypatch.setenv("ROOKWORLD_STOCKFISH", str(tmp_path / "nope"))
+    with pytest.raises(StockfishNotFoundError, match="ROOKWORLD_STOCKFISH"):
+        find_stockfish()
 
 
 def test_a_binary_that_is_no_uci_engine_fails_at_construction():

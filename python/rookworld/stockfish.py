@@ -80,9 +80,9 @@ def _executable(path: str) -> bool:
 def find_stockfish(path: str | None = None) -> str:
     """The Stockfish binary to run.
 
-    ``path`` if given (a file that must exist and be executable, or a command name on PATH); otherwise
-    ``stockfish`` on PATH, then ``/usr/games/stockfish``, then the ``ROOKWORLD_STOCKFISH`` environment
-    variable. Raises :class:`StockfishNotFoundError` (a ``FileNotFoundError``) saying how to get one.
+    ``path`` if given (a file that must exist and be executable, or a command name on PATH); otherwise the
+    ``ROOKWORLD_STOCKFISH`` environment variable, then ``stockfish`` on PATH, then ``/usr/games/stockfish``.
+    Raises :class:`StockfishNotFoundError` (a ``FileNotFoundError``) saying how to get one.
     """
     if path is not None:
         path = os.path.expanduser(os.fspath(path))
@@ -94,14 +94,8 @@ def find_stockfish(path: str | None = None) -> str:
                 return found
         why = "is not executable" if os.path.exists(path) else "does not exist"
         raise StockfishNotFoundError(f"Stockfish binary {path!r} {why}; {_INSTALL_HINT}")
-    found = shutil.which("stockfish")
-    if found:
-        return found
-    for candidate in _FALLBACK_PATHS:
-        if _executable(candidate):
-            return candidate
     env = os.environ.get(_ENV_VAR)
-    if env:
+    if env:  # a setting beats what happens to be installed
         env = os.path.expanduser(env)
         if _executable(env):
             return os.path.abspath(env)
@@ -109,6 +103,12 @@ def find_stockfish(path: str | None = None) -> str:
         if found:
             return found
         raise StockfishNotFoundError(f"{_ENV_VAR}={env!r} is not an executable file; {_INSTALL_HINT}")
+    found = shutil.which("stockfish")
+    if found:
+        return found
+    for candidate in _FALLBACK_PATHS:
+        if _executable(candidate):
+            return candidate
     raise StockfishNotFoundError(
         f"Stockfish not found (not on PATH, not at {', '.join(_FALLBACK_PATHS)}, {_ENV_VAR} unset); "
         + _INSTALL_HINT
