@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rookworld import chess
+from rookworld.rewards import policy_prompt, policy_targets
 
 __all__ = ["DataError", "Record", "assign_moves", "read_records", "write_records"]
 
@@ -44,7 +45,7 @@ class Record:
 
     @property
     def policy_prompt(self) -> str:
-        return f"P: {self.fen}"
+        return policy_prompt(self.fen)
 
     @property
     def env_prompt(self) -> str:
@@ -194,8 +195,6 @@ def annotated(records: Sequence[Record], analyses: Sequence, seed: int = 0) -> l
     The P: target lists Stockfish's moves in a shuffled order (as the training data does), each
     with its eval, and Stockfish's best move as B:.
     """
-    from rookworld.rewards import policy_targets
-
     orders = []
     for r, a in zip(records, analyses):
         order = list(range(len(a.candidates)))
