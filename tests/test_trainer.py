@@ -23,6 +23,22 @@ from conftest import tiny_gpt
 REPO = Path(__file__).resolve().parents[1]
 
 
+class Lines:
+    """A stream that keeps what the run log writes."""
+
+    def __init__(self):
+        self.parts: list[str] = []
+
+    def write(self, text):
+        self.parts.append(text)
+
+    def flush(self):
+        pass
+
+    def __str__(self):
+        return "".join(self.parts)
+
+
 # -- learning: the update moves the policy toward higher reward ----------------------------------------------
 
 class FixedPrompts:
@@ -230,22 +246,15 @@ def test_auto_batch_keeps_the_largest_batch_under_the_target_and_restores_the_mo
     cfg = TrainConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=2, beta=0.0, warmup_steps=0,
                       eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False,
                       lr=1e-2, entropy_coef=0.1, memory_target=0.85).validate()
-    lines = []
-
-    class Lines:
-        def write(self, text):
-            lines.append(text)
-
-        def flush(self):
-            pass
+    lines = Lines()
 
     t = Trainer(cfg, policy=policy, tokenizer=tok, reward_fn=StartsWith(" M"),
-                prompt_source=PromptSource(cfg), stream=Lines())
+                prompt_source=PromptSource(cfg), stream=lines)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     # Peak memory modelled as proportional to the batch: 2 -> 5%, 4 -> 10%, ..., 32 -> 80%, 64 -> 160%.
     chosen = t.auto_batch(memory_fraction=lambda: t.cfg.prompts_per_step / 40)
     assert chosen == 32 and t.cfg.prompts_per_step == 32 and t.prompts.per_rank == 32
-    text = "".join(lines)
+    text = str(lines)
     for p in (2, 4, 8, 16, 32, 64):
         assert f"auto-batch: {p} prompts x 2" in text
     assert "over the target" in text and "training with 32 prompts per step" in text
@@ -337,14 +346,7 @@ def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fa
         def batch(self, step):
             return [Prompt("P", f"P: {crashing}"), Prompt("P", f"P: {fine}")]
 
-    lines = []
-
-    class Lines:
-        def write(self, text):
-            lines.append(text)
-
-        def flush(self):
-            pass
+    lines = Lines()
 
     cfg = TrainConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, beta=0.0, warmup_steps=0,
                       eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False,
@@ -355,9 +357,9 @@ def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fa
         assert result.valid.tolist() == [False, False, True, True]
         assert result.rewards.tolist()[2:] == [-0.3, -0.3]
         t = Trainer(cfg, policy=tiny_gpt(), tokenizer=get_tokenizer(), reward_fn=reward, prompt_source=Prompts(),
-                    stream=Lines())
+                    stream=lines)
         t.train()
     rows = metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2], "the run went on"
     assert all(r["unscored"] == 0.5 and r["reward/mean"] == pytest.approx(-0.3) for r in rows)
-    assert "could not be scored" in "".join(lines)
+    assert "could not be scored" in str(lines)

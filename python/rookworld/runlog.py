@@ -24,7 +24,7 @@ class RunLog:
                  stream: TextIO | None = None, kl_warn: float = 1.0, clip_warn: float = 0.2):
         self.enabled = enabled
         self.total_steps = total_steps
-        self.stream = stream or sys.stderr
+        self.stream = stream if stream is not None else sys.stderr
         self.kl_warn, self.clip_warn = kl_warn, clip_warn
         self.dir = Path(output_dir)
         self._last_warned: dict[str, int] = {}
