@@ -20,7 +20,6 @@ script exits 1 otherwise. ``--python-count`` times the Python side on the first 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import random
 import sys
@@ -49,11 +48,11 @@ def parse_args() -> argparse.Namespace:
 
 
 def load_oracle():
-    spec = importlib.util.spec_from_file_location("reward_oracle", REPO / "tests" / "reward_oracle.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reward_oracle"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    # tests/reward_oracle.py builds on tests/oracle.py; both are plain modules in tests/.
+    sys.path.insert(0, str(REPO / "tests"))
+    import reward_oracle
+
+    return reward_oracle
 
 
 def build_pairs(count: int, seed: int, per_position: int, oracle):

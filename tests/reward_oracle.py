@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 
 import chess
 
+# The A: environment oracle (tests/oracle.py) supplies legality and the true transition.
+from oracle import REWARD_DRAW, REWARD_ILLEGAL, REWARD_LEGAL, REWARD_WIN, legal_move, step_board  # noqa: F401
+
 # ------------------------------------------------------------------------------------------------
 # Constants, as docs/rewards.md names them
 
@@ -49,11 +52,6 @@ EVAL_SCALE = 0.5
 W_FEN = 0.6
 NEAR_MISS_CAP = 0.5
 NEAR_MISS_POWER = 16
-
-REWARD_LEGAL = "0.001"
-REWARD_WIN = "1.0"
-REWARD_DRAW = "0.5"
-REWARD_ILLEGAL = "-1.0"
 
 SHAPINGS = ("continuous", "graduated")
 
@@ -99,20 +97,8 @@ def number(text: str) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Chess: legality and the A: transition, with python-chess
-
-
-def legal_move(board: chess.Board, text: str) -> chess.Move | None:
-    """The move ``text`` names if ``chess.Move.from_uci(text)`` parses and is in ``board.legal_moves``.
-
-    Note: python-chess also accepts king-takes-rook castling (``e1h1`` for ``e1g1``) here, and so does
-    the Rust core.
-    """
-    try:
-        move = chess.Move.from_uci(text)
-    except ValueError:
-        return None
-    return move if move in board.legal_moves else None
+# Chess: legality (``oracle.legal_move``, which also accepts king-takes-rook castling as python-chess does)
+# and the A: transition
 
 
 def is_legal(board: chess.Board, text: str) -> bool:
@@ -133,19 +119,7 @@ class Transition:
 
 def step(board: chess.Board, text: str) -> Transition:
     """The true transition for playing ``text``: python-chess, ``outcome(claim_draw=False)``."""
-    move = legal_move(board, text)
-    if move is None:
-        return Transition(board.fen(), REWARD_ILLEGAL, False, True)
-    after = board.copy(stack=False)
-    after.push(move)
-    outcome = after.outcome(claim_draw=False)
-    if outcome is None:
-        reward = REWARD_LEGAL
-    elif outcome.winner is None:
-        reward = REWARD_DRAW
-    else:
-        reward = REWARD_WIN  # only the mover can have won: checkmate
-    return Transition(after.fen(), reward, outcome is not None, False)
+    return Transition(*step_board(board, text))
 
 
 # ------------------------------------------------------------------------------------------------
