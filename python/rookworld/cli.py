@@ -146,7 +146,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
             print(f"skipped {skipped} bad lines of {args.source}", file=sys.stderr)
         records = records[: args.count]
     else:
-        records = [data.Record(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
+        records = [data.Record.from_position(p)
                    for p in generate_positions(args.count, args.seed, opening_share=args.opening_share,
                                                endgame_share=args.endgame_share,
                                                illegal_share=args.illegal_share)]

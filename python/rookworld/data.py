@@ -43,6 +43,18 @@ class Record:
     #: ``file:line`` the record came from, for messages.
     source: str = field(default="", compare=False)
 
+    @classmethod
+    def from_position(cls, p: chess.Position) -> "Record":
+        """A generated position (`rookworld.chess.generate_positions`) as a record."""
+        return cls(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
+
+    @property
+    def truth(self) -> tuple[list[str], list[float]] | None:
+        """The analysis as the reward scorer takes it: (moves best first, evals in pawns), or None."""
+        if self.analysis is None:
+            return None
+        return list(self.analysis["moves"]), [float(e) for e in self.analysis["evals"]]
+
     @property
     def policy_prompt(self) -> str:
         return policy_prompt(self.fen)

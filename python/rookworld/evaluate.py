@@ -29,9 +29,7 @@ def eval_items(records: Sequence[Record], tasks: Sequence[str] = ("P", "A")) -> 
     """A P: item for every record, an A: item for every record with a move."""
     items = []
     if "P" in tasks:
-        for r in records:
-            truth = (list(r.analysis["moves"]), [float(e) for e in r.analysis["evals"]]) if r.analysis else None
-            items.append(EvalItem("P", r.policy_prompt, truth))
+        items.extend(EvalItem("P", r.policy_prompt, r.truth) for r in records)
     if "A" in tasks:
         items.extend(EvalItem("A", r.env_prompt, None) for r in records if r.move is not None)
     return items

@@ -137,14 +137,12 @@ class PromptSource:
         if self.records is not None:
             records = [self._record(start + i) for i in range(self.per_rank)]
         else:
-            records = [Record(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
-                       for p in chess.generate_positions(self.per_rank, cfg.seed, start=start,
-                                                         illegal_share=cfg.illegal_share)]
+            records = [Record.from_position(p) for p in chess.generate_positions(
+                self.per_rank, cfg.seed, start=start, illegal_share=cfg.illegal_share)]
         prompts = []
         for i, r in enumerate(records):
             if _task_draw(cfg.seed, start + i) < cfg.task_mix or r.move is None:
-                truth = (list(r.analysis["moves"]), [float(e) for e in r.analysis["evals"]]) if r.analysis else None
-                prompts.append(Prompt("P", r.policy_prompt, truth))
+                prompts.append(Prompt("P", r.policy_prompt, r.truth))
             else:
                 prompts.append(Prompt("A", r.env_prompt))
         return prompts
@@ -616,9 +614,8 @@ class Trainer:
             if self.cfg.eval_data:
                 records, _ = read_records(self.cfg.eval_data)
             else:
-                records = [Record(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
-                           for p in chess.generate_positions(self.cfg.eval_size, self.cfg.seed + EVAL_SEED_OFFSET,
-                                                             illegal_share=self.cfg.illegal_share)]
+                records = [Record.from_position(p) for p in chess.generate_positions(
+                    self.cfg.eval_size, self.cfg.seed + EVAL_SEED_OFFSET, illegal_share=self.cfg.illegal_share)]
             self._eval_records = assign_moves(records[: self.cfg.eval_size], self.cfg.seed)
         scorer = getattr(self.reward_fn, "scorer", None)
         if scorer is None:
