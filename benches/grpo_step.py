@@ -40,15 +40,17 @@ def model_config(tiny: bool) -> GPTConfig:
     return GPTConfig()  # GPT-2 small: 12 layers, 12 heads, 768 wide, 1024 positions
 
 
-def step_flops(cfg: GPTConfig, n_params: int, prompt_len: float, lengths: list[int], mu: int, old_pass: bool,
+def step_flops(cfg: GPTConfig, n_params: int, rows: list[tuple[int, int]], mu: int, old_pass: bool,
                reference: bool) -> float:
-    """Model FLOPs of one GRPO step (2 per multiply-add; attention included; embedding lookups excluded)."""
+    """Model FLOPs of one GRPO step over its (prompt tokens, completion tokens) rows: the work the model must
+    do, whatever padding the implementation adds (2 per multiply-add; attention included; embedding lookups
+    excluded)."""
     dense = n_params - cfg.block_size * cfg.n_embd  # the position table is a lookup; wte counts once, as lm_head
     attn = lambda ctx: 4 * cfg.n_layer * ctx * cfg.n_embd  # QK^T and AV per token at context ctx  # noqa: E731
     total = 0.0
-    for n in lengths:
+    for prompt_len, n in rows:
         seq = prompt_len + n
-        gen = 2 * dense * (prompt_len + n) + sum(attn(prompt_len + i) for i in range(n))
+        gen = 2 * dense * seq + sum(attn(prompt_len + i) for i in range(n))
         fwd = 2 * dense * seq + attn(seq / 2) * seq
         total += gen + (fwd if reference else 0) + (fwd if old_pass else 0) + mu * 3 * fwd
     return total
@@ -105,17 +107,19 @@ def main() -> int:
                       file=sys.stderr)
                 if i >= args.warmup:
                     rows.append(m)
-            prompt_len = float(trainer.tokenizer.encode_batch([p.text for p in trainer.prompts.batch(0)],
-                                                              bos=True)[0].shape[1])
-            share_p = statistics.mean(r["share/P"] for r in rows)
+            rows_of_steps = []  # (prompt tokens, completion tokens) of every sample of each measured step
+            for i in range(args.warmup, args.warmup + args.steps):
+                prompts = trainer.prompts.batch(i)
+                _, mask = trainer.tokenizer.encode_batch([p.text for p in prompts], bos=True)
+                rows_of_steps.append([(int(n), lengths[p.task]) for p, n in zip(prompts, mask.sum(1))
+                                      for _ in range(args.group)])
         finally:
             trainer.close()
 
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
     samples = args.prompts * args.group
-    n_p = round(samples * share_p)
-    flops = step_flops(mcfg, n_params, prompt_len, [lengths["P"]] * n_p + [lengths["A"]] * (samples - n_p),
-                       args.mu, args.mu > 1, args.beta > 0)
+    flops = statistics.mean(step_flops(mcfg, n_params, r, args.mu, args.mu > 1, args.beta > 0)
+                            for r in rows_of_steps)
     step_time = med("time/step")
     figures = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -125,14 +129,16 @@ def main() -> int:
         "reference_s": med("time/reference"), "update_s": med("time/update"),
         "mfu": flops / step_time / (args.peak_tflops * 1e12) if args.device.startswith("cuda") else None,
         "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "compile": not args.no_compile,
+        "update_padding": med("padding"),
     }
-    print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.0f}")
+    print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.2f}")
     print(f"{'generated tokens/s':<22}{figures['generated_tokens_per_s']:>12,.0f}")
     for k in ("step_s", "generate_s", "reward_s", "reference_s", "update_s"):
         print(f"{k.replace('_s', ' (s)'):<22}{figures[k]:>12.3f}")
     mfu = "n/a" if figures["mfu"] is None else f"{100 * figures['mfu']:.1f}%"
     print(f"{'MFU':<22}{mfu:>12}")
     print(f"{'peak memory (GB)':<22}{figures['peak_memory_gb']:>12.2f}")
+    print(f"{'update padding':<22}{100 * figures['update_padding']:>11.1f}%")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0

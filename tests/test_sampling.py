@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -292,3 +293,28 @@ def test_compiled_decode_matches_eager():
         compiled = generate(model, ids, mask, max_new_tokens=20, seed=1, compile=True)
         assert torch.equal(compiled.tokens, eager.tokens)
         assert torch.allclose(compiled.logprobs, eager.logprobs, atol=1e-4)
+
+
+def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
+    """A broken compiler backend (here: one that raises, as a missing toolchain would) costs speed, not the run."""
+    import rookworld.sampling as sampling
+
+    def broken_backend(graph_module, example_inputs):
+        raise RuntimeError("no C++ compiler found")
+
+    model = tiny_gpt(scale=4.0)
+    ids, mask = _prompts()
+    eager = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=False)
+    monkeypatch.setattr(sampling, "_compile_failed", {})
+    monkeypatch.setattr(sampling, "_compiled_steps",
+                        {"cpu": torch.compile(sampling._decode_step, backend=broken_backend, fullgraph=True)})
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*decoding without it"):
+        fallen_back = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=True)
+    assert torch.equal(fallen_back.tokens, eager.tokens) and torch.equal(fallen_back.mask, eager.mask)
+    assert torch.allclose(fallen_back.logprobs, eager.logprobs)
+    assert "cpu" in sampling._compile_failed
+    # Later calls do not try again (and do not warn again).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=True)
+    assert torch.equal(again.tokens, eager.tokens)

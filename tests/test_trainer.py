@@ -363,3 +363,91 @@ def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fa
     assert [r["step"] for r in rows] == [1, 2], "the run went on"
     assert all(r["unscored"] == 0.5 and r["reward/mean"] == pytest.approx(-0.3) for r in rows)
     assert "could not be scored" in str(lines)
+
+
+# -- length-grouped micro-batches -----------------------------------------------------------------------------
+
+class ByteSum:
+    """A reward with spread in every group: the byte sum of the completion, mod 7."""
+
+    def prefetch(self, prompts):
+        pass
+
+    def __call__(self, prompts, completions):
+        r = np.array([float(sum(c.encode("utf-8", "surrogatepass")) % 7) for c in completions])
+        return RewardResult(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool))
+
+
+def test_micro_batches_cover_every_row_once_and_cut_only_padding():
+    from rookworld.trainer import micro_batches
+
+    rng = np.random.default_rng(0)
+    n, P = 203, 110
+    prompt_lens = np.where(rng.random(n) < 0.8, rng.integers(36, 63, n), rng.integers(52, P + 1, n))
+    completion_lens = np.where(prompt_lens < 63, rng.integers(1, 49, n), rng.integers(40, 97, n))
+    rows = rng.permutation(n)[:150]
+    batches = micro_batches(rows, prompt_lens, completion_lens, P, 16)
+    assert sorted(np.concatenate([b.rows for b in batches]).tolist()) == sorted(rows.tolist())
+    assert all(1 <= len(b.rows) <= 16 for b in batches) and len(batches) == -(-150 // 16)
+    slots = 0
+    for b in batches:
+        # Every real token of every row stays inside the block, and the block is no wider than that.
+        assert (P - prompt_lens[b.rows] >= b.left).all() and (completion_lens[b.rows] <= b.width).all()
+        assert (P - prompt_lens[b.rows] == b.left).any() and (completion_lens[b.rows] == b.width).any()
+        slots += len(b.rows) * (P - b.left + b.width)
+    real = int(prompt_lens[rows].sum() + completion_lens[rows].sum())
+    unsorted = len(rows) * (P + int(completion_lens[rows].max()))
+    # Lengths drawn independently here (in GRPO a group shares its prompt, which packs better still).
+    assert 1 - real / slots < 0.5 * (1 - real / unsorted)
+
+
+def _cut_step(tmp_path, micro_batch_size, reference):
+    """One step over real P:/A: prompts of different widths and completions of different lengths; the
+    learning rate is negligible (1e-30) so that the second minibatch's gradients do not depend on the first's update."""
+    from rookworld.trainer import PromptSource
+
+    cfg = TrainConfig(steps=1, prompts_per_step=6, group_size=3, max_new_tokens=9, lr=1e-30, beta=0.1, mu=1,
+                      minibatches=2, micro_batch_size=micro_batch_size, warmup_steps=0, eval_every=0,
+                      save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False, seed=5,
+                      task_mix=0.5).validate()
+    t = Trainer(cfg, policy=tiny_gpt(seed=2, scale=3.0), reference=reference, tokenizer=get_tokenizer(),
+                reward_fn=ByteSum(), prompt_source=PromptSource(cfg), stream=open(os.devnull, "w"),
+                completion_lengths={"P": 4, "A": 9})
+    m = t.train_step()
+    grads = {k: p.grad.clone() for k, p in t.policy.named_parameters()}
+    return m, grads, t
+
+
+def test_cut_micro_batches_give_the_same_losses_and_gradients_as_one_padded_block(tmp_path):
+    reference = tiny_gpt(seed=3, scale=3.0).requires_grad_(False)
+    whole, g_whole, _ = _cut_step(tmp_path / "a", 18, reference)
+    cut, g_cut, t = _cut_step(tmp_path / "b", 1, reference)
+    prompts = t.prompts.batch(0)
+    assert {p.task for p in prompts} == {"P", "A"}  # rows of different widths were in the step
+    assert cut["padding"] == 0.0 < whole["padding"]
+    for key in ("loss", "kl/mean", "entropy", "clip_fraction", "reward/mean"):
+        assert cut[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+    assert g_whole["transformer.wte.weight"].abs().sum() > 0
+    for k in g_whole:
+        torch.testing.assert_close(g_cut[k], g_whole[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
+    from rookworld.sampling import token_logprobs
+    from rookworld.trainer import micro_batches
+
+    _, _, t = _cut_step(tmp_path, 4, tiny_gpt(seed=3))
+    tok = t.tokenizer
+    texts = [p.text for p in t.prompts.batch(0)]
+    ids, pmask = tok.encode_batch(texts, bos=True)
+    torch.manual_seed(0)
+    comp_lens = torch.tensor([1, 7, 3, 9, 2, 5])
+    comp = torch.randint(0, 50000, (len(texts), 9))
+    cmask = torch.arange(9)[None, :] < comp_lens[:, None]
+    full_ids, full_mask, P = torch.cat([ids, comp], 1), torch.cat([pmask, cmask], 1), ids.shape[1]
+    with torch.no_grad():
+        expected = token_logprobs(t.policy, full_ids, full_mask, start=P).logprobs * cmask
+        for size in (1, 2, 6):
+            batches = micro_batches(np.arange(len(texts)), pmask.sum(1).numpy(), comp_lens.numpy(), P, size)
+            got = t._rollout_logprobs(t.policy, full_ids, full_mask, P, batches)
+            torch.testing.assert_close(got * cmask, expected, rtol=1e-5, atol=1e-5)  # the loss masks the rest

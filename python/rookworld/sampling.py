@@ -17,6 +17,7 @@ Log-probs come in two flavours, because GRPO needs both:
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -120,6 +121,8 @@ def _decode_step(
 
 
 _compiled_steps: dict[str, Callable[..., torch.Tensor]] = {}
+#: Device types on which compiling the decode step failed once: they decode eagerly for the rest of the process.
+_compile_failed: dict[str, str] = {}
 _cache_pool: weakref.WeakKeyDictionary[GPT, OrderedDict[tuple, KVCache]] = weakref.WeakKeyDictionary()
 
 
@@ -129,6 +132,16 @@ def _compiled_step(device_type: str) -> Callable[..., torch.Tensor]:
         mode = "reduce-overhead" if device_type == "cuda" else None
         _compiled_steps[device_type] = torch.compile(_decode_step, mode=mode, fullgraph=True, dynamic=False)
     return _compiled_steps[device_type]
+
+
+def _give_up_compiling(device_type: str, error: Exception) -> None:
+    """A compiler failure (missing toolchain, an inductor or Triton bug) costs speed, never the run."""
+    cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the backend's own error
+    first_line = (str(cause).strip().splitlines() or [""])[0][:300]
+    _compile_failed[device_type] = f"{type(cause).__name__}: {first_line}"
+    warnings.warn(f"torch.compile of the decode step failed on {device_type} ({_compile_failed[device_type]}); "
+                  "decoding without it from now on, which is slower. --no-compile skips the attempt.",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _pooled_cache(model: GPT, batch_size: int, max_len: int, dtype: torch.dtype) -> KVCache:
@@ -192,7 +205,8 @@ def generate(
     use_cache=False recomputes the whole sequence every step (slow; a reference for tests).
     compile: compile the decode step (CUDA graphs on CUDA); default True on CUDA, False elsewhere. Each new
         (batch size, bucketed length) compiles again; dynamo's recompile limit (torch._dynamo.config
-        .recompile_limit, 8) caps how many shapes one process can compile before falling back to eager.
+        .recompile_limit, 8) caps how many shapes one process can compile before falling back to eager. If
+        compiling fails, a RuntimeWarning says why and the process decodes eagerly from then on.
     dtype: compute dtype; default bfloat16 on CUDA for an fp32 model, else the model's own. If it differs from
         the parameters' dtype the forward runs under torch.autocast; the KV cache is kept in `dtype`.
     check_every: steps between "all rows done?" checks (a host sync); default 16 on CUDA, 1 on CPU.
@@ -227,7 +241,7 @@ def generate(
     compute_dtype = dtype or default_dtype
     amp_dtype = compute_dtype if compute_dtype != model.dtype else None
     compile = (device.type == "cuda") if compile is None else compile
-    compile = compile and use_cache
+    compile = compile and use_cache and device.type not in _compile_failed
     check_every = check_every or (16 if device.type == "cuda" else 1)
 
     tokens = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
@@ -277,9 +291,18 @@ def generate(
             if step + 1 == N or ((step + 1) % check_every == 0 and bool(done.all())):
                 break
             if use_cache:
+                args = (model, cache, token[:, None], position_ids, write_pos, device.type, amp_dtype)
                 if compile:
                     torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
-                logits = step_fn(model, cache, token[:, None], position_ids, write_pos, device.type, amp_dtype)
+                    try:
+                        logits = step_fn(*args)
+                    except torch._dynamo.exc.TorchDynamoException as error:
+                        # Compilation fails before the step runs: the cache is untouched, so redo it eagerly.
+                        _give_up_compiling(device.type, error)
+                        compile, step_fn = False, _decode_step
+                        logits = step_fn(*args)
+                else:
+                    logits = step_fn(*args)
                 write_pos = write_pos + 1
                 position_ids = position_ids + 1
             else:
