@@ -4,6 +4,7 @@ real Stockfish, checkpoints, resume, torchrun and bad input."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -451,3 +452,48 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
             batches = micro_batches(np.arange(len(texts)), pmask.sum(1).numpy(), comp_lens.numpy(), P, size)
             got = t._rollout_logprobs(t.policy, full_ids, full_mask, P, batches)
             torch.testing.assert_close(got * cmask, expected, rtol=1e-5, atol=1e-5)  # the loss masks the rest
+
+
+# -- the task mix and sampling per task -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("mix", [0.8, 0.75, 0.5, 0.33, 0.0, 1.0])
+def test_a_prompts_come_at_an_exact_rate(mix):
+    from rookworld.trainer import is_env_task
+
+    flags = np.array([is_env_task(i, mix) for i in range(5000)])
+    assert abs(flags.mean() - (1 - mix)) < 1e-3
+    for n in (7, 16, 128):  # any n consecutive prompts: floor or ceil of n x (1 - mix) are A:
+        counts = {int(flags[s : s + n].sum()) for s in range(0, 5000 - n, 13)}
+        assert counts <= {math.floor(n * (1 - mix) + 1e-9), math.ceil(n * (1 - mix) - 1e-9)}, (n, counts)
+
+
+def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
+    """P: rows are not padded to A: prompts' width nor decoded for A:'s length; rows come back where they were."""
+    from rookworld.trainer import PromptSource
+
+    calls = []
+    real_generate = trainer_module.generate
+
+    def spy(model, ids, mask, **kwargs):
+        out = real_generate(model, ids, mask, **kwargs)
+        calls.append((ids.clone(), mask.clone(), kwargs["max_new_tokens"], out))
+        return out
+
+    monkeypatch.setattr(trainer_module, "generate", spy)
+    cfg = TrainConfig(steps=1, prompts_per_step=5, group_size=2, max_new_tokens=9, task_mix=0.6, beta=0.0, warmup_steps=0,
+                      eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False).validate()
+    t = Trainer(cfg, policy=tiny_gpt(seed=4, scale=3.0), tokenizer=get_tokenizer(), reward_fn=ByteSum(),
+                prompt_source=PromptSource(cfg), stream=open(os.devnull, "w"), completion_lengths={"P": 3, "A": 7})
+    prompts = t.prompts.batch(0)
+    ids, pmask = t.tokenizer.encode_batch([p.text for p in prompts], bos=True)
+    tasks = np.repeat([p.task for p in prompts], 2)
+    assert (tasks == "P").sum() == 6 and (tasks == "A").sum() == 4  # 3 P: and 2 A: prompts: the exact mix
+    gen = torch.Generator().manual_seed(0)
+    out = t._sample(ids.repeat_interleave(2, 0), pmask.repeat_interleave(2, 0), tasks, gen)
+    assert [len(c[0]) for c in calls] == [6, 4] and [c[2] for c in calls] == [3, 7]
+    for (c_ids, c_mask, limit, c_out), task in zip(calls, ("P", "A")):
+        rows = np.flatnonzero(tasks == task)
+        assert c_ids.shape[1] == int(pmask.repeat_interleave(2, 0)[rows].sum(1).max())  # no column all padding
+        assert torch.equal(out.tokens[rows, :limit], c_out.tokens) and (out.lengths[rows] == limit).all()
+        assert not out.mask[rows, limit:].any()
+    assert out.tokens.shape[1] == 7

@@ -49,7 +49,7 @@ class TrainConfig:
 
     # Prompts
     data: str | None = _f(None, "positions file (JSONL, FEN or EPD a line); default: the built-in generator")
-    task_mix: float = _f(0.8, "share of P: prompts; the rest are A:")
+    task_mix: float = _f(0.8, "share of P: prompts, exact in every step (one prompt either way); the rest are A:")
     prompts_per_step: int = _f(32, "prompts per GRPO step (over all ranks)")
     group_size: int = _f(16, "completions sampled per prompt")
     auto_batch: bool = _f(False, "on CUDA, probe real steps at doubling --prompts-per-step (from --prompts-per-step) "

@@ -3,7 +3,7 @@ and push the policy toward the better ones, with a KL leash to the frozen refere
 
 One step:
   1. prompts for this step (the next step's P: analyses are already running in Stockfish);
-  2. G completions per prompt from the KV-cache sampler;
+  2. G completions per prompt from the KV-cache sampler, one batch per task;
   3. rewards (Rust scorer), group-relative advantages;
   4. reference (and, when the policy moves within a step, sampling-policy) log-probs, once;
   5. `mu` epochs of minibatch updates with gradient accumulation over micro-batches.
@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,7 +40,7 @@ from rookworld.config import ConfigError, TrainConfig
 from rookworld.data import Record, assign_moves, read_records
 from rookworld.grpo import aggregate, clipped_surrogate, group_advantages, group_has_spread, kl_estimate
 from rookworld.runlog import RunLog
-from rookworld.sampling import generate, release_caches, token_logprobs
+from rookworld.sampling import PAD_ID, GenerationOutput, generate, release_caches, token_logprobs
 from rookworld.tokenizer import Tokenizer, get_tokenizer
 
 #: Seed offset of the held-out evaluation positions, so they never share a stream with training prompts.
@@ -104,8 +105,16 @@ class ChessReward:
         return RewardResult(rewards, tasks, well_formed, valid)
 
 
-def _task_draw(seed: int, index: int) -> float:
-    return random.Random(f"{seed}:task:{index}").random()
+def is_env_task(index: int, task_mix: float) -> bool:
+    """Whether prompt `index` of the stream is an A: prompt (given positions that can be A:).
+
+    A: prompts come at an exact rate rather than by coin flips: of any n consecutive prompts, the floor or the
+    ceiling of n x (1 - task_mix) are A:. Each step (and each rank's share of it) then has an almost fixed
+    number of prompts per task, so the sampler's batch shapes per task, which CUDA graphs are captured for,
+    take at most two values. Which positions get which task stays random: positions are drawn independently
+    of their index, and a data file is reshuffled every pass."""
+    share = Fraction(1.0 - task_mix).limit_denominator(1 << 16)
+    return (index + 1) * share.numerator // share.denominator > index * share.numerator // share.denominator
 
 
 class PromptSource:
@@ -141,7 +150,7 @@ class PromptSource:
                 self.per_rank, cfg.seed, start=start, illegal_share=cfg.illegal_share)]
         prompts = []
         for i, r in enumerate(records):
-            if _task_draw(cfg.seed, start + i) < cfg.task_mix or r.move is None:
+            if r.move is None or not is_env_task(start + i, cfg.task_mix):
                 prompts.append(Prompt("P", r.policy_prompt, r.truth))
             else:
                 prompts.append(Prompt("A", r.env_prompt))
@@ -361,6 +370,39 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _sample(self, ids: torch.Tensor, pmask: torch.Tensor, tasks: np.ndarray,
+                generator: torch.Generator) -> GenerationOutput:
+        """Completions for left-padded prompts [n, P], one `generate` call per task.
+
+        A: prompts are about twice as wide as P: prompts and their completions about twice as long, and a batch
+        decodes until its longest row is done: sampled together, every P: row would ride along for the A: rows'
+        extra steps, in a KV cache sized for them. Apart, each task's batch stops and sizes its cache on its own.
+        """
+        cfg, n, P = self.cfg, ids.shape[0], ids.shape[1]
+        prompt_lens = pmask.sum(1).cpu().numpy()
+        parts = []
+        for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
+            rows = np.flatnonzero(tasks == task)
+            index, left = torch.from_numpy(rows).to(self.device), P - int(prompt_lens[rows].max())
+            fixed = self.completion_lengths is not None
+            limit = self.completion_lengths.get(task, cfg.max_new_tokens) if fixed else cfg.max_new_tokens
+            with torch.no_grad():
+                parts.append((index, generate(
+                    self.policy, ids[index, left:], pmask[index, left:], max_new_tokens=limit, stop_at_eos=not fixed,
+                    temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p if cfg.top_p < 1.0 else None,
+                    generator=generator, compile=cfg.compile and self.device.type == "cuda", dtype=self.amp_dtype)))
+        width = max((o.tokens.shape[1] for _, o in parts), default=0)
+        tokens = torch.full((n, width), PAD_ID, dtype=torch.long, device=self.device)
+        mask = torch.zeros((n, width), dtype=torch.bool, device=self.device)
+        logprobs = torch.zeros((n, width), device=self.device)
+        lengths = torch.zeros(n, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(n, dtype=torch.bool, device=self.device)
+        for index, o in parts:
+            w = o.tokens.shape[1]
+            tokens[index, :w], mask[index, :w], logprobs[index, :w] = o.tokens, o.mask, o.logprobs
+            lengths[index], stopped[index] = o.lengths, o.stopped
+        return GenerationOutput(tokens, mask, logprobs, None, lengths, stopped)
+
     def _rollout_logprobs(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,
                           batches: list[MicroBatch]) -> torch.Tensor:
         """Completion log-probs [n, N] of every row (0 past each micro-batch's width), without gradients."""
@@ -415,15 +457,7 @@ class Trainer:
         ids, pmask = self.tokenizer.encode_batch([p.text for p in prompts], bos=True, device=self.device)
         ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
         gen = torch.Generator(device=self.device).manual_seed(_seed_of(cfg.seed, step, self.dist.rank))
-        limit: int | torch.Tensor = cfg.max_new_tokens
-        if self.completion_lengths is not None:
-            limit = torch.tensor([self.completion_lengths.get(p.task, cfg.max_new_tokens) for p in prompts],
-                                 device=self.device).repeat_interleave(G)
-        with torch.no_grad():
-            out = generate(self.policy, ids, pmask, max_new_tokens=limit, stop_at_eos=self.completion_lengths is None,
-                           temperature=cfg.temperature, top_k=cfg.top_k or None,
-                           top_p=cfg.top_p if cfg.top_p < 1.0 else None, generator=gen,
-                           compile=cfg.compile and self.device.type == "cuda", dtype=self.amp_dtype)
+        out = self._sample(ids, pmask, np.repeat([p.task for p in prompts], G), gen)
         self._sync()
         t_gen = time.perf_counter()
 
