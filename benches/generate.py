@@ -5,8 +5,12 @@
 - log-prob pass: completion tokens/s of `rookworld.sampling.token_logprobs` over prompt + completion, without
   gradients, and (with --backward) forward + backward as in the GRPO loss.
 
+- with --mixed: a batch of both tasks (--task-mix of P:) sampled as one batch, each row to its own length, against
+  one batch per task as the trainer does it.
+
     python benches/generate.py                                   # CUDA if present: bf16, eager and compiled
     python benches/generate.py --device cpu --batch-sizes 8 16   # what a small CPU can do
+    python benches/generate.py --mixed --batch-sizes 2048        # one mixed batch vs one per task
 """
 
 from __future__ import annotations
@@ -50,6 +54,34 @@ def _forward_backward(model: GPT, score: Callable[[], TokenScores]) -> None:
     model.zero_grad(set_to_none=True)
 
 
+def mixed(model: GPT, device: torch.device, rows: int, args: argparse.Namespace, compiled: bool,
+          warmup: int) -> str:
+    """One P:/A: batch (P: rows left-padded to the A: width, per-row limits) against one batch per task."""
+    n_p = round(rows * args.task_mix)
+    (p_len, a_len), (p_new, a_new) = args.prompt_len, args.new_tokens
+    width = max(p_len, a_len)
+    ids = torch.randint(0, 50256, (rows, width), generator=torch.Generator().manual_seed(rows)).to(device)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[:n_p, : width - p_len] = False
+    mask[n_p:, : width - a_len] = False
+    limits = torch.tensor([p_new] * n_p + [a_new] * (rows - n_p), device=device)
+    one = functools.partial(generate, model, ids, mask, max_new_tokens=limits, stop_at_eos=False, seed=0,
+                            compile=compiled)
+
+    def per_task() -> None:
+        g = torch.Generator(device=device).manual_seed(0)
+        for sl, plen, new in ((slice(0, n_p), p_len, p_new), (slice(n_p, rows), a_len, a_new)):
+            if sl.stop > sl.start:
+                generate(model, ids[sl, width - plen :], mask[sl, width - plen :], max_new_tokens=new,
+                         stop_at_eos=False, generator=g, compile=compiled)
+
+    tokens = n_p * p_new + (rows - n_p) * a_new
+    one_s, _ = _time(one, device, warmup, args.repeats)
+    split_s, _ = _time(per_task, device, warmup, args.repeats)
+    return (f"{rows:>6} {n_p:>5} {'compiled' if compiled else 'eager':<9} {one_s:>8.3f} {tokens / one_s:>10,.0f} "
+            f"{split_s:>8.3f} {tokens / split_s:>10,.0f} {one_s / split_s:>7.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -58,7 +90,8 @@ def main() -> None:
         "--compile",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="compile the decode step (CUDA graphs on CUDA); default: on CUDA run both eager and compiled",
+        help="compile the decode step (CUDA graphs on CUDA) and the log-prob pass's log-softmax; default: on CUDA "
+        "run both eager and compiled",
     )
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     parser.add_argument("--tasks", nargs="+", choices=["P", "A"], default=["P", "A"])
@@ -72,6 +105,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 3 on CUDA, 1 on CPU)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--mixed", action="store_true", help="one mixed P:/A: batch vs one batch per task")
+    parser.add_argument("--task-mix", type=float, default=0.8, help="share of P: rows with --mixed")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -92,6 +127,17 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"GPT-2 124M ({model.num_params():,} params), random weights, {dtype}, {name}, torch {torch.__version__}")
     print(f"best of {args.repeats} after {warmup} warm-up run(s); tokens/s counts generated / completion tokens\n")
+
+    if args.mixed:
+        header = (f"{'rows':>6} {'P:':>5} {'decode':<9} {'one s':>8} {'tok/s':>10} {'split s':>8} {'tok/s':>10} "
+                  f"{'speed-up':>8}")
+        print(f"P: {args.prompt_len[0]}-token prompts, {args.new_tokens[0]} new tokens; A: {args.prompt_len[1]} and "
+              f"{args.new_tokens[1]}\n{header}\n{'-' * len(header)}")
+        for rows in args.batch_sizes:
+            for compiled in compile_modes:
+                print(mixed(model, device, rows, args, compiled, warmup), flush=True)
+            release_caches(model)
+        return
 
     header = f"{'task':<4} {'batch':>6} {'prompt':>6} {'new':>4} {'decode':<9} {'gen s':>8} {'gen tok/s':>10}"
     if not args.no_logprobs:
@@ -131,7 +177,8 @@ def main() -> None:
                     ids = torch.cat([prompts, out.tokens], dim=1)
                     full_mask = torch.cat([mask, out.mask], dim=1)
                     score = functools.partial(
-                        token_logprobs, model, ids, full_mask, start=prompt_len, chunk_size=args.chunk_size
+                        token_logprobs, model, ids, full_mask, start=prompt_len, chunk_size=args.chunk_size,
+                        compile=compiled,
                     )
                     score_s, _ = _time(torch.no_grad()(score), device, 1, args.repeats)
                     row += f" {batch * new / score_s:>11,.0f}"

@@ -1,4 +1,4 @@
-"""The GRPO step benchmarks run (as CPU smoke checks with a tiny model) and report what they promise."""
+"""The benchmarks run (as CPU smoke checks with tiny models or tiny batches) and report what they promise."""
 
 import json
 import subprocess
@@ -23,6 +23,20 @@ def test_grpo_step_benchmark_smoke(tmp_path):
         assert figures[phase] >= 0
     assert figures["lengths"] == {"P": 4, "A": 8}
     assert "samples/s" in proc.stdout and "MFU" in proc.stdout
+    assert 0 <= figures["update_padding"] < 1 and "update padding" in proc.stdout
+
+
+@pytest.mark.parametrize("mode", [[], ["--mixed"]])
+def test_generate_benchmark_smoke(mode):
+    proc = subprocess.run([sys.executable, str(REPO / "benches" / "generate.py"), "--device", "cpu", *mode,
+                           "--batch-sizes", "3", "--prompt-len", "3", "5", "--new-tokens", "2", "4", "--repeats", "1",
+                           "--warmup", "0", "--threads", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("P ", "A ", "3 "))]
+    if mode:  # 3 rows: 2 P: (2 new tokens) and 1 A: (4), both ways
+        assert len(rows) == 1 and rows[0][:3] == ["3", "2", "eager"] and rows[0][-1].endswith("x")
+    else:
+        assert [r[:4] for r in rows] == [["P", "3", "3", "2"], ["A", "3", "5", "4"]]
 
 
 def test_trl_baseline_smoke(tmp_path):

@@ -308,7 +308,7 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     monkeypatch.setattr(sampling, "_compile_failed", {})
     monkeypatch.setattr(sampling, "_compiled_steps",
                         {"cpu": torch.compile(sampling._decode_step, backend=broken_backend, fullgraph=True)})
-    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*decoding without it"):
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*sampling and scoring without it"):
         fallen_back = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=True)
     assert torch.equal(fallen_back.tokens, eager.tokens) and torch.equal(fallen_back.mask, eager.mask)
     assert torch.allclose(fallen_back.logprobs, eager.logprobs)
@@ -318,3 +318,26 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
         warnings.simplefilter("error")
         again = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=True)
     assert torch.equal(again.tokens, eager.tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
+def test_compiled_scores_match_eager_with_gradients(monkeypatch):
+    import rookworld.sampling as sampling
+
+    monkeypatch.setattr(sampling, "_compile_failed", {})
+    model = tiny_gpt(scale=3.0)
+    ids, mask = _prompts(B=5, T=14, seed=4)
+    results = []
+    for compile in (False, True, True):  # the second compiled call reuses the graph with other chunk sizes
+        model.zero_grad(set_to_none=True)
+        chunk = 7 if len(results) < 2 else 11
+        s = token_logprobs(model, ids, mask, start=6, chunk_size=chunk, temperature=0.9, return_entropy=True,
+                           compile=compile)
+        (s.logprobs.sum() + 0.1 * s.entropy.sum()).backward()
+        results.append((s.logprobs.detach(), s.entropy.detach(), model.lm_head.weight.grad.clone(),
+                        model.transformer.h[0].attn.c_attn.weight.grad.clone()))
+    assert "cpu" in sampling._compiled_scores and "cpu" not in sampling._compile_failed
+    for got in results[1:]:
+        for a, b in zip(results[0], got):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

@@ -493,7 +493,8 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
     assert [len(c[0]) for c in calls] == [6, 4] and [c[2] for c in calls] == [3, 7]
     for (c_ids, c_mask, limit, c_out), task in zip(calls, ("P", "A")):
         rows = np.flatnonzero(tasks == task)
-        assert c_ids.shape[1] == int(pmask.repeat_interleave(2, 0)[rows].sum(1).max())  # no column all padding
+        assert c_ids.shape[1] == int(pmask.repeat_interleave(2, 0)[rows].sum(1).max())
+        assert c_mask[:, 0].any()  # no column that is padding in every row
         assert torch.equal(out.tokens[rows, :limit], c_out.tokens) and (out.lengths[rows] == limit).all()
         assert not out.mask[rows, limit:].any()
     assert out.tokens.shape[1] == 7

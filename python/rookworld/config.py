@@ -44,7 +44,7 @@ class TrainConfig:
     device: str = _f("auto", "cpu, cuda, cuda:N or auto (CUDA when available; under torchrun, the local rank's GPU)")
     dtype: str = _f("auto", "compute dtype: auto (bf16 autocast on CUDA, fp32 on CPU), bf16 or fp32",
                     choices=("auto", "bf16", "fp32"))
-    compile: bool = _f(True, "torch.compile the decode step (CUDA graphs) on CUDA")
+    compile: bool = _f(True, "on CUDA, torch.compile the decode step (CUDA graphs) and the log-probs' softmax")
     resume: str | None = _f(None, "continue from a checkpoint directory, or an output directory's latest checkpoint")
 
     # Prompts

@@ -139,8 +139,8 @@ def _give_up_compiling(device_type: str, error: Exception) -> None:
     cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the backend's own error
     first_line = (str(cause).strip().splitlines() or [""])[0][:300]
     _compile_failed[device_type] = f"{type(cause).__name__}: {first_line}"
-    warnings.warn(f"torch.compile of the decode step failed on {device_type} ({_compile_failed[device_type]}); "
-                  "decoding without it from now on, which is slower. --no-compile skips the attempt.",
+    warnings.warn(f"torch.compile failed on {device_type} ({_compile_failed[device_type]}); sampling and "
+                  "scoring without it from now on, which is slower. --no-compile skips the attempt.",
                   RuntimeWarning, stacklevel=3)
 
 
@@ -346,6 +346,20 @@ def _chunk_scores(
     return logp, entropy
 
 
+_compiled_scores: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {}
+
+
+def _scores_fn(device_type: str, compile: bool) -> Callable[..., tuple[torch.Tensor, ...]]:
+    if not compile or device_type in _compile_failed:
+        return _chunk_scores
+    if device_type not in _compiled_scores:
+        # Eager, each step after the matmul (fp32 copy, logsumexp, gather, exp, entropy) is a pass over
+        # [chunk, vocab] in memory: together several times the matmul's own traffic. Compiled, they fuse into a
+        # couple of reductions over the logits, forward and backward.
+        _compiled_scores[device_type] = torch.compile(_chunk_scores, fullgraph=True)
+    return _compiled_scores[device_type]
+
+
 def token_logprobs(
     model: GPT,
     input_ids: torch.Tensor,
@@ -355,6 +369,7 @@ def token_logprobs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     return_entropy: bool = False,
+    compile: bool = False,
 ) -> TokenScores:
     """log p(input_ids[:, t] | input_ids[:, :t]) for t in [start, T): logprobs [B, T - start], differentiable.
 
@@ -363,6 +378,7 @@ def token_logprobs(
     positions at a time, so the fp32 [B, T, vocab] logits never exist at once. With gradients enabled each chunk
     is checkpointed: backward recomputes its logits instead of keeping them (peak: one chunk of logits).
     Entropy (optional) is that of the same, temperature-scaled, distribution. Autocast, if any, is the caller's.
+    compile: run the per-chunk log-softmax through torch.compile (a warning and eager if compiling fails).
     """
     B, T = input_ids.shape
     if not 1 <= start < T:
@@ -373,13 +389,16 @@ def token_logprobs(
     targets = input_ids[:, start:].reshape(B * N)
     weight = model.lm_head.weight
     differentiable = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    scores = _scores_fn(hidden.device.type, compile)
     logps, entropies = [], []
     for i in range(0, B * N, chunk_size):
         args = (hidden[i : i + chunk_size], targets[i : i + chunk_size], weight, temperature, return_entropy)
-        if differentiable:
-            out = checkpoint(_chunk_scores, *args, use_reentrant=False)
-        else:
-            out = _chunk_scores(*args)
+        try:
+            out = checkpoint(scores, *args, use_reentrant=False) if differentiable else scores(*args)
+        except torch._dynamo.exc.TorchDynamoException as error:
+            _give_up_compiling(hidden.device.type, error)
+            scores = _chunk_scores
+            out = checkpoint(scores, *args, use_reentrant=False) if differentiable else scores(*args)
         logps.append(out[0])
         if return_entropy:
             entropies.append(out[1])

@@ -195,12 +195,13 @@ def init_distributed(device_kind: str) -> DistInfo:
 class _LogProbs(nn.Module):
     """`token_logprobs` behind a forward(), so DDP's hooks see the parameters it uses."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, compile: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.compile = model, compile
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, temperature: float):
-        s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=True)
+        s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=True,
+                           compile=self.compile)
         return s.logprobs, s.entropy
 
 
@@ -311,7 +312,8 @@ class Trainer:
             reference = from_pretrained(cfg.model, revision=cfg.revision, device=self.device)
         self.reference = reference.to(self.device).eval().requires_grad_(False) if reference is not None else None
 
-        self.logprobs = _LogProbs(self.policy)
+        self.compile = cfg.compile and kind == "cuda"
+        self.logprobs = _LogProbs(self.policy, self.compile)
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -390,7 +392,7 @@ class Trainer:
                 parts.append((index, generate(
                     self.policy, ids[index, left:], pmask[index, left:], max_new_tokens=limit, stop_at_eos=not fixed,
                     temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p if cfg.top_p < 1.0 else None,
-                    generator=generator, compile=cfg.compile and self.device.type == "cuda", dtype=self.amp_dtype)))
+                    generator=generator, compile=self.compile, dtype=self.amp_dtype)))
         width = max((o.tokens.shape[1] for _, o in parts), default=0)
         tokens = torch.full((n, width), PAD_ID, dtype=torch.long, device=self.device)
         mask = torch.zeros((n, width), dtype=torch.bool, device=self.device)
@@ -411,7 +413,7 @@ class Trainer:
             rows, cols = torch.from_numpy(b.rows).to(ids.device), slice(b.left, prompt_width + b.width)
             with self._autocast():
                 s = token_logprobs(model, ids[rows, cols], mask[rows, cols], start=prompt_width - b.left,
-                                   temperature=self.cfg.temperature)
+                                   temperature=self.cfg.temperature, compile=self.compile)
             out[rows, : b.width] = s.logprobs.float()
         return out
 
@@ -702,7 +704,7 @@ class Trainer:
             return {}
         result = evaluate(self.policy, self.tokenizer, self._eval_records, scorer,
                           batch_size=self.cfg.micro_batch_size, max_new_tokens=self.cfg.max_new_tokens,
-                          compile=self.cfg.compile and self.device.type == "cuda")
+                          compile=self.compile)
         return {f"eval/{task}/{k}": v for task in ("P", "A") for k, v in result.get(task, {}).items()}
 
     def save(self) -> Path | None:
