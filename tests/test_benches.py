@@ -10,13 +10,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_bench(script: str, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(REPO / "benches" / script), *args], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
 def test_grpo_step_benchmark_smoke(tmp_path):
     out = tmp_path / "figures.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benches" / "grpo_step.py"), "--device", "cpu", "--tiny",
-                           "--prompts", "2", "--group", "2", "--p-len", "4", "--a-len", "8", "--steps", "1",
-                           "--warmup", "1", "--stockfish-depth", "4", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_bench("grpo_step.py", "--device", "cpu", "--tiny", "--prompts", "2", "--group", "2", "--p-len", "4",
+                     "--a-len", "8", "--steps", "1", "--warmup", "1", "--stockfish-depth", "4", "--json", str(out))
     figures = json.loads(out.read_text())
     assert figures["samples_per_s"] > 0 and figures["generated_tokens_per_s"] > 0
     for phase in ("generate_s", "reward_s", "reference_s", "update_s"):
@@ -28,10 +32,8 @@ def test_grpo_step_benchmark_smoke(tmp_path):
 
 @pytest.mark.parametrize("mode", [[], ["--mixed"]])
 def test_generate_benchmark_smoke(mode):
-    proc = subprocess.run([sys.executable, str(REPO / "benches" / "generate.py"), "--device", "cpu", *mode,
-                           "--batch-sizes", "3", "--prompt-len", "3", "5", "--new-tokens", "2", "4", "--repeats", "1",
-                           "--warmup", "0", "--threads", "1"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_bench("generate.py", "--device", "cpu", *mode, "--batch-sizes", "3", "--prompt-len", "3", "5",
+                     "--new-tokens", "2", "4", "--repeats", "1", "--warmup", "0", "--threads", "1")
     rows = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("P ", "A ", "3 "))]
     if mode:  # 3 rows: 2 P: (2 new tokens) and 1 A: (4), both ways
         assert len(rows) == 1 and rows[0][:3] == ["3", "2", "eager"] and rows[0][-1].endswith("x")
@@ -43,10 +45,7 @@ def test_trl_baseline_smoke(tmp_path):
     pytest.importorskip("trl", reason="TRL is only needed for the side-by-side benchmark")
     pytest.importorskip("datasets")
     out = tmp_path / "trl.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benches" / "trl_baseline.py"), "--device", "cpu", "--tiny",
-                           "--prompts", "2", "--group", "2", "--length", "4", "--steps", "1", "--warmup", "1",
-                           "--micro-batch-size", "4", "--stockfish-depth", "4", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_bench("trl_baseline.py", "--device", "cpu", "--tiny", "--prompts", "2", "--group", "2", "--length", "4",
+              "--steps", "1", "--warmup", "1", "--micro-batch-size", "4", "--stockfish-depth", "4", "--json", str(out))
     figures = json.loads(out.read_text())
     assert figures["samples_per_s"] > 0 and len(figures["step_times"]) == 2

@@ -480,8 +480,9 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(trainer_module, "generate", spy)
-    cfg = TrainConfig(steps=1, prompts_per_step=5, group_size=2, max_new_tokens=9, task_mix=0.6, beta=0.0, warmup_steps=0,
-                      eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False).validate()
+    cfg = TrainConfig(steps=1, prompts_per_step=5, group_size=2, max_new_tokens=9, task_mix=0.6, beta=0.0,
+                      warmup_steps=0, eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path),
+                      compile=False).validate()
     t = Trainer(cfg, policy=tiny_gpt(seed=4, scale=3.0), tokenizer=get_tokenizer(), reward_fn=ByteSum(),
                 prompt_source=PromptSource(cfg), stream=open(os.devnull, "w"), completion_lengths={"P": 3, "A": 7})
     prompts = t.prompts.batch(0)
@@ -489,11 +490,12 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
     tasks = np.repeat([p.task for p in prompts], 2)
     assert (tasks == "P").sum() == 6 and (tasks == "A").sum() == 4  # 3 P: and 2 A: prompts: the exact mix
     gen = torch.Generator().manual_seed(0)
-    out = t._sample(ids.repeat_interleave(2, 0), pmask.repeat_interleave(2, 0), tasks, gen)
+    ids, pmask = ids.repeat_interleave(2, 0), pmask.repeat_interleave(2, 0)
+    out = t._sample(ids, pmask, pmask.sum(1).numpy(), tasks, gen)
     assert [len(c[0]) for c in calls] == [6, 4] and [c[2] for c in calls] == [3, 7]
     for (c_ids, c_mask, limit, c_out), task in zip(calls, ("P", "A")):
         rows = np.flatnonzero(tasks == task)
-        assert c_ids.shape[1] == int(pmask.repeat_interleave(2, 0)[rows].sum(1).max())
+        assert c_ids.shape[1] == int(pmask[rows].sum(1).max())
         assert c_mask[:, 0].any()  # no column that is padding in every row
         assert torch.equal(out.tokens[rows, :limit], c_out.tokens) and (out.lengths[rows] == limit).all()
         assert not out.mask[rows, limit:].any()

@@ -141,7 +141,21 @@ def _give_up_compiling(device_type: str, error: Exception) -> None:
     _compile_failed[device_type] = f"{type(cause).__name__}: {first_line}"
     warnings.warn(f"torch.compile failed on {device_type} ({_compile_failed[device_type]}); sampling and "
                   "scoring without it from now on, which is slower. --no-compile skips the attempt.",
-                  RuntimeWarning, stacklevel=3)
+                  RuntimeWarning, stacklevel=4)
+
+
+def _run_or_fall_back(fn: Callable, eager: Callable, device_type: str, *args: Any, checkpointed: bool = False):
+    """fn(*args) (through activation checkpointing if `checkpointed`); if fn is a compiled function whose
+    compilation fails, eager(*args) after a warning. Returns the result and the function to use from then on.
+    Compilation fails before anything runs, so nothing is done twice."""
+    run = lambda f: checkpoint(f, *args, use_reentrant=False) if checkpointed else f(*args)  # noqa: E731
+    if fn is eager:
+        return run(fn), fn
+    try:
+        return run(fn), fn
+    except torch._dynamo.exc.TorchDynamoException as error:
+        _give_up_compiling(device_type, error)
+        return run(eager), eager
 
 
 def _pooled_cache(model: GPT, batch_size: int, max_len: int, dtype: torch.dtype) -> KVCache:
@@ -294,15 +308,8 @@ def generate(
                 args = (model, cache, token[:, None], position_ids, write_pos, device.type, amp_dtype)
                 if compile:
                     torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
-                    try:
-                        logits = step_fn(*args)
-                    except torch._dynamo.exc.TorchDynamoException as error:
-                        # Compilation fails before the step runs: the cache is untouched, so redo it eagerly.
-                        _give_up_compiling(device.type, error)
-                        compile, step_fn = False, _decode_step
-                        logits = step_fn(*args)
-                else:
-                    logits = step_fn(*args)
+                logits, step_fn = _run_or_fall_back(step_fn, _decode_step, device.type, *args)
+                compile = step_fn is not _decode_step
                 write_pos = write_pos + 1
                 position_ids = position_ids + 1
             else:
@@ -393,12 +400,7 @@ def token_logprobs(
     logps, entropies = [], []
     for i in range(0, B * N, chunk_size):
         args = (hidden[i : i + chunk_size], targets[i : i + chunk_size], weight, temperature, return_entropy)
-        try:
-            out = checkpoint(scores, *args, use_reentrant=False) if differentiable else scores(*args)
-        except torch._dynamo.exc.TorchDynamoException as error:
-            _give_up_compiling(hidden.device.type, error)
-            scores = _chunk_scores
-            out = checkpoint(scores, *args, use_reentrant=False) if differentiable else scores(*args)
+        out, scores = _run_or_fall_back(scores, _chunk_scores, hidden.device.type, *args, checkpointed=differentiable)
         logps.append(out[0])
         if return_entropy:
             entropies.append(out[1])

@@ -372,21 +372,20 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _sample(self, ids: torch.Tensor, pmask: torch.Tensor, tasks: np.ndarray,
+    def _sample(self, ids: torch.Tensor, pmask: torch.Tensor, prompt_lens: np.ndarray, tasks: np.ndarray,
                 generator: torch.Generator) -> GenerationOutput:
-        """Completions for left-padded prompts [n, P], one `generate` call per task.
+        """Completions for left-padded prompts [n, P] (real lengths `prompt_lens`), one `generate` call per task.
 
         A: prompts are about twice as wide as P: prompts and their completions about twice as long, and a batch
         decodes until its longest row is done: sampled together, every P: row would ride along for the A: rows'
         extra steps, in a KV cache sized for them. Apart, each task's batch stops and sizes its cache on its own.
         """
         cfg, n, P = self.cfg, ids.shape[0], ids.shape[1]
-        prompt_lens = pmask.sum(1).cpu().numpy()
+        fixed = self.completion_lengths is not None
         parts = []
         for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
             rows = np.flatnonzero(tasks == task)
             index, left = torch.from_numpy(rows).to(self.device), P - int(prompt_lens[rows].max())
-            fixed = self.completion_lengths is not None
             limit = self.completion_lengths.get(task, cfg.max_new_tokens) if fixed else cfg.max_new_tokens
             with torch.no_grad():
                 parts.append((index, generate(
@@ -459,7 +458,8 @@ class Trainer:
         ids, pmask = self.tokenizer.encode_batch([p.text for p in prompts], bos=True, device=self.device)
         ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
         gen = torch.Generator(device=self.device).manual_seed(_seed_of(cfg.seed, step, self.dist.rank))
-        out = self._sample(ids, pmask, np.repeat([p.task for p in prompts], G), gen)
+        prompt_lens = pmask.sum(1).cpu().numpy()
+        out = self._sample(ids, pmask, prompt_lens, np.repeat([p.task for p in prompts], G), gen)
         self._sync()
         t_gen = time.perf_counter()
 
@@ -487,7 +487,7 @@ class Trainer:
         full_ids = torch.cat([ids, out.tokens], dim=1)
         full_mask = torch.cat([pmask, out.mask], dim=1)
         P = ids.shape[1]
-        prompt_lens, completion_lens = pmask.sum(1).cpu().numpy(), out.lengths.cpu().numpy()
+        completion_lens = out.lengths.cpu().numpy()
         split = lambda rows: micro_batches(rows, prompt_lens, completion_lens, P, cfg.micro_batch_size)  # noqa: E731
         rollout_batches = split(np.arange(full_ids.shape[0]))
         with torch.no_grad():
