@@ -8,6 +8,8 @@ generated tokens/s, time per phase, model FLOP utilisation and peak memory, afte
     python benches/grpo_step.py --device cpu --tiny --prompts 4 --group 4 --steps 2   # smoke check here
 
 `--uniform-length N` gives every completion N tokens (for a like-for-like run beside benches/trl_baseline.py).
+`--kl-estimator full` measures the exact KL over the vocabulary against the default k3; `--advantage gae` the
+value head and GAE.
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ def model_config(tiny: bool) -> GPTConfig:
 
 
 def step_flops(cfg: GPTConfig, n_params: int, rows: list[tuple[int, int]], mu: int, old_pass: bool,
-               reference: bool) -> float:
+               reference_passes: int) -> float:
     """Model FLOPs of one GRPO step over its (prompt tokens, completion tokens) rows: the work the model must
     do, whatever padding the implementation adds (2 per multiply-add; attention included; embedding lookups
-    excluded)."""
+    excluded). The reference runs once per rollout, or once per epoch for the exact KL."""
     dense = n_params - cfg.block_size * cfg.n_embd  # the position table is a lookup; wte counts once, as lm_head
     attn = lambda ctx: 4 * cfg.n_layer * ctx * cfg.n_embd  # QK^T and AV per token at context ctx  # noqa: E731
     total = 0.0
@@ -52,7 +54,7 @@ def step_flops(cfg: GPTConfig, n_params: int, rows: list[tuple[int, int]], mu: i
         seq = prompt_len + n
         gen = 2 * dense * seq + sum(attn(prompt_len + i) for i in range(n))
         fwd = 2 * dense * seq + attn(seq / 2) * seq
-        total += gen + (fwd if reference else 0) + (fwd if old_pass else 0) + mu * 3 * fwd
+        total += gen + reference_passes * fwd + (fwd if old_pass else 0) + mu * 3 * fwd
     return total
 
 
@@ -71,6 +73,8 @@ def main() -> int:
     ap.add_argument("--micro-batch-size", type=int, default=256)
     ap.add_argument("--mu", type=int, default=1)
     ap.add_argument("--beta", type=float, default=0.04)
+    ap.add_argument("--kl-estimator", default="k3", choices=("k1", "k2", "k3", "full"))
+    ap.add_argument("--advantage", default="grpo", choices=("grpo", "gae"))
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"))
     ap.add_argument("--stockfish-depth", type=int, default=10)
@@ -86,6 +90,7 @@ def main() -> int:
             max_new_tokens=max(lengths.values()), task_mix=args.task_mix, device=args.device, dtype=args.dtype,
             compile=not args.no_compile, micro_batch_size=args.micro_batch_size, mu=args.mu, beta=args.beta,
             stockfish_depth=args.stockfish_depth, stockfish_workers=args.stockfish_workers, output_dir=out,
+            kl_estimator=args.kl_estimator, advantage=args.advantage,
             eval_every=0, save_every=0, sample_every=0, log_every=1000, warmup_steps=0,
         ).validate()
         torch.manual_seed(0)
@@ -118,7 +123,9 @@ def main() -> int:
 
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
     samples = args.prompts * args.group
-    flops = statistics.mean(step_flops(mcfg, n_params, r, args.mu, args.mu > 1, args.beta > 0)
+    old_pass = args.mu > 1 or args.advantage == "gae" or (args.kl_estimator == "k1" and args.beta > 0)
+    reference_passes = 0 if args.beta == 0 else args.mu if args.kl_estimator == "full" else 1
+    flops = statistics.mean(step_flops(mcfg, n_params, r, args.mu, old_pass, reference_passes)
                             for r in rows_of_steps)
     step_time = med("time/step")
     figures = {
@@ -129,7 +136,7 @@ def main() -> int:
         "reference_s": med("time/reference"), "update_s": med("time/update"),
         "mfu": flops / step_time / (args.peak_tflops * 1e12) if args.device.startswith("cuda") else None,
         "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "compile": not args.no_compile,
-        "update_padding": med("padding"),
+        "update_padding": med("padding"), "kl_estimator": args.kl_estimator, "advantage": args.advantage,
     }
     print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.2f}")
     print(f"{'generated tokens/s':<22}{figures['generated_tokens_per_s']:>12,.0f}")

@@ -17,10 +17,12 @@ def run_bench(script: str, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_grpo_step_benchmark_smoke(tmp_path):
+@pytest.mark.parametrize("objective", [[], ["--kl-estimator", "full", "--advantage", "gae"]], ids=["k3", "full-gae"])
+def test_grpo_step_benchmark_smoke(tmp_path, objective):
     out = tmp_path / "figures.json"
     proc = run_bench("grpo_step.py", "--device", "cpu", "--tiny", "--prompts", "2", "--group", "2", "--p-len", "4",
-                     "--a-len", "8", "--steps", "1", "--warmup", "1", "--stockfish-depth", "4", "--json", str(out))
+                     "--a-len", "8", "--steps", "1", "--warmup", "1", "--stockfish-depth", "4", "--json", str(out),
+                     *objective)
     figures = json.loads(out.read_text())
     assert figures["samples_per_s"] > 0 and figures["generated_tokens_per_s"] > 0
     for phase in ("generate_s", "reward_s", "reference_s", "update_s"):
@@ -28,6 +30,7 @@ def test_grpo_step_benchmark_smoke(tmp_path):
     assert figures["lengths"] == {"P": 4, "A": 8}
     assert "samples/s" in proc.stdout and "MFU" in proc.stdout
     assert 0 <= figures["update_padding"] < 1 and "update padding" in proc.stdout
+    assert figures["kl_estimator"] == ("full" if objective else "k3")
 
 
 @pytest.mark.parametrize("mode", [[], ["--mixed"]])

@@ -2,10 +2,12 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from rookworld.grpo import aggregate, clipped_surrogate, group_advantages, group_has_spread, kl_estimate
+from rookworld.grpo import (aggregate, clipped_surrogate, ema, full_kl, gae, group_advantages, group_has_spread,
+                            kl_estimate, penalty_to_go, value_loss)
 
 
 def close(a, b, tol=1e-6):
@@ -100,3 +102,195 @@ def test_micro_batches_add_up_to_the_minibatch_loss():
         parts = sum(aggregate(per_token[i : i + 2], mask[i : i + 2], how, max_tokens=5,
                               total_tokens=float(mask.sum()), total_sequences=6.0) for i in range(0, 6, 2))
         assert close(whole, parts), how
+
+
+# -- groups without spread ------------------------------------------------------------------------------------
+
+def _equal_reward_groups(shaping: str, group_size: int, n_groups: int, rng) -> torch.Tensor:
+    """n_groups groups of equal rewards, with values the shaping can give (continuous: anything in [0.2, 1];
+    graduated: steps of 0.2; both: -0.3 for a malformed answer), interleaved with groups that do vary."""
+    if shaping == "continuous":
+        values = rng.uniform(0.2, 1.0, n_groups)
+    else:
+        values = rng.choice([0.2, 0.4, 0.6, 0.8, 1.0], n_groups)
+    values[::7] = -0.3
+    groups = [np.full(group_size, v) for v in values]
+    for g in range(0, n_groups, 5):  # some groups with spread among them
+        groups[g] = rng.choice(values, group_size)
+        groups[g][0], groups[g][1] = 0.2, 1.0
+    return torch.tensor(np.concatenate(groups))
+
+
+@pytest.mark.parametrize("group_size", [4, 8, 12, 16])
+@pytest.mark.parametrize("shaping", ["continuous", "graduated"])
+def test_groups_without_spread_get_exactly_zero_advantage(group_size, shaping):
+    rng = np.random.default_rng(group_size)
+    rewards64 = _equal_reward_groups(shaping, group_size, 400, rng)
+    flat = ~group_has_spread(rewards64, group_size)
+    assert 0.5 < flat.float().mean() < 0.9
+    for rewards in (rewards64, rewards64.float()):  # the trainer used to hand float32 rewards over
+        for scale in ("group", "batch", "none"):
+            adv = group_advantages(rewards, group_size, scale)
+            assert (adv[flat] == 0).all(), (scale, rewards.dtype, adv[flat].abs().max())
+            # Groups with spread: (r - mean) / std, worked out here in float64.
+            groups = rewards.double().view(-1, group_size)
+            centred = groups - groups.mean(1, keepdim=True)
+            if scale == "group":
+                centred = centred / (groups.std(1, unbiased=False, keepdim=True) + 1e-6)
+            elif scale == "batch":
+                centred = centred / (rewards.double().std(unbiased=False) + 1e-6)
+            expected = centred.view(-1)
+            torch.testing.assert_close(adv[~flat].double(), expected[~flat], rtol=1e-5, atol=1e-6)
+
+
+def test_advantages_with_an_ema_baseline_and_a_given_batch_std():
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    baseline = torch.tensor([0.3, 0.3, 0.6, 0.6])  # e.g. P: rows and A: rows with their tasks' averages
+    # An equal group is not zero here: it is compared with the running average, not with itself.
+    assert close(group_advantages(rewards, 2, "none", baseline=baseline), [0.7, -0.3, -0.1, -0.1])
+    assert close(group_advantages(rewards, 2, "batch", baseline=baseline, batch_std=0.5),
+                 [0.7 / (0.5 + 1e-6), -0.3 / (0.5 + 1e-6), -0.1 / (0.5 + 1e-6), -0.1 / (0.5 + 1e-6)])
+    with pytest.raises(ValueError, match="group-mean baseline"):
+        group_advantages(rewards, 2, "group", baseline=baseline)
+    # A batch std given by the caller (all ranks' rewards) replaces this batch's own.
+    assert close(group_advantages(rewards, 2, "batch", batch_std=0.25), [0.5 / 0.250001, -0.5 / 0.250001, 0, 0])
+    assert ema(None, 0.4, 0.9) == 0.4
+    assert ema(0.4, 1.0, 0.9) == pytest.approx(0.9 * 0.4 + 0.1 * 1.0)
+
+
+# -- which gradient each KL option gives, exactly, on a small vocabulary ---------------------------------------
+
+V = 5
+
+
+def _categoricals(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    theta = torch.randn(V, generator=g, dtype=torch.float64).requires_grad_(True)
+    ref = torch.randn(V, generator=g, dtype=torch.float64).log_softmax(-1)
+    return theta, ref
+
+
+def _expected_grad(theta, per_sample_loss):
+    """grad of E_{y ~ pi}[loss(y)] taken as a sampled loss would be (no gradient through the sampling
+    distribution): sum_y pi(y) grad loss(y), exactly, over the whole vocabulary."""
+    logp = theta.log_softmax(-1)
+    loss = (logp.exp().detach() * per_sample_loss(logp)).sum()
+    return torch.autograd.grad(loss, theta)[0]
+
+
+def _grad(theta, f):
+    return torch.autograd.grad(f(theta.log_softmax(-1)), theta)[0]
+
+
+def test_k2_and_k3_loss_terms_have_the_gradients_of_forward_and_reverse_kl():
+    theta, ref = _categoricals()
+    forward = lambda logp: (logp.exp() * (logp - ref)).sum()  # KL(pi || ref)  # noqa: E731
+    reverse = lambda logp: (ref.exp() * (ref - logp)).sum()  # KL(ref || pi)  # noqa: E731
+    refs = ref.expand(V)
+    g_k2 = _expected_grad(theta, lambda logp: kl_estimate(logp, refs, "k2"))
+    g_k3 = _expected_grad(theta, lambda logp: kl_estimate(logp, refs, "k3"))
+    g_k1 = _expected_grad(theta, lambda logp: kl_estimate(logp, refs, "k1"))
+    torch.testing.assert_close(g_k2, _grad(theta, forward))
+    torch.testing.assert_close(g_k3, _grad(theta, reverse))
+    assert not torch.allclose(g_k3, _grad(theta, forward), atol=1e-3)  # the two directions do differ here
+    # k1 as a loss term does nothing in expectation: why it goes into the advantages instead.
+    torch.testing.assert_close(g_k1, torch.zeros(V, dtype=torch.float64))
+    # Each estimator's value is unbiased for KL(pi || ref) (k1, k3) or close to it (k2).
+    logp = theta.log_softmax(-1).detach()
+    for est in ("k1", "k3"):
+        assert float((logp.exp() * kl_estimate(logp, refs, est)).sum()) == pytest.approx(float(forward(logp)))
+
+
+def test_full_kl_values_and_gradients_in_each_direction():
+    theta, ref = _categoricals(1)
+
+    def by_hand(direction):
+        p, q = theta.softmax(-1), ref.exp()
+        forward = sum(p[i] * torch.log(p[i] / q[i]) for i in range(V))
+        reverse = sum(q[i] * torch.log(q[i] / p[i]) for i in range(V))
+        return {"forward": forward, "reverse": reverse, "symmetric": 0.5 * (forward + reverse)}[direction]
+
+    for direction in ("forward", "reverse", "symmetric"):
+        got = full_kl(theta.log_softmax(-1)[None], ref[None], direction)
+        want = by_hand(direction)
+        assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-12)
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), theta)[0], torch.autograd.grad(want, theta)[0])
+    with pytest.raises(ValueError):
+        full_kl(theta.log_softmax(-1)[None], ref[None], "sideways")
+
+
+def test_k1_in_the_advantages_gives_the_gradient_of_the_sequence_kl():
+    """Two-token sequences over a 3-token vocabulary, the second token's distribution depending on the first:
+    the exact expected policy gradient with advantages -beta x the k1 return-to-go (`penalty_to_go`) equals
+    -beta x grad KL(pi || ref) of whole sequences. Without the return-to-go (k1 of the token alone) it does not."""
+    g = torch.Generator().manual_seed(3)
+    v, beta = 3, 0.7
+    t1 = torch.randn(v, generator=g, dtype=torch.float64).requires_grad_(True)
+    t2 = torch.randn(v, v, generator=g, dtype=torch.float64).requires_grad_(True)
+    r1 = torch.randn(v, generator=g, dtype=torch.float64).log_softmax(-1)
+    r2 = torch.randn(v, v, generator=g, dtype=torch.float64).log_softmax(-1)
+
+    def expected_surrogate(to_go: bool):
+        lp1, lp2 = t1.log_softmax(-1), t2.log_softmax(-1)
+        total = 0.0
+        for a in range(v):
+            for b in range(v):
+                logp = torch.stack([lp1[a], lp2[a, b]])[None]  # [1 sequence, 2 tokens]
+                ref = torch.stack([r1[a], r2[a, b]])[None]
+                mask = torch.ones(1, 2, dtype=torch.bool)
+                k1 = kl_estimate(logp.detach(), ref, "k1")
+                adv = -beta * (penalty_to_go(k1, mask) if to_go else k1)
+                loss, _ = clipped_surrogate(logp, logp.detach(), adv)
+                total = total + (lp1[a] + lp2[a, b]).exp().detach() * loss.sum()
+        return torch.autograd.grad(total, (t1, t2))
+
+    lp1, lp2 = t1.log_softmax(-1), t2.log_softmax(-1)
+    seq_kl = sum((lp1[a] + lp2[a, b]).exp() * (lp1[a] + lp2[a, b] - r1[a] - r2[a, b])
+                 for a in range(v) for b in range(v))
+    want = torch.autograd.grad(beta * seq_kl, (t1, t2))
+    for got, w in zip(expected_surrogate(True), want):
+        torch.testing.assert_close(got, w)
+    assert not torch.allclose(expected_surrogate(False)[0], want[0], atol=1e-4)
+
+
+def test_penalty_to_go_by_hand():
+    penalty = torch.tensor([[1.0, 2.0, 3.0, 9.0], [0.5, -1.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    assert close(penalty_to_go(penalty, mask), [[6.0, 5.0, 3.0, 0.0], [-0.5, -1.0, 0.0, 0.0]])
+
+
+# -- GAE and the value loss ------------------------------------------------------------------------------------
+
+def test_gae_by_hand():
+    gamma, lam = 0.9, 0.8
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.0, 0.5, 0.0, 0.0]])  # the reward comes with the last token
+    values = torch.tensor([[0.5, 0.6, 0.7, 9.0], [0.2, 0.1, 9.0, 9.0]])  # 9: off the mask, must not matter
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    adv, ret = gae(rewards, values, mask, gamma, lam)
+    # Row 0: delta = (0 + .9*.6 - .5, 0 + .9*.7 - .6, 1 + 0 - .7) = (.04, .03, .3)
+    d = [0.04, 0.03, 0.3]
+    a2 = d[2]
+    a1 = d[1] + gamma * lam * a2
+    a0 = d[0] + gamma * lam * a1
+    # Row 1: delta = (0 + .9*.1 - .2, .5 - .1) = (-.11, .4)
+    b1 = 0.4
+    b0 = -0.11 + gamma * lam * b1
+    assert close(adv, [[a0, a1, a2, 0.0], [b0, b1, 0.0, 0.0]])
+    assert close(ret, [[a0 + 0.5, a1 + 0.6, a2 + 0.7, 0.0], [b0 + 0.2, b1 + 0.1, 0.0, 0.0]])
+    # gamma = lam = 1 and V = 0: every token's advantage is the return, the final reward.
+    adv, _ = gae(rewards, torch.zeros_like(values), mask, 1.0, 1.0)
+    assert close(adv, [[1.0, 1.0, 1.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
+
+
+def test_clipped_value_loss_values_and_gradients():
+    old = torch.tensor([0.0, 0.0, 0.0, 0.0])
+    ret = torch.tensor([1.0, 1.0, -1.0, 0.1])
+    v = torch.tensor([0.5, 0.1, 0.5, 0.3], requires_grad=True)
+    loss = value_loss(v, old, ret, clip=0.2)
+    # 0: unclipped (.5-1)^2=.25, clipped (.2-1)^2=.64 -> .64/2, and no gradient (the clipped branch won)
+    # 1: within the clip range: (.1-1)^2 = .81 both -> .405
+    # 2: (.5+1)^2 = 2.25 vs (.2+1)^2 = 1.44 -> 1.125, gradient of the unclipped branch: v - ret = 1.5
+    # 3: (.3-.1)^2 = .04 vs (.2-.1)^2 = .01 -> .02, gradient .2
+    assert close(loss, [0.32, 0.405, 1.125, 0.02])
+    loss.sum().backward()
+    assert close(v.grad, [0.0, -0.9, 1.5, 0.2])

@@ -271,6 +271,46 @@ def test_chunked_logprobs_equal_unchunked_with_gradients(monkeypatch):
     assert plain.entropy is None and torch.allclose(plain.logprobs, ref_logp, atol=1e-5)
 
 
+@pytest.mark.parametrize("direction", ["forward", "reverse", "symmetric"])
+def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(direction):
+    """`--kl-estimator full`: the KL over the whole vocabulary, made chunk by chunk beside the policy's
+    log-probs, equals a direct computation from both models' full logits, in value and gradient; the value
+    head reads the hidden state that predicts each token."""
+    from rookworld.value import ValueHead
+
+    ids, mask = _prompts(B=3, T=16, seed=2)
+    start, temperature = 9, 0.8
+    model_a, model_b = tiny_gpt(seed=4, scale=3.0), tiny_gpt(seed=4, scale=3.0)
+    reference = tiny_gpt(seed=6, scale=3.0).requires_grad_(False)
+    head_a, head_b = ValueHead(64), ValueHead(64)
+    with torch.no_grad():
+        for head in (head_a, head_b):
+            head.proj.weight.copy_(torch.linspace(-1, 1, 64))
+            head.proj.bias.fill_(0.3)
+
+    s = token_logprobs(model_a, ids, mask, start=start, chunk_size=4, temperature=temperature,
+                       reference=reference, kl_direction=direction, value_head=head_a)
+    logp = (model_b(ids, mask)[:, start - 1 : -1].float() / temperature).log_softmax(-1)
+    with torch.no_grad():
+        ref = (reference(ids, mask)[:, start - 1 : -1].float() / temperature).log_softmax(-1)
+    forward = (logp.exp() * (logp - ref)).sum(-1)
+    reverse = (ref.exp() * (ref - logp)).sum(-1)
+    want = {"forward": forward, "reverse": reverse, "symmetric": (forward + reverse) / 2}[direction]
+    values = head_b(model_b.trunk(ids, mask)[:, start - 1 : -1])
+    torch.testing.assert_close(s.kl, want, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(s.values, values, rtol=1e-4, atol=1e-6)
+    assert (s.kl > 0).all()
+
+    weights = torch.linspace(0.5, 1.5, s.kl.numel()).view_as(s.kl)
+    ((s.kl * weights).sum() + s.values.sum()).backward()
+    ((want * weights).sum() + values.sum()).backward()
+    for (name, pa), (_, pb) in zip(model_a.named_parameters(), model_b.named_parameters()):
+        assert pa.grad is not None and pa.grad.abs().sum() > 0, name
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-3, atol=1e-5, msg=name)
+    torch.testing.assert_close(head_a.proj.weight.grad, head_b.proj.weight.grad, rtol=1e-4, atol=1e-5)
+    assert all(p.grad is None for p in reference.parameters())
+
+
 def test_scoring_generated_completions_reproduces_policy_logprobs(tiny_model):
     ids, mask = _prompts(B=4, T=10, seed=11)
     out = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=1.3, seed=3, return_policy_logprobs=True)
@@ -327,15 +367,16 @@ def test_compiled_scores_match_eager_with_gradients(monkeypatch):
 
     monkeypatch.setattr(sampling, "_compile_failed", {})
     model = tiny_gpt(scale=3.0)
+    reference = tiny_gpt(seed=5, scale=3.0).requires_grad_(False)  # with the exact KL in the same pass
     ids, mask = _prompts(B=5, T=14, seed=4)
     results = []
     for compile in (False, True, True):  # the second compiled call reuses the graph with other chunk sizes
         model.zero_grad(set_to_none=True)
         chunk = 7 if len(results) < 2 else 11
         s = token_logprobs(model, ids, mask, start=6, chunk_size=chunk, temperature=0.9, return_entropy=True,
-                           compile=compile)
-        (s.logprobs.sum() + 0.1 * s.entropy.sum()).backward()
-        results.append((s.logprobs.detach(), s.entropy.detach(), model.lm_head.weight.grad.clone(),
+                           compile=compile, reference=reference, kl_direction="symmetric")
+        (s.logprobs.sum() + 0.1 * s.entropy.sum() + s.kl.sum()).backward()
+        results.append((s.logprobs.detach(), s.entropy.detach(), s.kl.detach(), model.lm_head.weight.grad.clone(),
                         model.transformer.h[0].attn.c_attn.weight.grad.clone()))
     assert "cpu" in sampling._compiled_scores and "cpu" not in sampling._compile_failed
     for got in results[1:]:

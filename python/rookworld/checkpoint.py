@@ -1,6 +1,7 @@
 """Checkpoints: the policy in the Hugging Face GPT-2 layout plus the trainer's state, written atomically.
 
     OUTPUT_DIR/checkpoints/step-000050/{config.json, model.safetensors, trainer_state.pt, train_config.json}
+                                       (+ one NAME.safetensors per extra module, e.g. the GAE value head)
     OUTPUT_DIR/checkpoints/latest        (the name of the newest complete checkpoint)
 
 A checkpoint is assembled in a temporary directory and renamed into place, and `latest` is replaced
@@ -56,8 +57,12 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict[str, Any], config: dict[str, Any],
-                    keep: int) -> Path:
-    """Writes checkpoint `step` and prunes all but the newest `keep`; returns its directory."""
+                    keep: int, modules: dict[str, torch.nn.Module] | None = None) -> Path:
+    """Writes checkpoint `step` and prunes all but the newest `keep`; returns its directory. `modules` are
+    trained beside the policy but not part of it: each goes to its own NAME.safetensors, so `model.safetensors`
+    stays a plain GPT-2."""
+    from safetensors.torch import save_file
+
     root = Path(output_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
@@ -66,6 +71,9 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict
     try:
         model.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)
+        for module_name, module in (modules or {}).items():
+            tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+            save_file(tensors, str(tmp / f"{module_name}.safetensors"))
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         if final.exists():  # saved again (e.g. the final step right after a periodic save)
             shutil.rmtree(final)
@@ -112,6 +120,19 @@ def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> di
         return torch.load(checkpoint / STATE_FILE, map_location=map_location, weights_only=False)
     except Exception as e:  # a truncated or foreign file
         raise CheckpointError(f"cannot read {checkpoint / STATE_FILE}: {e}") from None
+
+
+def load_module(checkpoint: Path, name: str, module: torch.nn.Module) -> None:
+    """Loads NAME.safetensors of a checkpoint into `module` (see `save_checkpoint`)."""
+    from safetensors.torch import load_file
+
+    path = checkpoint / f"{name}.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{checkpoint} has no {path.name}: it was saved by a run without it")
+    try:
+        module.load_state_dict(load_file(str(path), device=str(next(module.parameters()).device)))
+    except Exception as e:  # a truncated file, or one of another shape
+        raise CheckpointError(f"cannot load {path}: {e}") from None
 
 
 def load_config(checkpoint: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rookworld.grpo import AGGREGATIONS, KL_ESTIMATORS, STD_SCALINGS
+from rookworld.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, BASELINES, KL_DIRECTIONS, KL_ESTIMATORS, STD_SCALINGS
 from rookworld.rewards import SHAPINGS
 
 if sys.version_info >= (3, 11):
@@ -73,12 +73,28 @@ class TrainConfig:
     stockfish_cache: str | None = _f(None, "sqlite file that caches analyses across runs")
 
     # GRPO objective
-    std_scaling: str = _f("group", "advantage scaling: group std, batch std or none (Dr. GRPO)", choices=STD_SCALINGS)
+    advantage: str = _f("grpo", "grpo (group-relative, no critic) or gae (PPO: a value head on the policy's trunk, "
+                                "per-token advantages by GAE)", choices=ADVANTAGE_ESTIMATORS)
+    baseline: str = _f("group", "what a reward is compared with (grpo): its group's mean, or ema, a moving average "
+                                "of its task's reward over steps", choices=BASELINES)
+    ema_decay: float = _f(0.9, "decay of the --baseline ema average per step")
+    std_scaling: str = _f("auto", "advantage scaling: group std, batch std over all ranks (with gae: whitening), "
+                                  "none (Dr. GRPO), or auto (group with the group baseline, else batch)",
+                          choices=("auto", *STD_SCALINGS))
+    gamma: float = _f(1.0, "discount per token (--advantage gae)")
+    gae_lambda: float = _f(0.95, "GAE lambda (--advantage gae)")
+    vf_coef: float = _f(0.1, "weight of the value loss beside the policy loss (--advantage gae)")
+    value_clip: float = _f(0.2, "clip range of the value loss around the rollout's values (--advantage gae)")
+    value_lr: float = _f(1e-4, "peak learning rate of the value head (--advantage gae)")
     loss_aggregation: str = _f("token", "token (DAPO), sequence (GRPO) or constant (Dr. GRPO)", choices=AGGREGATIONS)
     clip_low: float = _f(0.2, "lower clip range of the importance ratio (1 - clip_low)")
     clip_high: float = _f(0.28, "upper clip range (1 + clip_high); above clip_low is clip-higher (DAPO)")
     beta: float = _f(0.04, "weight of the KL penalty to the frozen reference (0: no reference pass)")
-    kl_estimator: str = _f("k3", "KL estimator: k1, k2 or k3", choices=KL_ESTIMATORS)
+    kl_estimator: str = _f("k3", "KL to the reference: k1 (a per-token penalty folded into the advantages), k2 or "
+                                 "k3 (loss terms with the gradient of KL(policy||ref), resp. KL(ref||policy)), "
+                                 "full (exact over the vocabulary, see --kl-direction)", choices=KL_ESTIMATORS)
+    kl_direction: str = _f("forward", "direction of --kl-estimator full: forward KL(policy||ref), reverse "
+                                      "KL(ref||policy) or symmetric (their mean)", choices=KL_DIRECTIONS)
     beta_warmup_steps: int = _f(0, "ramp beta linearly from 0 over this many steps")
     kl_target: float | None = _f(None, "adapt beta toward this KL per token (default: fixed beta)")
     kl_horizon: int = _f(10, "steps over which the adaptive beta reacts")
@@ -129,6 +145,33 @@ class TrainConfig:
             v = getattr(self, name)
             need(v >= 0.0 and v == v, f"--{_flag(name)} must be >= 0, got {v}")
         need(self.lr > 0, "--lr must be > 0")
+        need(self.temperature > 0, "--temperature must be > 0 for training (the update's log-probs are taken at "
+                                   "the sampling temperature); greedy decoding is for evaluation")
+        if self.kl_target is not None:
+            need(self.beta > 0, "--kl-target adapts --beta from its starting value: give --beta > 0")
+            need(self.beta_warmup_steps == 0, "--kl-target and --beta-warmup-steps both set beta: use one of them")
+        need(self.kl_direction == "forward" or self.kl_estimator == "full",
+             "--kl-direction applies to --kl-estimator full only")
+        for name in ("gamma", "gae_lambda"):
+            v = getattr(self, name)
+            need(0.0 <= v <= 1.0, f"--{_flag(name)} must lie in [0, 1], got {v}")
+        need(0.0 <= self.ema_decay < 1.0, f"--ema-decay must lie in [0, 1), got {self.ema_decay}")
+        need(self.vf_coef >= 0, f"--vf-coef must be >= 0, got {self.vf_coef}")
+        need(self.value_clip > 0, f"--value-clip must be > 0, got {self.value_clip}")
+        need(self.value_lr > 0, f"--value-lr must be > 0, got {self.value_lr}")
+        if self.advantage == "gae":
+            need(self.baseline == "group", "--advantage gae has its own baseline (the value head): drop --baseline")
+        else:
+            for name in ("gamma", "gae_lambda", "vf_coef", "value_clip", "value_lr"):
+                need(getattr(self, name) == _default(name), f"--{_flag(name)} applies to --advantage gae only")
+        if self.baseline != "group":
+            need(self.std_scaling != "group", "--std-scaling group divides by each group's std, which is 0 for a "
+                                              "group without spread: use batch or none with --baseline ema")
+        else:
+            need(self.ema_decay == _default("ema_decay"), "--ema-decay applies to --baseline ema only")
+        if self.advantage == "gae":
+            need(self.std_scaling != "group", "--std-scaling group has no meaning for per-token GAE advantages: "
+                                              "use batch (whitening) or none")
         need(self.group_size >= 2, f"--group-size must be >= 2 (GRPO compares completions), got {self.group_size}")
         need(0.0 < self.top_p <= 1.0, f"--top-p must lie in (0, 1], got {self.top_p}")
         need(self.clip_low < 1.0, f"--clip-low must be < 1, got {self.clip_low}")
@@ -137,8 +180,10 @@ class TrainConfig:
         samples = self.prompts_per_step * self.group_size
         need(samples % self.minibatches == 0,
              f"prompts-per-step x group-size ({samples}) must split into --minibatches ({self.minibatches})")
-        for name, choices in (("reward_shaping", SHAPINGS), ("std_scaling", STD_SCALINGS),
+        for name, choices in (("reward_shaping", SHAPINGS), ("std_scaling", ("auto", *STD_SCALINGS)),
                               ("loss_aggregation", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS),
+                              ("kl_direction", KL_DIRECTIONS), ("baseline", BASELINES),
+                              ("advantage", ADVANTAGE_ESTIMATORS),
                               ("dtype", ("auto", "bf16", "fp32"))):
             v = getattr(self, name)
             need(v in choices, f"--{_flag(name)} must be one of {', '.join(choices)}, got {v!r}")
@@ -153,6 +198,13 @@ class TrainConfig:
             need(model.is_dir(), f"--model: no such model directory: {self.model}")
             need((model / "config.json").is_file(), f"--model: {self.model} has no config.json")
         return self
+
+    @property
+    def advantage_scaling(self) -> str:
+        """--std-scaling with auto resolved: group for GRPO's group baseline, batch otherwise."""
+        if self.std_scaling != "auto":
+            return self.std_scaling
+        return "group" if self.advantage == "grpo" and self.baseline == "group" else "batch"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -172,6 +224,10 @@ class TrainConfig:
             if v is not None and not _type_ok(f, v):
                 raise ConfigError(f"{source}: {f.name} = {v!r} is not a {_type_name(f)}")
         return cfg
+
+
+def _default(name: str) -> Any:
+    return TrainConfig.__dataclass_fields__[name].default
 
 
 def _flag(name: str) -> str:

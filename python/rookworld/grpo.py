@@ -1,6 +1,8 @@
 """The GRPO objective, as pure tensor functions (no model, no I/O), so each piece is testable by hand.
 
-Shapes: rewards and advantages are per completion [N]; log-probs, masks and losses per token [N, T].
+Shapes: rewards are per completion [N]; log-probs, masks, advantages, values and losses per token [N, T].
+Completions of one prompt are consecutive (a group). Which gradient each KL option gives is worked out in
+the README ("The KL leash"); the tests check it exactly on a small vocabulary.
 """
 
 from __future__ import annotations
@@ -8,39 +10,67 @@ from __future__ import annotations
 import torch
 
 STD_SCALINGS = ("group", "batch", "none")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+BASELINES = ("group", "ema")
+ADVANTAGE_ESTIMATORS = ("grpo", "gae")
+KL_ESTIMATORS = ("k1", "k2", "k3", "full")
+KL_DIRECTIONS = ("forward", "reverse", "symmetric")
 AGGREGATIONS = ("token", "sequence", "constant")
 
+#: Rewards closer than this are equal: a group whose rewards all lie within it has no spread. The scorer's
+#: rewards are sums of a few weighted terms in [-0.3, 1]; differences below this are rounding, not signal.
+SPREAD_TOL = 1e-6
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-6) -> torch.Tensor:
-    """Reward minus its group's mean, divided by the group's std (``group``), the whole batch's std
-    (``batch``) or nothing (``none``, Dr. GRPO). Completions of one prompt are consecutive."""
+
+def group_has_spread(rewards: torch.Tensor, group_size: int, tol: float = SPREAD_TOL) -> torch.Tensor:
+    """Per completion: whether its group's rewards differ at all (a group without spread teaches nothing)."""
+    groups = rewards.double().view(-1, group_size)
+    spread = (groups.max(dim=1).values - groups.min(dim=1).values) > tol
+    return spread.repeat_interleave(group_size)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-6, *,
+                     baseline: torch.Tensor | None = None, batch_std: float | None = None) -> torch.Tensor:
+    """Per-completion advantages [N]: reward minus a baseline, divided by a std.
+
+    The baseline is the group's mean (GRPO) or, when given, ``baseline`` [N] (e.g. a running mean of each
+    task's reward). The std is the group's (``group``), the whole batch's (``batch``; ``batch_std`` when the
+    batch spans several ranks) or none (``none``, Dr. GRPO). With the group mean, a group without spread gets
+    exactly zero: in float32 its mean can differ from its equal rewards by ~1e-8, and divided by a std that is
+    as tiny that becomes random-sign noise of order 0.1.
+    """
     if scale not in STD_SCALINGS:
         raise ValueError(f"std scaling must be one of {STD_SCALINGS}, got {scale!r}")
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    groups = rewards.float().view(-1, group_size)
-    centred = groups - groups.mean(dim=1, keepdim=True)
+    r = rewards.double()
+    groups = r.view(-1, group_size)
+    if baseline is None:
+        spread = group_has_spread(r, group_size).view(-1, group_size)
+        centred = torch.where(spread, groups - groups.mean(dim=1, keepdim=True), 0.0)
+    else:
+        if scale == "group":
+            raise ValueError("group std scaling needs the group-mean baseline (a group without spread has std 0)")
+        centred = (r - baseline.double().view(-1)).view(-1, group_size)
     if scale == "group":
-        # A group whose rewards do not vary has std 0 and advantages exactly 0.
         centred = centred / (groups.std(dim=1, keepdim=True, unbiased=False) + eps)
     elif scale == "batch":
-        centred = centred / (rewards.float().std(unbiased=False) + eps)
-    return centred.view(-1)
+        std = float(r.std(unbiased=False)) if batch_std is None else batch_std
+        centred = centred / (std + eps)
+    return centred.view(-1).float()
 
 
-def group_has_spread(rewards: torch.Tensor, group_size: int, tol: float = 1e-9) -> torch.Tensor:
-    """Per completion: whether its group's rewards differ at all (a group without spread teaches nothing)."""
-    groups = rewards.float().view(-1, group_size)
-    spread = (groups.max(dim=1).values - groups.min(dim=1).values) > tol
-    return spread.repeat_interleave(group_size)
+def ema(previous: float | None, value: float, decay: float) -> float:
+    """Exponential moving average; the first value starts it."""
+    return value if previous is None else decay * previous + (1.0 - decay) * value
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from samples of the policy (Schulman's k1, k2, k3).
 
     With r = ref - policy log-probs: k1 = -r (unbiased, can be negative), k2 = r^2 / 2, k3 = e^r - 1 - r
-    (unbiased and never negative).
+    (unbiased and never negative). As loss terms their gradients differ (README): k2's is that of
+    KL(policy || reference), k3's that of KL(reference || policy), and k1's is zero in expectation, which is
+    why the trainer folds k1 into the advantages instead (`penalty_to_go`).
     """
     r = ref_logprobs - logprobs
     if estimator == "k1":
@@ -50,13 +80,74 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
     if estimator == "k3":
         # Clamped so a token the reference finds impossible cannot overflow the exponential.
         return torch.exp(r.clamp(max=20.0)) - 1.0 - r
-    raise ValueError(f"KL estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    raise ValueError(f"sampled KL estimator must be one of k1, k2, k3, got {estimator!r}")
+
+
+def full_kl(logp: torch.Tensor, ref_logp: torch.Tensor, direction: str = "forward") -> torch.Tensor:
+    """Exact KL per row between two log-softmaxed distributions over the vocabulary [n, V] -> [n]:
+    ``forward`` KL(policy || reference), ``reverse`` KL(reference || policy), ``symmetric`` their mean."""
+    if direction not in KL_DIRECTIONS:
+        raise ValueError(f"KL direction must be one of {KL_DIRECTIONS}, got {direction!r}")
+    forward = reverse = None
+    if direction != "reverse":
+        forward = (logp.exp() * (logp - ref_logp)).sum(-1)
+    if direction != "forward":
+        reverse = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
+    if forward is None:
+        return reverse
+    if reverse is None:
+        return forward
+    return 0.5 * (forward + reverse)
+
+
+def penalty_to_go(penalty: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum over t' >= t of penalty[:, t'] on each row's tokens: the return, from token t on, of a per-token
+    reward -penalty (undiscounted). Subtracted from the advantages of a policy gradient, beta x this makes the
+    expected gradient that of beta x the sequence's KL, with k1 as the penalty (PPO-RLHF's KL-in-reward)."""
+    p = penalty * mask.to(penalty.dtype)
+    return p.flip(-1).cumsum(-1).flip(-1) * mask.to(penalty.dtype)
+
+
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over each row's tokens (a prefix of the row, as `mask` says).
+
+    delta_t = r_t + gamma V_{t+1} - V_t with V = 0 after a row's last token; A_t = sum_k (gamma lam)^k delta_{t+k};
+    returns (the value targets) = A + V. Returns (advantages, returns), 0 off the mask."""
+    m = mask.to(values.dtype)
+    r, v = token_rewards * m, values * m
+    T = v.shape[-1]
+    adv = torch.zeros_like(v)
+    running = torch.zeros_like(v[..., 0])
+    for t in reversed(range(T)):
+        next_v = v[..., t + 1] if t + 1 < T else torch.zeros_like(running)
+        delta = r[..., t] + gamma * next_v - v[..., t]
+        running = (delta + gamma * lam * running) * m[..., t]
+        adv[..., t] = running
+    return adv, (adv + v) * m
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
+    """Per-token clipped value loss (PPO): 0.5 max((V - R)^2, (V_old + clip(V - V_old, +-clip) - R)^2)."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float | None:
+    """1 - Var(R - V) / Var(R) over the masked tokens: 1 for a perfect critic, 0 for a constant one."""
+    m = mask.bool()
+    if int(m.sum()) < 2:
+        return None
+    ret, v = returns[m].double(), values[m].double()
+    var = ret.var(unbiased=False)
+    return None if var <= 0 else float(1.0 - (ret - v).var(unbiased=False) / var)
 
 
 def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                       clip_low: float = 0.2, clip_high: float = 0.28) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token policy-gradient loss -min(rho A, clip(rho, 1 - low, 1 + high) A) and whether each token
-    was clipped. A higher upper bound (clip-higher, DAPO) lets unlikely tokens with positive advantage grow."""
+    was clipped. A higher upper bound (clip-higher, DAPO) lets unlikely tokens with positive advantage grow.
+    Advantages are per sequence [N] or per token [N, T]."""
     ratio = torch.exp(logprobs - old_logprobs)
     adv = advantages.unsqueeze(-1) if advantages.dim() == logprobs.dim() - 1 else advantages
     unclipped = ratio * adv
@@ -75,7 +166,8 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token", *
     ``constant`` (Dr. GRPO): sum / (sequences x max_tokens), free of length bias.
 
     When a minibatch is split into micro-batches, pass the whole minibatch's ``total_tokens`` /
-    ``total_sequences`` so that the micro-batch losses add up to the minibatch loss.
+    ``total_sequences`` so that the micro-batch losses add up to the minibatch loss (under DDP, which averages
+    the ranks' gradients, the global token count divided by the number of ranks).
     """
     mask = mask.to(per_token.dtype)
     masked = per_token * mask

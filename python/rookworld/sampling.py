@@ -11,8 +11,10 @@ Log-probs come in two flavours, because GRPO needs both:
   from, i.e. after temperature, top-k and top-p (0 for greedy decoding, a point mass). Use these for importance
   ratios against the sampler, or to check the sampler.
 - `GenerationOutput.policy_logprobs` (return_policy_logprobs=True): log-softmax of the raw logits at
-  temperature 1 over the full vocabulary, the policy's own log-prob, which is what the GRPO ratio and KL use.
-  `token_logprobs` recomputes the same quantity with gradients (and without the cache's bf16 rounding).
+  temperature 1 over the full vocabulary, the untempered policy's own log-prob.
+The trainer uses neither for its ratio and KL: it recomputes log-probs with `token_logprobs` at the sampling
+temperature over the full vocabulary (the distribution the policy gradient is taken for), with gradients and
+without the cache's bf16 rounding.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from rookworld.grpo import full_kl
 from rookworld.model import GPT, KVCache
 
 EOS_ID = 50256
@@ -54,7 +57,9 @@ class GenerationOutput:
 @dataclass
 class TokenScores:
     logprobs: torch.Tensor  # [B, N] float32
-    entropy: torch.Tensor | None  # [B, N] float32, if requested
+    entropy: torch.Tensor | None = None  # [B, N] float32, if requested
+    kl: torch.Tensor | None = None  # [B, N] float32: exact KL to the reference over the vocabulary, if one is given
+    values: torch.Tensor | None = None  # [B, N] float32: the value head's estimate before each token, if given
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -339,18 +344,31 @@ def generate(
 
 
 def _chunk_scores(
-    hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, temperature: float, with_entropy: bool
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    weight: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    ref_hidden: torch.Tensor | None = None,
+    ref_weight: torch.Tensor | None = None,
+    kl_direction: str = "forward",
 ) -> tuple[torch.Tensor, ...]:
+    """(log-prob, [entropy], [KL to the reference]) of each position of one chunk."""
     logits = F.linear(hidden, weight).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_z = logits.logsumexp(-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
-    if not with_entropy:
-        return (logp,)
-    probs = (logits - log_z.unsqueeze(-1)).exp()
-    entropy = log_z - (probs * logits).sum(-1)
-    return logp, entropy
+    out = [logp]
+    if with_entropy:
+        probs = (logits - log_z.unsqueeze(-1)).exp()
+        out.append(log_z - (probs * logits).sum(-1))
+    if ref_hidden is not None:
+        ref_logits = F.linear(ref_hidden, ref_weight).float()
+        if temperature != 1.0:
+            ref_logits = ref_logits / temperature
+        out.append(full_kl(logits - log_z.unsqueeze(-1), ref_logits.log_softmax(-1), kl_direction))
+    return tuple(out)
 
 
 _compiled_scores: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {}
@@ -377,6 +395,9 @@ def token_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     compile: bool = False,
+    reference: GPT | None = None,
+    kl_direction: str = "forward",
+    value_head: torch.nn.Module | None = None,
 ) -> TokenScores:
     """log p(input_ids[:, t] | input_ids[:, :t]) for t in [start, T): logprobs [B, T - start], differentiable.
 
@@ -386,6 +407,10 @@ def token_logprobs(
     is checkpointed: backward recomputes its logits instead of keeping them (peak: one chunk of logits).
     Entropy (optional) is that of the same, temperature-scaled, distribution. Autocast, if any, is the caller's.
     compile: run the per-chunk log-softmax through torch.compile (a warning and eager if compiling fails).
+    reference: also the exact KL to this (frozen) model's tempered distribution at each position, summed over
+    the vocabulary (`rookworld.grpo.full_kl`, in `kl_direction`); its logits are made chunk by chunk beside the
+    policy's, so they too never exist whole.
+    value_head: also its value of the hidden state that predicts each token (the state before the token).
     """
     B, T = input_ids.shape
     if not 1 <= start < T:
@@ -395,18 +420,26 @@ def token_logprobs(
     hidden = hidden.reshape(B * N, -1)
     targets = input_ids[:, start:].reshape(B * N)
     weight = model.lm_head.weight
+    ref_hidden = ref_weight = None
+    if reference is not None:
+        with torch.no_grad():
+            ref_hidden = reference.trunk(input_ids, attention_mask)[:, start - 1 : T - 1].reshape(B * N, -1)
+        ref_weight = reference.lm_head.weight.detach()
     differentiable = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     scores = _scores_fn(hidden.device.type, compile)
-    logps, entropies = [], []
+    parts: list[list[torch.Tensor]] = []
     for i in range(0, B * N, chunk_size):
-        args = (hidden[i : i + chunk_size], targets[i : i + chunk_size], weight, temperature, return_entropy)
+        chunk = slice(i, i + chunk_size)
+        args = (hidden[chunk], targets[chunk], weight, temperature, return_entropy,
+                None if ref_hidden is None else ref_hidden[chunk], ref_weight, kl_direction)
         out, scores = _run_or_fall_back(scores, _chunk_scores, hidden.device.type, *args, checkpointed=differentiable)
-        logps.append(out[0])
-        if return_entropy:
-            entropies.append(out[1])
-    logprobs = torch.cat(logps).view(B, N)
-    entropy = torch.cat(entropies).view(B, N) if return_entropy else None
-    return TokenScores(logprobs=logprobs, entropy=entropy)
+        parts.append(list(out))
+    columns = [torch.cat(c).view(B, N) for c in zip(*parts)]
+    logprobs = columns.pop(0)
+    entropy = columns.pop(0) if return_entropy else None
+    kl = columns.pop(0) if reference is not None else None
+    values = value_head(hidden).float().view(B, N) if value_head is not None else None
+    return TokenScores(logprobs=logprobs, entropy=entropy, kl=kl, values=values)
 
 
 def score_completions(

@@ -38,7 +38,7 @@ from torch import nn
 from rookworld import chess, checkpoint
 from rookworld.config import ConfigError, TrainConfig
 from rookworld.data import Record, assign_moves, read_records
-from rookworld.grpo import aggregate, clipped_surrogate, group_advantages, group_has_spread, kl_estimate
+from rookworld import grpo
 from rookworld.runlog import RunLog
 from rookworld.sampling import PAD_ID, GenerationOutput, generate, release_caches, token_logprobs
 from rookworld.tokenizer import Tokenizer, get_tokenizer
@@ -192,17 +192,20 @@ def init_distributed(device_kind: str) -> DistInfo:
     return info
 
 
-class _LogProbs(nn.Module):
-    """`token_logprobs` behind a forward(), so DDP's hooks see the parameters it uses."""
+class _Scores(nn.Module):
+    """`token_logprobs` (and the value head, if any) behind a forward(), so DDP's hooks see every parameter
+    the update uses. The frozen reference comes as an argument: it is not trained, so DDP must not own it."""
 
-    def __init__(self, model: nn.Module, compile: bool = False):
+    def __init__(self, model: nn.Module, value_head: nn.Module | None = None, compile: bool = False):
         super().__init__()
-        self.model, self.compile = model, compile
+        self.model, self.value_head, self.compile = model, value_head, compile
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, temperature: float):
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, temperature: float,
+                reference: nn.Module | None = None, kl_direction: str = "forward"):
         s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=True,
-                           compile=self.compile)
-        return s.logprobs, s.entropy
+                           compile=self.compile, reference=reference, kl_direction=kl_direction,
+                           value_head=self.value_head)
+        return s.logprobs, s.entropy, s.kl, s.values
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -216,6 +219,19 @@ class MicroBatch:
     rows: np.ndarray  # indices into the rollout
     left: int  # leading columns that are padding in every row (prompts are left-padded), skipped
     width: int  # completion columns kept: up to the end of the longest completion among the rows
+
+
+@dataclass
+class _UpdateSums:
+    """What the update adds up for the step's metrics (device scalars until the one sync at the end)."""
+
+    sums: dict[str, torch.Tensor]
+    kl_parts: list[tuple[torch.Tensor, torch.Tensor]]  # (KL, usable-token mask) of every micro-batch, every epoch
+    grad_norms: list[torch.Tensor]
+    slots: int  # token slots the update's passes computed, padding included
+    real: int  # of which real tokens
+    skipped: int  # minibatches without a usable token: no optimizer step
+    done: int  # optimizer steps taken
 
 
 def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np.ndarray, prompt_width: int,
@@ -313,27 +329,41 @@ class Trainer:
         self.reference = reference.to(self.device).eval().requires_grad_(False) if reference is not None else None
 
         self.compile = cfg.compile and kind == "cuda"
-        self.logprobs = _LogProbs(self.policy, self.compile)
+        self.value_head = None
+        if cfg.advantage == "gae":
+            from rookworld.value import ValueHead
+
+            torch.manual_seed(cfg.seed)
+            self.value_head = ValueHead(self.policy.config.n_embd).to(self.device)
+        self.scores = _Scores(self.policy, self.value_head, self.compile)
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            self.logprobs = DDP(self.logprobs, device_ids=[self.device.index] if kind == "cuda" else None)
+            self.scores = DDP(self.scores, device_ids=[self.device.index] if kind == "cuda" else None)
 
         decay = [p for p in self.policy.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.policy.parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=(0.9, 0.95), fused=kind == "cuda")
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if self.value_head is not None:
+            groups.append({"params": list(self.value_head.parameters()), "weight_decay": 0.0, "lr": cfg.value_lr})
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=kind == "cuda")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
 
         self.step = 0
         self.beta = cfg.beta
         self.best_reward = -math.inf
+        #: --baseline ema: each task's moving average reward, by task name.
+        self.baselines: dict[str, float] = {}
         if self.resume_from is not None:
             state = checkpoint.load_state(self.resume_from)
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.step, self.beta, self.best_reward = state["step"], state["beta"], state["best_reward"]
+            self.baselines = dict(state.get("baselines", {}))
+            if self.value_head is not None:
+                from rookworld.value import VALUE_HEAD_NAME
+
+                checkpoint.load_module(self.resume_from, VALUE_HEAD_NAME, self.value_head)
             checkpoint.set_rng_state(state["rng"])
 
         self.pool = None
@@ -404,20 +434,28 @@ class Trainer:
             lengths[index], stopped[index] = o.lengths, o.stopped
         return GenerationOutput(tokens, mask, logprobs, None, lengths, stopped)
 
-    def _rollout_logprobs(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,
-                          batches: list[MicroBatch]) -> torch.Tensor:
-        """Completion log-probs [n, N] of every row (0 past each micro-batch's width), without gradients."""
-        out = torch.zeros(ids.shape[0], ids.shape[1] - prompt_width, device=ids.device)
+    def _unwrapped_scores(self) -> _Scores:
+        return getattr(self.scores, "module", self.scores)
+
+    def _rollout_scores(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,
+                        batches: list[MicroBatch], values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Completion log-probs [n, N] of every row under `model` and, with `values`, the value head's values
+        [n, N], without gradients (0 past each micro-batch's width)."""
+        lp = torch.zeros(ids.shape[0], ids.shape[1] - prompt_width, device=ids.device)
+        vals = torch.zeros_like(lp) if values else None
         for b in batches:
             rows, cols = torch.from_numpy(b.rows).to(ids.device), slice(b.left, prompt_width + b.width)
             with self._autocast():
                 s = token_logprobs(model, ids[rows, cols], mask[rows, cols], start=prompt_width - b.left,
-                                   temperature=self.cfg.temperature, compile=self.compile)
-            out[rows, : b.width] = s.logprobs.float()
-        return out
+                                   temperature=self.cfg.temperature, compile=self.compile,
+                                   value_head=self.value_head if values else None)
+            lp[rows, : b.width] = s.logprobs.float()
+            if vals is not None:
+                vals[rows, : b.width] = s.values.float()
+        return lp, vals
 
     def _beta_now(self) -> float:
-        if self.cfg.beta_warmup_steps and self.cfg.kl_target is None:
+        if self.cfg.beta_warmup_steps:
             return self.beta * min(1.0, (self.step + 1) / self.cfg.beta_warmup_steps)
         return self.beta
 
@@ -442,7 +480,65 @@ class Trainer:
         dist.all_gather(parts, x.contiguous())
         return torch.cat(parts)
 
+    def _moments(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+        """(count, mean, population variance) of x where mask holds, over all ranks (float64)."""
+        v = x[mask.bool()].double()
+        n, s, ss = self._all_sum([float(v.numel()), float(v.sum()), float((v * v).sum())])
+        if n == 0:
+            return 0.0, 0.0, 0.0
+        mean = s / n
+        return n, mean, max(ss / n - mean * mean, 0.0)
+
     # -- one GRPO step ------------------------------------------------------------------------------------
+
+    def _completion_advantages(self, rewards: torch.Tensor, valid: torch.Tensor, tasks: np.ndarray
+                               ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """GRPO's per-completion advantages [n] (the batch std and the EMA baselines span all ranks)."""
+        cfg, scale = self.cfg, self.cfg.advantage_scaling
+        batch_std = math.sqrt(self._moments(rewards, valid)[2]) if scale == "batch" else None
+        if cfg.baseline == "group":
+            return grpo.group_advantages(rewards, cfg.group_size, scale, batch_std=batch_std), {}
+        keys = np.array([t if t in ("P", "A") else "other" for t in tasks])
+        baseline = torch.zeros_like(rewards, dtype=torch.float64)
+        info = {}
+        for key in ("P", "A", "other"):
+            rows = torch.from_numpy(keys == key).to(self.device) & valid
+            n, total = self._all_sum([float(rows.sum()), float(rewards[rows].double().sum())])
+            if n == 0:
+                continue
+            # The baseline is the average of earlier steps (a first step has only its own mean), so it does not
+            # depend on this step's samples; this step's mean updates it afterwards.
+            value = self.baselines.get(key, total / n)
+            baseline[rows] = value
+            info[f"baseline/{key}"] = value
+            self.baselines[key] = grpo.ema(self.baselines.get(key), total / n, cfg.ema_decay)
+        return grpo.group_advantages(rewards, cfg.group_size, scale, baseline=baseline, batch_std=batch_std), info
+
+    def _token_advantages(self, advantages: torch.Tensor | None, rewards: torch.Tensor, out: GenerationOutput,
+                          loss_mask: torch.Tensor, beta: float, ref_lp: torch.Tensor | None,
+                          old_lp: torch.Tensor | None, old_values: torch.Tensor | None
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token advantages [n, N] and, for GAE, the value targets.
+
+        k1's KL is a per-token reward -beta k1 (the sampling policy's log-probs against the reference's): its
+        return-to-go is subtracted from GRPO's advantages, or enters GAE with the task reward (PPO-RLHF)."""
+        cfg, cm = self.cfg, out.mask.float()
+        penalty = None
+        if cfg.kl_estimator == "k1" and beta > 0 and ref_lp is not None:
+            penalty = beta * grpo.kl_estimate(old_lp, ref_lp, "k1") * cm
+        if cfg.advantage == "grpo":
+            per_token = advantages[:, None] * cm
+            return (per_token if penalty is None else per_token - grpo.penalty_to_go(penalty, cm)), None
+        token_rewards = torch.zeros_like(cm)
+        lengths = out.lengths.clamp(min=1)
+        token_rewards[torch.arange(len(lengths), device=self.device), lengths - 1] = rewards.float()
+        if penalty is not None:
+            token_rewards = token_rewards - penalty
+        per_token, returns = grpo.gae(token_rewards * cm, old_values, cm, cfg.gamma, cfg.gae_lambda)
+        if cfg.advantage_scaling == "batch":  # PPO's whitening, over every rank's tokens
+            _, mean, var = self._moments(per_token, loss_mask)
+            per_token = (per_token - mean) / (math.sqrt(var) + 1e-6) * cm
+        return per_token, returns
 
     def train_step(self) -> dict[str, Any]:
         cfg, step, G = self.cfg, self.step, self.cfg.group_size
@@ -459,7 +555,8 @@ class Trainer:
         ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
         gen = torch.Generator(device=self.device).manual_seed(_seed_of(cfg.seed, step, self.dist.rank))
         prompt_lens = pmask.sum(1).cpu().numpy()
-        out = self._sample(ids, pmask, prompt_lens, np.repeat([p.task for p in prompts], G), gen)
+        tasks = np.repeat([p.task for p in prompts], G)
+        out = self._sample(ids, pmask, prompt_lens, tasks, gen)
         self._sync()
         t_gen = time.perf_counter()
 
@@ -467,75 +564,94 @@ class Trainer:
         completions = self.tokenizer.decode_batch(out.tokens, out.mask)
         expanded = [p for p in prompts for _ in range(G)]
         scored = self.reward_fn(expanded, completions)
-        rewards = torch.tensor(np.asarray(scored.rewards, dtype=np.float32), device=self.device)
-        advantages = group_advantages(rewards, G, cfg.std_scaling)
-        spread = group_has_spread(rewards, G)
-        loss_mask = out.mask.clone()
-        valid = np.ones(len(completions), dtype=bool) if scored.valid is None else np.asarray(scored.valid, bool)
-        if not valid.all():
-            # Whole groups (one prompt, one position) without ground truth: zero advantage, no loss.
-            loss_mask &= torch.tensor(valid, device=self.device).unsqueeze(1)
-            self.log.warn("unscored", step + 1, f"{int((~valid).sum()) // G} prompt(s) could not be scored "
+        rewards = torch.tensor(np.asarray(scored.rewards, dtype=np.float64), device=self.device)
+        valid_np = np.ones(len(completions), dtype=bool) if scored.valid is None else np.asarray(scored.valid, bool)
+        valid = torch.from_numpy(valid_np).to(self.device)
+        spread = grpo.group_has_spread(rewards, G)
+        loss_mask = out.mask & valid.unsqueeze(1)  # a group without ground truth: no loss
+        if not valid_np.all():
+            self.log.warn("unscored", step + 1, f"{int((~valid_np).sum()) // G} prompt(s) could not be scored "
                                                 "(Stockfish failed after retries) and were left out of this step")
         if cfg.mask_truncated:
             loss_mask &= out.stopped.unsqueeze(1)
         if cfg.drop_zero_spread:
             loss_mask &= spread.unsqueeze(1)
+        advantages, extra = (self._completion_advantages(rewards, valid, tasks) if cfg.advantage == "grpo"
+                             else (None, {}))
         t_reward = time.perf_counter()
 
-        # 3. Reference and sampling-policy log-probs, once per rollout.
+        # 3. Reference and sampling-policy log-probs (and values), once per rollout.
         full_ids = torch.cat([ids, out.tokens], dim=1)
         full_mask = torch.cat([pmask, out.mask], dim=1)
         P = ids.shape[1]
         completion_lens = out.lengths.cpu().numpy()
         split = lambda rows: micro_batches(rows, prompt_lens, completion_lens, P, cfg.micro_batch_size)  # noqa: E731
         rollout_batches = split(np.arange(full_ids.shape[0]))
+        beta = self._beta_now()
+        full_kl = cfg.kl_estimator == "full" and self.reference is not None
         with torch.no_grad():
-            ref_lp = (self._rollout_logprobs(self.reference, full_ids, full_mask, P, rollout_batches)
-                      if self.reference else None)
-            moves_within_step = cfg.mu > 1 or cfg.minibatches > 1
-            old_lp = (self._rollout_logprobs(self.policy, full_ids, full_mask, P, rollout_batches)
-                      if moves_within_step else None)
+            ref_lp = (self._rollout_scores(self.reference, full_ids, full_mask, P, rollout_batches)[0]
+                      if self.reference is not None and not full_kl else None)
+            k1_penalty = cfg.kl_estimator == "k1" and beta > 0 and ref_lp is not None
+            old_lp = old_values = None
+            if cfg.mu > 1 or cfg.minibatches > 1 or k1_penalty or self.value_head is not None:
+                old_lp, old_values = self._rollout_scores(self.policy, full_ids, full_mask, P, rollout_batches,
+                                                          values=self.value_head is not None)
+            token_adv, returns = self._token_advantages(advantages, rewards, out, loss_mask, beta, ref_lp, old_lp,
+                                                        old_values)
         self._sync()
         t_ref = time.perf_counter()
 
         # 4. Updates.
-        beta = self._beta_now()
         n = full_ids.shape[0]
         # Running sums stay on the device: a host sync per micro-batch would stall the GPU between them.
         zero = lambda: torch.zeros((), dtype=torch.float64, device=self.device)  # noqa: E731
-        sums = {k: zero() for k in ("kl", "clipped", "entropy", "tokens", "loss")}
-        slots = real = 0
+        sums = {k: zero() for k in ("kl", "clipped", "entropy", "tokens", "loss", "value_loss")}
+        slots = real = skipped = 0
         kl_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         grad_norms = []
         for epoch in range(cfg.mu):
             order = torch.randperm(n, generator=torch.Generator().manual_seed(_seed_of(cfg.seed, step, epoch)))
             for mb in order.chunk(cfg.minibatches):
-                mb_tokens = float(loss_mask[mb.to(self.device)].sum())
+                # The token mean is over every rank's tokens: DDP averages the ranks' gradients, so each rank
+                # divides its sum by the global count over the number of ranks.
+                mb_tokens = self._all_sum([float(loss_mask[mb.to(self.device)].sum())])[0]
+                if mb_tokens == 0:  # nothing to learn from: no step, or AdamW's momentum would move the weights
+                    skipped += 1
+                    continue
                 self.optimizer.zero_grad(set_to_none=True)
                 # Gradients add up over micro-batches, so their order and make-up within the minibatch are free.
                 micro = split(mb.numpy())
                 for j, b in enumerate(micro):
                     sync = j == len(micro) - 1
-                    ctx = self.logprobs.no_sync() if self.dist.enabled and not sync else contextlib.nullcontext()
+                    ctx = self.scores.no_sync() if self.dist.enabled and not sync else contextlib.nullcontext()
                     mi, W = torch.from_numpy(b.rows).to(self.device), b.width
                     cols = slice(b.left, P + W)
                     with ctx:
                         with self._autocast():
-                            lp, entropy = self.logprobs(full_ids[mi, cols], full_mask[mi, cols], P - b.left,
-                                                        cfg.temperature)
+                            lp, entropy, kl, values = self.scores(
+                                full_ids[mi, cols], full_mask[mi, cols], P - b.left, cfg.temperature,
+                                self.reference if full_kl else None, cfg.kl_direction)
                         lp, entropy = lp.float(), entropy.float()
                         m = loss_mask[mi, :W]
                         old = old_lp[mi, :W] if old_lp is not None else lp.detach()
-                        per_token, clipped = clipped_surrogate(lp, old, advantages[mi], cfg.clip_low, cfg.clip_high)
+                        per_token, clipped = grpo.clipped_surrogate(lp, old, token_adv[mi, :W], cfg.clip_low,
+                                                                    cfg.clip_high)
                         if ref_lp is not None:
-                            kl = kl_estimate(lp, ref_lp[mi, :W], cfg.kl_estimator)
-                            if beta > 0:
+                            kl = grpo.kl_estimate(lp, ref_lp[mi, :W], cfg.kl_estimator)
+                        if kl is not None:
+                            kl = kl.float()
+                            if beta > 0 and cfg.kl_estimator != "k1":  # k1 is in the advantages already
                                 per_token = per_token + beta * kl
                         if cfg.entropy_coef > 0:
                             per_token = per_token - cfg.entropy_coef * entropy
-                        loss = aggregate(per_token, m, cfg.loss_aggregation, max_tokens=cfg.max_new_tokens,
-                                         total_tokens=max(mb_tokens, 1.0), total_sequences=float(len(mb)))
+                        if values is not None:
+                            v_loss = grpo.value_loss(values.float(), old_values[mi, :W], returns[mi, :W],
+                                                     cfg.value_clip)
+                            per_token = per_token + cfg.vf_coef * v_loss
+                        loss = grpo.aggregate(per_token, m, cfg.loss_aggregation, max_tokens=cfg.max_new_tokens,
+                                              total_tokens=mb_tokens / self.dist.world,
+                                              total_sequences=float(len(mb)))
                         loss.backward()
                     with torch.no_grad():
                         mf = m.float()
@@ -543,13 +659,14 @@ class Trainer:
                         sums["tokens"] += mf.sum()
                         sums["clipped"] += (clipped.float() * mf).sum()
                         sums["entropy"] += (entropy * mf).sum()
-                        if ref_lp is not None:
+                        if kl is not None:
                             sums["kl"] += (kl * mf).sum()
-                            if epoch == 0:
-                                kl_parts.append((kl.detach(), m))
+                            kl_parts.append((kl.detach(), m))
+                        if values is not None:
+                            sums["value_loss"] += (v_loss.detach() * mf).sum()
                     slots += len(b.rows) * (P - b.left + W)
                     real += int(prompt_lens[b.rows].sum() + completion_lens[b.rows].sum())
-                params = [p for p in self.policy.parameters() if p.grad is not None]
+                params = [q for g in self.optimizer.param_groups for q in g["params"] if q.grad is not None]
                 norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
                 grad_norms.append(norm.detach())
                 self.optimizer.step()
@@ -557,8 +674,28 @@ class Trainer:
         self.scheduler.step()
         self._sync()
         t_end = time.perf_counter()
+        if skipped:
+            self.log.warn("skipped", step + 1, f"{skipped} of {cfg.mu * cfg.minibatches} minibatch(es) had no "
+                                               "usable token (no reward spread, truncated or unscored): no "
+                                               "optimizer step for them")
 
-        # 5. Metrics, reduced over ranks.
+        update = _UpdateSums(sums, kl_parts, grad_norms, slots, real, skipped, cfg.mu * cfg.minibatches - skipped)
+        m = self._step_metrics(out, scored, valid_np, spread, update, beta, lr, t_start, t_gen, t_reward, t_ref, t_end)
+        m.update(extra)
+        if returns is not None:
+            cm = loss_mask.bool()
+            _, _, var_ret = self._moments(returns, cm)
+            _, _, var_res = self._moments(returns - old_values, cm)
+            m["value/explained_variance"] = 1.0 - var_res / var_ret if var_ret > 0 else None
+            m["value/mean"] = self._moments(old_values, cm)[1]
+        self._last_rollout = (prompts, completions, scored)
+        return m
+
+    def _step_metrics(self, out: GenerationOutput, scored: RewardResult, valid: np.ndarray, spread: torch.Tensor,
+                      update: "_UpdateSums", beta: float, lr: float, t_start: float, t_gen: float, t_reward: float,
+                      t_ref: float, t_end: float) -> dict[str, Any]:
+        """The step's metrics, reduced over ranks; also advances the step counter and the adaptive beta."""
+        cfg, G = self.cfg, self.cfg.group_size
         all_rewards = self._gather(torch.tensor(np.asarray(scored.rewards, dtype=np.float64),
                                                 device=self.device)).cpu().numpy()
         # Unscored samples (code 3) count in no task's statistics.
@@ -567,27 +704,38 @@ class Trainer:
         all_tasks = self._gather(task_codes).cpu().numpy()
         well = self._gather(torch.tensor(np.asarray(scored.well_formed), device=self.device)).cpu().numpy()
         all_rewards_scored = all_rewards[all_tasks != 3]
-        totals = dict(zip(sums, torch.stack(list(sums.values())).tolist()))  # the update's one host sync
-        kl_sum, clipped, ent, tokens, slots, real = self._all_sum(
-            [totals["kl"], totals["clipped"], totals["entropy"], totals["tokens"], float(slots), float(real)])
-        gen_tokens, truncated, zero_spread = self._all_sum(
-            [float(out.mask.sum()), float((~out.stopped).sum()), float((~spread).sum())])
-        kl_all = torch.cat([kl[m] for kl, m in kl_parts]).float().cpu() if kl_parts else torch.zeros(0)
-        if self.dist.enabled and ref_lp is not None:
+        totals = dict(zip(update.sums, torch.stack(list(update.sums.values())).tolist()))  # one host sync
+        kl_sum, clipped, ent, tokens, v_loss, slots, real = self._all_sum(
+            [totals["kl"], totals["clipped"], totals["entropy"], totals["tokens"], totals["value_loss"],
+             float(update.slots), float(update.real)])
+        scored_groups = valid[::G]
+        flat_groups = (~spread.cpu().numpy()[::G]) & scored_groups
+        gen_tokens, truncated, zero_spread, n_groups = self._all_sum(
+            [float(out.mask.sum()), float((~out.stopped).sum()), float(flat_groups.sum()),
+             float(scored_groups.sum())])
+        measured_kl = tokens > 0 and (self.reference is not None)
+        kl_all = torch.cat([kl[m] for kl, m in update.kl_parts]).float().cpu() if update.kl_parts else torch.zeros(0)
+        if not measured_kl:
+            kl_p95 = None
+        elif self.dist.enabled:
             # p95 over each rank's tokens, averaged: exact gathering would move every token's KL.
             kl_p95 = self._all_mean([float(torch.quantile(kl_all, 0.95)) if kl_all.numel() else 0.0])[0]
         else:
-            kl_p95 = float(torch.quantile(kl_all, 0.95)) if kl_all.numel() else None
-        grad_norm = self._all_mean([float(torch.stack(grad_norms).float().mean())])[0]
+            kl_p95 = float(torch.quantile(kl_all, 0.95))
+        kl_mean = kl_sum / tokens if measured_kl else None
+        if update.done:
+            grad_norm = self._all_mean([float(torch.stack(update.grad_norms).float().mean())])[0]
+            loss = self._all_mean([totals["loss"]])[0] / update.done
+        else:
+            grad_norm = loss = None
         n_total = len(all_rewards)
         step_time = t_end - t_start
-        kl_mean = kl_sum / max(tokens, 1.0) if ref_lp is not None else None
 
         self.step += 1
         reward_mean = float(all_rewards_scored.mean()) if len(all_rewards_scored) else math.nan
         if not math.isnan(reward_mean):
             self.best_reward = max(self.best_reward, reward_mean)
-        if cfg.kl_target is not None and kl_mean is not None:
+        if cfg.kl_target is not None and kl_mean is not None:  # no KL measured: no evidence to move beta on
             # Proportional control (Ziegler et al.): beta grows when KL overshoots the target, shrinks below it.
             error = max(-0.2, min(0.2, kl_mean / cfg.kl_target - 1.0))
             self.beta = max(1e-6, self.beta * (1.0 + error / cfg.kl_horizon))
@@ -608,17 +756,19 @@ class Trainer:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
         m.update({
             "kl/mean": kl_mean, "kl/p95": kl_p95, "clip_fraction": clipped / max(tokens, 1.0),
-            "entropy": ent / max(tokens, 1.0), "loss": totals["loss"] / max(cfg.mu * cfg.minibatches, 1),
-            "grad_norm": grad_norm, "lr": lr, "beta": beta,
+            "entropy": ent / max(tokens, 1.0), "loss": loss, "grad_norm": grad_norm, "lr": lr, "beta": beta,
+            "updates/skipped": update.skipped,
             "completion_len": gen_tokens / n_total, "truncated": truncated / n_total,
-            "groups/zero_spread": zero_spread / n_total,
+            # Among the groups that were scored: an unscored group has no rewards to spread.
+            "groups/zero_spread": zero_spread / n_groups if n_groups else None,
             # Share of the update's token slots that were padding (see `micro_batches`).
             "padding": 1.0 - real / max(slots, 1.0),
             "samples_per_s": n_total / step_time, "tokens_per_s": gen_tokens / step_time,
             "time/step": step_time, "time/generate": t_gen - t_start, "time/reward": t_reward - t_gen,
             "time/reference": t_ref - t_reward, "time/update": t_end - t_ref, "peak_memory_gb": peak,
         })
-        self._last_rollout = (prompts, completions, scored)
+        if self.value_head is not None:
+            m["value/loss"] = v_loss / tokens if tokens else None
         return m
 
     # -- automatic batch size -----------------------------------------------------------------------------
@@ -638,17 +788,17 @@ class Trainer:
         if not isinstance(self.prompts, PromptSource):
             raise ConfigError("--auto-batch works with the built-in prompt source")
         snapshot = {
-            "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
+            "scores": {k: v.detach().clone() for k, v in self._unwrapped_scores().state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict(),
-            "counters": (self.step, self.beta, self.best_reward),
+            "counters": (self.step, self.beta, self.best_reward, dict(self.baselines)),
         }
 
         def restore() -> None:
-            self.policy.load_state_dict(snapshot["policy"])
+            self._unwrapped_scores().load_state_dict(snapshot["scores"])
             self.optimizer.load_state_dict(snapshot["optimizer"])
             self.scheduler.load_state_dict(snapshot["scheduler"])
-            self.step, self.beta, self.best_reward = snapshot["counters"]
+            self.step, self.beta, self.best_reward, self.baselines = snapshot["counters"]
 
         world, G = self.dist.world, cfg.group_size
         start = cfg.prompts_per_step
@@ -711,10 +861,15 @@ class Trainer:
         if not self.dist.main:
             return None
         state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "beta": self.beta, "best_reward": self.best_reward, "rng": checkpoint.rng_state(),
-                 "world_size": self.dist.world}
+                 "beta": self.beta, "best_reward": self.best_reward, "baselines": dict(self.baselines),
+                 "rng": checkpoint.rng_state(), "world_size": self.dist.world}
+        modules = {}
+        if self.value_head is not None:
+            from rookworld.value import VALUE_HEAD_NAME
+
+            modules[VALUE_HEAD_NAME] = self.value_head
         path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, state, self.cfg.to_dict(),
-                                          self.cfg.keep_checkpoints)
+                                          self.cfg.keep_checkpoints, modules)
         self.log.say(f"saved checkpoint {path}")
         return path
 

@@ -1,0 +1,286 @@
+"""The GRPO objective inside the trainer: what a step computes under DDP, when it must not step, what each
+KL option does to the policy, the EMA baseline, and the GAE critic, on tiny models with real prompts."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rookworld.config import ConfigError, TrainConfig
+from rookworld.tokenizer import get_tokenizer
+from rookworld.trainer import Prompt, RewardResult, Trainer
+
+from conftest import constant_gpt, tiny_gpt
+from test_trainer import FixedPrompts, Lines, metrics, run_cli, train_args
+
+HERE = Path(__file__).resolve().parent
+
+
+def _quiet():
+    return open(os.devnull, "w")
+
+
+def small_config(tmp_path, **kw) -> TrainConfig:
+    base = dict(steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, warmup_steps=0, eval_every=0,
+                save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False, log_every=100, beta=0.0)
+    base.update(kw)
+    return TrainConfig(**base).validate()
+
+
+class Scripted:
+    """Rewards given per step: `table[step]` is the reward of each completion of that step, in order."""
+
+    def __init__(self, table, valid=None):
+        self.table, self.valid, self.step = table, valid, 0
+
+    def prefetch(self, prompts):
+        pass
+
+    def __call__(self, prompts, completions):
+        r = np.asarray(self.table[min(self.step, len(self.table) - 1)], dtype=float)
+        valid = None if self.valid is None else np.asarray(self.valid, dtype=bool)
+        self.step += 1
+        return RewardResult(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool), valid)
+
+
+# -- DDP: the same batch on 1 and on 2 ranks gives the same gradient --------------------------------------------
+
+def test_the_gradient_of_a_step_does_not_depend_on_the_number_of_ranks(tmp_path):
+    """Token aggregation is the global token mean and `--std-scaling batch` uses every rank's rewards, so two gloo
+    ranks holding very different numbers of tokens (3-token P: completions on one, 9-token A: on the other) give
+    the gradient one process gives for the whole batch; so do sequence and constant aggregation, the EMA
+    baseline with k1 in the advantages, and GAE's whitening with the exact KL."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    one = subprocess.run([sys.executable, str(HERE / "ddp_step.py"), str(tmp_path / "one")], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          "29533", str(HERE / "ddp_step.py"), str(tmp_path / "two")], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    cases = sorted(p.stem for p in (tmp_path / "one").glob("*.pt"))
+    assert len(cases) == 4
+    for case in cases:
+        a, b = torch.load(tmp_path / "one" / f"{case}.pt"), torch.load(tmp_path / "two" / f"{case}.pt")
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k].abs().sum() > 0, (case, k)
+            # float32 sums in another order: compared at the tensor's own scale
+            assert float((b[k] - a[k]).abs().max()) < 1e-4 * float(a[k].abs().max()), (case, k)
+        ma, mb = (json.loads((tmp_path / d / f"{case}.json").read_text()) for d in ("one", "two"))
+        for key in ("loss", "kl/mean", "entropy", "reward/mean", "clip_fraction", "value/explained_variance"):
+            if key in ma:
+                assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), (case, key)
+
+
+# -- settings that cannot work are refused before any work -------------------------------------------------------
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(temperature=0.0), "--temperature must be > 0"),
+    (dict(kl_target=0.05, beta=0.0), "--kl-target adapts --beta"),
+    (dict(kl_target=0.05, beta_warmup_steps=10), "--kl-target and --beta-warmup-steps"),
+    (dict(kl_direction="reverse"), "--kl-direction applies to --kl-estimator full"),
+    (dict(baseline="ema", std_scaling="group"), "use batch or none with --baseline ema"),
+    (dict(advantage="gae", std_scaling="group"), "no meaning for per-token GAE"),
+    (dict(advantage="gae", baseline="ema"), "has its own baseline"),
+    (dict(gamma=0.9), "--gamma applies to --advantage gae"),
+    (dict(vf_coef=0.5), "--vf-coef applies to --advantage gae"),
+    (dict(ema_decay=0.5), "--ema-decay applies to --baseline ema"),
+    (dict(advantage="gae", gae_lambda=1.5), "--gae-lambda must lie in [0, 1]"),
+    (dict(baseline="ema", ema_decay=1.0), "--ema-decay must lie in [0, 1)"),
+    (dict(kl_estimator="k4"), "--kl-estimator must be one of"),
+])
+def test_settings_that_cannot_work_are_one_clear_error(settings, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(**settings).validate()
+
+
+def test_auto_std_scaling_follows_the_baseline():
+    assert TrainConfig().advantage_scaling == "group"
+    assert TrainConfig(baseline="ema").validate().advantage_scaling == "batch"
+    assert TrainConfig(advantage="gae").validate().advantage_scaling == "batch"
+    assert TrainConfig(advantage="gae", std_scaling="none").validate().advantage_scaling == "none"
+
+
+def test_temperature_zero_is_refused_on_the_command_line(tiny_dir, tmp_path):
+    proc = run_cli(train_args(tiny_dir, tmp_path / "x", "--steps", "1", "--temperature", "0"))
+    assert proc.returncode == 2 and "--temperature must be > 0" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- a minibatch without usable tokens -----------------------------------------------------------------------------
+
+def test_a_minibatch_without_usable_tokens_takes_no_optimizer_step_and_leaves_beta(tmp_path):
+    """Step 1 has reward spread, step 2 none (and --drop-zero-spread): AdamW's momentum from step 1 must not move
+    the weights in step 2, and the adaptive beta must not read step 2's missing KL as 0."""
+    cfg = small_config(tmp_path, drop_zero_spread=True, beta=0.1, kl_target=0.01, lr=1e-2)
+    spread, flat = [0.0, 1.0, 0.5, 0.2] * 2, [0.4] * 8
+    lines = Lines()
+    policy = tiny_gpt(seed=1, scale=3.0)
+    t = Trainer(cfg, policy=policy, reference=copy.deepcopy(policy).requires_grad_(False),
+                tokenizer=get_tokenizer(), reward_fn=Scripted([spread, flat]), prompt_source=FixedPrompts("P: x", 2),
+                stream=lines)
+    first = t.train_step()
+    assert first["updates/skipped"] == 0 and first["kl/mean"] is not None
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    beta = t.beta
+    second = t.train_step()
+    assert second["updates/skipped"] == 1
+    assert second["kl/mean"] is None and second["loss"] is None and second["grad_norm"] is None
+    assert t.beta == beta, "no KL was measured: beta must stay"
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, before[k]), f"{k} moved in a step without usable tokens"
+    assert "had no usable token" in str(lines)
+    assert second["groups/zero_spread"] == 1.0 and first["groups/zero_spread"] == 0.0
+
+
+def test_zero_spread_counts_only_groups_that_were_scored(tmp_path):
+    cfg = small_config(tmp_path, steps=1, prompts_per_step=3)
+    # Group 0 was not scored (its rewards are placeholders, all 0), group 1 has spread, group 2 has none.
+    rewards = [0.0] * 4 + [0.1, 0.9, 0.5, 0.5] + [0.7] * 4
+    valid = [False] * 4 + [True] * 8
+    t = Trainer(cfg, policy=tiny_gpt(seed=1), tokenizer=get_tokenizer(), reward_fn=Scripted([rewards], valid),
+                prompt_source=FixedPrompts("P: x", 3), stream=Lines())
+    m = t.train_step()
+    assert m["groups/zero_spread"] == 0.5 and m["unscored"] == pytest.approx(1 / 3)
+
+
+def test_kl_statistics_cover_every_epoch(tmp_path):
+    """The reference is a copy of the policy, so epoch 0 sees KL exactly 0 and only the second epoch, after an
+    update, sees any: the 95th percentile must come from the same tokens as the mean."""
+    cfg = small_config(tmp_path, steps=1, mu=2, beta=0.1, lr=5e-2, kl_estimator="k2")
+    policy = tiny_gpt(seed=1, scale=3.0)
+    t = Trainer(cfg, policy=policy, reference=copy.deepcopy(policy).requires_grad_(False), tokenizer=get_tokenizer(),
+                reward_fn=Scripted([[0.0, 1.0, 0.5, 0.2] * 2]), prompt_source=FixedPrompts("P: x", 2), stream=Lines())
+    m = t.train_step()
+    assert m["kl/mean"] > 0 and m["kl/p95"] > 0
+
+
+# -- what each KL option does ------------------------------------------------------------------------------------
+
+def _on_six_tokens(probs):
+    """A GPT that writes one of six tokens, with these probabilities, at every position (`constant_gpt`): small
+    enough a support that a few dozen samples estimate a KL well."""
+    logits = torch.full((50257,), -30.0)
+    for token, p in zip((11, 22, 33, 44, 55, 66), probs):
+        logits[token] = math.log(p)
+    return constant_gpt(logits)
+
+
+@pytest.mark.parametrize("estimator, direction", [("k1", "forward"), ("k2", "forward"), ("k3", "forward"),
+                                                  ("full", "forward"), ("full", "reverse"), ("full", "symmetric")])
+def test_each_kl_option_pulls_the_policy_toward_the_reference(tmp_path, estimator, direction):
+    """Rewards without spread leave the KL term as the only signal: every option must shrink the KL to the
+    reference. (k1 as the loss term it used to be has zero gradient in expectation: the same run then drifts
+    from 0.97 to 1.1.)"""
+    cfg = small_config(tmp_path, steps=8, prompts_per_step=4, group_size=16, max_new_tokens=2, beta=1.0, lr=1e-2,
+                       kl_estimator=estimator, kl_direction=direction, std_scaling="none")
+    policy = _on_six_tokens([0.6, 0.2, 0.1, 0.05, 0.03, 0.02])
+    reference = _on_six_tokens([0.1, 0.1, 0.2, 0.2, 0.2, 0.2]).requires_grad_(False)
+    t = Trainer(cfg, policy=policy, reference=reference, tokenizer=get_tokenizer(),
+                reward_fn=Scripted([[0.5] * 64]), prompt_source=FixedPrompts("P: x", 4), stream=_quiet())
+
+    def exact_kl():  # KL(policy || reference) of the (position-independent) next-token distribution
+        ids = torch.tensor([[50256, 47, 25]])
+        with torch.no_grad():
+            lp, lq = policy(ids)[0, -1].log_softmax(-1), reference(ids)[0, -1].log_softmax(-1)
+        return float((lp.exp() * (lp - lq)).sum())
+
+    start = exact_kl()
+    assert start == pytest.approx(0.97, abs=0.01)
+    for _ in range(cfg.steps):
+        t.train_step()
+    assert exact_kl() < 0.5 * start, (estimator, start, exact_kl())
+
+
+# -- the EMA baseline -----------------------------------------------------------------------------------------------
+
+def test_ema_baseline_by_hand_and_across_resume(tmp_path):
+    table = [[0.2, 0.4, 0.6, 0.8] * 2, [1.0, 1.0, 1.0, 1.0] * 2, [0.0, 0.5, 0.5, 0.5] * 2]
+    cfg = small_config(tmp_path, steps=3, baseline="ema", ema_decay=0.75, std_scaling="none")
+    t = Trainer(cfg, policy=tiny_gpt(seed=1), tokenizer=get_tokenizer(), reward_fn=Scripted(table),
+                prompt_source=FixedPrompts("P: x", 2), stream=_quiet())
+    rows = [t.train_step() for _ in range(3)]
+    means = [np.mean(r) for r in table]
+    assert [r["reward/mean"] for r in rows] == pytest.approx(means)
+    # Step 1 has only its own mean; later steps the average of the steps before them, never their own.
+    assert rows[0]["baseline/other"] == pytest.approx(means[0])
+    assert rows[1]["baseline/other"] == pytest.approx(means[0])
+    assert rows[2]["baseline/other"] == pytest.approx(0.75 * means[0] + 0.25 * means[1])
+    # An all-equal group (step 2: every reward 1.0) above the average gets a positive advantage.
+    assert t.baselines["other"] == pytest.approx(0.75 * (0.75 * means[0] + 0.25 * means[1]) + 0.25 * means[2])
+
+
+# -- GAE: a critic beside the policy ---------------------------------------------------------------------------
+
+def test_gae_critic_learns_the_value_of_each_prompt(tmp_path):
+    """Two prompts, one always rewarded 0.9, the other 0.1: the value head must learn to tell them apart
+    (explained variance from 0 at the start, with a zero head, to most of the variance)."""
+
+    class PerPrompt:
+        def prefetch(self, prompts):
+            pass
+
+        def __call__(self, prompts, completions):
+            r = np.array([0.9 if "white" in p.text else 0.1 for p in prompts])
+            r = r + np.tile([0.0, 0.01, 0.02, 0.03], len(r) // 4)  # a little spread within each group
+            return RewardResult(r, np.array(["P"] * len(r)), np.ones(len(r), dtype=bool))
+
+    class TwoPrompts:
+        def batch(self, step):
+            return [Prompt("P", "P: white to move"), Prompt("P", "P: black to move")]
+
+    cfg = small_config(tmp_path, steps=30, advantage="gae", value_lr=1e-2, vf_coef=1.0, lr=1e-4, max_new_tokens=3)
+    t = Trainer(cfg, policy=tiny_gpt(seed=1, scale=2.0), tokenizer=get_tokenizer(), reward_fn=PerPrompt(),
+                prompt_source=TwoPrompts(), stream=_quiet())
+    rows = [t.train_step() for _ in range(cfg.steps)]
+    assert rows[0]["value/explained_variance"] == pytest.approx(0.0, abs=1e-9)  # V = 0: nothing explained
+    assert rows[0]["value/mean"] == 0.0
+    ev = [r["value/explained_variance"] for r in rows]
+    assert np.mean(ev[-5:]) > 0.35 and np.mean(ev[:5]) < 0.1, ev
+    assert np.mean([r["value/loss"] for r in rows[-5:]]) < 0.5 * rows[0]["value/loss"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["--advantage", "gae", "--kl-estimator", "full", "--value-lr", "1e-2"],
+    ["--baseline", "ema", "--kl-estimator", "k1"],
+], ids=["gae-full-kl", "ema-k1"])
+def test_options_survive_resume_exactly_and_checkpoints_stay_plain_gpt2(tiny_dir, tmp_path, extra):
+    common = ["--save-every", "2", "--lr", "1e-3", "--entropy-coef", "0.01", "--mu", "2", *extra]
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    proc = run_cli(train_args(tiny_dir, straight, "--steps", "4", *common))
+    assert proc.returncode == 0, proc.stderr
+    assert run_cli(train_args(tiny_dir, broken, "--steps", "2", *common)).returncode == 0
+    second = run_cli(["train", "--resume", str(broken), "--steps", "4"])
+    assert second.returncode == 0, second.stderr
+    from rookworld.checkpoint import resolve_checkpoint
+    from rookworld.model import from_pretrained
+
+    a, b = resolve_checkpoint(straight), resolve_checkpoint(broken)
+    wa, wb = from_pretrained(a).state_dict(), from_pretrained(b).state_dict()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    ra, rb = metrics(straight), metrics(broken)
+    assert [r["reward/mean"] for r in ra] == [r["reward/mean"] for r in rb]
+    if "gae" in extra:
+        from safetensors.torch import load_file
+
+        ha, hb = load_file(str(a / "value_head.safetensors")), load_file(str(b / "value_head.safetensors"))
+        assert ha.keys() == {"proj.weight", "proj.bias"} and float(ha["proj.weight"].abs().sum()) > 0
+        for k in ha:
+            assert torch.equal(ha[k], hb[k]), k
+        assert all(r["value/loss"] is not None and "value/explained_variance" in r for r in ra)
+        transformers = pytest.importorskip("transformers")
+        transformers.GPT2LMHeadModel.from_pretrained(a)  # the value head is not in the GPT-2 checkpoint
+    else:
+        assert [r["baseline/P"] for r in ra] == [r["baseline/P"] for r in rb]
+        assert all(r["baseline/P"] is not None for r in ra)
