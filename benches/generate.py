@@ -1,8 +1,8 @@
 """Throughput of the policy's two hot paths at the 124M (GPT-2 small) configuration, random weights.
 
-- generation: tokens/s of `rookworld.sampling.generate` with a fixed number of new tokens per row
+- generation: tokens/s of `rookworld.policy.sampling.generate` with a fixed number of new tokens per row
   (stop_at_eos=False): 48 for P: (policy) prompts, 96 for A: (environment) prompts;
-- log-prob pass: completion tokens/s of `rookworld.sampling.token_logprobs` over prompt + completion, without
+- log-prob pass: completion tokens/s of `rookworld.policy.sampling.token_logprobs` over prompt + completion, without
   gradients, and (with --backward) forward + backward as in the GRPO loss.
 
 - with --mixed: a batch of both tasks (--task-mix of P:) sampled as one batch, each row to its own length, against
@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import torch
 
-from rookworld.model import GPT, GPTConfig
-from rookworld.sampling import TokenScores, generate, release_caches, token_logprobs
+from rookworld.policy.model import GPT, GPTConfig
+from rookworld.policy.sampling import TokenScores, generate, release_caches, token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

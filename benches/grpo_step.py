@@ -26,11 +26,13 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(REPO.parent / "shared" / "data" / "gpt2.tiktoken"))
+_SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"  # beside the development checkout
+if _SHARED_VOCABULARY.is_file():
+    os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
 
-from rookworld.config import TrainConfig  # noqa: E402
-from rookworld.model import GPT, GPTConfig  # noqa: E402
-from rookworld.trainer import Trainer  # noqa: E402
+from rookworld.train.config import TrainConfig  # noqa: E402
+from rookworld.policy.model import GPT, GPTConfig  # noqa: E402
+from rookworld.train.trainer import Trainer  # noqa: E402
 
 #: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation.
 H100_BF16_TFLOPS = 989.4

@@ -30,20 +30,20 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(REPO.parent / "shared" / "data" / "gpt2.tiktoken"))
+_SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"  # beside the development checkout
+if _SHARED_VOCABULARY.is_file():
+    os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
 
 
-def hf_tokenizer(tiktoken_file: str):
-    """A transformers fast tokenizer built from the GPT-2 .tiktoken file (the hub is not reachable)."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+def hf_tokenizer(model_dir: Path):
+    """transformers' GPT-2 tokenizer from the vocab.json and merges.txt rookworld writes beside a model."""
+    from transformers import GPT2TokenizerFast
 
-    from rookworld.tokenizer import GPT2_PATTERN
+    from rookworld.policy.tokenizer import get_tokenizer
 
-    backend = TikTokenConverter(vocab_file=tiktoken_file, pattern=GPT2_PATTERN,
-                                additional_special_tokens=["<|endoftext|>"]).converted()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                  bos_token="<|endoftext|>")
+    get_tokenizer().save_pretrained(model_dir)
+    tok = GPT2TokenizerFast.from_pretrained(model_dir)
+    tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
 
@@ -68,14 +68,12 @@ def main() -> int:
     from trl import GRPOConfig, GRPOTrainer
 
     from rookworld.chess import generate_positions
-    from rookworld.model import GPT, GPTConfig
+    from rookworld.policy.model import GPT, GPTConfig
     from rookworld.rewards import RewardScorer
     from rookworld.stockfish import StockfishPool
-    from rookworld.tokenizer import EOS_ID
+    from rookworld.policy.tokenizer import EOS_ID
 
     cuda = args.device.startswith("cuda")
-    tok = hf_tokenizer(os.environ["ROOKWORLD_TIKTOKEN_FILE"])
-    assert tok.encode("Hello world") == [15496, 995], "the converted tokenizer must be GPT-2's"
 
     n_prompts = args.prompts * (args.warmup + args.steps)
     positions = generate_positions(n_prompts, 0)
@@ -105,6 +103,8 @@ def main() -> int:
         mcfg = (GPTConfig(block_size=512, vocab_size=50257, n_layer=2, n_head=2, n_embd=64) if args.tiny
                 else GPTConfig())
         GPT(mcfg).save_pretrained(Path(tmp) / "model")
+        tok = hf_tokenizer(Path(tmp) / "model")
+        assert tok.encode("Hello world") == [15496, 995], "the tokenizer must be GPT-2's"
         model = transformers.GPT2LMHeadModel.from_pretrained(Path(tmp) / "model", torch_dtype=torch.float32)
         model.generation_config.eos_token_id = EOS_ID
         model.generation_config.pad_token_id = EOS_ID

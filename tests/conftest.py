@@ -13,9 +13,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Machines here cannot download tiktoken's vocabulary; tests read the shared copy unless told otherwise.
-# Set at import time, before any test module builds a tokenizer.
-os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(REPO.parent / "shared" / "data" / "gpt2.tiktoken"))
+# The GPT-2 vocabulary: ROOKWORLD_TIKTOKEN_FILE when set, else a gpt2.tiktoken copy beside the checkout when there
+# is one (the development machines cannot download it), else tiktoken's own cache or download. Set at import
+# time, before any test module builds a tokenizer.
+_SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"
+if _SHARED_VOCABULARY.is_file():
+    os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
 
 # The test models are tiny, so intra-op threads buy nothing; on a busy 2-core machine their OpenMP spin-waiting
 # made the sampling tests 3x slower.
@@ -28,7 +31,7 @@ TINY = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=50257, n_positions=128)
 def tiny_gpt(seed: int = 0, scale: float = 1.0):
     """A random rookworld GPT in eval mode. scale > 1 sharpens its next-token distributions (GPT-2's init gives
     nearly uniform ones), so that sampling and greedy decoding depend visibly on the context."""
-    from rookworld.model import GPT, GPTConfig
+    from rookworld.policy.model import GPT, GPTConfig
 
     torch.manual_seed(seed)
     model = GPT(

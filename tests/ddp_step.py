@@ -20,9 +20,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import tiny_gpt  # noqa: E402
-from rookworld.config import TrainConfig  # noqa: E402
-from rookworld.tokenizer import get_tokenizer  # noqa: E402
-from rookworld.trainer import Prompt, RewardResult, Trainer  # noqa: E402
+from rookworld.train.config import TrainConfig  # noqa: E402
+from rookworld.policy.tokenizer import get_tokenizer  # noqa: E402
+from rookworld.train.prompts import Prompt  # noqa: E402
+from rookworld.train.rollout import RewardResult  # noqa: E402
+from rookworld.train.trainer import Trainer  # noqa: E402
 
 # Rank 0 of 2 gets the P: prompts (3-token completions), rank 1 the A: prompts (9 tokens): the ranks hold very
 # different numbers of tokens, and different rewards.

@@ -57,6 +57,7 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, args, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # not the whole usage
 
 
 def test_annotate_user_file_names_the_bad_line(tmp_path):

@@ -45,6 +45,8 @@ def test_reads_fen_epd_and_json_lines(tmp_path):
     ('{"fen": 3}', '"fen" string'),
     ('{"fen": "8/8/8/8/8/8/8/K6k w - - 0 1", "history": [1, 2]}', "history"),
     ("{broken json", "invalid JSON"),
+    ('{"fen": "8/8/8/8/8/8/8/K6k w - - 0 1", "history": "e2e4", "move": 5, "note": "d\\u00e9j\\u00e0 \'q\'"}',
+     '"move" must be a string'),
     ("PPPPPPPP/8/8/8/8/8/8/K6k w - - 0 1", "back rank"),
 ])
 def test_a_bad_line_names_file_and_line(tmp_path, line, reason):
@@ -53,6 +55,7 @@ def test_a_bad_line_names_file_and_line(tmp_path, line, reason):
         data.read_records(path)
     assert f"{path}:2:" in str(e.value)
     assert reason in str(e.value)
+    assert str(e.value).endswith(f": {line}"), "the line is quoted as written, not escaped"
     records, skipped = data.read_records(path, skip_bad=True)
     assert (len(records), skipped) == (2, 1)
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.grpo import (aggregate, clipped_surrogate, ema, full_kl, gae, group_advantages, group_has_spread,
-                            kl_estimate, penalty_to_go, value_loss)
+from rookworld.policy.sampling import full_kl
+from rookworld.train.grpo import (aggregate, clipped_surrogate, ema, gae, group_advantages, group_has_spread,
+                                  kl_estimate, penalty_to_go, value_loss)
 
 
 def close(a, b, tol=1e-6):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import tiny_gpt
-from rookworld.model import (
+from rookworld.policy.model import (
     GPT,
     GPTConfig,
     ModelNotAvailableError,
@@ -156,7 +156,7 @@ def test_hub_offline_with_empty_cache_raises_clear_error(tmp_path):
     # A fresh interpreter, because huggingface_hub reads HF_HUB_OFFLINE and its cache location at import.
     code = textwrap.dedent(
         """
-        from rookworld.model import from_pretrained, ModelNotAvailableError
+        from rookworld.policy.model import from_pretrained, ModelNotAvailableError
         try:
             from_pretrained("jrahn/RookWorld-LM-124M")
         except ModelNotAvailableError as e:

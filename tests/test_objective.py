@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.config import ConfigError, TrainConfig
-from rookworld.tokenizer import get_tokenizer
-from rookworld.trainer import Prompt, RewardResult, Trainer
+from rookworld.train.config import ConfigError, TrainConfig
+from rookworld.policy.tokenizer import get_tokenizer
+from rookworld.train.prompts import Prompt
+from rookworld.train.rollout import RewardResult
+from rookworld.train.trainer import Trainer
 
 from conftest import constant_gpt, tiny_gpt
 from test_trainer import FixedPrompts, Lines, metrics, run_cli, train_args
@@ -262,8 +264,8 @@ def test_options_survive_resume_exactly_and_checkpoints_stay_plain_gpt2(tiny_dir
     assert run_cli(train_args(tiny_dir, broken, "--steps", "2", *common)).returncode == 0
     second = run_cli(["train", "--resume", str(broken), "--steps", "4"])
     assert second.returncode == 0, second.stderr
-    from rookworld.checkpoint import resolve_checkpoint
-    from rookworld.model import from_pretrained
+    from rookworld.train.checkpoint import resolve_checkpoint
+    from rookworld.policy.model import from_pretrained
 
     a, b = resolve_checkpoint(straight), resolve_checkpoint(broken)
     wa, wb = from_pretrained(a).state_dict(), from_pretrained(b).state_dict()

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import constant_gpt, tiny_gpt
-from rookworld import sampling
-from rookworld.sampling import generate, sample_next, score_completions, token_logprobs
+from rookworld.policy import sampling
+from rookworld.policy.sampling import generate, sample_next, score_completions, token_logprobs
 
 EOS = 50256
 V = 50257
@@ -276,7 +276,7 @@ def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(direction):
     """`--kl-estimator full`: the KL over the whole vocabulary, made chunk by chunk beside the policy's
     log-probs, equals a direct computation from both models' full logits, in value and gradient; the value
     head reads the hidden state that predicts each token."""
-    from rookworld.value import ValueHead
+    from rookworld.policy.value import ValueHead
 
     ids, mask = _prompts(B=3, T=16, seed=2)
     start, temperature = 9, 0.8
@@ -337,7 +337,7 @@ def test_compiled_decode_matches_eager():
 
 def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     """A broken compiler backend (here: one that raises, as a missing toolchain would) costs speed, not the run."""
-    import rookworld.sampling as sampling
+    import rookworld.policy.sampling as sampling
 
     def broken_backend(graph_module, example_inputs):
         raise RuntimeError("no C++ compiler found")
@@ -363,7 +363,7 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
 def test_compiled_scores_match_eager_with_gradients(monkeypatch):
-    import rookworld.sampling as sampling
+    import rookworld.policy.sampling as sampling
 
     monkeypatch.setattr(sampling, "_compile_failed", {})
     model = tiny_gpt(scale=3.0)

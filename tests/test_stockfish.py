@@ -11,7 +11,6 @@ from concurrent.futures import wait
 import pytest
 
 from rookworld import chess as rchess
-from rookworld import stockfish as sf
 from rookworld.stockfish import (
     Analysis,
     Candidate,
@@ -20,6 +19,9 @@ from rookworld.stockfish import (
     StockfishPool,
     find_stockfish,
 )
+from rookworld.stockfish.cache import DiskCache, MemoryCache
+from rookworld.stockfish import engine as stockfish_engine
+from rookworld.stockfish.engine import Engine, EngineFailure, parse_info
 
 try:
     STOCKFISH = find_stockfish()
@@ -74,7 +76,7 @@ def test_missing_binary_names_the_option_and_how_to_install(tmp_path):
 
 def test_lookup_order_env_var_then_path_then_games(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no stockfish on PATH
-    monkeypatch.setattr(sf, "_FALLBACK_PATHS", (str(tmp_path / "games" / "stockfish"),))
+    monkeypatch.setattr(stockfish_engine, "_FALLBACK_PATHS", (str(tmp_path / "games" / "stockfish"),))
     monkeypatch.delenv("ROOKWORLD_STOCKFISH", raising=False)
     with pytest.raises(StockfishNotFoundError, match="--stockfish-path"):
         find_stockfish()
@@ -134,7 +136,7 @@ def test_analysis_json_round_trip():
 
 
 def test_parse_info_lines():
-    parse = sf._parse_info
+    parse = parse_info
     line = "info depth 10 seldepth 14 multipv 2 score cp -31 nodes 9000 nps 1 hashfull 3 tbhits 0 time 9 pv d2d4 d7d5"
     assert parse(line) == (2, 10, 14, -31, None, "d2d4")
     assert parse("info depth 3 seldepth 3 multipv 1 score mate -2 nodes 5 pv e8d8 a1a8")[3:] == (None, -2, "e8d8")
@@ -368,3 +370,48 @@ def test_a_position_that_always_hangs_times_out(fake_engine):
             futures[0].result(timeout=30)
         assert futures[1].result().best_move == "e2e4"
         assert p.stats.timeouts == 2 and p.stats.restarts == 2
+
+
+# -- the pieces on their own -------------------------------------------------------------------------------------
+
+def test_one_engine_analyses_and_fails_cleanly_when_killed():
+    engine = Engine(STOCKFISH, {"Threads": 1, "Hash": 16, "MultiPV": 3}, startup_timeout=30)
+    try:
+        lines = engine.analyse(START, "go depth 6", timeout=30)
+        assert sorted(lines) == [1, 2, 3]
+        assert all(depth == 6 and move in rchess.legal_moves(START) for depth, _, _, _, move in lines.values())
+        engine.kill()
+        assert not engine.alive()
+        with pytest.raises(EngineFailure):
+            engine.analyse(START, "go depth 6", timeout=5)
+    finally:
+        engine.kill()
+
+
+def test_memory_cache_keeps_the_most_recently_used():
+    cache = MemoryCache(max_entries=2)
+    a, b, c = (Analysis(f"fen{i}", (Candidate("e2e4", i, None),), 1) for i in range(3))
+    cache.put(("a",), a)
+    cache.put(("b",), b)
+    assert cache.get(("a",)) is a  # now the most recent
+    cache.put(("c",), c)
+    assert ("b",) not in cache and cache.get(("a",)) is a and cache.get(("c",)) is c and len(cache) == 2
+
+
+def test_disk_cache_survives_reopening_and_ignores_a_corrupt_row(tmp_path):
+    path = tmp_path / "sub" / "cache.sqlite"
+    key = (START, 8, None, 5)
+    analysis = Analysis(START, (Candidate("e2e4", 30, None), Candidate("d2d4", None, 3)), 8)
+    first = DiskCache(path)
+    first.put(key, analysis)
+    first.close()
+    second = DiskCache(path)
+    assert second.get_many([key, (START, 9, None, 5)]) == {key: analysis} and len(second) == 1
+    second.close()
+    import sqlite3
+
+    with sqlite3.connect(path) as db:  # another process writing garbage into the file
+        db.execute("UPDATE analyses SET result = 'not json'")
+    third = DiskCache(path)
+    assert third.get_many([key]) == {}
+    third.close()

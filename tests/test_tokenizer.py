@@ -6,8 +6,8 @@ import pytest
 import tiktoken
 import torch
 
-from rookworld import tokenizer as tok_module
-from rookworld.tokenizer import (
+from rookworld.policy import tokenizer as tok_module
+from rookworld.policy.tokenizer import (
     ENV_VAR,
     EOS_ID,
     Tokenizer,

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-import rookworld.trainer as trainer_module
-from rookworld.config import TrainConfig
-from rookworld.trainer import Prompt, RewardResult, Trainer
-from rookworld.tokenizer import get_tokenizer
+import rookworld.train.models as models_module
+from rookworld.train.config import TrainConfig
+from rookworld.train.prompts import Prompt
+from rookworld.train.rollout import RewardResult
+from rookworld.train.trainer import Trainer
+from rookworld.policy.tokenizer import get_tokenizer
 
 from conftest import tiny_gpt
 
@@ -92,7 +94,7 @@ def test_grpo_raises_a_simple_verifiable_reward(tmp_path):
 
 
 def test_the_learning_test_fails_when_the_advantage_sign_is_flipped(tmp_path, monkeypatch):
-    from rookworld import grpo
+    from rookworld.train import grpo
 
     original = grpo.group_advantages
     monkeypatch.setattr(grpo, "group_advantages", lambda *a, **k: -original(*a, **k))
@@ -137,7 +139,7 @@ def test_train_end_to_end_three_steps(tiny_dir, tmp_path):
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-000003"
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt)
-    from rookworld.model import from_pretrained
+    from rookworld.policy.model import from_pretrained
 
     ours = from_pretrained(ckpt)
     ids = torch.tensor([get_tokenizer().encode("P: 8/8/8/8/8/8/8/K6k w - - 0 1", bos=True)])
@@ -149,8 +151,8 @@ def test_train_end_to_end_three_steps(tiny_dir, tmp_path):
 
 
 def final_weights(out):
-    from rookworld.checkpoint import resolve_checkpoint
-    from rookworld.model import from_pretrained
+    from rookworld.train.checkpoint import resolve_checkpoint
+    from rookworld.policy.model import from_pretrained
 
     return from_pretrained(resolve_checkpoint(out)).state_dict()
 
@@ -167,7 +169,7 @@ def test_resume_gives_the_same_weights_as_an_unbroken_run(tiny_dir, tmp_path):
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stderr
     a, b = final_weights(straight), final_weights(broken)
-    from rookworld.model import from_pretrained
+    from rookworld.policy.model import from_pretrained
 
     start = from_pretrained(tiny_dir).state_dict()
     assert any(not torch.equal(a[k], start[k]) for k in a), "training must have changed the weights"
@@ -179,10 +181,10 @@ def test_resume_gives_the_same_weights_as_an_unbroken_run(tiny_dir, tmp_path):
 
 def test_torchrun_two_processes_on_gloo(tiny_dir, tmp_path):
     out = tmp_path / "ddp"
-    env = dict(os.environ, ROOKWORLD_TEST_PARAM_DIGEST=str(tmp_path / "digest"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           "-m", "rookworld", *train_args(tiny_dir, out, "--steps", "2", "--save-every", "0", "--lr", "1e-3",
-                                                 "--entropy-coef", "0.01")]
+           str(REPO / "tests" / "ddp_train.py"), str(tmp_path / "digest"),
+           *train_args(tiny_dir, out, "--steps", "2", "--save-every", "0", "--lr", "1e-3", "--entropy-coef", "0.01")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     digests = sorted((tmp_path / "digest").glob("rank*.txt"))
@@ -219,7 +221,7 @@ def test_missing_model_and_corrupt_data_are_clear_errors(tiny_dir, tmp_path):
 
 
 def test_config_file_and_flags(tiny_dir, tmp_path):
-    from rookworld.config import ConfigError, TrainConfig
+    from rookworld.train.config import ConfigError, TrainConfig
 
     toml = tmp_path / "run.toml"
     toml.write_text('steps = 7\nlr = 1e-5\n[ignored]\n')
@@ -242,7 +244,7 @@ def test_config_file_and_flags(tiny_dir, tmp_path):
 
 
 def test_auto_batch_keeps_the_largest_batch_under_the_target_and_restores_the_model(tmp_path):
-    from rookworld.trainer import PromptSource
+    from rookworld.train.prompts import PromptSource
 
     tok = get_tokenizer()
     policy = tiny_gpt(seed=1)
@@ -271,7 +273,7 @@ def test_auto_batch_keeps_the_largest_batch_under_the_target_and_restores_the_mo
 
 
 def test_auto_batch_needs_cuda(tmp_path):
-    from rookworld.config import ConfigError
+    from rookworld.train.config import ConfigError
 
     cfg = TrainConfig(auto_batch=True, device="cpu", output_dir=str(tmp_path)).validate()
     with pytest.raises(ConfigError, match="needs a CUDA device"):
@@ -303,7 +305,7 @@ def test_ctrl_c_finishes_the_step_saves_and_exits(tiny_dir, tmp_path):
 def test_prompts_from_a_file_are_deterministic_and_cover_every_record(tmp_path):
     from rookworld.chess import generate_positions
     from rookworld.data import Record, assign_moves
-    from rookworld.trainer import PromptSource
+    from rookworld.train.prompts import PromptSource
 
     records = assign_moves([Record(fen=p.fen) for p in generate_positions(10, 5)], seed=0)
     cfg = TrainConfig(prompts_per_step=4, task_mix=0.5, output_dir=str(tmp_path)).validate()
@@ -340,7 +342,7 @@ def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):
 def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fake_engine, tmp_path):
     from rookworld.rewards import RewardScorer
     from rookworld.stockfish import StockfishPool
-    from rookworld.trainer import ChessReward
+    from rookworld.train.rollout import ChessReward
 
     crashing = "6k1/5ppp/8/8/8/8/5PPP/6K1 w - - 0 1"  # the scripted engine dies on this one, every time
     fine = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
@@ -382,7 +384,7 @@ class ByteSum:
 
 
 def test_micro_batches_cover_every_row_once_and_cut_only_padding():
-    from rookworld.trainer import micro_batches
+    from rookworld.train.models import micro_batches
 
     rng = np.random.default_rng(0)
     n, P = 203, 110
@@ -407,7 +409,7 @@ def test_micro_batches_cover_every_row_once_and_cut_only_padding():
 def _cut_step(tmp_path, micro_batch_size, reference):
     """One step over real P:/A: prompts of different widths and completions of different lengths; the
     learning rate is negligible (1e-30) so that the second minibatch's gradients do not depend on the first's update."""
-    from rookworld.trainer import PromptSource
+    from rookworld.train.prompts import PromptSource
 
     cfg = TrainConfig(steps=1, prompts_per_step=6, group_size=3, max_new_tokens=9, lr=1e-30, beta=0.1, mu=1,
                       minibatches=2, micro_batch_size=micro_batch_size, warmup_steps=0, eval_every=0,
@@ -436,8 +438,8 @@ def test_cut_micro_batches_give_the_same_losses_and_gradients_as_one_padded_bloc
 
 
 def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
-    from rookworld.sampling import token_logprobs
-    from rookworld.trainer import micro_batches
+    from rookworld.policy.sampling import token_logprobs
+    from rookworld.train.models import micro_batches
 
     _, _, t = _cut_step(tmp_path, 4, tiny_gpt(seed=3))
     tok = t.tokenizer
@@ -452,7 +454,7 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
         expected = token_logprobs(t.policy, full_ids, full_mask, start=P).logprobs * cmask
         for size in (1, 2, 6):
             batches = micro_batches(np.arange(len(texts)), pmask.sum(1).numpy(), comp_lens.numpy(), P, size)
-            got = t._rollout_scores(t.policy, full_ids, full_mask, P, batches)[0]
+            got = t.models.rollout_scores(t.policy, full_ids, full_mask, P, batches, t.cfg.temperature)[0]
             torch.testing.assert_close(got * cmask, expected, rtol=1e-5, atol=1e-5)  # the loss masks the rest
 
 
@@ -460,7 +462,7 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
 
 @pytest.mark.parametrize("mix", [0.8, 0.75, 0.5, 0.33, 0.0, 1.0])
 def test_a_prompts_come_at_an_exact_rate(mix):
-    from rookworld.trainer import is_env_task
+    from rookworld.train.prompts import is_env_task
 
     flags = np.array([is_env_task(i, mix) for i in range(5000)])
     assert abs(flags.mean() - (1 - mix)) < 1e-3
@@ -471,17 +473,17 @@ def test_a_prompts_come_at_an_exact_rate(mix):
 
 def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
     """P: rows are not padded to A: prompts' width nor decoded for A:'s length; rows come back where they were."""
-    from rookworld.trainer import PromptSource
+    from rookworld.train.prompts import PromptSource
 
     calls = []
-    real_generate = trainer_module.generate
+    real_generate = models_module.generate
 
     def spy(model, ids, mask, **kwargs):
         out = real_generate(model, ids, mask, **kwargs)
         calls.append((ids.clone(), mask.clone(), kwargs["max_new_tokens"], out))
         return out
 
-    monkeypatch.setattr(trainer_module, "generate", spy)
+    monkeypatch.setattr(models_module, "generate", spy)
     cfg = TrainConfig(steps=1, prompts_per_step=5, group_size=2, max_new_tokens=9, task_mix=0.6, beta=0.0,
                       warmup_steps=0, eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path),
                       compile=False).validate()
@@ -493,7 +495,7 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
     assert (tasks == "P").sum() == 6 and (tasks == "A").sum() == 4  # 3 P: and 2 A: prompts: the exact mix
     gen = torch.Generator().manual_seed(0)
     ids, pmask = ids.repeat_interleave(2, 0), pmask.repeat_interleave(2, 0)
-    out = t._sample(ids, pmask, pmask.sum(1).numpy(), tasks, gen)
+    out = t.models.sample(ids, pmask, pmask.sum(1).numpy(), tasks, gen, t.cfg, t.completion_lengths)
     assert [len(c[0]) for c in calls] == [6, 4] and [c[2] for c in calls] == [3, 7]
     for (c_ids, c_mask, limit, c_out), task in zip(calls, ("P", "A")):
         rows = np.flatnonzero(tasks == task)

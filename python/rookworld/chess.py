@@ -60,6 +60,12 @@ def normalize_fen(fen: str) -> str:
     return text
 
 
+def fen_problem(fen: str) -> str | None:
+    """What is wrong with ``fen`` (missing king, pawn on the back rank, ...), or ``None`` for a legal position."""
+    ((ok, text),) = _core.normalize_fens([fen])
+    return None if ok else text
+
+
 def legal_moves_batch(fens: Iterable[str]) -> list[list[str]]:
     """Legal moves (UCI) of each position; ``ValueError`` naming the first bad FEN."""
     fens = _list(fens)

@@ -14,6 +14,13 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2, no traceback."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line (and where to look), not the whole usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -52,7 +59,8 @@ def _add_positions(sub: argparse._SubParsersAction) -> None:
                    help="share of A: moves that are well-formed but illegal (default 0.01)")
     p.add_argument("--from", dest="source", metavar="FILE",
                    help="read positions from FILE (FEN, EPD or JSONL a line) instead of generating them")
-    p.add_argument("--skip-bad", action="store_true", help="with --from: skip bad lines (and count them) instead of stopping")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="with --from: skip bad lines (and count them) instead of stopping")
     p.add_argument("--annotate", action="store_true",
                    help="add Stockfish analyses and the P:/A: prompts and targets (what train and eval read)")
     _add_stockfish_options(p)
@@ -138,13 +146,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
     from rookworld.progress import Progress
 
     if args.source:
-        try:
-            records, skipped = data.read_records(args.source, skip_bad=args.skip_bad)
-        except data.DataError as e:
-            raise CliError(str(e)) from None
-        if skipped:
-            print(f"skipped {skipped} bad lines of {args.source}", file=sys.stderr)
-        records = records[: args.count]
+        records = read_positions(args.source, args.skip_bad)[: args.count]
     else:
         records = [data.Record.from_position(p)
                    for p in generate_positions(args.count, args.seed, opening_share=args.opening_share,
@@ -177,6 +179,24 @@ def _run_annotate(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_positions(path: str, skip_bad: bool):
+    """A positions file's records that have a legal move; bad lines and finished games are said on stderr."""
+    from rookworld import data
+
+    try:
+        records, skipped = data.read_records(path, skip_bad=skip_bad)
+    except data.DataError as e:
+        raise CliError(str(e)) from None
+    if skipped:
+        print(f"skipped {skipped} bad lines of {path}", file=sys.stderr)
+    kept, finished = data.playable(records)
+    if finished:
+        print(f"warning: {data.finished_message(finished, len(records))}", file=sys.stderr)
+    if not kept:
+        raise CliError("no position with a legal move to work on")
+    return kept
+
+
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval",
@@ -186,41 +206,56 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         "similarity, reward/terminated/truncated accuracy). Positions without an analysis are analysed by "
         "Stockfish first.",
     )
-    p.add_argument("--model", default="jrahn/RookWorld-LM-124M", help="hub repo id or local directory")
+    p.add_argument("--model", default="jrahn/RookWorld-LM-124M",
+                   help="hub repo id, model directory, or a training run's directory (its latest checkpoint)")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
-    p.add_argument("--data", required=True, help="positions file (JSONL from `rookworld positions`, FEN or EPD)")
+    p.add_argument("--data", default=None, help="positions file (JSONL from `rookworld positions`, FEN or EPD); "
+                   "default: the generated held-out positions that training evaluates on (seed --seed)")
     p.add_argument("--tasks", default="P,A", help="tasks to evaluate: P, A or P,A (default)")
-    p.add_argument("--limit", type=_positive, default=None, help="evaluate only the first N positions")
+    p.add_argument("--limit", type=_positive, default=None,
+                   help="evaluate only the first N positions (without --data: N generated, default 128)")
     p.add_argument("--batch-size", type=_positive, default=64, help="prompts decoded at once (default 64)")
     p.add_argument("--max-new-tokens", type=_positive, default=144, help="completion length limit (default 144)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--out", default=None, help="also write the results as JSON to this file")
     p.add_argument("--samples", type=_non_negative, default=0, help="include N example completions in the JSON")
     p.add_argument("--skip-bad", action="store_true", help="skip bad lines of --data instead of stopping")
-    p.add_argument("--seed", type=_non_negative, default=0, help="seed for A: moves of positions without one")
+    p.add_argument("--seed", type=_non_negative, default=0,
+                   help="seed of the generated positions, and of A: moves for positions without one (default 0)")
     _add_stockfish_options(p)
     p.set_defaults(run=_run_eval)
 
 
 def resolve_device(name: str):
-    import torch
+    from rookworld.train.config import ConfigError
+    from rookworld.train.run import resolve_device
 
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise CliError(f"unknown device {name!r}: use cpu, cuda, cuda:N or auto") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CliError(f"device {name} requested but CUDA is not available")
-    return device
+        return resolve_device(name)
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+
+
+def model_source(name: str) -> str:
+    """A model directory, or the latest checkpoint of a training run's directory."""
+    from rookworld.train import checkpoint
+
+    path = Path(name).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        try:
+            return str(checkpoint.resolve_checkpoint(path))
+        except checkpoint.CheckpointError:
+            pass
+    return name
 
 
 def load_model(name: str, revision: str | None, device):
-    from rookworld.model import ModelNotAvailableError, from_pretrained
+    """(the model, its directory) for a hub repo id, a model directory or a run directory."""
+    from rookworld.policy.model import ModelNotAvailableError, from_pretrained, model_directory
 
     try:
-        return from_pretrained(name, revision=revision, device=device)
+        directory = model_directory(model_source(name), revision)
+        return from_pretrained(directory, device=device), directory
     except (ModelNotAvailableError, FileNotFoundError, NotADirectoryError, ValueError) as e:
         raise CliError(str(e)) from None
 
@@ -229,34 +264,34 @@ def _run_eval(args: argparse.Namespace) -> int:
     from rookworld import data
     from rookworld.evaluate import evaluate, format_table
     from rookworld.rewards import RewardScorer
-    from rookworld.tokenizer import TokenizerUnavailableError, get_tokenizer
+    from rookworld.policy.tokenizer import TokenizerUnavailableError, get_tokenizer
 
     _check_out_dir(args.out)
     tasks = [t.strip().upper() for t in args.tasks.split(",") if t.strip()]
     if not tasks or any(t not in ("P", "A") for t in tasks):
         raise CliError(f"--tasks must be P, A or P,A, got {args.tasks!r}")
-    try:
-        records, skipped = data.read_records(args.data, skip_bad=args.skip_bad)
-    except data.DataError as e:
-        raise CliError(str(e)) from None
-    if skipped:
-        print(f"skipped {skipped} bad lines of {args.data}", file=sys.stderr)
-    records = data.assign_moves(records[: args.limit], args.seed)
+    if args.data:
+        records = data.assign_moves(read_positions(args.data, args.skip_bad)[: args.limit], args.seed)
+    else:
+        from rookworld.evaluate import heldout_records
+
+        records = heldout_records(args.limit or 128, args.seed)
     need_stockfish = "P" in tasks and any(r.analysis is None for r in records)
     pool = stockfish_pool(args) if need_stockfish else None
     try:
+        device = resolve_device(args.device)
+        model, directory = load_model(args.model, args.revision, device)
         try:
-            tokenizer = get_tokenizer()
+            tokenizer = get_tokenizer(directory)
         except TokenizerUnavailableError as e:
             raise CliError(str(e)) from None
-        device = resolve_device(args.device)
-        model = load_model(args.model, args.revision, device)
         result = evaluate(model, tokenizer, records, RewardScorer(pool), tasks=tasks, batch_size=args.batch_size,
                           max_new_tokens=args.max_new_tokens, samples=args.samples)
     finally:
         if pool is not None:
             pool.close()
-    result["model"], result["data"] = args.model, str(args.data)
+    result["model"] = str(directory)
+    result["data"] = str(args.data) if args.data else f"generated held-out positions (seed {args.seed})"
     print(format_table(result))
     if args.out:
         data.write_json(result, args.out)
@@ -265,7 +300,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from rookworld.config import add_arguments
+    from rookworld.train.config import add_arguments
 
     p = sub.add_parser(
         "train",
@@ -279,12 +314,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from rookworld import checkpoint
-    from rookworld.config import ConfigError, from_args
+    from rookworld.train import checkpoint
+    from rookworld.train.config import ConfigError, from_args
     from rookworld.data import DataError
-    from rookworld.model import ModelNotAvailableError
+    from rookworld.policy.model import ModelNotAvailableError
     from rookworld.stockfish import StockfishError, StockfishNotFoundError
-    from rookworld.tokenizer import TokenizerUnavailableError
+    from rookworld.policy.tokenizer import TokenizerUnavailableError
 
     try:
         if getattr(args, "resume", None):
@@ -292,7 +327,7 @@ def _run_train(args: argparse.Namespace) -> int:
             saved = checkpoint.load_config(checkpoint.resolve_checkpoint(args.resume))
             given = {k for k in vars(args) if k not in ("command", "run", "config")}
             for key, value in saved.items():
-                if key not in given and not getattr(args, "config", None):
+                if key not in given and key != "overwrite" and not getattr(args, "config", None):
                     setattr(args, key, value)
         cfg = from_args(args)
         from rookworld.stockfish import find_stockfish
@@ -301,7 +336,7 @@ def _run_train(args: argparse.Namespace) -> int:
     except (ConfigError, checkpoint.CheckpointError, StockfishNotFoundError) as e:
         raise CliError(str(e)) from None
 
-    from rookworld.trainer import Trainer
+    from rookworld.train.trainer import Trainer
 
     try:
         trainer = Trainer(cfg)
@@ -320,7 +355,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="rookworld",
         description="GRPO with verifiable chess rewards for RookWorld-LM.",
     )

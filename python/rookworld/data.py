@@ -23,7 +23,7 @@ from pathlib import Path
 from rookworld import chess
 from rookworld.rewards import policy_prompt, policy_targets
 
-__all__ = ["DataError", "Record", "assign_moves", "read_records", "write_records"]
+__all__ = ["DataError", "Record", "assign_moves", "playable", "read_records", "write_records"]
 
 
 class DataError(ValueError):
@@ -143,7 +143,9 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
     def bad(lineno: int, why: str) -> None:
         nonlocal skipped
         if not skip_bad:
-            raise DataError(f"{path}:{lineno}: {why}")
+            line = lines[lineno - 1].strip()
+            shown = line if len(line) <= 120 else line[:120] + "..."
+            raise DataError(f"{path}:{lineno}: {why}: {shown}")  # the line as written, not escaped
         skipped += 1
 
     for lineno, line in enumerate(lines, 1):
@@ -153,23 +155,32 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
         try:
             parsed.append((lineno, _from_json(text) if text.startswith("{") else _from_fen_or_epd(text)))
         except ValueError as e:
-            bad(lineno, f"{e}: {text[:120]!r}")
+            bad(lineno, str(e))
 
     # The whole file's FENs in one batch through the Rust core.
     normalized = chess.normalize_fens([d["fen"] for _, d in parsed])
     records = []
     for (lineno, d), fen in zip(parsed, normalized):
         if fen is None:
-            try:
-                chess.normalize_fen(d["fen"])
-            except ValueError as e:
-                bad(lineno, str(e))
+            bad(lineno, f"not a legal position ({chess.fen_problem(d['fen'])})")
             continue
         records.append(Record(fen=fen, history=d.get("history", ()), move=d.get("move"), phase=d.get("phase"),
                               analysis=d.get("analysis"), source=f"{path}:{lineno}"))
     if not records and not skipped:
         raise DataError(f"{path}: no positions in the file")
     return records, skipped
+
+
+def playable(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
+    """(positions with a legal move, finished ones: checkmate or stalemate, which no task can be asked about)."""
+    moves = chess.legal_moves_batch([r.fen for r in records])
+    return [r for r, m in zip(records, moves) if m], [r for r, m in zip(records, moves) if not m]
+
+
+def finished_message(finished: Sequence[Record], total: int) -> str:
+    where = ", ".join(r.source for r in finished[:3]) + (", ..." if len(finished) > 3 else "")
+    return (f"left out {len(finished)} of {total} positions that are finished games (checkmate or stalemate, no "
+            f"legal move): {where}")
 
 
 def assign_moves(records: Sequence[Record], seed: int) -> list[Record]:

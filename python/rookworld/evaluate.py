@@ -3,19 +3,37 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rookworld.data import Record
+from rookworld import chess
+from rookworld.data import Record, assign_moves, finished_message, playable, read_records
+from rookworld.policy.sampling import generate
+from rookworld.policy.tokenizer import Tokenizer
 from rookworld.rewards import RewardBatch, RewardScorer
-from rookworld.sampling import generate
-from rookworld.tokenizer import Tokenizer
 
 #: New tokens per completion: every P: and A: answer of the data fits.
 MAX_NEW_TOKENS = 144
+#: Seed offset of the generated held-out positions, so they never share a stream with training prompts.
+EVAL_SEED_OFFSET = 1_000_003
+
+
+def heldout_records(size: int, seed: int = 0, path: str | None = None, illegal_share: float = 0.01,
+                    warn: Callable[[str], None] | None = None) -> list[Record]:
+    """The held-out positions of training's evaluation and of `rookworld eval` without --data: the first `size`
+    records of `path` that are not finished games (`warn` is told of those), or `size` generated positions of a
+    seed no training run draws prompts from."""
+    if path:
+        records, finished = playable(read_records(path)[0])
+        if finished and warn is not None:
+            warn(f"{path}: {finished_message(finished, len(records) + len(finished))}")
+    else:
+        records = [Record.from_position(p) for p in chess.generate_positions(size, seed + EVAL_SEED_OFFSET,
+                                                                             illegal_share=illegal_share)]
+    return assign_moves(records[:size], seed)
 
 
 @dataclass(frozen=True)

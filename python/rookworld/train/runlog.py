@@ -1,15 +1,20 @@
-"""What a training run tells its user: a line every few steps, metrics.jsonl every step, TensorBoard
-when it is installed, sample completions, and warnings when training goes wrong."""
+"""What a training run tells its user: a header, a line every few steps, an evaluation line, metrics.jsonl
+every step, TensorBoard when it is installed, sample completions, and warnings."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from rookworld.progress import Progress, _duration
+
+#: The parts of a command's summary line after "step N/M", from the step's metrics.
+Summary = Callable[[dict[str, Any]], list[str]]
 
 
 def _num(v: Any) -> Any:
@@ -19,26 +24,36 @@ def _num(v: Any) -> Any:
     return v
 
 
+def fmt(m: dict[str, Any], key: str, fmt: str = "{:.3f}") -> str:
+    """A metric for a summary line: '-' when it is missing or not finite."""
+    v = m.get(key)
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
+
+
 class RunLog:
-    def __init__(self, output_dir: str | Path, total_steps: int, *, enabled: bool = True, resume_step: int = 0,
-                 stream: TextIO | None = None, kl_warn: float = 1.0, clip_warn: float = 0.2):
+    def __init__(self, output_dir: str | Path, total_steps: int, *, enabled: bool = True, stream: TextIO | None = None,
+                 summary: Summary | None = None):
         self.enabled = enabled
         self.total_steps = total_steps
         self.stream = stream if stream is not None else sys.stderr
-        self.kl_warn, self.clip_warn = kl_warn, clip_warn
+        self.summary = summary
         self.dir = Path(output_dir)
         self._last_warned: dict[str, int] = {}
         self._writer = None
+        self._t0: float | None = None
+        self._first_step = 0
         # A live bar on a terminal only; logs and pipes get the summary lines alone.
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.bar = Progress(total_steps, "train", "step", stream=self.stream, enabled=False)
-        self.bar.done = self.bar.first = resume_step
-        if not enabled:
+
+    def start(self, resume_step: int = 0) -> None:
+        """Opens the files; a resumed run replays the steps after its checkpoint, so their old rows go."""
+        self.bar.done = self.bar.first = self._first_step = resume_step
+        if not self.enabled:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
-        # A resumed run replays the steps after its checkpoint: drop their old rows.
         for path in (self.metrics_path, self.samples_path):
             if path.exists():
                 kept = [line for line in path.read_text().splitlines()
@@ -48,8 +63,20 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_step + 1)
-        except Exception:  # tensorboard not installed: metrics.jsonl has everything
-            self._writer = None
+        except ImportError:
+            self.say("TensorBoard is not installed: no event files (metrics.jsonl has every figure; "
+                     "pip install tensorboard for them)")
+
+    def begin_steps(self) -> None:
+        """The clock of the rate and the ETA starts here, after models and engines are up."""
+        self._t0 = time.perf_counter()
+        self.bar.start = time.monotonic()
+
+    def eta(self, step: int) -> float | None:
+        done = step - self._first_step
+        if self._t0 is None or done <= 0:
+            return None
+        return (time.perf_counter() - self._t0) / done * (self.total_steps - step)
 
     def say(self, text: str) -> None:
         if self.enabled:
@@ -81,41 +108,24 @@ class RunLog:
         elif self.tty:
             self.stream.write("\r\033[K" + self.bar.line())
             self.stream.flush()
-        self.check(m)
 
     def line(self, m: dict[str, Any]) -> str:
-        def f(key: str, fmt: str = "{:.3f}") -> str:
-            v = m.get(key)
-            return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
-
-        eta = m.get("eta_s")
-        parts = [
-            f"step {m['step']}/{self.total_steps}",
-            f"reward {f('reward/mean')} (best {f('reward/best')})",
-            f"P {f('reward/P/mean', '{:.2f}')} A {f('reward/A/mean', '{:.2f}')}",
-            f"kl {f('kl/mean')}",
-            f"clip {f('clip_fraction', '{:.2f}')}",
-            f"{f('time/step', '{:.2f}')} s",
-            f"{f('samples_per_s', '{:,.0f}')} samples/s",
-        ]
-        if eta is not None:
-            parts.append(f"eta {_duration(eta)}")
+        parts = [f"step {m['step']}/{self.total_steps}", *(self.summary(m) if self.summary else [])]
+        if m.get("eta_s") is not None:
+            parts.append(f"eta {_duration(m['eta_s'])}")
         return " | ".join(parts)
 
-    def check(self, m: dict[str, Any]) -> None:
-        step = m["step"]
-        kl = m.get("kl/mean")
-        if kl is not None and math.isfinite(kl) and kl > self.kl_warn:
-            self.warn("kl", step, f"KL to the reference is {kl:.3f} per token (> {self.kl_warn}): the policy is "
-                                  "drifting fast; consider a lower --lr or a higher --beta")
-        spread = m.get("groups/zero_spread")
-        if spread is not None and spread > 0.5:
-            self.warn("spread", step, f"{100 * spread:.0f}% of groups have no reward spread and teach nothing; "
-                                      "consider a higher --temperature or a larger --group-size")
-        clip = m.get("clip_fraction")
-        if clip is not None and math.isfinite(clip) and clip > self.clip_warn:
-            self.warn("clip", step, f"clip fraction {clip:.2f} (> {self.clip_warn}): updates are too large; "
-                                    "consider a lower --lr or fewer --mu epochs")
+    def eval_line(self, step: int, m: dict[str, Any], seconds: float) -> None:
+        """The headline evaluation figures per task: format validity, reward, and each task's own accuracy."""
+        parts = [f"eval at step {step}"]
+        for task, key, label in (("P", "best_move_accuracy", "best move"), ("A", "next_state_exact", "next state")):
+            if f"eval/{task}/mean_reward" in m:
+                parts.append(f"{task}: format {fmt(m, f'eval/{task}/format_valid', '{:.0%}')}, reward "
+                             f"{fmt(m, f'eval/{task}/mean_reward')}, {label} {fmt(m, f'eval/{task}/{key}', '{:.0%}')}")
+        if "eval/loss" in m:
+            parts.append(f"loss {fmt(m, 'eval/loss', '{:.4f}')}")
+        parts.append(f"{seconds:.1f} s")
+        self.say(" | ".join(parts))
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not self.enabled:

@@ -8,7 +8,7 @@ Two things differ from a textbook GPT-2, both for RL:
 - Left-padded batches are first-class: position ids come from the attention mask, and padded keys are masked,
   so a prompt's logits do not depend on the padding around it.
 - `trunk()` can read and write a preallocated `KVCache` at an index tensor. The decode loop in
-  `rookworld.sampling` relies on that to keep shapes static (needed for CUDA graphs).
+  `rookworld.policy.sampling` relies on that to keep shapes static (needed for CUDA graphs).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 DEFAULT_REPO = "jrahn/RookWorld-LM-124M"
+#: The GPT-2 vocabulary as the hub's GPT-2 repos carry it; `rookworld.policy.tokenizer` reads and writes these.
+TOKENIZER_FILES = ("vocab.json", "merges.txt")
 
 # HF's GPT-2 uses Conv1D, which stores weights as [in, out]; nn.Linear wants [out, in].
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -344,7 +346,7 @@ class GPT(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits [B, T, vocab_size]. For large batches prefer `rookworld.sampling.token_logprobs`."""
+        """Logits [B, T, vocab_size]. For large batches prefer `rookworld.policy.sampling.token_logprobs`."""
         return self.lm_head(self.trunk(input_ids, attention_mask, position_ids))
 
     @classmethod
@@ -359,23 +361,29 @@ class GPT(nn.Module):
 # Loading and saving in the Hugging Face GPT-2 layout
 
 
+def model_directory(name_or_path: str | os.PathLike = DEFAULT_REPO, revision: str | None = None,
+                    cache_dir: str | os.PathLike | None = None) -> Path:
+    """The local directory of a model: `name_or_path` itself, or the hub snapshot of a repo id (downloaded when it
+    is not in the cache). Raises FileNotFoundError for a path that is not a directory."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1:
+        raise FileNotFoundError(f"{name_or_path} is not a directory holding a checkpoint (nor a hub repo id)")
+    return _resolve_hub(str(name_or_path), revision, cache_dir)
+
+
 def _resolve_hub(repo_id: str, revision: str | None, cache_dir: str | os.PathLike | None) -> Path:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
     try:
         # Ask for safetensors first so that a repo carrying both formats is downloaded only once.
-        folder = Path(
-            snapshot_download(
-                repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=["config.json", "model.safetensors"]
-            )
-        )
-        if not (folder / "model.safetensors").is_file():
-            folder = Path(
-                snapshot_download(
-                    repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=["config.json", "pytorch_model.bin"]
-                )
-            )
+        for weights in ("model.safetensors", "pytorch_model.bin"):
+            folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
+                                            allow_patterns=["config.json", weights, *TOKENIZER_FILES]))
+            if (folder / weights).is_file():
+                break
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
         where = cache_dir if cache_dir is not None else constants.HF_HUB_CACHE
         offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
@@ -384,9 +392,9 @@ def _resolve_hub(repo_id: str, revision: str | None, cache_dir: str | os.PathLik
             f"cannot be reached{offline} and the model is not in the local cache ({where}). "
             f"On a machine with network access run `hf download {repo_id} --local-dir DIR` "
             f"(or huggingface_hub.snapshot_download({repo_id!r}, local_dir='DIR')), copy DIR here and pass the "
-            f"local directory instead: --model DIR on the command line, rookworld.model.from_pretrained('DIR') in "
-            f"Python. The directory needs config.json "
-            f"and model.safetensors (or pytorch_model.bin)."
+            "local directory instead: --model DIR on the command line, from_pretrained('DIR') in Python. The "
+            "directory needs config.json and model.safetensors (or pytorch_model.bin), and vocab.json and merges.txt "
+            "for the vocabulary."
         ) from e
     return folder
 
@@ -434,14 +442,7 @@ def from_pretrained(
     bf16): the trainer needs fp32 master weights; pass torch.bfloat16 for an inference-only copy.
     The model is returned in eval mode (dropout off).
     """
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        directory = path
-    elif path.exists() or str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1:
-        raise FileNotFoundError(f"{name_or_path} is not a directory holding a checkpoint (nor a hub repo id)")
-    else:
-        directory = _resolve_hub(str(name_or_path), revision, cache_dir)
-
+    directory = model_directory(name_or_path, revision, cache_dir)
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{directory} has no config.json")

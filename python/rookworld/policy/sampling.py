@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from rookworld.grpo import full_kl
-from rookworld.model import GPT, KVCache
+
+from rookworld.policy.model import GPT, KVCache
 
 EOS_ID = 50256
 PAD_ID = EOS_ID
@@ -190,6 +190,78 @@ def release_caches(model: GPT | None = None) -> None:
         _cache_pool.pop(model, None)
 
 
+def _row_limits(max_new_tokens: int | torch.Tensor, B: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Each row's new-token limit [B] and the largest."""
+    if isinstance(max_new_tokens, torch.Tensor):
+        limits = max_new_tokens.to(device=device, dtype=torch.long).expand(B)
+        N = int(limits.max()) if B else 0
+    else:
+        limits = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+        N = max_new_tokens
+    if N < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {N}")
+    return limits, N
+
+
+class _Decoder:
+    """Next-token logits [B, V] (float32) of a batch, one token at a time: against a KV cache written at a
+    position tensor (the step compiled, and replayed as a CUDA graph, on CUDA), or, with use_cache=False, by
+    recomputing the whole sequence (slow; the tests' reference)."""
+
+    def __init__(self, model: GPT, input_ids: torch.Tensor, mask: torch.Tensor, new_tokens: int,
+                 dtype: torch.dtype | None, compile: bool | None, use_cache: bool):
+        device = model.device
+        # bf16 on CUDA unless the model already runs in a 16-bit type; fp32 weights then stay fp32 (autocast).
+        default_dtype = torch.bfloat16 if device.type == "cuda" and model.dtype == torch.float32 else model.dtype
+        compute_dtype = dtype or default_dtype
+        self.amp_dtype = compute_dtype if compute_dtype != model.dtype else None
+        compile = (device.type == "cuda") if compile is None else compile
+        self.compile = compile and use_cache and device.type not in _compile_failed
+        self.model, self.device, self.use_cache = model, device, use_cache
+        self.input_ids, self.mask = input_ids, mask
+        self.autocast = torch.autocast(device.type, dtype=self.amp_dtype or torch.bfloat16,
+                                       enabled=self.amp_dtype is not None)
+        if use_cache:
+            max_len = input_ids.shape[1] + new_tokens
+            if self.compile:
+                max_len = -(-max_len // CACHE_LEN_BUCKET) * CACHE_LEN_BUCKET
+                self.cache = _pooled_cache(model, input_ids.shape[0], max_len, compute_dtype)
+                self.step_fn = _compiled_step(device.type)
+            else:
+                self.cache = KVCache(model.config, input_ids.shape[0], max_len, device, compute_dtype)
+                self.step_fn = _decode_step
+
+    def first(self) -> torch.Tensor:
+        """Logits after the prompts (the prefill)."""
+        P = self.input_ids.shape[1]
+        with self.autocast:
+            if not self.use_cache:
+                return self.model.lm_head(self.model.trunk(self.input_ids, self.mask)[:, -1]).float()
+            hidden = self.model.trunk(self.input_ids, self.mask, None, self.cache, torch.arange(P, device=self.device))
+            logits = self.model.lm_head(hidden[:, -1]).float()
+        self.write_pos = torch.tensor([P], dtype=torch.long, device=self.device)
+        self.position_ids = self.mask.sum(1, keepdim=True)  # next position of every row: its real prompt length
+        return logits
+
+    def next(self, token: torch.Tensor) -> torch.Tensor:
+        """Logits after appending `token` [B] to every row."""
+        if not self.use_cache:
+            ones = torch.ones(token.shape[0], 1, dtype=torch.bool, device=self.device)
+            self.input_ids = torch.cat([self.input_ids, token[:, None]], dim=1)
+            self.mask = torch.cat([self.mask, ones], dim=1)
+            with self.autocast:
+                return self.model.lm_head(self.model.trunk(self.input_ids, self.mask)[:, -1]).float()
+        args = (self.model, self.cache, token[:, None], self.position_ids, self.write_pos, self.device.type,
+                self.amp_dtype)
+        if self.compile:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
+        logits, self.step_fn = _run_or_fall_back(self.step_fn, _decode_step, self.device.type, *args)
+        self.compile = self.step_fn is not _decode_step
+        self.write_pos = self.write_pos + 1
+        self.position_ids = self.position_ids + 1
+        return logits
+
+
 @torch.no_grad()
 def generate(
     model: GPT,
@@ -213,7 +285,7 @@ def generate(
 ) -> GenerationOutput:
     """Sample completions for a left-padded batch of prompts.
 
-    input_ids / attention_mask: [B, P], left-padded (see `rookworld.tokenizer`); mask None = no padding.
+    input_ids / attention_mask: [B, P], left-padded (see `rookworld.policy.tokenizer`); mask None = no padding.
     max_new_tokens: one limit, or one per row ([B] tensor). A row stops at its limit or, with stop_at_eos, after
         emitting eos_token_id (the EOS is part of the completion and of its mask). stop_at_eos=False generates
         exactly max_new_tokens per row (benchmarks).
@@ -238,14 +310,7 @@ def generate(
         if attention_mask is not None
         else torch.ones(B, P, dtype=torch.bool, device=device)
     )
-    if isinstance(max_new_tokens, torch.Tensor):
-        limits = max_new_tokens.to(device=device, dtype=torch.long).expand(B)
-        N = int(limits.max()) if B else 0
-    else:
-        limits = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
-        N = max_new_tokens
-    if N < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {N}")
+    limits, N = _row_limits(max_new_tokens, B, device)
     if P + N > model.config.block_size:
         raise ValueError(f"prompt width {P} + {N} new tokens exceeds the context of {model.config.block_size}")
     if top_k is not None and top_k < 1:
@@ -254,13 +319,6 @@ def generate(
         raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
-
-    # bf16 on CUDA unless the model already runs in a 16-bit type; fp32 weights then stay fp32 (autocast).
-    default_dtype = torch.bfloat16 if device.type == "cuda" and model.dtype == torch.float32 else model.dtype
-    compute_dtype = dtype or default_dtype
-    amp_dtype = compute_dtype if compute_dtype != model.dtype else None
-    compile = (device.type == "cuda") if compile is None else compile
-    compile = compile and use_cache and device.type not in _compile_failed
     check_every = check_every or (16 if device.type == "cuda" else 1)
 
     tokens = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
@@ -273,26 +331,8 @@ def generate(
     was_training = model.training
     model.eval()  # dropout must be off while sampling, whatever the trainer left it at
     try:
-        autocast = torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None)
-        if use_cache:
-            max_len = P + N
-            if compile:
-                max_len = -(-max_len // CACHE_LEN_BUCKET) * CACHE_LEN_BUCKET
-                cache = _pooled_cache(model, B, max_len, compute_dtype)
-                step_fn = _compiled_step(device.type)
-            else:
-                cache = KVCache(model.config, B, max_len, device, compute_dtype)
-                step_fn = _decode_step
-            with autocast:
-                hidden = model.trunk(input_ids, mask, None, cache, torch.arange(P, device=device))
-                logits = model.lm_head(hidden[:, -1]).float()
-            write_pos = torch.tensor([P], dtype=torch.long, device=device)
-            position_ids = mask.sum(1, keepdim=True)  # next position of every row: its real prompt length
-        else:
-            seq, seq_mask = input_ids, mask
-            with autocast:
-                logits = model.lm_head(model.trunk(seq, seq_mask)[:, -1]).float()
-
+        decoder = _Decoder(model, input_ids, mask, N, dtype, compile, use_cache)
+        logits = decoder.first()
         for step in range(N):
             token, token_logp = sample_next(logits, temperature, top_k, top_p, generator)
             if policy_logprobs is not None:
@@ -309,19 +349,7 @@ def generate(
             done = done | (limits <= step + 1)
             if step + 1 == N or ((step + 1) % check_every == 0 and bool(done.all())):
                 break
-            if use_cache:
-                args = (model, cache, token[:, None], position_ids, write_pos, device.type, amp_dtype)
-                if compile:
-                    torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
-                logits, step_fn = _run_or_fall_back(step_fn, _decode_step, device.type, *args)
-                compile = step_fn is not _decode_step
-                write_pos = write_pos + 1
-                position_ids = position_ids + 1
-            else:
-                seq = torch.cat([seq, token[:, None]], dim=1)
-                seq_mask = torch.cat([seq_mask, torch.ones(B, 1, dtype=torch.bool, device=device)], dim=1)
-                with autocast:
-                    logits = model.lm_head(model.trunk(seq, seq_mask)[:, -1]).float()
+            logits = decoder.next(token)
     finally:
         model.train(was_training)
 
@@ -341,6 +369,26 @@ def generate(
 
 # ----------------------------------------------------------------------------------------------------------
 # Scoring pass for training
+
+
+KL_DIRECTIONS = ("forward", "reverse", "symmetric")
+
+
+def full_kl(logp: torch.Tensor, ref_logp: torch.Tensor, direction: str = "forward") -> torch.Tensor:
+    """Exact KL per row between two log-softmaxed distributions over the vocabulary [n, V] -> [n]:
+    ``forward`` KL(policy || reference), ``reverse`` KL(reference || policy), ``symmetric`` their mean."""
+    if direction not in KL_DIRECTIONS:
+        raise ValueError(f"KL direction must be one of {KL_DIRECTIONS}, got {direction!r}")
+    forward = reverse = None
+    if direction != "reverse":
+        forward = (logp.exp() * (logp - ref_logp)).sum(-1)
+    if direction != "forward":
+        reverse = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
+    if forward is None:
+        return reverse
+    if reverse is None:
+        return forward
+    return 0.5 * (forward + reverse)
 
 
 def _chunk_scores(
@@ -408,7 +456,7 @@ def token_logprobs(
     Entropy (optional) is that of the same, temperature-scaled, distribution. Autocast, if any, is the caller's.
     compile: run the per-chunk log-softmax through torch.compile (a warning and eager if compiling fails).
     reference: also the exact KL to this (frozen) model's tempered distribution at each position, summed over
-    the vocabulary (`rookworld.grpo.full_kl`, in `kl_direction`); its logits are made chunk by chunk beside the
+    the vocabulary (`rookworld.train.grpo.full_kl`, in `kl_direction`); its logits are made chunk by chunk beside the
     policy's, so they too never exist whole.
     value_head: also its value of the hidden state that predicts each token (the state before the token).
     """

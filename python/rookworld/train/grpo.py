@@ -13,7 +13,6 @@ STD_SCALINGS = ("group", "batch", "none")
 BASELINES = ("group", "ema")
 ADVANTAGE_ESTIMATORS = ("grpo", "gae")
 KL_ESTIMATORS = ("k1", "k2", "k3", "full")
-KL_DIRECTIONS = ("forward", "reverse", "symmetric")
 AGGREGATIONS = ("token", "sequence", "constant")
 
 #: Rewards closer than this are equal: a group whose rewards all lie within it has no spread. The scorer's
@@ -81,23 +80,6 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
         # Clamped so a token the reference finds impossible cannot overflow the exponential.
         return torch.exp(r.clamp(max=20.0)) - 1.0 - r
     raise ValueError(f"sampled KL estimator must be one of k1, k2, k3, got {estimator!r}")
-
-
-def full_kl(logp: torch.Tensor, ref_logp: torch.Tensor, direction: str = "forward") -> torch.Tensor:
-    """Exact KL per row between two log-softmaxed distributions over the vocabulary [n, V] -> [n]:
-    ``forward`` KL(policy || reference), ``reverse`` KL(reference || policy), ``symmetric`` their mean."""
-    if direction not in KL_DIRECTIONS:
-        raise ValueError(f"KL direction must be one of {KL_DIRECTIONS}, got {direction!r}")
-    forward = reverse = None
-    if direction != "reverse":
-        forward = (logp.exp() * (logp - ref_logp)).sum(-1)
-    if direction != "forward":
-        reverse = (ref_logp.exp() * (ref_logp - logp)).sum(-1)
-    if forward is None:
-        return reverse
-    if reverse is None:
-        return forward
-    return 0.5 * (forward + reverse)
 
 
 def penalty_to_go(penalty: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Checkpoints: the policy in the Hugging Face GPT-2 layout plus the trainer's state, written atomically.
 
-    OUTPUT_DIR/checkpoints/step-000050/{config.json, model.safetensors, trainer_state.pt, train_config.json}
+    OUTPUT_DIR/checkpoints/step-000050/{config.json, model.safetensors, vocab.json, merges.txt, trainer_state.pt,
+                                        train_config.json}
                                        (+ one NAME.safetensors per extra module, e.g. the GAE value head)
     OUTPUT_DIR/checkpoints/latest        (the name of the newest complete checkpoint)
 
@@ -57,10 +58,10 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict[str, Any], config: dict[str, Any],
-                    keep: int, modules: dict[str, torch.nn.Module] | None = None) -> Path:
+                    keep: int, modules: dict[str, torch.nn.Module] | None = None, tokenizer=None) -> Path:
     """Writes checkpoint `step` and prunes all but the newest `keep`; returns its directory. `modules` are
     trained beside the policy but not part of it: each goes to its own NAME.safetensors, so `model.safetensors`
-    stays a plain GPT-2."""
+    stays a plain GPT-2. The tokenizer's vocab.json and merges.txt make the directory loadable offline."""
     from safetensors.torch import save_file
 
     root = Path(output_dir) / "checkpoints"
@@ -70,6 +71,8 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
         model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)
         for module_name, module in (modules or {}).items():
             tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}

@@ -1,0 +1,352 @@
+"""Every setting of a training command in one dataclass: defaults, a TOML file, then flags, then checks.
+
+`RunConfig` holds what every training command shares (model, output, device, optimiser, checkpoints,
+evaluation); `TrainConfig` adds GRPO's settings. `rookworld train --config run.toml --lr 3e-6` reads the file
+(keys are the field names, with `-` or `_`, at the top level or under [train]) and lets flags override it.
+`validate()` turns a bad value into one clear message before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rookworld.policy.sampling import KL_DIRECTIONS
+from rookworld.rewards import SHAPINGS
+from rookworld.train.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, BASELINES, KL_ESTIMATORS, STD_SCALINGS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work, said in one line."""
+
+
+def _f(default: Any, help: str, section: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, "section": section, **kw})
+
+
+RUN, DATA, SAMPLING, REWARDS, OBJECTIVE, OPTIM, LOGGING = (
+    "what to train, where, for how long", "prompts", "sampling", "rewards", "GRPO objective", "optimisation",
+    "logging, evaluation, checkpoints")
+
+
+@dataclass
+class RunConfig:
+    """What every training command shares."""
+
+    model: str = _f("jrahn/RookWorld-LM-124M", "policy to start from: hub repo id or local directory", RUN)
+    revision: str | None = _f(None, "hub revision of --model (branch, tag or commit)", RUN)
+    steps: int = _f(500, "optimizer steps", RUN)
+    output_dir: str = _f("runs/rookworld", "directory for checkpoints, metrics.jsonl, samples and TensorBoard", RUN)
+    overwrite: bool = _f(False, "start afresh in an --output-dir that holds a run, deleting its metrics, samples "
+                                "and checkpoints", RUN)
+    resume: str | None = _f(None, "continue from a checkpoint directory, or an output directory's latest checkpoint",
+                            RUN)
+    seed: int = _f(0, "seed for data, sampling and initialisation", RUN)
+    device: str = _f("auto", "cpu, cuda, cuda:N or auto (CUDA when available; under torchrun, the local rank's "
+                             "GPU)", RUN)
+    dtype: str = _f("auto", "compute dtype: auto (bf16 autocast on CUDA, fp32 on CPU), bf16 or fp32", RUN,
+                    choices=("auto", "bf16", "fp32"))
+    compile: bool = _f(True, "on CUDA, torch.compile the hot paths", RUN)
+
+    micro_batch_size: int = _f(64, "rows per forward/backward (gradient accumulation within an optimizer step)",
+                               OPTIM)
+    lr: float = _f(3e-6, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM)
+    min_lr_ratio: float = _f(0.1, "cosine decay ends at lr x this", OPTIM)
+    warmup_steps: int = _f(10, "linear learning-rate warm-up steps", OPTIM)
+    weight_decay: float = _f(0.0, "AdamW weight decay", OPTIM)
+    max_grad_norm: float = _f(1.0, "gradient clipping norm (0: off)", OPTIM)
+
+    log_every: int = _f(1, "print a summary line every N steps", LOGGING)
+    eval_every: int = _f(50, "greedy evaluation on held-out positions every N steps (0: never)", LOGGING)
+    eval_data: str | None = _f(None, "held-out positions for evaluation (default: generated, disjoint seed)",
+                               LOGGING)
+    eval_size: int = _f(128, "positions in the held-out evaluation", LOGGING)
+    save_every: int = _f(50, "checkpoint every N steps (and always at the end)", LOGGING)
+    keep_checkpoints: int = _f(3, "checkpoints kept (oldest deleted)", LOGGING)
+    max_new_tokens: int = _f(144, "completion length limit", SAMPLING)
+    stockfish_path: str | None = _f(None, "Stockfish binary (default: ROOKWORLD_STOCKFISH, stockfish on PATH, "
+                                          "then /usr/games/stockfish)", REWARDS)
+    stockfish_depth: int = _f(10, "Stockfish analysis depth for P: rewards", REWARDS)
+    stockfish_workers: int | None = _f(None, "Stockfish processes per rank (default: spare cores / ranks)", REWARDS)
+    stockfish_cache: str | None = _f(None, "sqlite file that caches analyses across runs", REWARDS)
+
+    def validate(self):
+        self.check(_need)
+        return self
+
+    def check(self, need) -> None:
+        for name in ("steps", "micro_batch_size", "stockfish_depth", "log_every", "eval_size", "keep_checkpoints",
+                     "max_new_tokens"):
+            need(getattr(self, name) >= 1, f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("seed", "warmup_steps", "eval_every", "save_every"):
+            need(getattr(self, name) >= 0, f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        need(0.0 <= self.min_lr_ratio <= 1.0, f"--min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio}")
+        for name in ("lr", "weight_decay", "max_grad_norm"):
+            v = getattr(self, name)
+            need(v >= 0.0 and v == v, f"--{_flag(name)} must be >= 0, got {v}")
+        need(self.lr > 0, "--lr must be > 0")
+        need(self.stockfish_workers is None or self.stockfish_workers >= 1, "--stockfish-workers must be >= 1")
+        need(not (self.overwrite and self.resume), "--overwrite starts afresh and --resume continues: give one")
+        for name, choices in (("dtype", ("auto", "bf16", "fp32")),):
+            v = getattr(self, name)
+            need(v in choices, f"--{_flag(name)} must be one of {', '.join(choices)}, got {v!r}")
+        need(bool(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device)),
+             f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        need(self.eval_data is None or Path(self.eval_data).is_file(), f"--eval-data: no such file: {self.eval_data}")
+        model = Path(self.model).expanduser()
+        looks_local = model.exists() or self.model.startswith((".", "/", "~")) or self.model.count("/") != 1
+        if looks_local:
+            need(model.is_dir(), f"--model: no such model directory: {self.model}")
+            need((model / "config.json").is_file(), f"--model: {self.model} has no config.json")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict, source: str = "config"):
+        known = {f.name for f in dataclasses.fields(cls)}
+        clean = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ConfigError(f"{source}: unknown setting {key!r}")
+            clean[name] = value
+        cfg = cls(**clean)
+        for f in dataclasses.fields(cls):  # TOML has no None; types are checked here, values in validate()
+            v = getattr(cfg, f.name)
+            if v is not None and not _type_ok(f, v):
+                raise ConfigError(f"{source}: {f.name} = {v!r} is not a {_type_name(f)}")
+        return cfg
+
+
+@dataclass
+class TrainConfig(RunConfig):
+    """`rookworld train`: GRPO."""
+
+    steps: int = _f(500, "GRPO steps", RUN)
+
+    data: str | None = _f(None, "positions file (JSONL, FEN or EPD a line); default: the built-in generator", DATA)
+    task_mix: float = _f(0.8, "share of P: prompts, exact in every step (one prompt either way); the rest are A:",
+                         DATA)
+    prompts_per_step: int = _f(32, "prompts per GRPO step (over all ranks)", DATA)
+    group_size: int = _f(16, "completions sampled per prompt (at least 2: GRPO compares them)", DATA)
+    auto_batch: bool = _f(False, "on CUDA, probe real steps at doubling --prompts-per-step (from "
+                                 "--prompts-per-step) and keep the largest whose peak memory stays under "
+                                 "--memory-target", DATA)
+    memory_target: float = _f(0.85, "share of GPU memory --auto-batch may use", DATA)
+    auto_batch_max: int = _f(1024, "largest --prompts-per-step --auto-batch tries", DATA)
+    illegal_share: float = _f(0.01, "share of generated A: moves that are illegal", DATA)
+    overfit_single_batch: bool = _f(False, "reuse the first batch of prompts every step (debugging)", DATA)
+
+    temperature: float = _f(1.0, "sampling temperature (also used for the log-probs of the update)", SAMPLING)
+    top_k: int = _f(0, "sample from the k most likely tokens (0: no limit)", SAMPLING)
+    top_p: float = _f(1.0, "nucleus sampling threshold (1: no limit)", SAMPLING)
+
+    reward_shaping: str = _f("continuous", "continuous (0.2 + 0.8 q) or graduated (steps of 0.2)", REWARDS,
+                             choices=SHAPINGS)
+
+    advantage: str = _f("grpo", "grpo (group-relative, no critic) or gae (PPO: a value head on the policy's trunk, "
+                                "per-token advantages by GAE)", OBJECTIVE, choices=ADVANTAGE_ESTIMATORS)
+    baseline: str = _f("group", "what a reward is compared with (grpo): its group's mean, or ema, a moving average "
+                                "of its task's reward over steps", OBJECTIVE, choices=BASELINES)
+    ema_decay: float = _f(0.9, "decay of the --baseline ema average per step", OBJECTIVE)
+    std_scaling: str = _f("auto", "advantage scaling: group std, batch std over all ranks (with gae: whitening), "
+                                  "none (Dr. GRPO), or auto (group with the group baseline, else batch)", OBJECTIVE,
+                          choices=("auto", *STD_SCALINGS))
+    gamma: float = _f(1.0, "discount per token (--advantage gae)", OBJECTIVE)
+    gae_lambda: float = _f(0.95, "GAE lambda (--advantage gae)", OBJECTIVE)
+    vf_coef: float = _f(0.1, "weight of the value loss beside the policy loss (--advantage gae)", OBJECTIVE)
+    value_clip: float = _f(0.2, "clip range of the value loss around the rollout's values (--advantage gae)",
+                           OBJECTIVE)
+    value_lr: float = _f(1e-4, "peak learning rate of the value head (--advantage gae)", OBJECTIVE)
+    loss_aggregation: str = _f("token", "token (DAPO), sequence (GRPO) or constant (Dr. GRPO)", OBJECTIVE,
+                               choices=AGGREGATIONS)
+    clip_low: float = _f(0.2, "lower clip range of the importance ratio (1 - clip_low)", OBJECTIVE)
+    clip_high: float = _f(0.28, "upper clip range (1 + clip_high); above clip_low is clip-higher (DAPO)", OBJECTIVE)
+    beta: float = _f(0.04, "weight of the KL penalty to the frozen reference (0: no reference pass)", OBJECTIVE)
+    kl_estimator: str = _f("k3", "KL to the reference: k1 (a per-token penalty folded into the advantages), k2 or "
+                                 "k3 (loss terms with the gradient of KL(policy||ref), resp. KL(ref||policy)), "
+                                 "full (exact over the vocabulary, see --kl-direction)", OBJECTIVE,
+                           choices=KL_ESTIMATORS)
+    kl_direction: str = _f("forward", "direction of --kl-estimator full: forward KL(policy||ref), reverse "
+                                      "KL(ref||policy) or symmetric (their mean)", OBJECTIVE, choices=KL_DIRECTIONS)
+    beta_warmup_steps: int = _f(0, "ramp beta linearly from 0 over this many steps", OBJECTIVE)
+    kl_target: float | None = _f(None, "adapt beta toward this KL per token (default: fixed beta)", OBJECTIVE)
+    kl_horizon: int = _f(10, "steps over which the adaptive beta reacts", OBJECTIVE)
+    entropy_coef: float = _f(0.0, "weight of an entropy bonus", OBJECTIVE)
+    drop_zero_spread: bool = _f(False, "leave out groups whose rewards do not vary", OBJECTIVE)
+    mask_truncated: bool = _f(False, "leave out completions cut off at max_new_tokens", OBJECTIVE)
+
+    mu: int = _f(1, "update epochs over each rollout", OPTIM)
+    minibatches: int = _f(1, "optimizer steps per epoch (the rollout is split into this many minibatches)", OPTIM)
+
+    sample_every: int = _f(10, "write example completions with their rewards every N steps (0: never)", LOGGING)
+    kl_warn: float = _f(1.0, "warn when the mean KL per token exceeds this", LOGGING)
+    clip_warn: float = _f(0.2, "warn when the clip fraction exceeds this", LOGGING)
+
+    def check(self, need) -> None:
+        need(self.group_size >= 2, f"--group-size must be >= 2 (GRPO compares completions), got {self.group_size}")
+        super().check(need)
+        for name in ("prompts_per_step", "mu", "minibatches", "kl_horizon"):
+            need(getattr(self, name) >= 1, f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("beta_warmup_steps", "sample_every", "top_k"):
+            need(getattr(self, name) >= 0, f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        need(0.0 < self.memory_target <= 1.0, f"--memory-target must lie in (0, 1], got {self.memory_target}")
+        need(self.auto_batch_max >= 1, f"--auto-batch-max must be >= 1, got {self.auto_batch_max}")
+        for name in ("task_mix", "illegal_share"):
+            v = getattr(self, name)
+            need(0.0 <= v <= 1.0, f"--{_flag(name)} must lie in [0, 1], got {v}")
+        for name in ("beta", "clip_low", "clip_high", "entropy_coef", "temperature", "kl_warn", "clip_warn"):
+            v = getattr(self, name)
+            need(v >= 0.0 and v == v, f"--{_flag(name)} must be >= 0, got {v}")
+        need(self.temperature > 0, "--temperature must be > 0 for training (the update's log-probs are taken at "
+                                   "the sampling temperature); greedy decoding is for evaluation")
+        need(0.0 < self.top_p <= 1.0, f"--top-p must lie in (0, 1], got {self.top_p}")
+        need(self.clip_low < 1.0, f"--clip-low must be < 1, got {self.clip_low}")
+        need(self.kl_target is None or self.kl_target > 0, "--kl-target must be > 0")
+        samples = self.prompts_per_step * self.group_size
+        need(samples % self.minibatches == 0,
+             f"prompts-per-step x group-size ({samples}) must split into --minibatches ({self.minibatches})")
+        for name, choices in (("reward_shaping", SHAPINGS), ("std_scaling", ("auto", *STD_SCALINGS)),
+                              ("loss_aggregation", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS),
+                              ("kl_direction", KL_DIRECTIONS), ("baseline", BASELINES),
+                              ("advantage", ADVANTAGE_ESTIMATORS)):
+            v = getattr(self, name)
+            need(v in choices, f"--{_flag(name)} must be one of {', '.join(choices)}, got {v!r}")
+        need(self.data is None or Path(self.data).is_file(), f"--data: no such file: {self.data}")
+        self._check_objective(need)
+
+    def _check_objective(self, need) -> None:
+        if self.kl_target is not None:
+            need(self.beta > 0, "--kl-target adapts --beta from its starting value: give --beta > 0")
+            need(self.beta_warmup_steps == 0, "--kl-target and --beta-warmup-steps both set beta: use one of them")
+        need(self.kl_direction == "forward" or self.kl_estimator == "full",
+             "--kl-direction applies to --kl-estimator full only")
+        for name in ("gamma", "gae_lambda"):
+            v = getattr(self, name)
+            need(0.0 <= v <= 1.0, f"--{_flag(name)} must lie in [0, 1], got {v}")
+        need(0.0 <= self.ema_decay < 1.0, f"--ema-decay must lie in [0, 1), got {self.ema_decay}")
+        need(self.vf_coef >= 0, f"--vf-coef must be >= 0, got {self.vf_coef}")
+        need(self.value_clip > 0, f"--value-clip must be > 0, got {self.value_clip}")
+        need(self.value_lr > 0, f"--value-lr must be > 0, got {self.value_lr}")
+        if self.advantage == "gae":
+            need(self.baseline == "group", "--advantage gae has its own baseline (the value head): drop --baseline")
+            need(self.std_scaling != "group", "--std-scaling group has no meaning for per-token GAE advantages: "
+                                              "use batch (whitening) or none")
+        else:
+            for name in ("gamma", "gae_lambda", "vf_coef", "value_clip", "value_lr"):
+                need(getattr(self, name) == _default(TrainConfig, name),
+                     f"--{_flag(name)} applies to --advantage gae only")
+        if self.baseline != "group":
+            need(self.std_scaling != "group", "--std-scaling group divides by each group's std, which is 0 for a "
+                                              "group without spread: use batch or none with --baseline ema")
+        else:
+            need(self.ema_decay == _default(TrainConfig, "ema_decay"), "--ema-decay applies to --baseline ema only")
+
+    @property
+    def advantage_scaling(self) -> str:
+        """--std-scaling with auto resolved: group for GRPO's group baseline, batch otherwise."""
+        if self.std_scaling != "auto":
+            return self.std_scaling
+        return "group" if self.advantage == "grpo" and self.baseline == "group" else "batch"
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _default(cls: type, name: str) -> Any:
+    return cls.__dataclass_fields__[name].default
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _base_type(f: dataclasses.Field) -> type:
+    t = str(f.type)
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if t.startswith(name):
+            return typ
+    raise TypeError(t)
+
+
+def _type_name(f: dataclasses.Field) -> str:
+    return _base_type(f).__name__
+
+
+def _type_ok(f: dataclasses.Field, v: Any) -> bool:
+    t = _base_type(f)
+    if t is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if t is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, t)
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type[RunConfig] = TrainConfig) -> None:
+    """One flag per field, grouped by section; defaults are SUPPRESSed so that only flags actually given override
+    the file."""
+    parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file; flags override it")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    fields = sorted(dataclasses.fields(cls), key=lambda f: _SECTIONS.index(f.metadata["section"]))
+    for f in fields:
+        section = f.metadata["section"]
+        group = groups.get(section) or groups.setdefault(section, parser.add_argument_group(section))
+        help_text = f.metadata["help"]
+        typ = _base_type(f)
+        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name}
+        if typ is bool:
+            kwargs.update(action=argparse.BooleanOptionalAction)
+        else:
+            kwargs.update(type=typ, metavar=f.name.upper().replace("_", "-") if typ is str else typ.__name__.upper())
+            if "choices" in f.metadata:
+                kwargs.update(choices=f.metadata["choices"], metavar=None)
+        # A default of None is said in the help text itself ("default: the built-in generator").
+        kwargs["help"] = help_text if f.default is None or "default" in help_text else \
+            f"{help_text} (default: {_shown(f.default)})"
+        group.add_argument(f"--{_flag(f.name)}", **kwargs)
+
+
+_SECTIONS = [RUN, DATA, SAMPLING, REWARDS, OBJECTIVE, OPTIM, LOGGING]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def from_args(args: argparse.Namespace, cls: type[RunConfig] = TrainConfig):
+    values: dict = {}
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        try:
+            values = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"--config: no such file: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"--config {path}: {e}") from None
+        section = "train" if cls is TrainConfig else cls.__name__.removesuffix("Config").lower()
+        values = dict(values.get(section, values))  # settings at the top level or under [train] / [sft]
+        source = str(path)
+    else:
+        source = "config"
+    names = {f.name for f in dataclasses.fields(cls)}
+    for name in names:
+        if hasattr(args, name):
+            if _flag(name) != name:
+                values.pop(_flag(name), None)
+            values[name] = getattr(args, name)
+    return cls.from_dict(values, source).validate()

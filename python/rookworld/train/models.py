@@ -1,0 +1,133 @@
+"""The networks of a GRPO run and how they are run: the policy (with its value head, for GAE), the frozen
+reference, the device, autocast and compilation. Sampling and the no-grad log-prob passes of a rollout live
+here; the update's differentiable pass goes through `scores`, which DDP wraps."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from rookworld.policy.sampling import PAD_ID, GenerationOutput, generate, token_logprobs
+
+
+class Scores(nn.Module):
+    """`token_logprobs` (and the value head, if any) behind a forward(), so DDP's hooks see every parameter
+    the update uses. The frozen reference comes as an argument: it is not trained, so DDP must not own it."""
+
+    def __init__(self, model: nn.Module, value_head: nn.Module | None = None, compile: bool = False):
+        super().__init__()
+        self.model, self.value_head, self.compile = model, value_head, compile
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, temperature: float,
+                reference: nn.Module | None = None, kl_direction: str = "forward"):
+        s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=True,
+                           compile=self.compile, reference=reference, kl_direction=kl_direction,
+                           value_head=self.value_head)
+        return s.logprobs, s.entropy, s.kl, s.values
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows of a rollout that go through the model together, cut to the columns some row of them uses."""
+
+    rows: np.ndarray  # indices into the rollout
+    left: int  # leading columns that are padding in every row (prompts are left-padded), skipped
+    width: int  # completion columns kept: up to the end of the longest completion among the rows
+
+
+def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np.ndarray, prompt_width: int,
+                  size: int) -> list[MicroBatch]:
+    """Splits `rows` into micro-batches of at most `size` rows of similar length.
+
+    Every log-prob pass costs rows x columns of the block it is given, and an A: row (long prompt, long
+    completion) is about twice as long as a P: row: padding all of them to the longest would make about 40% of
+    the work padding. Sorting by length and cutting each micro-batch to its own columns keeps that near zero.
+    Exact: positions come from the attention mask, and the cut columns are padding to every row kept."""
+    rows = np.asarray(rows)
+    order = rows[np.argsort(prompt_lens[rows] + completion_lens[rows], kind="stable")]
+    out = []
+    for i in range(0, len(order), size):
+        chunk = order[i : i + size]
+        out.append(MicroBatch(chunk, prompt_width - int(prompt_lens[chunk].max()),
+                              max(1, int(completion_lens[chunk].max()))))
+    return out
+
+
+class Models:
+    def __init__(self, policy: nn.Module, reference: nn.Module | None, value_head: nn.Module | None,
+                 device: torch.device, amp_dtype: torch.dtype | None, compile: bool, ddp: bool):
+        self.policy, self.reference, self.value_head = policy, reference, value_head
+        self.device, self.amp_dtype, self.compile = device, amp_dtype, compile
+        self.scores: nn.Module = Scores(policy, value_head, compile)
+        if ddp:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.scores = DDP(self.scores, device_ids=[device.index] if device.type == "cuda" else None)
+
+    @property
+    def trained(self) -> nn.Module:
+        """Every trained parameter (policy and value head), as one module."""
+        return getattr(self.scores, "module", self.scores)
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def sample(self, ids: torch.Tensor, pmask: torch.Tensor, prompt_lens: np.ndarray, tasks: np.ndarray,
+               generator: torch.Generator, cfg, completion_lengths: dict[str, int] | None = None
+               ) -> GenerationOutput:
+        """Completions for left-padded prompts [n, P] (real lengths `prompt_lens`), one `generate` call per task.
+
+        A: prompts are about twice as wide as P: prompts and their completions about twice as long, and a batch
+        decodes until its longest row is done: sampled together, every P: row would ride along for the A: rows'
+        extra steps, in a KV cache sized for them. Apart, each task's batch stops and sizes its cache on its own.
+        ``completion_lengths`` ({task: n}) makes every completion exactly n tokens, EOS or not: for benchmarks,
+        which must measure the same work whatever the (random) weights write.
+        """
+        n, P = ids.shape
+        fixed = completion_lengths is not None
+        parts = []
+        for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
+            rows = np.flatnonzero(tasks == task)
+            index, left = torch.from_numpy(rows).to(self.device), P - int(prompt_lens[rows].max())
+            limit = completion_lengths.get(task, cfg.max_new_tokens) if fixed else cfg.max_new_tokens
+            with torch.no_grad():
+                parts.append((index, generate(
+                    self.policy, ids[index, left:], pmask[index, left:], max_new_tokens=limit, stop_at_eos=not fixed,
+                    temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p if cfg.top_p < 1.0 else None,
+                    generator=generator, compile=self.compile, dtype=self.amp_dtype)))
+        width = max((o.tokens.shape[1] for _, o in parts), default=0)
+        tokens = torch.full((n, width), PAD_ID, dtype=torch.long, device=self.device)
+        mask = torch.zeros((n, width), dtype=torch.bool, device=self.device)
+        logprobs = torch.zeros((n, width), device=self.device)
+        lengths = torch.zeros(n, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(n, dtype=torch.bool, device=self.device)
+        for index, o in parts:
+            w = o.tokens.shape[1]
+            tokens[index, :w], mask[index, :w], logprobs[index, :w] = o.tokens, o.mask, o.logprobs
+            lengths[index], stopped[index] = o.lengths, o.stopped
+        return GenerationOutput(tokens, mask, logprobs, None, lengths, stopped)
+
+    @torch.no_grad()
+    def rollout_scores(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,
+                       batches: list[MicroBatch], temperature: float, values: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Completion log-probs [n, N] of every row under `model` and, with `values`, the value head's values
+        [n, N], without gradients (0 past each micro-batch's width)."""
+        lp = torch.zeros(ids.shape[0], ids.shape[1] - prompt_width, device=ids.device)
+        vals = torch.zeros_like(lp) if values else None
+        for b in batches:
+            rows, cols = torch.from_numpy(b.rows).to(ids.device), slice(b.left, prompt_width + b.width)
+            with self.autocast():
+                s = token_logprobs(model, ids[rows, cols], mask[rows, cols], start=prompt_width - b.left,
+                                   temperature=temperature, compile=self.compile,
+                                   value_head=self.value_head if values else None)
+            lp[rows, : b.width] = s.logprobs.float()
+            if vals is not None:
+                vals[rows, : b.width] = s.values.float()
+        return lp, vals

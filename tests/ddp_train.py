@@ -1,0 +1,36 @@
+"""`rookworld train` as one rank of torchrun, with each rank writing a digest of its parameters when the run
+ends, so that a test can check that the ranks hold the same weights (only rank 0 writes checkpoints).
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/ddp_train.py DIGEST_DIR train --model ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+from rookworld import cli
+from rookworld.train.trainer import Trainer
+
+
+def main() -> int:
+    digest_dir = Path(sys.argv[1])
+    digest_dir.mkdir(parents=True, exist_ok=True)
+    close = Trainer.close
+
+    def close_with_digest(self: Trainer) -> None:
+        h = hashlib.sha256()
+        for name, p in sorted(self.policy.state_dict().items()):
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+        (digest_dir / f"rank{os.environ.get('RANK', '0')}.txt").write_text(h.hexdigest())
+        close(self)
+
+    Trainer.close = close_with_digest
+    return cli.main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

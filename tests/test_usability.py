@@ -1,0 +1,209 @@
+"""What a new user meets: a run directory that is not silently overwritten, one-line errors, a header before the
+slow parts, visible evaluation, a finished run that says so, a vocabulary that comes with the model, the
+README's snippets running as written."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_trainer import metrics, run_cli, train_args
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def lines_of(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+# -- the output directory -------------------------------------------------------------------------------------
+
+def test_a_new_run_does_not_overwrite_an_old_one_without_being_told(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(train_args(tiny_dir, out, "--steps", "2", "--save-every", "1")).returncode == 0
+    before = (out / "metrics.jsonl").read_text()
+    again = run_cli(train_args(tiny_dir, out, "--steps", "1"))
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert f"--resume {out}" in again.stderr and "--overwrite" in again.stderr
+    assert (out / "metrics.jsonl").read_text() == before and len(list((out / "checkpoints").glob("step-*"))) == 2
+    fresh = run_cli(train_args(tiny_dir, out, "--steps", "1", "--overwrite"))
+    assert fresh.returncode == 0, fresh.stderr
+    assert [r["step"] for r in metrics(out)] == [1]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000001"]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-000001"
+
+
+def test_resuming_a_finished_run_says_it_is_complete(tiny_dir, tmp_path):
+    out = tmp_path / "done"
+    assert run_cli(train_args(tiny_dir, out, "--steps", "1")).returncode == 0
+    proc = run_cli(["train", "--resume", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert "the run is complete: step 1 of --steps 1" in proc.stderr and "--steps N" in proc.stderr
+    assert [r["step"] for r in metrics(out)] == [1]
+
+
+# -- what the terminal shows ------------------------------------------------------------------------------------
+
+def test_a_run_starts_with_a_header_and_shows_its_evaluations(tiny_dir, tmp_path):
+    out = tmp_path / "shown"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--eval-every", "1", "--eval-size", "2"))
+    assert proc.returncode == 0, proc.stderr
+    shown = lines_of(proc.stderr)
+    assert shown[0].startswith(f"rookworld train: 2 steps into {out} on cpu (fp32")
+    from rookworld.policy.model import from_pretrained
+
+    n_params = sum(p.numel() for p in from_pretrained(tiny_dir).parameters())
+    assert shown[1] == f"model: {tiny_dir} ({n_params / 1e6:.1f}M parameters)"
+    header = "\n".join(shown[:6])
+    assert "rewards: Stockfish" in header and "(depth 4, 1 worker)" in header
+    assert "prompts: 4 x group 4 per step, 80% P: / 20% A:, from generated positions" in header
+    evals = [line for line in shown if line.startswith("eval at step")]
+    assert len(evals) == 2 and re.match(r"eval at step 1 \| P: format \d+%, reward [-0-9.]+, best move \d+% \| "
+                                        r"A: format \d+%, reward [-0-9.]+, next state \d+% \| [0-9.]+ s$", evals[0])
+    rows = metrics(out)
+    assert all(r["time/eval"] > 0 and "eval/P/best_move_accuracy" in r for r in rows)
+
+
+def test_a_cuda_device_without_a_gpu_is_one_line_for_every_command(tiny_dir, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for args in (train_args(tiny_dir, tmp_path / "x", "--steps", "1")[:-6] + ["--device", "cuda"],
+                 ["eval", "--model", str(tiny_dir), "--device", "cuda", "--limit", "1"]):
+        proc = run_cli(args)
+        assert proc.returncode == 2, proc.stderr
+        assert "CUDA is not available" in proc.stderr and len(lines_of(proc.stderr)) == 1, proc.stderr
+
+
+def test_tensorboard_missing_is_said_once(tmp_path):
+    """With tensorboard not importable the run says so once, and metrics.jsonl still has everything."""
+    code = ("import sys; sys.modules['torch.utils.tensorboard'] = None\n"
+            "from rookworld.train.runlog import RunLog\n"
+            f"log = RunLog({str(tmp_path)!r}, 2)\nlog.start(0)\nlog.step({{'step': 1, 'x': 1.0}}, log_line=False)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("TensorBoard is not installed") == 1
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 1, "x": 1.0}
+
+
+def test_help_says_each_default_once():
+    proc = run_cli(["train", "--help"])
+    assert proc.returncode == 0
+    # One option per entry: from "  --flag" to the next.
+    entries = re.split(r"\n  (?=-)", proc.stdout)
+    assert len(entries) > 60
+    for entry in entries:
+        assert entry.count("default") <= 1, entry
+    assert "(default: None)" not in proc.stdout
+
+
+def test_group_size_says_the_real_minimum():
+    from rookworld.train.config import ConfigError, TrainConfig
+
+    for size in (0, 1):
+        with pytest.raises(ConfigError, match="--group-size must be >= 2"):
+            TrainConfig(group_size=size).validate()
+
+
+# -- positions files and eval --------------------------------------------------------------------------------------
+
+def test_finished_games_in_a_positions_file_are_left_out_with_a_warning(tiny_dir, tmp_path):
+    data = tmp_path / "positions.fen"
+    data.write_text("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1\n"
+                    "rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3\n"  # fool's mate: mated
+                    "7k/5Q2/6K1/8/8/8/8/8 b - - 0 1\n")  # stalemate
+    proc = run_cli(["eval", "--model", str(tiny_dir), "--data", str(data), "--device", "cpu", "--depth", "4",
+                    "--max-new-tokens", "4"])
+    assert proc.returncode == 0, proc.stderr
+    assert f"left out 2 of 3 positions that are finished games (checkmate or stalemate, no legal move): {data}:2, " \
+           f"{data}:3" in proc.stderr
+    train = run_cli(train_args(tiny_dir, tmp_path / "run", "--steps", "1", "--data", str(data)))
+    assert train.returncode == 0, train.stderr
+    assert "warning: --data" in train.stderr and "left out 2 of 3 positions" in train.stderr
+
+
+def test_eval_takes_a_run_directory_and_defaults_to_the_training_held_out_positions(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(train_args(tiny_dir, out, "--steps", "1", "--eval-every", "1", "--eval-size", "3")).returncode == 0
+    result = tmp_path / "eval.json"
+    proc = run_cli(["eval", "--model", str(out), "--device", "cpu", "--limit", "3", "--depth", "4", "--seed", "3",
+                    "--max-new-tokens", "12", "--batch-size", "64", "--out", str(result)])
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(result.read_text())
+    assert got["model"] == str(out / "checkpoints" / "step-000001")
+    assert got["data"] == "generated held-out positions (seed 3)"
+    # The same positions, model and decoding as training's evaluation: the same figures.
+    row = metrics(out)[-1]
+    for task in ("P", "A"):
+        for key, value in got[task].items():
+            if f"eval/{task}/{key}" in row and value is not None:
+                assert row[f"eval/{task}/{key}"] == pytest.approx(value), (task, key)
+
+
+# -- the vocabulary comes with the model --------------------------------------------------------------------------
+
+def offline_env(tmp_path) -> dict:
+    """No vocabulary file named, an empty tiktoken cache, and no way to download one."""
+    env = {k: v for k, v in os.environ.items() if k != "ROOKWORLD_TIKTOKEN_FILE"}
+    env.update(TIKTOKEN_CACHE_DIR=str(tmp_path / "empty-cache"), HF_HUB_OFFLINE="1", HTTPS_PROXY="http://127.0.0.1:9",
+               HTTP_PROXY="http://127.0.0.1:9")
+    return env
+
+
+def test_a_checkpoint_carries_its_vocabulary_and_loads_offline(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(train_args(tiny_dir, out, "--steps", "1")).returncode == 0
+    ckpt = out / "checkpoints" / "step-000001"
+    assert (ckpt / "vocab.json").is_file() and (ckpt / "merges.txt").is_file()
+    # transformers reads the same vocabulary from them (an independent implementation of GPT-2's BPE).
+    transformers = pytest.importorskip("transformers")
+    from rookworld.policy.tokenizer import get_tokenizer
+
+    hf = transformers.AutoTokenizer.from_pretrained(ckpt)
+    ours = get_tokenizer()
+    texts = ["P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34     M: a4a3 c8f5  E: -3.06 -2.82  B: h7f6",
+             "A: r1bqkbnr/pp1ppppp/2n5/2p5/4P3/2N3P1/PPPP1P1P/R1BQKBNR b KQkq - 0 3+f7f6+e2e4 c7c5+",
+             "Unicode: déjà vu, 象棋, emoji 😀, tabs\tand  spaces\n\nnew lines"]
+    for text in texts:
+        assert hf(text)["input_ids"] == ours.encode(text)
+    # Offline, with no vocabulary file named and none cached, the checkpoint alone is enough.
+    env = offline_env(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(ckpt), "--device", "cpu",
+                           "--limit", "2", "--tasks", "A", "--max-new-tokens", "8"], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    # A model directory without the files: one clear line, naming no path of the development machine.
+    proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--device", "cpu",
+                           "--limit", "2", "--tasks", "A"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 2 and "vocab.json and merges.txt" in proc.stderr and "ROOKWORLD_TIKTOKEN_FILE" in \
+        proc.stderr
+    assert "shared" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_vocabulary_files_that_are_not_gpt2s_are_refused(tmp_path):
+    from rookworld.policy.tokenizer import TokenizerUnavailableError, get_tokenizer, read_hf_vocabulary
+
+    get_tokenizer().save_pretrained(tmp_path)
+    merges = (tmp_path / "merges.txt").read_text().splitlines()
+    merges[10], merges[11] = merges[11], merges[10]  # two merges out of rank order
+    (tmp_path / "merges.txt").write_text("\n".join(merges) + "\n")
+    with pytest.raises(TokenizerUnavailableError, match="does not make token"):
+        read_hf_vocabulary(tmp_path)
+    (tmp_path / "vocab.json").write_text('{"a": 0}')
+    with pytest.raises(TokenizerUnavailableError, match="not GPT-2's vocabulary"):
+        read_hf_vocabulary(tmp_path)
+
+
+# -- the README -------------------------------------------------------------------------------------------------------
+
+def test_every_python_snippet_of_the_readme_runs_as_written():
+    snippets = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert len(snippets) >= 2
+    for snippet in snippets:
+        exec(compile(snippet, "README.md", "exec"), {})
