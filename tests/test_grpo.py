@@ -295,3 +295,57 @@ def test_clipped_value_loss_values_and_gradients():
     assert close(loss, [0.32, 0.405, 1.125, 0.02])
     loss.sum().backward()
     assert close(v.grad, [0.0, -0.9, 1.5, 0.2])
+
+
+def test_explained_variance_of_the_critic_by_hand():
+    from rookworld.train.distributed import Comm, DistInfo
+    from rookworld.train.metrics import value_metrics
+
+    comm = Comm(DistInfo(), torch.device("cpu"))
+    returns = torch.tensor([[1.0, 2.0, 7.0], [3.0, 4.0, -5.0]])
+    values = torch.tensor([[1.0, 2.0, 9.0], [2.0, 5.0, 9.0]])  # 9 and the third column: off the mask
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    m = value_metrics(comm, values, returns, mask)
+    # R = 1, 2, 3, 4: mean 2.5, Var 1.25. R - V = 0, 0, 1, -1: mean 0, Var 0.5. 1 - 0.5 / 1.25 = 0.6.
+    assert m["value/explained_variance"] == pytest.approx(0.6, abs=1e-12)
+    assert m["value/mean"] == pytest.approx(2.5, abs=1e-12)  # (1 + 2 + 2 + 5) / 4
+    assert value_metrics(comm, returns, returns, mask)["value/explained_variance"] == pytest.approx(1.0)
+    const = value_metrics(comm, torch.full_like(values, 2.5), returns, mask)["value/explained_variance"]
+    assert const == pytest.approx(0.0, abs=1e-12)  # a constant critic explains nothing
+    assert value_metrics(comm, values, torch.ones_like(returns), mask)["value/explained_variance"] is None
+
+
+def test_gae_advantages_take_the_k1_penalty_as_a_per_token_reward():
+    """--advantage gae --kl-estimator k1: the reward at the last token, minus beta x k1 at every token, through
+    GAE (PPO-RLHF), worked out by hand."""
+    from rookworld.policy.sampling import GenerationOutput
+    from rookworld.train.config import TrainConfig
+    from rookworld.train.distributed import Comm, DistInfo
+    from rookworld.train.rollout import token_advantages
+
+    gamma, lam, beta = 0.9, 0.5, 0.1
+    cfg = TrainConfig(advantage="gae", kl_estimator="k1", gamma=gamma, gae_lambda=lam, std_scaling="none",
+                      beta=beta)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    out = GenerationOutput(tokens=torch.zeros(2, 3, dtype=torch.long), mask=mask, logprobs=torch.zeros(2, 3),
+                           policy_logprobs=None, lengths=mask.sum(1), stopped=torch.tensor([True, True]))
+    old_lp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.2, 0.0]])
+    ref_lp = torch.tensor([[-1.5, -1.0, -0.5], [-1.0, -0.7, 0.0]])
+    values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 5.0]])
+    rewards = torch.tensor([1.0, -0.5])
+    adv, ret = token_advantages(cfg, Comm(DistInfo(), torch.device("cpu")), None, rewards, out, mask, beta, ref_lp,
+                                old_lp, values)
+    # k1 = old - ref: row 0 (0.5, -1.0, 0.0), row 1 (-0.5, 0.5). Per-token rewards r = -beta k1 (+ the reward last):
+    r0 = [-0.05, 0.1, 1.0]
+    r1 = [0.05, -0.05 - 0.5]
+    # delta_t = r_t + gamma V_{t+1} - V_t (V = 0 after the last token); A_t = delta_t + gamma lam A_{t+1}
+    d0 = [r0[0] + gamma * 0.4 - 0.2, r0[1] + gamma * 0.6 - 0.4, r0[2] - 0.6]
+    a0_2 = d0[2]
+    a0_1 = d0[1] + gamma * lam * a0_2
+    a0_0 = d0[0] + gamma * lam * a0_1
+    d1 = [r1[0] + gamma * 0.3 - 0.1, r1[1] - 0.3]
+    a1_1 = d1[1]
+    a1_0 = d1[0] + gamma * lam * a1_1
+    assert torch.allclose(adv, torch.tensor([[a0_0, a0_1, a0_2], [a1_0, a1_1, 0.0]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[a0_0 + 0.2, a0_1 + 0.4, a0_2 + 0.6], [a1_0 + 0.1, a1_1 + 0.3, 0.0]]),
+                          atol=1e-6)

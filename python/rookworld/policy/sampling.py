@@ -456,7 +456,7 @@ def token_logprobs(
     Entropy (optional) is that of the same, temperature-scaled, distribution. Autocast, if any, is the caller's.
     compile: run the per-chunk log-softmax through torch.compile (a warning and eager if compiling fails).
     reference: also the exact KL to this (frozen) model's tempered distribution at each position, summed over
-    the vocabulary (`rookworld.train.grpo.full_kl`, in `kl_direction`); its logits are made chunk by chunk beside the
+    the vocabulary (`full_kl`, in `kl_direction`); its logits are made chunk by chunk beside the
     policy's, so they too never exist whole.
     value_head: also its value of the hidden state that predicts each token (the state before the token).
     """

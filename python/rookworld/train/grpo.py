@@ -115,16 +115,6 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float | None:
-    """1 - Var(R - V) / Var(R) over the masked tokens: 1 for a perfect critic, 0 for a constant one."""
-    m = mask.bool()
-    if int(m.sum()) < 2:
-        return None
-    ret, v = returns[m].double(), values[m].double()
-    var = ret.var(unbiased=False)
-    return None if var <= 0 else float(1.0 - (ret - v).var(unbiased=False) / var)
-
-
 def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                       clip_low: float = 0.2, clip_high: float = 0.28) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token policy-gradient loss -min(rho A, clip(rho, 1 - low, 1 + high) A) and whether each token

@@ -67,12 +67,17 @@ def update_metrics(comm: Comm, rollout: Rollout, acc: UpdateSums, measured_kl: b
          "padding": 1.0 - real / max(slots, 1.0)}
     if rollout.returns is not None:
         m["value/loss"] = v_loss / tokens if tokens else None
-        usable = rollout.loss_mask
-        _, _, var_ret = comm.moments(rollout.returns, usable)
-        _, _, var_res = comm.moments(rollout.returns - rollout.old_values, usable)
-        m["value/explained_variance"] = 1.0 - var_res / var_ret if var_ret > 0 else None
-        m["value/mean"] = comm.moments(rollout.old_values, usable)[1]
+        m.update(value_metrics(comm, rollout.old_values, rollout.returns, rollout.loss_mask))
     return m
+
+
+def value_metrics(comm: Comm, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """The critic's explained variance, 1 - Var(R - V) / Var(R) over every rank's usable tokens (1: a perfect
+    critic, 0: one no better than a constant), and its mean value."""
+    _, _, var_ret = comm.moments(returns, mask)
+    _, _, var_res = comm.moments(returns - values, mask)
+    return {"value/explained_variance": 1.0 - var_res / var_ret if var_ret > 0 else None,
+            "value/mean": comm.moments(values, mask)[1]}
 
 
 def sampling_metrics(cfg, comm: Comm, rollout: Rollout) -> dict[str, Any]:
