@@ -1,5 +1,6 @@
 """The benchmarks run (as CPU smoke checks with tiny models or tiny batches) and report what they promise."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -52,3 +53,20 @@ def test_trl_baseline_smoke(tmp_path):
               "--steps", "1", "--warmup", "1", "--micro-batch-size", "4", "--stockfish-depth", "4", "--json", str(out))
     figures = json.loads(out.read_text())
     assert figures["samples_per_s"] > 0 and len(figures["step_times"]) == 2
+
+
+def test_learning_chain_smoke(tmp_path):
+    """Every stage of benches/learning.py at a tiny size: the files each one writes, and the table."""
+    out = tmp_path / "chain"
+    proc = run_bench("learning.py", "--out", str(out), "--smoke", "--device", "cpu")
+    for name in ("train.jsonl", "held_out.jsonl", "sft/config.json", "sft/vocab.json", "sft/metrics.jsonl",
+                 "eval_sft.json", "grpo_seed0/metrics.jsonl", "eval_grpo_seed0.json", "learning.json"):
+        assert (out / name).is_file(), name
+    figures = json.loads((out / "learning.json").read_text())
+    assert set(figures["grpo"]) == {"0"} and "P" in figures["sft"] and "A" in figures["grpo"]["0"]
+    held_out = {json.loads(line)["fen"] for line in (out / "held_out.jsonl").read_text().splitlines()}
+    train = {json.loads(line)["fen"] for line in (out / "train.jsonl").read_text().splitlines()}
+    assert held_out and not held_out & train, "held-out positions are never training positions"
+    assert "best-move accuracy" in proc.stdout and "next state exact" in proc.stdout
+    if importlib.util.find_spec("matplotlib"):
+        assert (out / "grpo_curves.png").read_bytes()[:4] == b"\x89PNG"

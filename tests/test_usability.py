@@ -38,6 +38,14 @@ def test_a_new_run_does_not_overwrite_an_old_one_without_being_told(tiny_dir, tm
     assert [r["step"] for r in metrics(out)] == [1]
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-000001"]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-000001"
+    # Nor does a run resumed from one directory land on another run's directory.
+    other = tmp_path / "other"
+    assert run_cli(train_args(tiny_dir, other, "--steps", "1")).returncode == 0
+    theirs = (other / "metrics.jsonl").read_text()
+    crossed = run_cli(["train", "--resume", str(out), "--steps", "2", "--output-dir", str(other)])
+    assert crossed.returncode == 2 and "Traceback" not in crossed.stderr
+    assert "another run" in crossed.stderr and "--overwrite" in crossed.stderr
+    assert (other / "metrics.jsonl").read_text() == theirs
 
 
 def test_resuming_a_finished_run_says_it_is_complete(tiny_dir, tmp_path):
@@ -46,7 +54,25 @@ def test_resuming_a_finished_run_says_it_is_complete(tiny_dir, tmp_path):
     proc = run_cli(["train", "--resume", str(out)])
     assert proc.returncode == 0, proc.stderr
     assert "the run is complete: step 1 of --steps 1" in proc.stderr and "--steps N" in proc.stderr
+    assert "model:" not in proc.stderr  # said before any model is loaded
     assert [r["step"] for r in metrics(out)] == [1]
+
+
+def test_the_rate_and_eta_start_after_set_up(tmp_path):
+    """Loading models and starting engines takes a while; the rate and the ETA count the steps' time only."""
+    import io
+    import time
+
+    from rookworld.train.runlog import RunLog
+
+    log = RunLog(tmp_path, total_steps=3, stream=io.StringIO())
+    log.start()
+    time.sleep(0.6)  # set-up
+    log.begin_steps()
+    log.step({"step": 1}, log_line=False)
+    assert log.eta(1) < 0.3  # two more steps as fast as the first; counting set-up would say >= 1.2 s
+    rate = float(log.bar.line().split()[-2].replace(",", ""))
+    assert rate > 2.0  # one step in (much) less than the 0.6 s of set-up
 
 
 # -- what the terminal shows ------------------------------------------------------------------------------------

@@ -300,7 +300,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from rookworld.train.config import add_arguments
+    from rookworld.train.config import TrainConfig, add_arguments
 
     p = sub.add_parser(
         "train",
@@ -309,48 +309,104 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "Settings come from the defaults, then --config FILE.toml, then flags; --resume DIR continues a run with "
         "its saved settings (flags still override). Under torchrun it trains data-parallel.",
     )
-    add_arguments(p)
-    p.set_defaults(run=_run_train)
+    add_arguments(p, TrainConfig)
+    p.set_defaults(run=lambda args: _run_training(args, "train"))
 
 
-def _run_train(args: argparse.Namespace) -> int:
-    from rookworld.train import checkpoint
-    from rookworld.train.config import ConfigError, from_args
+def _add_sft(sub: argparse._SubParsersAction) -> None:
+    from rookworld.train.config import SFTConfig, add_arguments
+
+    p = sub.add_parser(
+        "sft",
+        help="supervised training on P:/A: text (RookWorld datasets, or rookworld positions --annotate)",
+        description="Supervised training of a GPT-2 policy on RookWorld P:/A: samples, as RookWorld-LM was made: "
+        "documents are [EOS] + text, packed into rows; continue a checkpoint (--model) or start a fresh GPT-2 "
+        "(--init). The output directory holds the latest model, a --model for rookworld train. Settings, "
+        "--config, --resume and torchrun work as for rookworld train.",
+    )
+    add_arguments(p, SFTConfig)
+    p.set_defaults(run=lambda args: _run_training(args, "sft"))
+
+
+def _run_training(args: argparse.Namespace, command: str) -> int:
+    """`rookworld train` and `rookworld sft`: settings (a resumed run keeps its own), then the trainer's loop."""
     from rookworld.data import DataError
     from rookworld.policy.model import ModelNotAvailableError
-    from rookworld.stockfish import StockfishError, StockfishNotFoundError
     from rookworld.policy.tokenizer import TokenizerUnavailableError
+    from rookworld.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
+    from rookworld.train import checkpoint
+    from rookworld.train.config import ConfigError, SFTConfig, TrainConfig, from_args
 
+    cls = TrainConfig if command == "train" else SFTConfig
+    resume_from = None
     try:
         if getattr(args, "resume", None):
             # A resumed run keeps the settings it was started with, unless flags say otherwise.
-            saved = checkpoint.load_config(checkpoint.resolve_checkpoint(args.resume))
+            resume_from = checkpoint.resolve_checkpoint(args.resume)
+            saved = checkpoint.load_config(resume_from)
             given = {k for k in vars(args) if k not in ("command", "run", "config")}
             for key, value in saved.items():
                 if key not in given and key != "overwrite" and not getattr(args, "config", None):
                     setattr(args, key, value)
-        cfg = from_args(args)
-        from rookworld.stockfish import find_stockfish
+        cfg = from_args(args, cls)
+        done = checkpoint.step_of(resume_from) if resume_from is not None else None
+        if done is not None and done >= cfg.steps:  # said before any model or engine starts
+            from rookworld.train.run import complete_message
 
-        find_stockfish(cfg.stockfish_path)  # a missing engine is reported before any model is loaded
+            print(complete_message(command, cfg, done), file=sys.stderr)
+            return 0
+        if command == "train":
+            find_stockfish(cfg.stockfish_path)  # a missing engine is reported before any model is loaded
     except (ConfigError, checkpoint.CheckpointError, StockfishNotFoundError) as e:
         raise CliError(str(e)) from None
 
-    from rookworld.train.trainer import Trainer
-
     try:
-        trainer = Trainer(cfg)
+        if command == "train":
+            from rookworld.train.trainer import Trainer
+
+            trainer = Trainer(cfg)
+        else:
+            from rookworld.train.sft import SFTTrainer
+
+            trainer = SFTTrainer(cfg)
     except (ConfigError, DataError, ModelNotAvailableError, TokenizerUnavailableError, StockfishError,
             checkpoint.CheckpointError, FileNotFoundError, NotADirectoryError) as e:
         raise CliError(str(e)) from None
     try:
         trainer.train()
+    except StockfishNotFoundError as e:  # sft's evaluation starts Stockfish only when it first needs it
+        raise CliError(str(e)) from None
     finally:
         trainer.close()
     if trainer.interrupted:
-        print(f"rookworld train: interrupted at step {trainer.step}; continue with "
-              f"rookworld train --resume {cfg.output_dir}", file=sys.stderr)
+        print(f"rookworld {command}: interrupted at step {trainer.step}; continue with "
+              f"rookworld {command} --resume {cfg.output_dir}", file=sys.stderr)
         return 130
+    return 0
+
+
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plot",
+        help="draw training curves of one or more runs (needs matplotlib: pip install 'rookworld[plot]')",
+        description="Reads each RUN_DIR's metrics.jsonl and draws its curves (rewards per task, KL, losses, "
+        "evaluation metrics) into one PNG, several runs overlaid, so settings compare by looking.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output directories of rookworld train or sft")
+    p.add_argument("--out", default="curves.png", help="the PNG to write (default curves.png)")
+    p.add_argument("--title", default=None, help="a title above the panels")
+    p.set_defaults(run=_run_plot)
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    from rookworld.plot import PlotError, plot_runs
+
+    _check_out_dir(args.out)
+    try:
+        panels = plot_runs(args.runs, args.out, title=args.title)
+    except PlotError as e:
+        raise CliError(str(e)) from None
+    print(f"wrote {args.out} ({panels} panels, {len(args.runs)} run(s))", file=sys.stderr)
     return 0
 
 
@@ -364,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_positions(sub)
     _add_eval(sub)
     _add_train(sub)
+    _add_sft(sub)
+    _add_plot(sub)
     return parser
 
 

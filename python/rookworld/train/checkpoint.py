@@ -117,6 +117,12 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
                           f"{path}/checkpoints/step-*)")
 
 
+def step_of(checkpoint: Path) -> int | None:
+    """The step a checkpoint directory was saved at, from its name (None for a renamed one)."""
+    m = _STEP_DIR.match(checkpoint.name)
+    return int(m.group(1)) if m else None
+
+
 def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     try:
         # Our own file: optimizer state and numpy RNG state need the full unpickler.

@@ -31,6 +31,8 @@ class ConfigError(ValueError):
 
 
 def _f(default: Any, help: str, section: str, **kw: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, "section": section, **kw})
     return field(default=default, metadata={"help": help, "section": section, **kw})
 
 
@@ -103,6 +105,8 @@ class RunConfig:
         need(bool(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device)),
              f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         need(self.eval_data is None or Path(self.eval_data).is_file(), f"--eval-data: no such file: {self.eval_data}")
+        if self.model is None:  # a fresh model (rookworld sft --init)
+            return
         model = Path(self.model).expanduser()
         looks_local = model.exists() or self.model.startswith((".", "/", "~")) or self.model.count("/") != 1
         if looks_local:
@@ -261,6 +265,77 @@ class TrainConfig(RunConfig):
         return "group" if self.advantage == "grpo" and self.baseline == "group" else "batch"
 
 
+#: Fresh GPT-2 sizes for `rookworld sft --init`: (layers, heads, width).
+MODEL_SIZES = {"tiny": (2, 2, 128), "mini": (4, 4, 256), "small": (12, 12, 768)}
+
+
+@dataclass
+class SFTConfig(RunConfig):
+    """`rookworld sft`: supervised training on P:/A: text, as RookWorld-LM itself was made."""
+
+    model: str | None = _f(None, "continue this GPT-2 checkpoint (hub repo id or directory); or start fresh with "
+                                 "--init", RUN)
+    init: str | None = _f(None, "start from a fresh random GPT-2 of this size: tiny (2 layers, 128 wide), mini "
+                                "(4, 256) or small (12, 768: GPT-2 small); --n-layer/--n-head/--n-embd override",
+                          RUN, choices=tuple(MODEL_SIZES))
+    n_layer: int | None = _f(None, "layers of a fresh model (with --init)", RUN)
+    n_head: int | None = _f(None, "attention heads of a fresh model (with --init)", RUN)
+    n_embd: int | None = _f(None, "width of a fresh model (with --init)", RUN)
+    steps: int = _f(1000, "optimizer steps", RUN)
+    output_dir: str = _f("runs/sft", "directory for checkpoints, metrics.jsonl, TensorBoard, and the latest model "
+                                     "itself (a --model for rookworld train)", RUN)
+
+    data: list = _f([], "training samples: RookWorld text (one P: or A: sample a line) or the JSONL of rookworld "
+                        "positions --annotate; repeat for several files", DATA)
+    skip_bad: bool = _f(False, "skip (and count) malformed lines instead of stopping at the first", DATA)
+    seq_len: int = _f(512, "tokens per training row; documents ([EOS] + text) are packed into rows", DATA)
+    pack: bool = _f(True, "pack documents into full rows (--no-pack: one document a row, padded)", DATA)
+    loss_on: str = _f("all", "tokens the loss counts: all, or target (the completion after each prompt, and the EOS "
+                             "that ends it)", DATA, choices=("all", "target"))
+    rows_per_step: int = _f(32, "rows per optimizer step (over all ranks)", DATA)
+
+    micro_batch_size: int = _f(16, "rows per forward/backward (gradient accumulation within an optimizer step)",
+                               OPTIM)
+    lr: float = _f(3e-4, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM)
+    warmup_steps: int = _f(50, "linear learning-rate warm-up steps", OPTIM)
+    weight_decay: float = _f(0.1, "AdamW weight decay (matrices only)", OPTIM)
+
+    log_every: int = _f(10, "print a summary line every N steps", LOGGING)
+    eval_every: int = _f(100, "every N steps: loss on --eval-data and greedy evaluation on its positions "
+                              "(0: never)", LOGGING)
+    eval_data: str | None = _f(None, "held-out samples (as --data): eval loss, and the positions of the greedy "
+                                     "evaluation (default: generated held-out positions, no eval loss)", LOGGING)
+    save_every: int = _f(200, "checkpoint every N steps (and always at the end)", LOGGING)
+
+    def check(self, need) -> None:
+        need(self.model is None or self.init is None, "--model continues a checkpoint and --init starts afresh: "
+                                                      "give one")
+        need(self.model is not None or self.init is not None, "give --model DIR (continue a checkpoint) or --init "
+                                                              "tiny|mini|small (a fresh GPT-2)")
+        for name in ("n_layer", "n_head", "n_embd"):
+            v = getattr(self, name)
+            need(v is None or self.init is not None, f"--{_flag(name)} shapes a fresh model: use it with --init")
+            need(v is None or v >= 1, f"--{_flag(name)} must be >= 1, got {v}")
+        if self.init is not None:
+            need(self.init in MODEL_SIZES, f"--init must be one of {', '.join(MODEL_SIZES)}, got {self.init!r}")
+            _, heads, width = self.model_shape
+            need(width % heads == 0, f"--n-embd ({width}) must be a multiple of --n-head ({heads})")
+        super().check(need)
+        need(len(self.data) >= 1, "give training samples with --data FILE (repeat for several files)")
+        for path in self.data:
+            need(Path(path).is_file(), f"--data: no such file: {path}")
+        for name in ("seq_len", "rows_per_step"):
+            need(getattr(self, name) >= 1, f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        need(self.seq_len >= 2, f"--seq-len must be >= 2, got {self.seq_len}")
+        need(self.loss_on in ("all", "target"), f"--loss-on must be all or target, got {self.loss_on!r}")
+
+    @property
+    def model_shape(self) -> tuple[int, int, int]:
+        """(layers, heads, width) of a fresh model."""
+        layers, heads, width = MODEL_SIZES[self.init]
+        return self.n_layer or layers, self.n_head or heads, self.n_embd or width
+
+
 def _need(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -276,7 +351,7 @@ def _flag(name: str) -> str:
 
 def _base_type(f: dataclasses.Field) -> type:
     t = str(f.type)
-    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str), ("list", list)):
         if t.startswith(name):
             return typ
     raise TypeError(t)
@@ -292,6 +367,8 @@ def _type_ok(f: dataclasses.Field, v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
     if t is int:
         return isinstance(v, int) and not isinstance(v, bool)
+    if t is list:
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
     return isinstance(v, t)
 
 
@@ -309,13 +386,15 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[RunConfig] = TrainC
         kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name}
         if typ is bool:
             kwargs.update(action=argparse.BooleanOptionalAction)
+        elif typ is list:
+            kwargs.update(action="append", metavar="FILE")
         else:
             kwargs.update(type=typ, metavar=f.name.upper().replace("_", "-") if typ is str else typ.__name__.upper())
             if "choices" in f.metadata:
                 kwargs.update(choices=f.metadata["choices"], metavar=None)
         # A default of None is said in the help text itself ("default: the built-in generator").
-        kwargs["help"] = help_text if f.default is None or "default" in help_text else \
-            f"{help_text} (default: {_shown(f.default)})"
+        shown = f.default is not None and f.default is not dataclasses.MISSING and "default" not in help_text
+        kwargs["help"] = f"{help_text} (default: {_shown(f.default)})" if shown else help_text
         group.add_argument(f"--{_flag(f.name)}", **kwargs)
 
 

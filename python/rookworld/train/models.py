@@ -5,6 +5,7 @@ here; the update's differentiable pass goes through `scores`, which DDP wraps.""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,13 +19,14 @@ class Scores(nn.Module):
     """`token_logprobs` (and the value head, if any) behind a forward(), so DDP's hooks see every parameter
     the update uses. The frozen reference comes as an argument: it is not trained, so DDP must not own it."""
 
-    def __init__(self, model: nn.Module, value_head: nn.Module | None = None, compile: bool = False):
+    def __init__(self, model: nn.Module, value_head: nn.Module | None = None, compile: bool = False,
+                 entropy: bool = True):
         super().__init__()
-        self.model, self.value_head, self.compile = model, value_head, compile
+        self.model, self.value_head, self.compile, self.entropy = model, value_head, compile, entropy
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, temperature: float,
                 reference: nn.Module | None = None, kl_direction: str = "forward"):
-        s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=True,
+        s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
                            compile=self.compile, reference=reference, kl_direction=kl_direction,
                            value_head=self.value_head)
         return s.logprobs, s.entropy, s.kl, s.values
@@ -59,9 +61,10 @@ def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np
 
 class Models:
     def __init__(self, policy: nn.Module, reference: nn.Module | None, value_head: nn.Module | None,
-                 device: torch.device, amp_dtype: torch.dtype | None, compile: bool, ddp: bool):
+                 device: torch.device, amp_dtype: torch.dtype | None, compile: bool, ddp: bool,
+                 autocast: Callable[[], contextlib.AbstractContextManager]):
         self.policy, self.reference, self.value_head = policy, reference, value_head
-        self.device, self.amp_dtype, self.compile = device, amp_dtype, compile
+        self.device, self.amp_dtype, self.compile, self.autocast = device, amp_dtype, compile, autocast
         self.scores: nn.Module = Scores(policy, value_head, compile)
         if ddp:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -72,11 +75,6 @@ class Models:
     def trained(self) -> nn.Module:
         """Every trained parameter (policy and value head), as one module."""
         return getattr(self.scores, "module", self.scores)
-
-    def autocast(self):
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def sample(self, ids: torch.Tensor, pmask: torch.Tensor, prompt_lens: np.ndarray, tasks: np.ndarray,
                generator: torch.Generator, cfg, completion_lengths: dict[str, int] | None = None

@@ -5,6 +5,7 @@ evaluation and samples. `rookworld train` (GRPO) and `rookworld sft` each plug t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -53,13 +54,19 @@ def lr_factor(step: int, cfg: RunConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def prepare_output_dir(cfg: RunConfig, resuming: bool, main: bool) -> None:
-    """A new run does not write over an old one: it needs --resume to continue it or --overwrite to replace it."""
+def prepare_output_dir(cfg: RunConfig, resume_from: Path | None, main: bool) -> None:
+    """A run does not write over another one: a new run needs --resume to continue the run in its directory, or
+    --overwrite to replace it; a run resumed from one directory into another must not land on a third run."""
     out = Path(cfg.output_dir)
     found = [p.name for p in (out / "metrics.jsonl", out / "checkpoints") if p.exists()]
-    if not found or resuming:
+    continuing = resume_from is not None and run_directory(resume_from).resolve() == out.resolve()
+    if not found or continuing:
         return
     if not cfg.overwrite:
+        if resume_from is not None:
+            raise ConfigError(f"--output-dir {out} already holds another run ({', '.join(found)}) than the one "
+                              f"--resume {cfg.resume} continues: give a new --output-dir, or --overwrite to replace "
+                              "it")
         raise ConfigError(f"--output-dir {out} already holds a run ({', '.join(found)}): continue it with "
                           f"--resume {out}, or start over with --overwrite")
     if main:
@@ -69,10 +76,22 @@ def prepare_output_dir(cfg: RunConfig, resuming: bool, main: bool) -> None:
             shutil.rmtree(out / name, ignore_errors=True)
 
 
+def run_directory(checkpoint_dir: Path) -> Path:
+    """The output directory a checkpoint belongs to (OUTPUT_DIR/checkpoints/step-N)."""
+    return checkpoint_dir.parent.parent
+
+
+def complete_message(command: str, cfg: RunConfig, step: int) -> str:
+    return (f"the run is complete: step {step} of --steps {cfg.steps}; to train longer, rookworld {command} "
+            f"--resume {cfg.output_dir} --steps N with N > {step}")
+
+
 class Run:
     def __init__(self, cfg: RunConfig, *, command: str, policy: nn.Module | None = None, tokenizer=None,
-                 stream=None, summary: Summary | None = None):
-        self.cfg, self.command = cfg, command
+                 stream=None, summary: Summary | None = None, export: bool = False, label: str | None = None):
+        """``export``: every checkpoint also writes the model into the output directory itself, which then loads
+        as a model (``--model``, transformers). ``label`` names a `policy` given fresh, for the header."""
+        self.cfg, self.command, self.export = cfg, command, export
         kind = resolve_device(cfg.device).type
         self.dist = init_distributed(kind)
         self.device = resolve_device(cfg.device, self.dist.local_rank)
@@ -94,16 +113,17 @@ class Run:
 
         # Everything a user can get wrong is checked before the slow parts (models, engines) start.
         self.resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
-        prepare_output_dir(cfg, self.resume_from is not None, self.dist.main)
+        prepare_output_dir(cfg, self.resume_from, self.dist.main)
         self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary)
         ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
-        self.log.say(f"rookworld {command}: {cfg.steps} steps into {cfg.output_dir} on {self.device} "
+        steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
+        self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "
                      f"({'bf16 autocast' if bf16 else 'fp32'}{', compiled' if self.compile else ''}{ranks})")
 
         from rookworld.policy.model import from_pretrained, model_directory
         from rookworld.policy.tokenizer import get_tokenizer
 
-        source, directory = self.resume_from or cfg.model, None
+        source, directory = self.resume_from or cfg.model or label, None
         if policy is None:
             directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
             policy = from_pretrained(directory, device=self.device)
@@ -145,8 +165,16 @@ class Run:
                 "rng": checkpoint.rng_state(), "world_size": self.dist.world, **state}
         path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full, self.cfg.to_dict(),
                                           self.cfg.keep_checkpoints, modules, tokenizer=self.tokenizer)
+        if self.export:
+            self.policy.save_pretrained(self.cfg.output_dir)
+            self.tokenizer.save_pretrained(self.cfg.output_dir)
         self.log.say(f"saved checkpoint {path}")
         return path
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def _request_stop(self, signum, frame) -> None:
         if self._stop_requested:  # second Ctrl-C: stop now, without saving
@@ -163,8 +191,7 @@ class Run:
         if self.resume_from is not None:
             self.log.say(f"resumed from {self.resume_from} at step {self.step}")
         if self.step >= cfg.steps:
-            self.log.say(f"the run is complete: step {self.step} of --steps {cfg.steps}; to train longer, "
-                         f"rookworld {self.command} --resume {cfg.output_dir} --steps N with N > {self.step}")
+            self.log.say(complete_message(self.command, cfg, self.step))
             self.log.close()
             return {}
         previous = {}

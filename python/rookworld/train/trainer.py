@@ -85,7 +85,7 @@ class Trainer:
 
             value_head = ValueHead(run.policy.config.n_embd).to(run.device)
         self.models = Models(run.policy, reference, value_head, run.device, run.amp_dtype, run.compile,
-                             run.dist.enabled)
+                             run.dist.enabled, run.autocast)
         extra = [{"params": list(value_head.parameters()), "weight_decay": 0.0, "lr": cfg.value_lr}] if value_head \
             else []
         state = run.build_optimizer(extra)

@@ -1,0 +1,86 @@
+"""Training curves of one or more runs from their metrics.jsonl, several runs overlaid in one PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+#: (title, [(metric, label)]): a panel is drawn when some run has one of its metrics.
+PANELS: list[tuple[str, list[tuple[str, str]]]] = [
+    ("reward per task (GRPO samples)", [("reward/P/mean", "P:"), ("reward/A/mean", "A:")]),
+    ("KL to the reference per token", [("kl/mean", "mean"), ("kl/p95", "p95")]),
+    ("training loss", [("loss", "loss")]),
+    ("held-out loss", [("eval/loss", "loss")]),
+    ("held-out mean reward (greedy)", [("eval/P/mean_reward", "P:"), ("eval/A/mean_reward", "A:")]),
+    ("held-out format validity", [("eval/P/format_valid", "P:"), ("eval/A/format_valid", "A:")]),
+    ("held-out P: best move", [("eval/P/best_move_accuracy", "accuracy"), ("eval/P/top5_accuracy", "in top 5"),
+                               ("eval/P/legal_best_move", "legal")]),
+    ("held-out A: next state", [("eval/A/next_state_exact", "exact"), ("eval/A/fen_similarity", "FEN similarity")]),
+    ("clip fraction and groups without spread", [("clip_fraction", "clipped"), ("groups/zero_spread", "no spread")]),
+    ("entropy per token", [("entropy", "entropy")]),
+]
+
+
+class PlotError(ValueError):
+    """A run that cannot be read, or no matplotlib."""
+
+
+def read_metrics(run: str | Path) -> list[dict]:
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        raise PlotError(f"{run}: no metrics.jsonl (is it the --output-dir of rookworld train or sft?)")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a crash: the rest still plots
+            continue
+    return rows
+
+
+def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in rows
+              if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and "step" in r]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = None) -> int:
+    """Draws every panel some run has data for; returns how many."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotError("plotting needs matplotlib: pip install 'rookworld[plot]'") from None
+    data = {str(run): read_metrics(run) for run in runs}
+    panels = [(t, keys) for t, keys in PANELS if any(series(rows, k)[0] for rows in data.values() for k, _ in keys)]
+    if not panels:
+        raise PlotError(f"no metrics to plot in {', '.join(map(str, runs))}")
+    cols = 2 if len(panels) > 1 else 1
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 3.4 * nrows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    for ax, (panel, keys) in zip(axes.flat, panels):
+        for r, (run, rows) in enumerate(data.items()):
+            for k, (key, label) in enumerate(keys):
+                x, y = series(rows, key)
+                if x:
+                    name = f"{Path(run).name}: {label}" if len(data) > 1 else label
+                    ax.plot(x, y, styles[k % len(styles)], color=colors[r % len(colors)], marker="." if len(x) < 30
+                            else None, label=name)
+        ax.set_title(panel, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return len(panels)

@@ -1,0 +1,192 @@
+"""`rookworld sft`: supervised training of a GPT-2 policy on P:/A: text, as RookWorld-LM itself was made.
+
+One step reads `rows_per_step` rows (packed documents, see `rookworld.train.samples`), split over ranks and
+micro-batches, and takes one AdamW step on the mean token NLL of the tokens the loss counts. The run around the
+steps (device, DDP, checkpoints, resume, signals, logging) is `Run`'s, shared with `rookworld train`; the output
+directory also holds the latest model itself, so it is a `--model` for `rookworld train` and for transformers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from rookworld.train.config import SFTConfig
+from rookworld.train.metrics import peak_memory_gb
+from rookworld.train.models import Scores
+from rookworld.train.run import Run
+from rookworld.train.runlog import fmt
+from rookworld.train.samples import Rows, collate, eval_rows, positions, read_samples, tokenize
+
+#: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation on CUDA.
+PEAK_TFLOPS = 989.4
+
+
+def summary(m: dict[str, Any]) -> list[str]:
+    """The summary line of an SFT step, after "step N/M"."""
+    return [f"loss {fmt(m, 'loss', '{:.4f}')}", f"lr {fmt(m, 'lr', '{:.2e}')}", f"{fmt(m, 'time/step', '{:.2f}')} s",
+            f"{fmt(m, 'tokens_per_s', '{:,.0f}')} tokens/s"]
+
+
+def fresh_model(cfg: SFTConfig) -> nn.Module:
+    from rookworld.policy.model import GPT, GPTConfig
+
+    layers, heads, width = cfg.model_shape
+    torch.manual_seed(cfg.seed)
+    return GPT(GPTConfig(n_layer=layers, n_head=heads, n_embd=width)).eval()
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """Training FLOPs per token (forward and backward): 6 per weight of the matmuls plus attention (nanoGPT's
+    estimate, the position table left out)."""
+    c = model.config
+    n = sum(p.numel() for p in model.parameters()) - c.block_size * c.n_embd
+    return 6 * n + 12 * c.n_layer * c.n_embd * seq_len
+
+
+class SFTTrainer:
+    def __init__(self, cfg: SFTConfig, *, stream=None, tokenizer=None):
+        self.cfg = cfg
+        data = read_samples(cfg.data, cfg.skip_bad)  # a bad line is reported before any model is loaded
+        held_out = read_samples([cfg.eval_data], cfg.skip_bad) if cfg.eval_data else None
+        policy = fresh_model(cfg) if cfg.init is not None and cfg.resume is None else None
+        label = None
+        if cfg.init is not None:
+            layers, heads, width = cfg.model_shape
+            label = f"a fresh GPT-2 {cfg.init}: {layers} layers, {heads} heads, {width} wide"
+        self.run = run = Run(cfg, command="sft", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
+                             export=True, label=label)
+        for line in data.report():
+            run.log.say(f"warning: --data: {line}")
+        if held_out is not None:
+            for line in held_out.report():
+                run.log.say(f"warning: --eval-data: {line}")
+        self.docs = tokenize(data.samples, run.tokenizer, cfg.loss_on)
+        self.rows = Rows(self.docs, cfg.seq_len, cfg.pack, cfg.seed)
+        n_tokens = sum(len(d) for d in self.docs.ids)
+        tasks = [s.task for s in data.samples]
+        run.log.say(f"data: {len(tasks)} samples ({tasks.count('P')} P:, {tasks.count('A')} A:), {n_tokens:,} "
+                    f"tokens, {self.rows.per_pass} rows of {cfg.seq_len} a pass; {cfg.rows_per_step} rows a step, "
+                    f"loss on {cfg.loss_on} tokens")
+        world = run.dist.world
+        if cfg.rows_per_step % world:
+            from rookworld.train.config import ConfigError
+
+            raise ConfigError(f"--rows-per-step ({cfg.rows_per_step}) must divide over {world} ranks")
+        self.scores = Scores(run.policy, compile=run.compile, entropy=False)
+        if run.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.scores = DDP(self.scores, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+        run.build_optimizer()
+        self.eval_docs = tokenize(held_out.samples, run.tokenizer, cfg.loss_on) if held_out else None
+        self.eval_records = positions(held_out.samples, cfg.eval_size) if held_out else None
+        self.flops_per_token = flops_per_token(run.policy, cfg.seq_len)
+        self.pool = None
+
+    @property
+    def policy(self) -> nn.Module:
+        return self.run.policy
+
+    @property
+    def step(self) -> int:
+        return self.run.step
+
+    @property
+    def interrupted(self) -> bool:
+        return self.run.interrupted
+
+    def _loss(self, batch, normalizer: float, backward: bool) -> tuple[torch.Tensor, float]:
+        """Summed NLL / normalizer of one micro-batch of rows, and how many tokens it counted."""
+        from rookworld.policy.sampling import token_logprobs
+
+        dev = self.run.device
+        ids, attn, loss = (torch.from_numpy(a).to(dev) for a in collate(batch))
+        with self.run.autocast():
+            if backward:
+                lp = self.scores(ids, attn, 1, 1.0)[0]
+            else:
+                lp = token_logprobs(self.policy, ids, attn, start=1, compile=self.run.compile).logprobs
+        counted = loss[:, 1:]
+        nll = -(lp.float() * counted).sum() / normalizer
+        if backward:
+            nll.backward()
+        return nll.detach(), float(counted.sum())
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, run = self.cfg, self.run
+        t0 = time.perf_counter()
+        if run.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(run.device)
+        per_rank = cfg.rows_per_step // run.dist.world
+        first = run.step * cfg.rows_per_step + run.dist.rank * per_rank
+        rows = [self.rows.row(first + i) for i in range(per_rank)]
+        # The token mean is over every rank's tokens: DDP averages the ranks' gradients.
+        tokens = run.comm.sum([float(sum(m[1:].sum() for _, m in rows))])[0]
+        run.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=run.device)
+        micro = [rows[i : i + cfg.micro_batch_size] for i in range(0, len(rows), cfg.micro_batch_size)]
+        for j, batch in enumerate(micro):
+            last = j == len(micro) - 1
+            no_sync = self.scores.no_sync() if run.dist.enabled and not last else contextlib.nullcontext()
+            with no_sync:
+                nll, _ = self._loss(batch, max(tokens, 1.0) / run.dist.world, backward=True)
+            total += nll
+        params = [p for g in run.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+        run.optimizer.step()
+        lr = run.optimizer.param_groups[0]["lr"]
+        run.scheduler.step()
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        step_time = time.perf_counter() - t0
+        loss, grad_norm = run.comm.mean([float(total), float(norm)])
+        run.step += 1
+        all_tokens = run.comm.sum([float(sum(len(i) for i, _ in rows))])[0]
+        # Each rank's `total` is its share of the global token mean times the number of ranks (for DDP's
+        # averaging), so their mean is the global mean.
+        m = {"step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": all_tokens / step_time,
+             "time/step": step_time, "peak_memory_gb": peak_memory_gb(run.device)}
+        if run.device.type == "cuda":
+            m["mfu"] = self.flops_per_token * all_tokens / step_time / (run.dist.world * PEAK_TFLOPS * 1e12)
+        return m
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """The loss on --eval-data's samples, and greedy evaluation on its positions (or the generated held-out
+        ones)."""
+        from rookworld.evaluate import evaluate, heldout_records
+        from rookworld.rewards import RewardScorer
+
+        cfg, m = self.cfg, {}
+        if self.eval_docs is not None:
+            rows = eval_rows(self.eval_docs, cfg.seq_len, cfg.pack)
+            total = counted = 0.0
+            for i in range(0, len(rows), cfg.micro_batch_size):
+                nll, n = self._loss(rows[i : i + cfg.micro_batch_size], 1.0, backward=False)
+                total, counted = total + float(nll), counted + n
+            m["eval/loss"] = total / max(counted, 1.0)
+        records = self.eval_records or heldout_records(cfg.eval_size, cfg.seed)
+        if self.pool is None and any(r.analysis is None for r in records):
+            from rookworld.stockfish import StockfishPool
+
+            self.pool = StockfishPool(path=cfg.stockfish_path, workers=cfg.stockfish_workers,
+                                      depth=cfg.stockfish_depth, cache_path=cfg.stockfish_cache)
+        result = evaluate(self.policy, self.run.tokenizer, records, RewardScorer(self.pool),
+                          batch_size=cfg.micro_batch_size, max_new_tokens=cfg.max_new_tokens, compile=self.run.compile)
+        m.update({f"eval/{task}/{k}": v for task in ("P", "A") for k, v in result.get(task, {}).items()})
+        return m
+
+    def train(self) -> dict[str, Any]:
+        return self.run.loop(self.train_step, state=dict, evaluate=self.evaluate)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        self.run.comm.close()

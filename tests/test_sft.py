@@ -1,0 +1,269 @@
+"""`rookworld sft`: RookWorld text samples, documents and rows, the loss against a direct computation, and the
+command end to end (resume, DDP, a model rookworld train and transformers load), plus `rookworld plot`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rookworld.data import DataError
+from rookworld.policy.tokenizer import EOS_ID, get_tokenizer
+from rookworld.train.samples import Rows, eval_rows, positions, read_samples, tokenize
+
+from test_trainer import metrics, run_cli
+
+HERE = Path(__file__).resolve().parent
+
+# Real samples (ROOKWORLD.md): a P: line with its padding, an A: line, a game's first move.
+P_LINE = ("P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34                                    "
+          "M: a4a3 c8f5 h7f6 h7g5 h7f8      E: -3.06 -2.82 -3.21 -3.16 -2.3            B: h7f6")
+A_LINE = ("A: 8/2k2b2/R1p4r/3p1p2/P7/2P2B1P/5PPK/4R3 w - - 1 31+a6a5+f7e7 h5f3 e6f7 b1b6 h8h6 a1e1 e7d8 b6a6 d8c7 "
+          "a6a5+8/2k2b2/2p4r/R2p1p2/P7/2P2B1P/5PPK/4R3 b - - 2 31+0.001+0+0")
+FIRST = ("A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
+         "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0")
+
+
+def text_file(tmp_path, name, *lines) -> Path:
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+# -- samples ----------------------------------------------------------------------------------------------------
+
+def test_rookworld_text_lines_split_into_prompt_and_target(tmp_path):
+    path = text_file(tmp_path, "rw.txt", P_LINE, "", "# a comment", A_LINE, FIRST)
+    got = read_samples([str(path)])
+    p, a, first = got.samples
+    assert (p.task, p.prompt) == ("P", "P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34")
+    assert p.prompt + p.target == P_LINE and p.target.startswith(" " * 36 + "M: a4a3")
+    assert a.prompt == A_LINE[: A_LINE.index("+8/2k2b2/2p4r") + 1] and a.prompt + a.target == A_LINE
+    assert first.target == "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0"
+    assert (p.source, a.source) == (f"{path}:1", f"{path}:4")
+    assert got.skipped == 0 and got.disagree == [] and got.report() == []
+
+
+def test_an_a_target_that_disagrees_with_the_rules_is_left_out_and_reported(tmp_path):
+    wrong_reward = FIRST.replace("+0.001+0+0", "+1.0+1+0")
+    wrong_fen = FIRST.replace("4P3/8/PPPP1PPP", "8/4P3/PPPP1PPP")
+    path = text_file(tmp_path, "rw.txt", FIRST, wrong_reward, P_LINE, wrong_fen)
+    got = read_samples([str(path)])
+    assert [s.source for s in got.samples] == [f"{path}:1", f"{path}:3"]
+    assert [s.source for s in got.disagree] == [f"{path}:2", f"{path}:4"]
+    assert got.report() == [f"left out 2 A: sample(s) whose target disagrees with the rules: {path}:2, {path}:4"]
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("P: not a fen at all", "a P: sample is"),
+    ("P: 8/8/8/8/8/8/8/K6k w - - 0 1  M: a1a2  E: 0.1 0.2  B: a1a2", "1 moves but 2 evals"),
+    ("P: 8/8/8/8/8/8/8/K7 w - - 0 1  M: a1a2  E: 0.1  B: a1a2", "missing king"),
+    ("P: 8/8/8/8/8/8/8/K6k w - - 0 1  E: 0.1  M: a1a2  B: a1a2", "'M:', 'E:' and 'B:'"),
+    ("A: 8/8/8/8/8/8/8/K6k w - - 0 1+a1a2+a1a2", "an A: sample is"),
+    ('{"fen": "8/8/8/8/8/8/8/K6k w - - 0 1"}', "rookworld positions --annotate"),
+    ("Q: what", "expected a P: or A: sample"),
+])
+def test_a_malformed_line_names_file_and_line_or_is_skipped_and_counted(tmp_path, line, reason):
+    path = text_file(tmp_path, "rw.txt", FIRST, line, P_LINE)
+    with pytest.raises(DataError) as e:
+        read_samples([str(path)])
+    assert str(e.value).startswith(f"{path}:2: ") and reason in str(e.value) and str(e.value).endswith(line[:120])
+    got = read_samples([str(path)], skip_bad=True)
+    assert len(got.samples) == 2 and got.skipped == 1 and got.report() == ["skipped 1 malformed line(s)"]
+
+
+def test_the_jsonl_of_positions_annotate_gives_p_and_a_samples(tmp_path):
+    out = tmp_path / "annotated.jsonl"
+    proc = run_cli(["positions", "--count", "5", "--seed", "4", "--annotate", "--depth", "4", "--out", str(out),
+                    "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    got = read_samples([str(out)])
+    assert len(got.samples) == 10 and got.disagree == []
+    for line, (p, a) in zip(lines, zip(got.samples[::2], got.samples[1::2])):
+        assert p.prompt + p.target == line["p_prompt"] + line["p_target"] and p.prompt == line["p_prompt"]
+        assert (a.prompt, a.target) == (line["a_prompt"], line["a_target"])
+    # Their positions, for greedy evaluation: the analysis ranked by eval, the move and the history before it.
+    records = positions(got.samples)
+    assert [r.fen for r in records] == [line["fen"] for line in lines]
+    for r, line in zip(records, lines):
+        assert r.analysis["moves"][0] == line["analysis"]["moves"][0]
+        assert r.move == line["move"] and list(r.history) == line["history"][-9:]
+
+
+# -- documents and rows -----------------------------------------------------------------------------------------
+
+def test_documents_and_the_target_loss_mask(tmp_path):
+    tok = get_tokenizer()
+    path_samples = read_samples([str(text_file(tmp_path, "rw.txt", P_LINE, A_LINE))]).samples
+    docs = tokenize(path_samples, tok, "target")
+    for s, ids, mask in zip(path_samples, docs.ids, docs.loss):
+        assert ids[0] == EOS_ID and tok.decode(ids[1:]) == s.prompt + s.target
+        n_prompt = len(tok.encode(s.prompt))
+        assert tok.decode(ids[1 : 1 + n_prompt]) == s.prompt  # tokenized apart, as the sampler sees the prompt
+        assert mask[0] and not mask[1 : 1 + n_prompt].any() and mask[1 + n_prompt :].all()
+        assert tok.decode(ids[mask][1:]) == s.target
+    everything = tokenize(path_samples, tok, "all")
+    assert all(m.all() for m in everything.loss)
+
+
+def test_rows_are_a_pure_function_of_seed_and_index_and_each_pass_covers_every_token():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 40, 30)
+    from rookworld.train.samples import Documents
+
+    docs = Documents([rng.integers(0, 50000, n) for n in lengths], [rng.random(n) < 0.7 for n in lengths])
+    rows = Rows(docs, seq_len=16, pack=True, seed=3)
+    assert rows.per_pass == int(lengths.sum()) // 16
+    everything = np.sort(np.concatenate(docs.ids))
+    passed = np.sort(np.concatenate([rows.row(i)[0] for i in range(rows.per_pass)]))
+    assert len(everything) - len(passed) < 16 and np.isin(passed, everything).all()
+    fresh = Rows(docs, seq_len=16, pack=True, seed=3)
+    for i in (0, 5, rows.per_pass + 2, 3 * rows.per_pass + 1, 4):  # any order, across passes
+        assert np.array_equal(fresh.row(i)[0], rows.row(i)[0]) and np.array_equal(fresh.row(i)[1], rows.row(i)[1])
+    assert not np.array_equal(rows.row(0)[0], rows.row(rows.per_pass)[0]), "each pass its own order"
+    assert not np.array_equal(Rows(docs, 16, True, seed=4).row(0)[0], rows.row(0)[0])
+    one = Rows(docs, seq_len=64, pack=False, seed=3)
+    ids, mask = one.row(2)
+    assert ids[-1] == EOS_ID and mask[-1] and one.per_pass == 30
+    assert sorted(len(one.row(i)[0]) for i in range(30)) == sorted((lengths + 1).tolist())
+    evaluated = eval_rows(docs, 16)
+    predicted = np.concatenate([evaluated[0][0]] + [i[1:] for i, _ in evaluated[1:]])
+    assert np.array_equal(predicted, np.concatenate(docs.ids)), "every token but the first is predicted once"
+
+
+# -- the loss of a step against a direct computation ----------------------------------------------------------------
+
+def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path):
+    """Micro-batches, packing and the loss mask together: the step's loss and gradient equal the mean NLL of the
+    counted tokens of its rows, computed from the full logits in float64."""
+    from rookworld.train.config import SFTConfig
+    from rookworld.train.samples import collate
+    from rookworld.train.sft import SFTTrainer
+
+    data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE, FIRST, P_LINE.replace("h7f6", "h7g5"))
+    cfg = SFTConfig(init="tiny", n_embd=32, n_head=2, data=[str(data)], output_dir=str(tmp_path / "out"), steps=1,
+                    seq_len=48, rows_per_step=5, micro_batch_size=2, loss_on="target", max_grad_norm=0.0,
+                    eval_every=0, warmup_steps=0, compile=False, device="cpu").validate()
+    t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
+    import copy
+
+    model = copy.deepcopy(t.policy).double()
+    rows = [t.rows.row(i) for i in range(5)]
+    m = t.train_step()
+    ids, attn, loss = (torch.from_numpy(a) for a in collate(rows))
+    logp = model(ids, attn).log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    counted = loss[:, 1:]
+    want = -(logp * counted).sum() / counted.sum()
+    assert m["loss"] == pytest.approx(float(want.detach()), rel=1e-5)
+    want.backward()
+    for (name, p), (_, q) in zip(t.policy.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-7, msg=name)
+    t.close()
+
+
+def test_a_tiny_model_learns_its_samples(tmp_path):
+    data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE, FIRST)
+    out = tmp_path / "out"
+    proc = run_cli(["sft", "--init", "tiny", "--n-embd", "64", "--data", str(data), "--output-dir", str(out),
+                    "--steps", "40", "--lr", "3e-3", "--warmup-steps", "5", "--seq-len", "64", "--rows-per-step",
+                    "4", "--eval-every", "0", "--log-every", "20", "--device", "cpu"])
+    assert proc.returncode == 0, proc.stderr
+    losses = [r["loss"] for r in metrics(out)]
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+# -- the command end to end -------------------------------------------------------------------------------------------
+
+def sft_args(data, held_out, out, *extra):
+    return ["sft", "--init", "tiny", "--n-embd", "32", "--data", str(data), "--eval-data", str(held_out),
+            "--output-dir", str(out), "--seq-len", "64", "--rows-per-step", "4", "--micro-batch-size", "2",
+            "--eval-size", "3", "--max-new-tokens", "12", "--device", "cpu", "--stockfish-depth", "4", *extra]
+
+
+def test_sft_end_to_end_gives_a_model_that_train_and_transformers_load(tmp_path):
+    data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST, P_LINE)
+    held_out = text_file(tmp_path, "held_out.txt", A_LINE, P_LINE)
+    out = tmp_path / "sft"
+    proc = run_cli(sft_args(data, held_out, out, "--steps", "3", "--eval-every", "3"))
+    assert proc.returncode == 0, proc.stderr
+    assert "model: a fresh GPT-2 tiny: 2 layers, 2 heads, 32 wide (" in proc.stderr
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["loss"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert rows[-1]["eval/loss"] > 0 and "eval/P/format_valid" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
+    transformers = pytest.importorskip("transformers")
+    from rookworld.policy.model import from_pretrained
+
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out)
+    ours = from_pretrained(out)
+    ids = torch.tensor([get_tokenizer().encode(FIRST, bos=True)])
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, ours(ids), atol=1e-4)
+    grpo = run_cli(["train", "--model", str(out), "--output-dir", str(tmp_path / "grpo"), "--steps", "1",
+                    "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--stockfish-depth", "4",
+                    "--stockfish-workers", "1", "--eval-every", "0", "--device", "cpu"])
+    assert grpo.returncode == 0, grpo.stderr
+    bad = run_cli(sft_args(tmp_path / "nope.txt", held_out, tmp_path / "x", "--steps", "1"))
+    assert bad.returncode == 2 and "--data: no such file" in bad.stderr
+    both = run_cli(sft_args(data, held_out, tmp_path / "y", "--steps", "1", "--model", str(out)))
+    assert both.returncode == 2 and "give one" in both.stderr
+
+
+def test_sft_resume_gives_the_same_weights_as_an_unbroken_run(tmp_path):
+    data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST, P_LINE, A_LINE)
+    held_out = text_file(tmp_path, "held_out.txt", FIRST)
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    common = ["--eval-every", "0", "--save-every", "2", "--lr", "1e-3"]
+    assert run_cli(sft_args(data, held_out, straight, "--steps", "4", *common)).returncode == 0
+    assert run_cli(sft_args(data, held_out, broken, "--steps", "2", *common)).returncode == 0
+    second = run_cli(["sft", "--resume", str(broken), "--steps", "4"])
+    assert second.returncode == 0, second.stderr
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(broken / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in metrics(straight)] == [r["loss"] for r in metrics(broken)]
+
+
+def test_sft_under_torchrun_gives_the_gradient_of_one_process(tmp_path):
+    """Rows of very different numbers of counted tokens on the two ranks (the token mean is global)."""
+    data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST, P_LINE, A_LINE, FIRST, A_LINE, P_LINE)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    one = subprocess.run([sys.executable, str(HERE / "ddp_sft.py"), str(data), str(tmp_path / "one")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          "29541", str(HERE / "ddp_sft.py"), str(data), str(tmp_path / "two")], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = torch.load(tmp_path / "one" / "grads.pt"), torch.load(tmp_path / "two" / "grads.pt")
+    for k in a:
+        assert a[k].abs().sum() > 0 and float((b[k] - a[k]).abs().max()) < 1e-4 * float(a[k].abs().max()), k
+    ma, mb = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
+    assert mb["loss"] == pytest.approx(ma["loss"], rel=1e-5)
+
+
+# -- rookworld plot -------------------------------------------------------------------------------------------------
+
+def test_plot_draws_several_runs_and_says_what_is_missing(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs = []
+    for name, shift in (("a", 0.0), ("b", 0.1)):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [{"step": s, "reward/P/mean": 0.2 + shift + 0.01 * s, "reward/A/mean": 0.5, "kl/mean": 0.001 * s,
+                 "eval/P/best_move_accuracy": 0.1 + shift} for s in range(1, 6)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 6, "rew')
+        runs.append(str(run))
+    out = tmp_path / "curves.png"
+    proc = run_cli(["plot", *runs, "--out", str(out), "--title", "two runs"])
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "3 panels, 2 run(s)" in proc.stderr
+    missing = run_cli(["plot", str(tmp_path / "nothing"), "--out", str(out)])
+    assert missing.returncode == 2 and "no metrics.jsonl" in missing.stderr and "Traceback" not in missing.stderr
