@@ -17,9 +17,9 @@ top 5; A: next state exact, FEN similarity), writes every figure as JSON and a P
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 _SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"  # beside the development checkout
 if _SHARED_VOCABULARY.is_file():
     os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
+
+from rookworld import cli  # noqa: E402
 
 #: The before/after table: (task, metric, label).
 ROWS = [("P", "format_valid", "format validity"), ("P", "mean_reward", "mean reward"),
@@ -38,14 +40,18 @@ ROWS = [("P", "format_valid", "format validity"), ("P", "mean_reward", "mean rew
 
 
 def rookworld(*args: str, log: Path) -> None:
-    """One `rookworld` command; its output goes to `log`, and a failure stops the chain with that output."""
+    """One `rookworld` command, run in this process (no second start-up of torch per stage); its output goes to
+    `log`, and a failure stops the chain with that output."""
     t0 = time.perf_counter()
-    with log.open("w") as f:
-        proc = subprocess.run([sys.executable, "-m", "rookworld", *args], stdout=f, stderr=subprocess.STDOUT)
+    with log.open("w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as e:  # argparse's own exit
+            code = e.code
     print(f"  rookworld {args[0]}: {time.perf_counter() - t0:.0f} s (log: {log})", file=sys.stderr)
-    if proc.returncode != 0:
+    if code:
         sys.stderr.write(log.read_text()[-3000:])
-        raise SystemExit(f"rookworld {args[0]} failed (exit {proc.returncode}); see {log}")
+        raise SystemExit(f"rookworld {args[0]} failed (exit {code}); see {log}")
 
 
 def held_out_without(train: Path, held_out: Path) -> None:
