@@ -87,10 +87,15 @@ def main() -> int:
     ap.add_argument("--eval-data", default=None, help="held-out positions to use (annotated JSONL) instead")
     ap.add_argument("--depth", type=int, default=8, help="Stockfish depth of the annotations and rewards")
     ap.add_argument("--init", default="tiny", help="size of the fresh model: tiny, mini or small")
-    ap.add_argument("--sft-steps", type=int, default=1500)
+    ap.add_argument("--layers", type=int, default=6, help="its layers (tiny has 2: depth is cheap beside the "
+                                                          "vocabulary projection, and a deeper model learns the "
+                                                          "formats sooner)")
+    ap.add_argument("--heads", type=int, default=4, help="its attention heads")
+    ap.add_argument("--sft-steps", type=int, default=600)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--rows-per-step", type=int, default=8)
+    ap.add_argument("--sft-loss-on", default="target", help="all or target (rookworld sft --loss-on)")
+    ap.add_argument("--seq-len", type=int, default=256, help="longest SFT document (P:/A: samples: under 190)")
+    ap.add_argument("--rows-per-step", type=int, default=16, help="SFT documents per step")
     ap.add_argument("--grpo-steps", type=int, default=60)
     ap.add_argument("--grpo-lr", type=float, default=2e-5)
     ap.add_argument("--prompts", type=int, default=8, help="GRPO prompts per step")
@@ -102,11 +107,12 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--reuse", action="store_true", help="keep the positions and the SFT model that --out already "
                                                           "holds (to try other GRPO settings on the same start)")
+    ap.add_argument("--sft-args", default="", help="more flags for rookworld sft, as one string")
     ap.add_argument("--grpo-args", default="", help="more flags for rookworld train, as one string")
     args = ap.parse_args()
     if args.smoke:
         args.train_positions, args.eval_positions, args.depth = 24, 6, 4
-        args.sft_steps, args.seq_len, args.rows_per_step = 4, 64, 2
+        args.layers, args.sft_steps, args.rows_per_step = 2, 4, 2
         args.grpo_steps, args.prompts, args.group, args.eval_every, args.seeds = 2, 2, 2, 2, [0]
         args.max_new_tokens = 24
 
@@ -129,12 +135,13 @@ def main() -> int:
 
     sft = out / "sft"
     if not reuse:
-        rookworld("sft", "--init", args.init, "--data", str(train), "--eval-data", str(held_out), "--output-dir",
+        rookworld("sft", "--init", args.init, "--n-layer", str(args.layers), "--n-head", str(args.heads),
+                  "--loss-on", args.sft_loss_on, "--data", str(train), "--eval-data", str(held_out), "--output-dir",
                   str(sft), "--overwrite", "--steps", str(args.sft_steps), "--lr", str(args.sft_lr), "--seq-len",
                   str(args.seq_len), "--rows-per-step", str(args.rows_per_step), "--eval-every",
                   str(args.sft_steps if args.smoke else max(1, args.sft_steps // 5)), "--eval-size", str(n_eval),
                   "--save-every", str(args.sft_steps), "--device", args.device, "--stockfish-depth", str(args.depth),
-                  *limit, log=out / "sft.log")
+                  *limit, *args.sft_args.split(), log=out / "sft.log")
 
     def evaluate(model: Path, name: str) -> dict:
         result = out / f"eval_{name}.json"

@@ -140,24 +140,27 @@ def test_rows_are_a_pure_function_of_seed_and_index_and_each_pass_covers_every_t
 
 # -- the loss of a step against a direct computation ----------------------------------------------------------------
 
-def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path):
-    """Micro-batches, packing and the loss mask together: the step's loss and gradient equal the mean NLL of the
-    counted tokens of its rows, computed from the full logits in float64."""
+@pytest.mark.parametrize("pack, seq_len", [(True, 48), (False, 256)])
+def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, seq_len):
+    """Micro-batches, packing or right-padded rows of a document each, and the loss mask together: the step's loss
+    and gradient equal the mean NLL of the counted tokens of its rows, computed from the full logits in float64
+    with the pads masked out."""
     from rookworld.train.config import SFTConfig
     from rookworld.train.samples import collate
     from rookworld.train.sft import SFTTrainer
 
     data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE, FIRST, P_LINE.replace("h7f6", "h7g5"))
     cfg = SFTConfig(init="tiny", n_embd=32, n_head=2, data=[str(data)], output_dir=str(tmp_path / "out"), steps=1,
-                    seq_len=48, rows_per_step=5, micro_batch_size=2, loss_on="target", max_grad_norm=0.0,
-                    eval_every=0, warmup_steps=0, compile=False, device="cpu").validate()
+                    seq_len=seq_len, pack=pack, rows_per_step=5, micro_batch_size=2, loss_on="target",
+                    max_grad_norm=0.0, eval_every=0, warmup_steps=0, compile=False, device="cpu").validate()
     t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
     import copy
 
     model = copy.deepcopy(t.policy).double()
     rows = [t.rows.row(i) for i in range(5)]
     m = t.train_step()
-    ids, attn, loss = (torch.from_numpy(a) for a in collate(rows))
+    ids, loss = (torch.from_numpy(a) for a in collate(rows))
+    attn = torch.arange(ids.shape[1]) < torch.tensor([len(i) for i, _ in rows])[:, None]  # the pads masked out
     logp = model(ids, attn).log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     counted = loss[:, 1:]
     want = -(logp * counted).sum() / counted.sum()
@@ -172,8 +175,8 @@ def test_a_tiny_model_learns_its_samples(tmp_path):
     data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE, FIRST)
     out = tmp_path / "out"
     proc = run_cli(["sft", "--init", "tiny", "--n-embd", "64", "--data", str(data), "--output-dir", str(out),
-                    "--steps", "40", "--lr", "3e-3", "--warmup-steps", "5", "--seq-len", "64", "--rows-per-step",
-                    "4", "--eval-every", "0", "--log-every", "20", "--device", "cpu"])
+                    "--steps", "40", "--lr", "3e-3", "--warmup-steps", "5", "--pack", "--seq-len", "64",
+                    "--rows-per-step", "4", "--eval-every", "0", "--log-every", "20", "--device", "cpu"])
     assert proc.returncode == 0, proc.stderr
     losses = [r["loss"] for r in metrics(out)]
     assert losses[-1] < 0.5 * losses[0], losses
@@ -183,7 +186,7 @@ def test_a_tiny_model_learns_its_samples(tmp_path):
 
 def sft_args(data, held_out, out, *extra):
     return ["sft", "--init", "tiny", "--n-embd", "32", "--data", str(data), "--eval-data", str(held_out),
-            "--output-dir", str(out), "--seq-len", "64", "--rows-per-step", "4", "--micro-batch-size", "2",
+            "--output-dir", str(out), "--seq-len", "256", "--rows-per-step", "4", "--micro-batch-size", "2",
             "--eval-size", "3", "--max-new-tokens", "12", "--device", "cpu", "--stockfish-depth", "4", *extra]
 
 
@@ -209,6 +212,11 @@ def test_sft_end_to_end_gives_a_model_that_train_and_transformers_load(tmp_path)
                     "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--stockfish-depth", "4",
                     "--stockfish-workers", "1", "--eval-every", "0", "--device", "cpu"])
     assert grpo.returncode == 0, grpo.stderr
+    more = run_cli(["sft", "--model", str(out), "--data", str(data), "--output-dir", str(tmp_path / "more"), "--steps",
+                    "1", "--seq-len", "256", "--rows-per-step", "2", "--eval-every", "0", "--device", "cpu"])
+    assert more.returncode == 0, more.stderr
+    assert f"model: {out} (" in more.stderr  # continues the checkpoint, not a fresh model
+    assert metrics(tmp_path / "more")[0]["loss"] < rows[0]["loss"]
     bad = run_cli(sft_args(tmp_path / "nope.txt", held_out, tmp_path / "x", "--steps", "1"))
     assert bad.returncode == 2 and "--data: no such file" in bad.stderr
     both = run_cli(sft_args(data, held_out, tmp_path / "y", "--steps", "1", "--model", str(out)))

@@ -288,8 +288,12 @@ class SFTConfig(RunConfig):
     data: list = _f([], "training samples: RookWorld text (one P: or A: sample a line) or the JSONL of rookworld "
                         "positions --annotate; repeat for several files", DATA)
     skip_bad: bool = _f(False, "skip (and count) malformed lines instead of stopping at the first", DATA)
-    seq_len: int = _f(512, "tokens per training row; documents ([EOS] + text) are packed into rows", DATA)
-    pack: bool = _f(True, "pack documents into full rows (--no-pack: one document a row, padded)", DATA)
+    seq_len: int = _f(512, "tokens per training row: the longest document it takes, or with --pack the length of "
+                           "the packed rows", DATA)
+    pack: bool = _f(False, "pack documents ([EOS] + text) into full rows of --seq-len, as RookWorld-LM's "
+                           "pretraining did: no padding, but a document sees the ones before it in its row and may "
+                           "be cut in two; the default is one document a row, starting at position 0 as the "
+                           "sampler sees a prompt", DATA)
     loss_on: str = _f("all", "tokens the loss counts: all, or target (the completion after each prompt, and the EOS "
                              "that ends it)", DATA, choices=("all", "target"))
     rows_per_step: int = _f(32, "rows per optimizer step (over all ranks)", DATA)

@@ -207,7 +207,8 @@ class Rows:
         if not pack:
             longest = max(len(d) for d in docs.ids) + 1
             if longest > seq_len:
-                raise DataError(f"a document of {longest} tokens does not fit --seq-len {seq_len} (--no-pack)")
+                raise DataError(f"a document of {longest} tokens does not fit --seq-len {seq_len} (one document a row; "
+                                "raise --seq-len, or --pack documents into rows)")
         self._pass = -1
         self._ids = self._loss = None
         self._order: list[int] = []
@@ -243,12 +244,11 @@ def eval_rows(docs: Documents, seq_len: int, pack: bool = True) -> list[tuple[np
     return [(ids[s : s + seq_len], loss[s : s + seq_len]) for s in range(0, len(ids) - 1, stride)]
 
 
-def collate(rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows right-padded to the longest: (ids [B, T], attention mask [B, T], loss mask [B, T])."""
+def collate(rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows right-padded to the longest: (ids [B, T], loss mask [B, T]); the loss never counts a pad."""
     width = max(len(i) for i, _ in rows)
     ids = np.full((len(rows), width), EOS_ID, dtype=np.int64)
-    attn = np.zeros((len(rows), width), dtype=bool)
     loss = np.zeros((len(rows), width), dtype=bool)
     for r, (i, m) in enumerate(rows):
-        ids[r, : len(i)], attn[r, : len(i)], loss[r, : len(i)] = i, True, m
-    return ids, attn, loss
+        ids[r, : len(i)], loss[r, : len(i)] = i, m
+    return ids, loss

@@ -1,6 +1,6 @@
 """`rookworld sft`: supervised training of a GPT-2 policy on P:/A: text, as RookWorld-LM itself was made.
 
-One step reads `rows_per_step` rows (packed documents, see `rookworld.train.samples`), split over ranks and
+One step reads `rows_per_step` rows (one document each, or packed; see `rookworld.train.samples`), split over ranks and
 micro-batches, and takes one AdamW step on the mean token NLL of the tokens the loss counts. The run around the
 steps (device, DDP, checkpoints, resume, signals, logging) is `Run`'s, shared with `rookworld train`; the output
 directory also holds the latest model itself, so it is a `--model` for `rookworld train` and for transformers.
@@ -70,8 +70,9 @@ class SFTTrainer:
         self.rows = Rows(self.docs, cfg.seq_len, cfg.pack, cfg.seed)
         n_tokens = sum(len(d) for d in self.docs.ids)
         tasks = [s.task for s in data.samples]
+        rows = f"rows of {cfg.seq_len}" if cfg.pack else "rows (a document each)"
         run.log.say(f"data: {len(tasks)} samples ({tasks.count('P')} P:, {tasks.count('A')} A:), {n_tokens:,} "
-                    f"tokens, {self.rows.per_pass} rows of {cfg.seq_len} a pass; {cfg.rows_per_step} rows a step, "
+                    f"tokens, {self.rows.per_pass} {rows} a pass; {cfg.rows_per_step} rows a step, "
                     f"loss on {cfg.loss_on} tokens")
         world = run.dist.world
         if cfg.rows_per_step % world:
@@ -106,12 +107,14 @@ class SFTTrainer:
         from rookworld.policy.sampling import token_logprobs
 
         dev = self.run.device
-        ids, attn, loss = (torch.from_numpy(a).to(dev) for a in collate(batch))
+        ids, loss = (torch.from_numpy(a).to(dev) for a in collate(batch))
+        # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
+        # and SDPA may take its fused causal kernel.
         with self.run.autocast():
             if backward:
-                lp = self.scores(ids, attn, 1, 1.0)[0]
+                lp = self.scores(ids, None, 1, 1.0)[0]
             else:
-                lp = token_logprobs(self.policy, ids, attn, start=1, compile=self.run.compile).logprobs
+                lp = token_logprobs(self.policy, ids, None, start=1, compile=self.run.compile).logprobs
         counted = loss[:, 1:]
         nll = -(lp.float() * counted).sum() / normalizer
         if backward:
