@@ -96,12 +96,13 @@ def main() -> int:
     ap.add_argument("--sft-loss-on", default="target", help="all or target (rookworld sft --loss-on)")
     ap.add_argument("--seq-len", type=int, default=256, help="longest SFT document (P:/A: samples: under 190)")
     ap.add_argument("--rows-per-step", type=int, default=16, help="SFT documents per step")
-    ap.add_argument("--grpo-steps", type=int, default=60)
-    ap.add_argument("--grpo-lr", type=float, default=2e-5)
+    ap.add_argument("--grpo-steps", type=int, default=30)
+    ap.add_argument("--grpo-lr", type=float, default=1e-4, help="GRPO learning rate (for an 8M-parameter model; "
+                                                                  "rookworld train's default suits the 124M one)")
     ap.add_argument("--prompts", type=int, default=8, help="GRPO prompts per step")
     ap.add_argument("--group", type=int, default=8, help="GRPO completions per prompt")
-    ap.add_argument("--beta", type=float, default=0.02)
-    ap.add_argument("--eval-every", type=int, default=20, help="GRPO steps between held-out evaluations")
+    ap.add_argument("--beta", type=float, default=0.04)
+    ap.add_argument("--eval-every", type=int, default=10, help="GRPO steps between held-out evaluations")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="one GRPO run per seed")
     ap.add_argument("--max-new-tokens", type=int, default=144, help="completion limit of sampling and evaluation")
     ap.add_argument("--device", default="auto")
@@ -140,8 +141,9 @@ def main() -> int:
                   str(sft), "--overwrite", "--steps", str(args.sft_steps), "--lr", str(args.sft_lr), "--seq-len",
                   str(args.seq_len), "--rows-per-step", str(args.rows_per_step), "--eval-every",
                   str(args.sft_steps if args.smoke else max(1, args.sft_steps // 5)), "--eval-size", str(n_eval),
-                  "--save-every", str(args.sft_steps), "--device", args.device, "--stockfish-depth", str(args.depth),
-                  *limit, *args.sft_args.split(), log=out / "sft.log")
+                  "--save-every", str(args.sft_steps), "--warmup-steps", str(min(20, args.sft_steps)), "--device",
+                  args.device, "--stockfish-depth", str(args.depth), *limit, *args.sft_args.split(),
+                  log=out / "sft.log")
 
     def evaluate(model: Path, name: str) -> dict:
         result = out / f"eval_{name}.json"
