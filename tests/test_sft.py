@@ -239,6 +239,20 @@ def test_sft_resume_gives_the_same_weights_as_an_unbroken_run(tmp_path):
     assert [r["loss"] for r in metrics(straight)] == [r["loss"] for r in metrics(broken)]
 
 
+def test_a_run_extended_with_more_steps_follows_the_longer_schedule_from_its_first_resumed_step(tmp_path):
+    data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST)
+    held_out = text_file(tmp_path, "held_out.txt", FIRST)
+    short, long = tmp_path / "short", tmp_path / "long"
+    common = ["--eval-every", "0", "--save-every", "2", "--lr", "1e-3", "--warmup-steps", "0"]
+    assert run_cli(sft_args(data, held_out, long, "--steps", "4", *common)).returncode == 0
+    assert run_cli(sft_args(data, held_out, short, "--steps", "2", *common)).returncode == 0
+    extended = run_cli(["sft", "--resume", str(short), "--steps", "4"])
+    assert extended.returncode == 0, extended.stderr
+    # cosine to 0.1 x peak: 2 steps end at 1e-4, 4 steps pass through 5.5e-4 at their third
+    assert [r["lr"] for r in metrics(short)][2:] == pytest.approx([r["lr"] for r in metrics(long)][2:], rel=1e-12)
+    assert metrics(short)[2]["lr"] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 2 / 4))))
+
+
 def test_sft_under_torchrun_gives_the_gradient_of_one_process(tmp_path):
     """Rows of very different numbers of counted tokens on the two ranks (the token mean is global)."""
     data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST, P_LINE, A_LINE, FIRST, A_LINE, P_LINE)

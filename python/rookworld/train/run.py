@@ -153,6 +153,10 @@ class Run:
             state = checkpoint.load_state(self.resume_from)
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
+            # The saved lr belongs to the saved schedule; a resume with more --steps has a longer one, whose lr
+            # must hold from the first resumed step (the same value when --steps is unchanged).
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+                group["lr"] = base * lr_factor(self.scheduler.last_epoch, cfg)
             self.step = state["step"]
             checkpoint.set_rng_state(state["rng"])
         self.log.start(self.step)
