@@ -133,7 +133,7 @@ def test_rows_are_a_pure_function_of_seed_and_index_and_each_pass_covers_every_t
     ids, mask = one.row(2)
     assert ids[-1] == EOS_ID and mask[-1] and one.per_pass == 30
     assert sorted(len(one.row(i)[0]) for i in range(30)) == sorted((lengths + 1).tolist())
-    evaluated = eval_rows(docs, 16)
+    evaluated = eval_rows(docs, 16, pack=True)
     predicted = np.concatenate([evaluated[0][0]] + [i[1:] for i, _ in evaluated[1:]])
     assert np.array_equal(predicted, np.concatenate(docs.ids)), "every token but the first is predicted once"
 

@@ -177,6 +177,10 @@ class Documents:
     ids: list[np.ndarray]  # [EOS] + prompt + target, int64
     loss: list[np.ndarray]  # bool per token: whether the loss counts predicting it
 
+    def row(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Document `d` as a row of its own, closed by an EOS the loss counts."""
+        return np.append(self.ids[d], EOS_ID), np.append(self.loss[d], True)
+
 
 def tokenize(samples: Sequence[Sample], tokenizer, loss_on: str = "all") -> Documents:
     """With ``loss_on="target"`` the loss counts the target and the EOS that opens a document (which the
@@ -198,7 +202,7 @@ class Rows:
     EOS the loss counts). Row `i` of the endless stream is a pure function of (seed, i): pass k over the
     documents is its own seeded order."""
 
-    def __init__(self, docs: Documents, seq_len: int, pack: bool = True, seed: int = 0):
+    def __init__(self, docs: Documents, seq_len: int, pack: bool, seed: int = 0):
         self.docs, self.seq_len, self.pack, self.seed = docs, seq_len, pack, seed
         n_tokens = sum(len(d) for d in docs.ids)
         self.per_pass = n_tokens // seq_len if pack else len(docs.ids)
@@ -230,15 +234,14 @@ class Rows:
         if self.pack:
             span = slice(i * self.seq_len, (i + 1) * self.seq_len)
             return self._ids[span], self._loss[span]
-        d = self._order[i]
-        return np.append(self.docs.ids[d], EOS_ID), np.append(self.docs.loss[d], True)
+        return self.docs.row(self._order[i])
 
 
-def eval_rows(docs: Documents, seq_len: int, pack: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+def eval_rows(docs: Documents, seq_len: int, pack: bool) -> list[tuple[np.ndarray, np.ndarray]]:
     """Rows that predict every token of the documents once, in order: packed rows overlapping by one token (a
     row's first token is context only), or one document a row."""
     if not pack:
-        return [(np.append(i, EOS_ID), np.append(m, True)) for i, m in zip(docs.ids, docs.loss)]
+        return [docs.row(d) for d in range(len(docs.ids))]
     ids, loss = np.concatenate(docs.ids), np.concatenate(docs.loss)
     stride = seq_len - 1
     return [(ids[s : s + seq_len], loss[s : s + seq_len]) for s in range(0, len(ids) - 1, stride)]
