@@ -11,6 +11,13 @@
     python benches/generate.py                                   # CUDA if present: bf16, eager and compiled
     python benches/generate.py --device cpu --batch-sizes 8 16   # what a small CPU can do
     python benches/generate.py --mixed --batch-sizes 2048        # one mixed batch vs one per task
+
+On CUDA each generation row also gives the decode step's memory-bandwidth floor: every step must read the
+weights once and each row's keys and values so far (prompt + half the new tokens on average), at the
+device-to-device copy rate measured at start; `% floor` is the measured rate over that bound. `--weights fp32`
+keeps fp32 weights under bf16 autocast, as the trainer's policy does (the default casts the model to --dtype).
+
+--json FILE writes every row measured so far after each one, so a run cut short still leaves its figures.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -49,13 +58,39 @@ def _time(fn: Callable[[], object], device: torch.device, warmup: int, repeats: 
     return best, result
 
 
+def copy_bandwidth(device: torch.device) -> float | None:
+    """Device-to-device copy rate in bytes/s (bytes read + bytes written), the ceiling of a memory-bound step."""
+    if device.type != "cuda":
+        return None
+    src = torch.randn(2**28, device=device)  # 1 GiB: far beyond the L2
+    dst = torch.empty_like(src)
+    best = _time(lambda: dst.copy_(src), device, warmup=3, repeats=10)[0]
+    return 2 * src.numel() * src.element_size() / best
+
+
+def decode_floor(cfg: GPTConfig, params: int, batch: int, prompt_len: int, new: int, elem_bytes: int,
+                 bandwidth: float) -> float:
+    """Generated tokens/s if every decode step only read the weights once and each row's keys and values so far
+    (contexts averaged over the new tokens), at `bandwidth` bytes/s. The fp32 logits [batch, vocab] a step
+    writes and the sampler reads are left out: a fused sampler need not write them."""
+    context = prompt_len + (new - 1) / 2
+    step_bytes = params * elem_bytes + 2 * cfg.n_layer * batch * context * cfg.n_embd * elem_bytes
+    return batch * bandwidth / step_bytes
+
+
+def _autocast_score(model: GPT, *args, dtype: torch.dtype | None, **kwargs) -> TokenScores:
+    """token_logprobs under autocast to `dtype` (None: in the model's own dtype), as the trainer calls it."""
+    with torch.autocast(model.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        return token_logprobs(model, *args, **kwargs)
+
+
 def _forward_backward(model: GPT, score: Callable[[], TokenScores]) -> None:
     score().logprobs.sum().backward()
     model.zero_grad(set_to_none=True)
 
 
 def mixed(model: GPT, device: torch.device, rows: int, args: argparse.Namespace, compiled: bool,
-          warmup: int) -> str:
+          warmup: int) -> dict:
     """One P:/A: batch (P: rows left-padded to the A: width, per-row limits) against one batch per task."""
     n_p = round(rows * args.task_mix)
     (p_len, a_len), (p_new, a_new) = args.prompt_len, args.new_tokens
@@ -66,20 +101,35 @@ def mixed(model: GPT, device: torch.device, rows: int, args: argparse.Namespace,
     mask[n_p:, : width - a_len] = False
     limits = torch.tensor([p_new] * n_p + [a_new] * (rows - n_p), device=device)
     one = functools.partial(generate, model, ids, mask, max_new_tokens=limits, stop_at_eos=False, seed=0,
-                            compile=compiled)
+                            compile=compiled, dtype=args.run_dtype)
 
     def per_task() -> None:
         g = torch.Generator(device=device).manual_seed(0)
         for sl, plen, new in ((slice(0, n_p), p_len, p_new), (slice(n_p, rows), a_len, a_new)):
             if sl.stop > sl.start:
                 generate(model, ids[sl, width - plen :], mask[sl, width - plen :], max_new_tokens=new,
-                         stop_at_eos=False, generator=g, compile=compiled)
+                         stop_at_eos=False, generator=g, compile=compiled, dtype=args.run_dtype)
 
     tokens = n_p * p_new + (rows - n_p) * a_new
     one_s, _ = _time(one, device, warmup, args.repeats)
     split_s, _ = _time(per_task, device, warmup, args.repeats)
-    return (f"{rows:>6} {n_p:>5} {'compiled' if compiled else 'eager':<9} {one_s:>8.3f} {tokens / one_s:>10,.0f} "
-            f"{split_s:>8.3f} {tokens / split_s:>10,.0f} {one_s / split_s:>7.2f}x")
+    return {"rows": rows, "p_rows": n_p, "decode": "compiled" if compiled else "eager", "one_batch_s": one_s,
+            "one_batch_tokens_per_s": tokens / one_s, "per_task_s": split_s, "per_task_tokens_per_s": tokens / split_s,
+            "speedup": one_s / split_s}
+
+
+class Results:
+    """The rows measured so far, rewritten to --json after each one."""
+
+    def __init__(self, path: str | None, meta: dict):
+        self.path, self.doc = path, {**meta, "rows": []}
+
+    def add(self, row: dict) -> None:
+        self.doc["rows"].append(row)
+        if self.path:
+            tmp = Path(self.path + ".tmp")
+            tmp.write_text(json.dumps(self.doc, indent=1) + "\n")
+            tmp.replace(self.path)
 
 
 def main() -> None:
@@ -107,6 +157,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--mixed", action="store_true", help="one mixed P:/A: batch vs one batch per task")
     parser.add_argument("--task-mix", type=float, default=0.8, help="share of P: rows with --mixed")
+    parser.add_argument("--weights", choices=["compute", "fp32"], default="compute",
+                        help="compute: cast the model to --dtype; fp32: keep fp32 weights and run under autocast to "
+                        "--dtype, as the trainer's policy does")
+    parser.add_argument("--json", default=None, help="also write the figures to this file (after every row)")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -123,10 +177,20 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig()).to(device=device, dtype=dtype).eval()
+    weight_dtype = torch.float32 if args.weights == "fp32" else dtype
+    model = GPT(GPTConfig()).to(device=device, dtype=weight_dtype).eval()
+    args.run_dtype = dtype if weight_dtype != dtype else None  # generate() autocasts when they differ
+    bandwidth = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"GPT-2 124M ({model.num_params():,} params), random weights, {dtype}, {name}, torch {torch.__version__}")
+    print(f"GPT-2 124M ({model.num_params():,} params), random weights, {dtype}"
+          f"{' under autocast, fp32 weights' if args.run_dtype else ''}, {name}, torch {torch.__version__}")
+    if bandwidth:
+        print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)")
     print(f"best of {args.repeats} after {warmup} warm-up run(s); tokens/s counts generated / completion tokens\n")
+    results = Results(args.json, {"device": name, "dtype": str(dtype).removeprefix("torch."), "weights": args.weights,
+                                  "copy_bandwidth_bytes_per_s": bandwidth, "torch": torch.__version__,
+                                  "params": model.num_params(), "repeats": args.repeats, "warmup": warmup,
+                                  "mode": "mixed" if args.mixed else "per-task"})
 
     if args.mixed:
         header = (f"{'rows':>6} {'P:':>5} {'decode':<9} {'one s':>8} {'tok/s':>10} {'split s':>8} {'tok/s':>10} "
@@ -135,7 +199,11 @@ def main() -> None:
               f"{args.new_tokens[1]}\n{header}\n{'-' * len(header)}")
         for rows in args.batch_sizes:
             for compiled in compile_modes:
-                print(mixed(model, device, rows, args, compiled, warmup), flush=True)
+                r = mixed(model, device, rows, args, compiled, warmup)
+                results.add(r)
+                print(f"{rows:>6} {r['p_rows']:>5} {r['decode']:<9} {r['one_batch_s']:>8.3f} "
+                      f"{r['one_batch_tokens_per_s']:>10,.0f} {r['per_task_s']:>8.3f} {r['per_task_tokens_per_s']:>10,.0f} "
+                      f"{r['speedup']:>7.2f}x", flush=True)
             release_caches(model)
         return
 
@@ -145,7 +213,7 @@ def main() -> None:
         if args.backward:
             header += f" {'fwd+bwd tok/s':>14}"
     if device.type == "cuda":
-        header += f" {'peak GiB':>9}"
+        header += f" {'floor tok/s':>12} {'% floor':>8} {'peak GiB':>9}"
     print(header)
     print("-" * len(header))
 
@@ -160,34 +228,48 @@ def main() -> None:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
                 run_generate = functools.partial(
-                    generate, model, prompts, mask, max_new_tokens=new, stop_at_eos=False, seed=0, compile=compiled
+                    generate, model, prompts, mask, max_new_tokens=new, stop_at_eos=False, seed=0, compile=compiled,
+                    dtype=args.run_dtype,
                 )
                 try:
                     gen_s, out = _time(run_generate, device, warmup, args.repeats)
                 except torch.OutOfMemoryError:
                     print(f"{task:<4} {batch:>6} {prompt_len:>6} {new:>4} out of memory")
+                    results.add({"task": task, "batch": batch, "prompt": prompt_len, "new": new,
+                                 "decode": "compiled" if compiled else "eager", "out_of_memory": True})
                     release_caches(model)
                     torch.cuda.empty_cache()
                     continue
+                figures = {"task": task, "batch": batch, "prompt": prompt_len, "new": new,
+                           "decode": "compiled" if compiled else "eager", "generate_s": gen_s,
+                           "generated_tokens_per_s": batch * new / gen_s}
                 row = (
-                    f"{task:<4} {batch:>6} {prompt_len:>6} {new:>4} {'compiled' if compiled else 'eager':<9} "
+                    f"{task:<4} {batch:>6} {prompt_len:>6} {new:>4} {figures['decode']:<9} "
                     f"{gen_s:>8.3f} {batch * new / gen_s:>10,.0f}"
                 )
                 if not args.no_logprobs:
                     ids = torch.cat([prompts, out.tokens], dim=1)
                     full_mask = torch.cat([mask, out.mask], dim=1)
                     score = functools.partial(
-                        token_logprobs, model, ids, full_mask, start=prompt_len, chunk_size=args.chunk_size,
-                        compile=compiled,
+                        _autocast_score, model, ids, full_mask, start=prompt_len, chunk_size=args.chunk_size,
+                        compile=compiled, dtype=args.run_dtype,
                     )
                     score_s, _ = _time(torch.no_grad()(score), device, 1, args.repeats)
+                    figures["logprob_tokens_per_s"] = batch * new / score_s
                     row += f" {batch * new / score_s:>11,.0f}"
                     if args.backward:
                         backward = functools.partial(_forward_backward, model, score)
                         backward_s, _ = _time(backward, device, 1, args.repeats)
+                        figures["forward_backward_tokens_per_s"] = batch * new / backward_s
                         row += f" {batch * new / backward_s:>14,.0f}"
                 if device.type == "cuda":
-                    row += f" {torch.cuda.max_memory_allocated(device) / 2**30:>9.1f}"
+                    floor = decode_floor(model.config, model.num_params(), batch, prompt_len, new, dtype.itemsize,
+                                         bandwidth)
+                    figures["decode_floor_tokens_per_s"] = floor
+                    row += f" {floor:>12,.0f} {100 * batch * new / gen_s / floor:>7.1f}%"
+                    figures["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+                    row += f" {figures['peak_memory_gb']:>9.1f}"
+                results.add(figures)
                 print(row, flush=True)
             release_caches(model)  # keep one shape's cache at a time
 

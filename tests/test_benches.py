@@ -70,3 +70,35 @@ def test_learning_chain_smoke(tmp_path):
     assert "best-move accuracy" in proc.stdout and "next state exact" in proc.stdout
     if importlib.util.find_spec("matplotlib"):
         assert (out / "grpo_curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gpu_suite_smoke(tmp_path):
+    """The one command for a lent GPU, at toy sizes on the CPU: every stage runs or says why not, suite.json holds
+    the figures of each, and the table comes last (the device tool returns only the end of the output)."""
+    out = tmp_path / "suite"
+    proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "500")
+    results = json.loads((out / "suite.json").read_text())
+    stages = results["stages"]
+    assert list(stages) == ["env", "cuda-tests", "grpo-step", "generate", "grpo-step-u64", "trl", "sft", "auto-batch"]
+    for name in ("env", "grpo-step", "generate", "grpo-step-u64", "sft"):
+        assert stages[name]["status"] == "ok", (name, stages[name])
+    assert stages["cuda-tests"]["status"] == "ok" and stages["cuda-tests"]["figures"]["skipped"] >= 5
+    assert stages["grpo-step"]["figures"]["samples_per_s"] > 0
+    assert stages["generate"]["figures"]["rows"][0]["generated_tokens_per_s"] > 0
+    assert stages["sft"]["figures"]["tokens_per_s"] > 0
+    assert stages["auto-batch"]["status"] == "skipped" and "needs CUDA" in stages["auto-batch"]["summary"]
+    if importlib.util.find_spec("trl"):
+        assert stages["trl"]["figures"]["rookworld_over_trl"] > 0
+    assert (out / "suite.log").read_text().count("$ ") >= 6
+    tail = proc.stdout.strip().splitlines()
+    assert tail[0].startswith("gpu suite:") and any(line.startswith("grpo-step ") for line in tail[-12:])
+
+
+def test_gpu_suite_stops_at_its_budget(tmp_path):
+    """With too little time left, stages are listed as not run and the table names the call that runs them."""
+    out = tmp_path / "suite"
+    proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "20",
+                     "--stages", "generate", "sft")
+    stages = json.loads((out / "suite.json").read_text())["stages"]
+    assert stages["sft"]["status"] == "not run" and stages["sft"]["summary"] == "out of time"
+    assert "--stages" in proc.stdout.splitlines()[-1] and proc.stdout.splitlines()[-1].endswith("sft")

@@ -1,0 +1,237 @@
+"""What only a GPU shows: compiled decoding replayed as CUDA graphs, bf16 autocast, and the whole `rookworld train`
+and `rookworld sft` on CUDA with --auto-batch. Skipped without CUDA; `pytest -m cuda` runs just these, and
+benches/gpu_suite.py runs them first on a lent GPU.
+
+Compiled and eager bf16 decoding round differently (inductor fuses what eager rounds in between), and a random
+model's top two logits are often closer than that rounding, so their greedy tokens may part. The tests therefore
+check each decoding along its own path against an fp32 recomputation of the same sequence: every greedy token is
+the fp32 argmax up to bf16 rounding, every sampling log-prob the fp32 one. Decoding against a wrong cache or
+position fails both by whole nats (measured on the CPU: a mean shortfall of 2.8 against 0.0005 in bf16)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from conftest import constant_gpt
+from rookworld.policy import sampling
+from rookworld.policy.model import GPT, GPTConfig
+from rookworld.policy.sampling import generate, token_logprobs
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+EOS = 50256
+V = 50257
+CUDA = torch.device("cuda")
+# What bf16 rounding may cost a greedy token against the fp32 argmax, at most and on average (measured on the CPU
+# for the model below under bf16 autocast: 0.06 and 0.0005).
+SHORTFALL_MAX, SHORTFALL_MEAN = 0.3, 0.01
+
+
+@pytest.fixture(autouse=True)
+def _enough_recompiles():
+    # Each (batch, cache length) is its own graph; past the limit dynamo would decode eagerly without a word and
+    # the comparisons below would compare eager with eager.
+    with torch._dynamo.config.patch(recompile_limit=64):
+        yield
+
+
+def _model(n_layer: int = 2, scale: float = 4.0, seed: int = 0) -> GPT:
+    """A random GPT with sharpened weights (GPT-2's init gives near-uniform next-token distributions), fp32 on
+    the GPU as the trainer's policy is: decoding runs under bf16 autocast with a bf16 KV cache."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(block_size=256, n_layer=n_layer, n_head=4, n_embd=256))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "ln_" not in name:
+                p.mul_(scale)
+    return model.to(CUDA).eval()
+
+
+def _prompts(batch: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts: row r has r % (width // 2) pads."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, EOS, (batch, width), generator=g)
+    mask = torch.ones(batch, width, dtype=torch.bool)
+    for row in range(batch):
+        pad = row % (width // 2)
+        mask[row, :pad] = False
+        ids[row, :pad] = EOS
+    return ids.to(CUDA), mask.to(CUDA)
+
+
+def _fp32_logits_along(model: GPT, ids, mask, out) -> torch.Tensor:
+    """fp32 next-token logits before each generated token [B, N, V], recomputed without a cache."""
+    P = ids.shape[1]
+    with torch.no_grad():
+        hidden = model.trunk(torch.cat([ids, out.tokens], 1), torch.cat([mask, out.mask], 1))[:, P - 1 : -1]
+        return torch.stack([model.lm_head(h).float() for h in hidden])
+
+
+def _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, out) -> None:
+    logits = _fp32_logits_along(model, ids, mask, out)
+    shortfall = logits.max(-1).values - logits.gather(-1, out.tokens[..., None]).squeeze(-1)
+    assert shortfall.max() < SHORTFALL_MAX and shortfall.mean() < SHORTFALL_MEAN, (
+        f"greedy tokens fall short of the fp32 argmax by up to {shortfall.max():.3f}, {shortfall.mean():.4f} on "
+        "average")
+
+
+@pytest.mark.parametrize("batch", [8, 96])
+@pytest.mark.parametrize("new_tokens", [20, 120])  # KV caches of 64 and 192 positions after bucketing
+def test_compiled_decode_equals_eager_in_bf16_across_graph_replays(batch, new_tokens):
+    model = _model()
+    counters.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a compiler fallback warns: it must not happen here
+        for seed in (1, 2):  # the second call replays the captured graph on new prompts and a reused cache
+            ids, mask = _prompts(batch, 30, seed)
+            kw = dict(max_new_tokens=new_tokens, temperature=0.0, stop_at_eos=False, return_policy_logprobs=True)
+            eager = generate(model, ids, mask, compile=False, **kw)
+            compiled = generate(model, ids, mask, compile=True, **kw)
+            for out in (eager, compiled):
+                _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, out)
+            rows = (eager.tokens == compiled.tokens).all(1)
+            assert rows.any(), "some rows must decode identically"
+            gap = (eager.policy_logprobs - compiled.policy_logprobs)[rows].abs().max()
+            assert gap < 0.1, f"log-probs of identical tokens differ by {gap:.3f}"
+    assert "cuda" not in sampling._compile_failed
+    assert counters["stats"]["unique_graphs"] >= 1, "the decode step was not compiled"
+    assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled decode step did not run as a CUDA graph"
+
+
+def test_compiled_sampling_draws_from_the_fp32_distribution_and_repeats_with_its_seed():
+    model = _model(seed=3)
+    ids, mask = _prompts(64, 24, seed=5)
+    kw = dict(max_new_tokens=32, seed=11, stop_at_eos=False, temperature=0.8)
+    compiled = generate(model, ids, mask, compile=True, **kw)
+    logits = _fp32_logits_along(model, ids, mask, compiled) / 0.8
+    fp32 = logits.log_softmax(-1).gather(-1, compiled.tokens[..., None]).squeeze(-1)
+    error = (compiled.logprobs - fp32).abs()
+    # On the CPU in bf16: 0.05 at most, 0.009 on average; a wrong context: 1.0 on average.
+    assert error.max() < 0.25 and error.mean() < 0.03, (error.max(), error.mean())
+    again = generate(model, ids, mask, compile=True, **kw)
+    assert torch.equal(again.tokens, compiled.tokens), "seeded compiled sampling must repeat exactly"
+
+
+def test_generate_stops_rows_at_eos_at_different_steps_on_cuda():
+    logits = torch.zeros(V)
+    logits[EOS] = math.log(0.3 * (V - 1) / 0.7)  # P(EOS) = 0.3 at every step, whatever the input
+    model = constant_gpt(logits).to(CUDA)
+    ids, mask = _prompts(64, 6, seed=0)
+    kw = dict(max_new_tokens=100, seed=0, pad_token_id=0, return_policy_logprobs=True)
+    out = generate(model, ids, mask, compile=True, **kw)
+    first_eos = []
+    for row in range(64):
+        tokens, m = out.tokens[row].tolist(), out.mask[row].tolist()
+        assert EOS in tokens, "P(no EOS in 100 steps) is 1e-15"
+        e = tokens.index(EOS)
+        first_eos.append(e)
+        assert out.stopped[row] and out.lengths[row] == e + 1
+        assert all(m[: e + 1]) and not any(m[e + 1 :]) and all(t == 0 for t in tokens[e + 1 :])
+        assert (out.logprobs[row, e + 1 :] == 0).all() and (out.policy_logprobs[row, e + 1 :] == 0).all()
+    assert len(set(first_eos)) > 4, "rows must stop at different steps"
+    assert out.tokens.shape[1] == int(out.lengths.max()) < 100, "decoding must end once every row is done"
+    eager = generate(model, ids, mask, compile=False, **kw)
+    assert torch.equal(eager.tokens, out.tokens) and torch.equal(eager.mask, out.mask)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_token_logprobs_under_bf16_autocast_track_float64(compile):
+    """Log-probs, entropies and gradients under bf16 autocast, against the same model on the CPU in float64 (its
+    log-softmax in fp32, as token_logprobs always computes it). Tolerances: relative error 1e-2 for values (bf16
+    operands land between 1e-3 and 1e-2) and 0.1 nats at any token; 3e-2 for gradients."""
+    model = _model(n_layer=4, scale=2.0, seed=7).train()
+    ids, mask = _prompts(8, 120, seed=9)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        s = token_logprobs(model, ids, mask, start=60, chunk_size=300, compile=compile, return_entropy=True)
+    (s.logprobs.sum() + s.entropy.sum()).backward()
+    ref_model = _model(n_layer=4, scale=2.0, seed=7).train().cpu().double()
+    r = token_logprobs(ref_model, ids.cpu(), mask.cpu(), start=60, return_entropy=True)
+    (r.logprobs.sum() + r.entropy.sum()).backward()
+    assert s.logprobs.dtype == s.entropy.dtype == torch.float32
+    for got, want in ((s.logprobs, r.logprobs), (s.entropy, r.entropy)):
+        got, want = got.detach().cpu().double(), want.detach().double()
+        assert torch.isfinite(got).all()
+        assert (got - want).norm() / want.norm() < 1e-2
+        assert (got - want).abs().max() < 0.1
+    for name in ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", "transformer.h.3.mlp.c_proj.weight"):
+        got = dict(model.named_parameters())[name].grad.cpu().double()
+        want = dict(ref_model.named_parameters())[name].grad
+        rel = float((got - want).norm() / want.norm())
+        assert rel < 3e-2, f"{name}: gradient relative error {rel:.3g}"
+
+
+def _cli(*args: str, timeout: int = 420) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path):
+    """The trainer's defaults on CUDA: bf16 autocast, compiled decoding and scoring, fused AdamW, real Stockfish."""
+    out = tmp_path / "run"
+    proc = _cli("train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "3",
+                "--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "24", "--stockfish-depth", "4",
+                "--save-every", "3", "--eval-every", "3", "--eval-size", "8", "--entropy-coef", "0.01",
+                "--lr", "1e-3", "--seed", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.compile failed" not in proc.stderr and "Traceback" not in proc.stderr
+    rows = _metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert math.isfinite(r["loss"]) and r["samples_per_s"] > 0 and r["peak_memory_gb"] > 0
+    assert "eval/P/best_move_accuracy" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
+    ckpt = out / "checkpoints" / "step-000003"
+    transformers = pytest.importorskip("transformers")
+    from rookworld.policy.model import from_pretrained
+
+    ours, hf = from_pretrained(ckpt), transformers.GPT2LMHeadModel.from_pretrained(ckpt).eval()
+    ids = torch.randint(0, EOS, (2, 20))
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, ours(ids), atol=1e-4)
+    start = from_pretrained(tiny_dir).state_dict()
+    assert any(not torch.equal(start[k], v) for k, v in ours.state_dict().items()), "the weights must have moved"
+
+
+def test_auto_batch_chooses_a_size_on_cuda(tiny_dir, tmp_path):
+    out = tmp_path / "auto"
+    proc = _cli("train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "1",
+                "--auto-batch", "--prompts-per-step", "2", "--auto-batch-max", "16", "--group-size", "4",
+                "--max-new-tokens", "16", "--stockfish-depth", "4", "--eval-every", "0", "--save-every", "0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    chosen = [line for line in proc.stderr.splitlines() if "auto-batch: training with" in line]
+    assert len(chosen) == 1, proc.stderr[-3000:]
+    # A 2-layer model fits far more than 16 prompts x 4 on any GPU: the search must double up to its cap.
+    assert int(chosen[0].split("training with ")[1].split()[0]) == 16
+    for p in (2, 4, 8, 16):
+        assert f"auto-batch: {p} prompts x 4 = {4 * p} completions: peak" in proc.stderr
+    assert [r["step"] for r in _metrics(out)] == [1]
+
+
+def test_sft_on_cuda_reports_mfu_and_writes_a_model(tmp_path):
+    data = tmp_path / "train.jsonl"
+    proc = _cli("positions", "--count", "24", "--seed", "4", "--out", str(data), "--annotate", "--depth", "4",
+                "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "sft"
+    proc = _cli("sft", "--init", "tiny", "--data", str(data), "--output-dir", str(out), "--device", "cuda",
+                "--steps", "3", "--rows-per-step", "8", "--micro-batch-size", "4", "--eval-every", "0",
+                "--save-every", "3", "--warmup-steps", "0", "--lr", "1e-3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.compile failed" not in proc.stderr
+    rows = _metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) and 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 for r in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"], "three steps at the default lr must lower the loss on the same data"
+    from rookworld.policy.model import from_pretrained
+
+    assert from_pretrained(out).config.n_layer == 2
