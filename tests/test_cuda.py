@@ -206,7 +206,8 @@ def test_auto_batch_chooses_a_size_on_cuda(tiny_dir, tmp_path):
     out = tmp_path / "auto"
     proc = _cli("train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "1",
                 "--auto-batch", "--prompts-per-step", "2", "--auto-batch-max", "16", "--group-size", "4",
-                "--max-new-tokens", "16", "--stockfish-depth", "4", "--eval-every", "0", "--save-every", "0")
+                "--max-new-tokens", "16", "--stockfish-depth", "4", "--eval-every", "0", "--save-every", "0",
+                "--no-compile")  # the search is under test here; compiling each probe's shapes would only cost time
     assert proc.returncode == 0, proc.stderr[-3000:]
     chosen = [line for line in proc.stderr.splitlines() if "auto-batch: training with" in line]
     assert len(chosen) == 1, proc.stderr[-3000:]
