@@ -135,8 +135,10 @@ def stage_env(s: Suite) -> tuple[str, dict, str]:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                               "--format=csv,noheader"], capture_output=True, text=True)
         f["nvidia_smi"] = smi.stdout.strip()
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    f["commit"] = git.stdout.strip() or None
+    f["commit"] = None  # the device machine gets a copy of the tree, perhaps without git or .git
+    if shutil.which("git"):
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        f["commit"] = git.stdout.strip() or None
     for name in ("ROOKWORLD_STOCKFISH", "ROOKWORLD_TIKTOKEN_FILE"):
         f[name] = os.environ.get(name)
     return "ok", f, f"{f.get('gpu', 'no GPU')}, torch {f['torch']}, {f['cpus']} CPUs, commit {f['commit']}"
