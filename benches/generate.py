@@ -202,8 +202,8 @@ def main() -> None:
                 r = mixed(model, device, rows, args, compiled, warmup)
                 results.add(r)
                 print(f"{rows:>6} {r['p_rows']:>5} {r['decode']:<9} {r['one_batch_s']:>8.3f} "
-                      f"{r['one_batch_tokens_per_s']:>10,.0f} {r['per_task_s']:>8.3f} {r['per_task_tokens_per_s']:>10,.0f} "
-                      f"{r['speedup']:>7.2f}x", flush=True)
+                      f"{r['one_batch_tokens_per_s']:>10,.0f} {r['per_task_s']:>8.3f} "
+                      f"{r['per_task_tokens_per_s']:>10,.0f} {r['speedup']:>7.2f}x", flush=True)
             release_caches(model)
         return
 

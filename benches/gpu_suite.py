@@ -194,6 +194,18 @@ def stage_generate(s: Suite) -> tuple[str, dict, str]:
     return ("ok" if code == 0 else f"partial ({len(rows)} rows): " + _failed(code, text)), f, summary
 
 
+def stage_sampler(s: Suite) -> tuple[str, dict, str]:
+    path = s.work / "sampler.json"
+    sizes = ["--device", "cpu", "--batch-sizes", "2", "--repeats", "1", "--threads", "1"] if s.tiny else []
+    code, text = s.run(python() + [str(BENCHES / "sampler.py"), *sizes, "--json", str(path)], cap=90)
+    f = _json(path)
+    if code != 0 or f is None:
+        return _failed(code, text), f or {}, ""
+    r = next((r for r in f["rows"] if r["batch"] == 1024), f["rows"][-1])
+    return "ok", f, (f"batch {r['batch']}: eager {1e3 * r['eager_s']:.2f} ms, compiled {1e3 * r['compiled_s']:.2f} ms "
+                     f"({r['eager_s'] / r['compiled_s']:.1f}x); one logits copy {1e3 * r['logits_copy_s']:.2f} ms")
+
+
 def stage_trl(s: Suite) -> tuple[str, dict, str]:
     probe = subprocess.run(python() + ["-c", "import trl, datasets"], capture_output=True, text=True, env=s.env)
     if probe.returncode:
@@ -281,11 +293,12 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
 
 STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
     "env": stage_env, "cuda-tests": stage_cuda_tests, "grpo-step": stage_grpo_step, "generate": stage_generate,
-    "grpo-step-u64": stage_grpo_step_u64, "trl": stage_trl, "sft": stage_sft, "auto-batch": stage_auto_batch,
-    "learning": stage_learning,
+    "sampler": stage_sampler, "grpo-step-u64": stage_grpo_step_u64, "trl": stage_trl, "sft": stage_sft,
+    "auto-batch": stage_auto_batch, "learning": stage_learning,
 }
 #: The stages a plain call runs, most important first; `learning` needs a call of its own.
-DEFAULT = ["env", "cuda-tests", "grpo-step", "generate", "grpo-step-u64", "trl", "sft", "auto-batch"]
+DEFAULT = ["env", "cuda-tests", "grpo-step", "generate", "sampler", "grpo-step-u64", "trl", "sft",
+           "auto-batch"]
 
 
 def unpack(pack: Path) -> None:

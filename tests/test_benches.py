@@ -45,6 +45,15 @@ def test_generate_benchmark_smoke(mode):
         assert [r[:4] for r in rows] == [["P", "3", "3", "2"], ["A", "3", "5", "4"]]
 
 
+def test_sampler_benchmark_smoke(tmp_path):
+    out = tmp_path / "sampler.json"
+    proc = run_bench("sampler.py", "--device", "cpu", "--batch-sizes", "2", "--repeats", "1", "--threads", "1",
+                     "--json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [2] and rows[0]["eager_s"] > 0 and rows[0]["compiled_s"] > 0
+    assert "speed-up" in proc.stdout
+
+
 def test_trl_baseline_smoke(tmp_path):
     pytest.importorskip("trl", reason="TRL is only needed for the side-by-side benchmark")
     pytest.importorskip("datasets")
@@ -79,8 +88,9 @@ def test_gpu_suite_smoke(tmp_path):
     proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "500")
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
-    assert list(stages) == ["env", "cuda-tests", "grpo-step", "generate", "grpo-step-u64", "trl", "sft", "auto-batch"]
-    for name in ("env", "grpo-step", "generate", "grpo-step-u64", "sft"):
+    assert list(stages) == ["env", "cuda-tests", "grpo-step", "generate", "sampler", "grpo-step-u64", "trl", "sft",
+                            "auto-batch"]
+    for name in ("env", "grpo-step", "generate", "sampler", "grpo-step-u64", "sft"):
         assert stages[name]["status"] == "ok", (name, stages[name])
     assert stages["cuda-tests"]["status"] == "ok" and stages["cuda-tests"]["figures"]["skipped"] >= 5
     assert stages["grpo-step"]["figures"]["samples_per_s"] > 0

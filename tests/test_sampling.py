@@ -169,6 +169,26 @@ def test_sampler_draws_from_the_right_distribution():
             assert torch.allclose(out.policy_logprobs[sel], torch.tensor(math.log(p1)), atol=1e-4)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
+def test_the_compiled_draw_is_the_eager_one(monkeypatch):
+    """sample_next(compile=True) fuses the race; given the same uniforms it picks the same tokens, with the same
+    log-probs, with and without top-k / top-p, and it follows the right distribution."""
+    monkeypatch.setattr(sampling, "_compile_failed", {})
+    logits = torch.randn(64, V, generator=torch.Generator().manual_seed(2)) * 3
+    for kw in ({}, {"temperature": 0.7}, {"top_k": 50, "top_p": 0.9}):
+        eager = sample_next(logits, generator=torch.Generator().manual_seed(9), **kw)
+        compiled = sample_next(logits, generator=torch.Generator().manual_seed(9), compile=True, **kw)
+        assert torch.equal(eager[0], compiled[0]), kw
+        torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-4)
+    assert "cpu" in sampling._compiled_races and "cpu" not in sampling._compile_failed
+    small = _peaked_logits()[:64].expand(20000, 64)
+    tokens, logp = sample_next(small, generator=torch.Generator().manual_seed(5), compile=True)
+    freq = torch.stack([(tokens == t).float().mean() for t in (11, 22, 33, 44)])
+    assert (freq - torch.tensor([0.4, 0.3, 0.2, 0.1])).abs().max() < 0.015
+    assert torch.allclose(logp[tokens == 22], torch.tensor(math.log(0.3)), atol=1e-4)
+
+
 def test_top_k_and_top_p_restrict_the_support():
     logits = _peaked_logits()[:100].expand(3000, 100)  # the sampler does not care about the vocabulary size
     g = torch.Generator().manual_seed(0)

@@ -73,16 +73,41 @@ def _top_p_filter(sorted_logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the top token always survives
 
 
+def _race(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draw and its log-prob from (tempered, filtered) logits [B, K] and uniforms of the same shape.
+
+    Exponential race (Gumbel-max): argmax_i p_i / E_i with E_i = -log(U_i) ~ Exp(1) is a draw from p, and so is
+    argmax_i (logit_i - log E_i), since log p_i differs from logit_i by one constant per row: no log-softmax is
+    written. U = 0 gives E = inf: that token just cannot win. Compiled, this is one pass over the logits and the
+    uniforms instead of a dozen."""
+    choice = (scaled - uniform.log().neg().log()).argmax(-1, keepdim=True)
+    token_logp = scaled.gather(-1, choice).squeeze(-1) - scaled.logsumexp(-1)
+    return choice, token_logp
+
+
+_compiled_races: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+def _race_fn(device_type: str, compile: bool) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    if not compile or device_type in _compile_failed:
+        return _race
+    if device_type not in _compiled_races:
+        _compiled_races[device_type] = torch.compile(_race, fullgraph=True)
+    return _compiled_races[device_type]
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row from logits [B, V] (float32). Returns (tokens [B], sampling log-probs [B]).
 
     temperature <= 0 means greedy (log-prob 0: the distribution sampled from is a point mass).
+    compile: fuse the draw into one pass (torch.compile; a warning and eager if compiling fails).
     """
     if temperature <= 0:
         return logits.argmax(-1), torch.zeros(logits.shape[0], device=logits.device)
@@ -95,13 +120,11 @@ def sample_next(
         scaled, candidates = scaled.sort(dim=-1, descending=True)
     if top_p is not None and top_p < 1.0:
         scaled = _top_p_filter(scaled, top_p)
-    logp = scaled.log_softmax(-1)
-    # Exponential race (Gumbel-max): argmax_i p_i / E_i with E_i = -log(U_i) ~ Exp(1) is a draw from p. It never
-    # syncs with the host (unlike torch.multinomial) and is reproducible through `generator`. U from rand, not
-    # exponential_(), which is 5x slower on CPU. U = 0 gives E = inf: that token just cannot win.
-    uniform = torch.rand(logp.shape, generator=generator, device=logp.device)
-    choice = (logp - uniform.log().neg().log()).argmax(-1, keepdim=True)
-    token_logp = logp.gather(-1, choice).squeeze(-1)
+    # Uniforms from rand, outside any compiled code, so that `generator` makes runs reproducible (and not from
+    # exponential_(), 5x slower on CPU); the race never syncs with the host, unlike torch.multinomial.
+    uniform = torch.rand(scaled.shape, generator=generator, device=scaled.device)
+    race = _race_fn(scaled.device.type, compile)
+    (choice, token_logp), _ = _run_or_fall_back(race, _race, scaled.device.type, scaled, uniform)
     token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)
     return token, token_logp
 
@@ -334,7 +357,7 @@ def generate(
         decoder = _Decoder(model, input_ids, mask, N, dtype, compile, use_cache)
         logits = decoder.first()
         for step in range(N):
-            token, token_logp = sample_next(logits, temperature, top_k, top_p, generator)
+            token, token_logp = sample_next(logits, temperature, top_k, top_p, generator, decoder.compile)
             if policy_logprobs is not None:
                 policy_logprobs[:, step] = logits.gather(-1, token[:, None]).squeeze(1) - logits.logsumexp(-1)
             alive = ~done
