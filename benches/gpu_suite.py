@@ -289,7 +289,7 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
     table = text[text.rfind("held-out positions:"):]
     f["table"] = table
     gain = [line for line in table.splitlines() if "mean reward" in line]
-    return "ok", f, "; ".join(" ".join(g.split()[:1] + g.split()[-2:-1]) for g in gain) + " (mean reward gain)"
+    return "ok", f, "; ".join(f"{g.split()[0]} {g.split()[-2]}" for g in gain) + " (mean reward gain)"
 
 
 STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {

@@ -10,10 +10,7 @@ position fails both by whole nats (measured on the CPU: a mean shortfall of 2.8 
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -21,6 +18,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from conftest import constant_gpt
+from test_trainer import metrics, run_cli
 from rookworld.policy import sampling
 from rookworld.policy.model import GPT, GPTConfig
 from rookworld.policy.sampling import generate, token_logprobs
@@ -168,24 +166,16 @@ def test_token_logprobs_under_bf16_autocast_track_float64(compile):
         assert rel < 3e-2, f"{name}: gradient relative error {rel:.3g}"
 
 
-def _cli(*args: str, timeout: int = 420) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def _metrics(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path):
     """The trainer's defaults on CUDA: bf16 autocast, compiled decoding and scoring, fused AdamW, real Stockfish."""
     out = tmp_path / "run"
-    proc = _cli("train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "3",
-                "--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "24", "--stockfish-depth", "4",
-                "--save-every", "3", "--eval-every", "3", "--eval-size", "8", "--entropy-coef", "0.01",
-                "--lr", "1e-3", "--seed", "3")
+    proc = run_cli(["train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "3",
+                    "--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "24", "--stockfish-depth",
+                    "4", "--save-every", "3", "--eval-every", "3", "--eval-size", "8", "--entropy-coef", "0.01",
+                    "--lr", "1e-3", "--seed", "3"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch.compile failed" not in proc.stderr and "Traceback" not in proc.stderr
-    rows = _metrics(out)
+    rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert math.isfinite(r["loss"]) and r["samples_per_s"] > 0 and r["peak_memory_gb"] > 0
@@ -204,10 +194,10 @@ def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path
 
 def test_auto_batch_chooses_a_size_on_cuda(tiny_dir, tmp_path):
     out = tmp_path / "auto"
-    proc = _cli("train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "1",
-                "--auto-batch", "--prompts-per-step", "2", "--auto-batch-max", "16", "--group-size", "4",
-                "--max-new-tokens", "16", "--stockfish-depth", "4", "--eval-every", "0", "--save-every", "0",
-                "--no-compile")  # the search is under test here; compiling each probe's shapes would only cost time
+    proc = run_cli(["train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "1",
+                    "--auto-batch", "--prompts-per-step", "2", "--auto-batch-max", "16", "--group-size", "4",
+                    "--max-new-tokens", "16", "--stockfish-depth", "4", "--eval-every", "0", "--save-every", "0",
+                    "--no-compile"])  # the search is under test here; compiling each probe's shapes would only cost time
     assert proc.returncode == 0, proc.stderr[-3000:]
     chosen = [line for line in proc.stderr.splitlines() if "auto-batch: training with" in line]
     assert len(chosen) == 1, proc.stderr[-3000:]
@@ -215,21 +205,21 @@ def test_auto_batch_chooses_a_size_on_cuda(tiny_dir, tmp_path):
     assert int(chosen[0].split("training with ")[1].split()[0]) == 16
     for p in (2, 4, 8, 16):
         assert f"auto-batch: {p} prompts x 4 = {4 * p} completions: peak" in proc.stderr
-    assert [r["step"] for r in _metrics(out)] == [1]
+    assert [r["step"] for r in metrics(out)] == [1]
 
 
 def test_sft_on_cuda_reports_mfu_and_writes_a_model(tmp_path):
     data = tmp_path / "train.jsonl"
-    proc = _cli("positions", "--count", "24", "--seed", "4", "--out", str(data), "--annotate", "--depth", "4",
-                "--quiet")
+    proc = run_cli(["positions", "--count", "24", "--seed", "4", "--out", str(data), "--annotate", "--depth", "4",
+                    "--quiet"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "sft"
-    proc = _cli("sft", "--init", "tiny", "--data", str(data), "--output-dir", str(out), "--device", "cuda",
-                "--steps", "3", "--rows-per-step", "8", "--micro-batch-size", "4", "--eval-every", "0",
-                "--save-every", "3", "--warmup-steps", "0", "--lr", "1e-3")
+    proc = run_cli(["sft", "--init", "tiny", "--data", str(data), "--output-dir", str(out), "--device", "cuda",
+                    "--steps", "3", "--rows-per-step", "8", "--micro-batch-size", "4", "--eval-every", "0",
+                    "--save-every", "3", "--warmup-steps", "0", "--lr", "1e-3"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch.compile failed" not in proc.stderr
-    rows = _metrics(out)
+    rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"], "three steps at the default lr must lower the loss on the same data"

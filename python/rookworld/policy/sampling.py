@@ -88,12 +88,14 @@ def _race(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, to
 _compiled_races: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
-def _race_fn(device_type: str, compile: bool) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+def _maybe_compiled(fn: Callable, compiled: dict[str, Callable], device_type: str, compile: bool) -> Callable:
+    """fn compiled for `device_type` (kept in `compiled`), or fn itself when not compiling or when compiling has
+    failed on that device type before."""
     if not compile or device_type in _compile_failed:
-        return _race
-    if device_type not in _compiled_races:
-        _compiled_races[device_type] = torch.compile(_race, fullgraph=True)
-    return _compiled_races[device_type]
+        return fn
+    if device_type not in compiled:
+        compiled[device_type] = torch.compile(fn, fullgraph=True)
+    return compiled[device_type]
 
 
 def sample_next(
@@ -123,7 +125,7 @@ def sample_next(
     # Uniforms from rand, outside any compiled code, so that `generator` makes runs reproducible (and not from
     # exponential_(), 5x slower on CPU); the race never syncs with the host, unlike torch.multinomial.
     uniform = torch.rand(scaled.shape, generator=generator, device=scaled.device)
-    race = _race_fn(scaled.device.type, compile)
+    race = _maybe_compiled(_race, _compiled_races, scaled.device.type, compile)
     (choice, token_logp), _ = _run_or_fall_back(race, _race, scaled.device.type, scaled, uniform)
     token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)
     return token, token_logp
@@ -442,18 +444,10 @@ def _chunk_scores(
     return tuple(out)
 
 
+# Eager, each step of _chunk_scores after the matmul (fp32 copy, logsumexp, gather, exp, entropy) is a pass over
+# [chunk, vocab] in memory: together several times the matmul's own traffic. Compiled, they fuse into a couple of
+# reductions over the logits, forward and backward.
 _compiled_scores: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {}
-
-
-def _scores_fn(device_type: str, compile: bool) -> Callable[..., tuple[torch.Tensor, ...]]:
-    if not compile or device_type in _compile_failed:
-        return _chunk_scores
-    if device_type not in _compiled_scores:
-        # Eager, each step after the matmul (fp32 copy, logsumexp, gather, exp, entropy) is a pass over
-        # [chunk, vocab] in memory: together several times the matmul's own traffic. Compiled, they fuse into a
-        # couple of reductions over the logits, forward and backward.
-        _compiled_scores[device_type] = torch.compile(_chunk_scores, fullgraph=True)
-    return _compiled_scores[device_type]
 
 
 def token_logprobs(
@@ -497,7 +491,7 @@ def token_logprobs(
             ref_hidden = reference.trunk(input_ids, attention_mask)[:, start - 1 : T - 1].reshape(B * N, -1)
         ref_weight = reference.lm_head.weight.detach()
     differentiable = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    scores = _scores_fn(hidden.device.type, compile)
+    scores = _maybe_compiled(_chunk_scores, _compiled_scores, hidden.device.type, compile)
     parts: list[list[torch.Tensor]] = []
     for i in range(0, B * N, chunk_size):
         chunk = slice(i, i + chunk_size)
