@@ -331,6 +331,52 @@ def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(direction):
     assert all(p.grad is None for p in reference.parameters())
 
 
+def test_scoring_only_some_positions_runs_the_lm_head_on_those_alone(monkeypatch):
+    """`scored`: the chosen positions get exactly the full pass's log-prob, entropy and exact KL, in value and
+    gradient (against the naive full-logits computation in float64; the chunked pass's logits are float32); the
+    rest read 0 and the lm_head never sees them."""
+    ids, mask = _prompts(B=3, T=16, seed=5)
+    start, temperature = 7, 0.8
+    model_a, model_b = (tiny_gpt(seed=4, scale=3.0).double() for _ in range(2))
+    reference = tiny_gpt(seed=6, scale=3.0).double().requires_grad_(False)
+    scored = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.4
+    scored[1] = False  # a row with nothing scored
+    rows_seen = []
+    original = sampling._chunk_scores
+
+    def spy(hidden, *args):
+        rows_seen.append(hidden.shape[0])
+        return original(hidden, *args)
+
+    monkeypatch.setattr(sampling, "_chunk_scores", spy)
+    s = token_logprobs(model_a, ids, mask, start=start, chunk_size=4, temperature=temperature,
+                       return_entropy=True, reference=reference, scored=scored)
+    assert sum(rows_seen) == int(scored.sum())
+
+    logp = (model_b(ids, mask)[:, start - 1 : -1] / temperature).log_softmax(-1)
+    with torch.no_grad():
+        ref = (reference(ids, mask)[:, start - 1 : -1] / temperature).log_softmax(-1)
+    want = {"logprobs": logp.gather(-1, ids[:, start:, None]).squeeze(-1),
+            "entropy": -(logp.exp() * logp).sum(-1), "kl": (logp.exp() * (logp - ref)).sum(-1)}
+    for name, w in want.items():
+        got = getattr(s, name)
+        torch.testing.assert_close(got.double(), torch.where(scored, w, torch.zeros_like(w)), rtol=1e-5, atol=1e-6,
+                                   msg=name)
+    weights = torch.linspace(0.5, 1.5, 27, dtype=torch.float64).view(3, 9) * scored
+    loss_a = sum((getattr(s, k) * weights).sum() * c for k, c in (("logprobs", 1.0), ("entropy", 0.3), ("kl", 2.0)))
+    loss_b = sum((want[k] * weights).sum() * c for k, c in (("logprobs", 1.0), ("entropy", 0.3), ("kl", 2.0)))
+    loss_a.backward()
+    loss_b.backward()
+    for (name, pa), (_, pb) in zip(model_a.named_parameters(), model_b.named_parameters()):
+        assert pa.grad is not None and pa.grad.abs().sum() > 0, name
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+    none = token_logprobs(model_a, ids, mask, start=start, scored=torch.zeros(3, 9, dtype=torch.bool))
+    assert (none.logprobs == 0).all()
+    with pytest.raises(ValueError, match="scored must have shape"):
+        token_logprobs(model_a, ids, mask, start=start, scored=scored[:, :5])
+
+
 def test_scoring_generated_completions_reproduces_policy_logprobs(tiny_model):
     ids, mask = _prompts(B=4, T=10, seed=11)
     out = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=1.3, seed=3, return_policy_logprobs=True)

@@ -171,6 +171,21 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
     t.close()
 
 
+def test_step_flops_counts_the_lm_head_only_on_the_scored_tokens():
+    """nanoGPT's 6N + 12·L·d·T per token, with the GPT-2 parameter count worked out from the config by hand, and
+    the tied lm_head (V·d) charged only for the tokens that go through it."""
+    from rookworld.policy.model import GPT, GPTConfig
+    from rookworld.train.sft import step_flops
+
+    L, d, V, ctx = 3, 16, 50257, 40
+    model = GPT(GPTConfig(n_layer=L, n_head=2, n_embd=d, block_size=64))
+    per_layer = 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    trunk = L * per_layer + 2 * d  # blocks and the final layer norm; wte is the lm_head, wpe is a lookup
+    tokens, counted = 1000.0, 300.0
+    want = tokens * (6 * trunk + 12 * L * d * ctx) + counted * 6 * V * d
+    assert step_flops(model, tokens, counted, ctx) == pytest.approx(want, rel=1e-12)
+
+
 def test_a_tiny_model_learns_its_samples(tmp_path):
     data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE, FIRST)
     out = tmp_path / "out"

@@ -463,6 +463,7 @@ def token_logprobs(
     reference: GPT | None = None,
     kl_direction: str = "forward",
     value_head: torch.nn.Module | None = None,
+    scored: torch.Tensor | None = None,
 ) -> TokenScores:
     """log p(input_ids[:, t] | input_ids[:, :t]) for t in [start, T): logprobs [B, T - start], differentiable.
 
@@ -476,6 +477,9 @@ def token_logprobs(
     the vocabulary (`full_kl`, in `kl_direction`); its logits are made chunk by chunk beside the
     policy's, so they too never exist whole.
     value_head: also its value of the hidden state that predicts each token (the state before the token).
+    scored: bool [B, T - start], the positions wanted; the lm_head runs on those alone and every other position
+    reads 0 (log-prob, entropy and KL; values are made everywhere). The lm_head is most of a small model's work,
+    so skipping positions no loss counts (a prompt under a completion-only loss, padding) saves most of theirs.
     """
     B, T = input_ids.shape
     if not 1 <= start < T:
@@ -490,16 +494,32 @@ def token_logprobs(
         with torch.no_grad():
             ref_hidden = reference.trunk(input_ids, attention_mask)[:, start - 1 : T - 1].reshape(B * N, -1)
         ref_weight = reference.lm_head.weight.detach()
-    differentiable = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    scores = _maybe_compiled(_chunk_scores, _compiled_scores, hidden.device.type, compile)
+    picked = None
+    if scored is not None:
+        if scored.shape != (B, N):
+            raise ValueError(f"scored must have shape {(B, N)}, got {tuple(scored.shape)}")
+        picked = scored.reshape(B * N).nonzero().squeeze(1)
+    h, t, rh = hidden, targets, ref_hidden
+    if picked is not None:
+        h, t = hidden[picked], targets[picked]
+        rh = None if ref_hidden is None else ref_hidden[picked]
+    differentiable = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    scores = _maybe_compiled(_chunk_scores, _compiled_scores, h.device.type, compile)
     parts: list[list[torch.Tensor]] = []
-    for i in range(0, B * N, chunk_size):
+    for i in range(0, len(t), chunk_size):
         chunk = slice(i, i + chunk_size)
-        args = (hidden[chunk], targets[chunk], weight, temperature, return_entropy,
-                None if ref_hidden is None else ref_hidden[chunk], ref_weight, kl_direction)
-        out, scores = _run_or_fall_back(scores, _chunk_scores, hidden.device.type, *args, checkpointed=differentiable)
+        args = (h[chunk], t[chunk], weight, temperature, return_entropy,
+                None if rh is None else rh[chunk], ref_weight, kl_direction)
+        out, scores = _run_or_fall_back(scores, _chunk_scores, h.device.type, *args, checkpointed=differentiable)
         parts.append(list(out))
-    columns = [torch.cat(c).view(B, N) for c in zip(*parts)]
+    if not parts:  # nothing scored: every output reads 0, still attached to the graph
+        n_out = 1 + return_entropy + (reference is not None)
+        parts = [[h.sum(-1).float() * 0.0] * n_out]
+    columns = [torch.cat(c) for c in zip(*parts)]
+    if picked is None:
+        columns = [c.view(B, N) for c in columns]
+    else:
+        columns = [c.new_zeros(B * N).index_copy(0, picked, c).view(B, N) for c in columns]
     logprobs = columns.pop(0)
     entropy = columns.pop(0) if return_entropy else None
     kl = columns.pop(0) if reference is not None else None

@@ -25,10 +25,10 @@ class Scores(nn.Module):
         self.model, self.value_head, self.compile, self.entropy = model, value_head, compile, entropy
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, temperature: float,
-                reference: nn.Module | None = None, kl_direction: str = "forward"):
+                reference: nn.Module | None = None, kl_direction: str = "forward", scored: torch.Tensor | None = None):
         s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
                            compile=self.compile, reference=reference, kl_direction=kl_direction,
-                           value_head=self.value_head)
+                           value_head=self.value_head, scored=scored)
         return s.logprobs, s.entropy, s.kl, s.values
 
 

@@ -41,12 +41,14 @@ def fresh_model(cfg: SFTConfig) -> nn.Module:
     return GPT(GPTConfig(n_layer=layers, n_head=heads, n_embd=width)).eval()
 
 
-def flops_per_token(model: nn.Module, seq_len: int) -> float:
-    """Training FLOPs per token (forward and backward): 6 per weight of the matmuls plus attention (nanoGPT's
-    estimate, the position table left out)."""
+def step_flops(model: nn.Module, tokens: float, counted: float, context: float) -> float:
+    """Training FLOPs (forward and backward) of a step over `tokens` tokens, `counted` of them through the lm_head:
+    6 per weight of the matmuls plus attention at `context` tokens (nanoGPT's estimate, the position table left
+    out). The lm_head's share is counted only where it runs (see `token_logprobs`'s `scored`)."""
     c = model.config
     n = sum(p.numel() for p in model.parameters()) - c.block_size * c.n_embd
-    return 6 * n + 12 * c.n_layer * c.n_embd * seq_len
+    head = c.vocab_size * c.n_embd
+    return tokens * (6 * (n - head) + 12 * c.n_layer * c.n_embd * context) + counted * 6 * head
 
 
 class SFTTrainer:
@@ -87,7 +89,6 @@ class SFTTrainer:
         run.build_optimizer()
         self.eval_docs = tokenize(held_out.samples, run.tokenizer, cfg.loss_on) if held_out else None
         self.eval_records = positions(held_out.samples, cfg.eval_size) if held_out else None
-        self.flops_per_token = flops_per_token(run.policy, cfg.seq_len)
         self.pool = None
 
     @property
@@ -108,14 +109,14 @@ class SFTTrainer:
 
         dev = self.run.device
         ids, loss = (torch.from_numpy(a).to(dev) for a in collate(batch))
+        counted = loss[:, 1:]
         # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
-        # and SDPA may take its fused causal kernel.
+        # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
         with self.run.autocast():
             if backward:
-                lp = self.scores(ids, None, 1, 1.0)[0]
+                lp = self.scores(ids, None, 1, 1.0, scored=counted)[0]
             else:
-                lp = token_logprobs(self.policy, ids, None, start=1, compile=self.run.compile).logprobs
-        counted = loss[:, 1:]
+                lp = token_logprobs(self.policy, ids, None, start=1, compile=self.run.compile, scored=counted).logprobs
         nll = -(lp.float() * counted).sum() / normalizer
         if backward:
             nll.backward()
@@ -151,12 +152,14 @@ class SFTTrainer:
         loss, grad_norm = run.comm.mean([float(total), float(norm)])
         run.step += 1
         all_tokens = run.comm.sum([float(sum(len(i) for i, _ in rows))])[0]
+        context = cfg.seq_len if cfg.pack else all_tokens / (per_rank * run.dist.world)
         # Each rank's `total` is its share of the global token mean times the number of ranks (for DDP's
         # averaging), so their mean is the global mean.
         m = {"step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": all_tokens / step_time,
              "time/step": step_time, "peak_memory_gb": peak_memory_gb(run.device)}
         if run.device.type == "cuda":
-            m["mfu"] = self.flops_per_token * all_tokens / step_time / (run.dist.world * PEAK_TFLOPS * 1e12)
+            flops = step_flops(self.policy, all_tokens, tokens, context)
+            m["mfu"] = flops / step_time / (run.dist.world * PEAK_TFLOPS * 1e12)
         return m
 
     @torch.no_grad()
