@@ -288,6 +288,16 @@ def test_sft_under_torchrun_gives_the_gradient_of_one_process(tmp_path):
 
 # -- rookworld plot -------------------------------------------------------------------------------------------------
 
+def test_overlaid_runs_are_named_by_the_shortest_path_tail_that_tells_them_apart(tmp_path, monkeypatch):
+    from rookworld.plot import run_names
+
+    monkeypatch.chdir(tmp_path)
+    assert run_names(["runs/L7/grpo_seed0", "runs/L8/grpo_seed0", "other/sft"]) == \
+        ["L7/grpo_seed0", "L8/grpo_seed0", "sft"]
+    assert run_names(["a/x/run", "b/x/run"]) == ["a/x/run", "b/x/run"]
+    assert run_names(["runs/one", "./runs/one/", str(tmp_path / "runs/two")]) == ["one", "one", "two"]
+
+
 def test_plot_draws_several_runs_and_says_what_is_missing(tmp_path):
     pytest.importorskip("matplotlib")
     runs = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,6 +47,20 @@ def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in points], [v for _, v in points]
 
 
+def run_names(runs: Sequence[str | Path]) -> list[str]:
+    """The shortest tail of each run's path that tells it from the others: runs overlaid from different parents
+    often share their last component (`L7/grpo_seed0`, `L8/grpo_seed0`)."""
+    parts = [Path(os.path.abspath(run)).parts for run in runs]  # abspath: a symlinked run keeps its own name
+
+    def name(p: tuple[str, ...]) -> str:
+        for n in range(1, len(p) + 1):
+            if all(q == p or q[-n:] != p[-n:] for q in parts):
+                return "/".join(p[-n:])
+        return "/".join(p)
+
+    return [name(p) for p in parts]
+
+
 def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = None) -> int:
     """Draws every panel some run has data for; returns how many."""
     try:
@@ -55,13 +70,14 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlotError("plotting needs matplotlib: pip install 'rookworld[plot]'") from None
-    data = {str(run): read_metrics(run) for run in runs}
+    data = {name: read_metrics(run) for name, run in zip(run_names(runs), runs)}
     panels = [(t, keys) for t, keys in PANELS if any(series(rows, k)[0] for rows in data.values() for k, _ in keys)]
     if not panels:
         raise PlotError(f"no metrics to plot in {', '.join(map(str, runs))}")
     cols = 2 if len(panels) > 1 else 1
     nrows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 3.4 * nrows), squeeze=False)
+    # Constrained layout leaves room for the suptitle, which tight_layout draws over the top panels.
+    fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 3.4 * nrows), squeeze=False, layout="constrained")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
     for ax, (panel, keys) in zip(axes.flat, panels):
@@ -69,7 +85,7 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
             for k, (key, label) in enumerate(keys):
                 x, y = series(rows, key)
                 if x:
-                    name = f"{Path(run).name}: {label}" if len(data) > 1 else label
+                    name = f"{run}: {label}" if len(data) > 1 else label
                     ax.plot(x, y, styles[k % len(styles)], color=colors[r % len(colors)], marker="." if len(x) < 30
                             else None, label=name)
         ax.set_title(panel, fontsize=10)
@@ -80,7 +96,6 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
         ax.axis("off")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return len(panels)
