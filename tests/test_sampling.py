@@ -256,19 +256,25 @@ def _naive_scores(model, ids, mask, start, temperature=1.0):
     return token_logp, entropy
 
 
-def test_chunked_logprobs_equal_unchunked_with_gradients(monkeypatch):
+@pytest.fixture
+def rows_seen(monkeypatch):
+    """The rows of every lm_head chunk `token_logprobs` scores, in order."""
+    seen = []
+    original = sampling._chunk_scores
+
+    def spy(hidden, *args):
+        seen.append(hidden.shape[0])
+        return original(hidden, *args)
+
+    monkeypatch.setattr(sampling, "_chunk_scores", spy)
+    return seen
+
+
+def test_chunked_logprobs_equal_unchunked_with_gradients(rows_seen):
     ids, mask = _prompts(B=3, T=20, seed=9)
     start = 12
     model_a, model_b = tiny_gpt(seed=4, scale=3.0), tiny_gpt(seed=4, scale=3.0)
 
-    rows_seen = []
-    original = sampling._chunk_scores
-
-    def spy(hidden, *args):
-        rows_seen.append(hidden.shape[0])
-        return original(hidden, *args)
-
-    monkeypatch.setattr(sampling, "_chunk_scores", spy)
     scores = token_logprobs(model_a, ids, mask, start=start, chunk_size=5, temperature=0.9, return_entropy=True)
     assert scores.logprobs.shape == scores.entropy.shape == (3, 8)
     assert max(rows_seen) <= 5 and sum(rows_seen) == 24  # really chunked
@@ -331,7 +337,7 @@ def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(direction):
     assert all(p.grad is None for p in reference.parameters())
 
 
-def test_scoring_only_some_positions_runs_the_lm_head_on_those_alone(monkeypatch):
+def test_scoring_only_some_positions_runs_the_lm_head_on_those_alone(rows_seen):
     """`scored`: the chosen positions get exactly the full pass's log-prob, entropy and exact KL, in value and
     gradient (against the naive full-logits computation in float64; the chunked pass's logits are float32); the
     rest read 0 and the lm_head never sees them."""
@@ -341,14 +347,6 @@ def test_scoring_only_some_positions_runs_the_lm_head_on_those_alone(monkeypatch
     reference = tiny_gpt(seed=6, scale=3.0).double().requires_grad_(False)
     scored = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.4
     scored[1] = False  # a row with nothing scored
-    rows_seen = []
-    original = sampling._chunk_scores
-
-    def spy(hidden, *args):
-        rows_seen.append(hidden.shape[0])
-        return original(hidden, *args)
-
-    monkeypatch.setattr(sampling, "_chunk_scores", spy)
     s = token_logprobs(model_a, ids, mask, start=start, chunk_size=4, temperature=temperature,
                        return_entropy=True, reference=reference, scored=scored)
     assert sum(rows_seen) == int(scored.sum())
@@ -373,6 +371,7 @@ def test_scoring_only_some_positions_runs_the_lm_head_on_those_alone(monkeypatch
 
     none = token_logprobs(model_a, ids, mask, start=start, scored=torch.zeros(3, 9, dtype=torch.bool))
     assert (none.logprobs == 0).all()
+    none.logprobs.sum().backward()  # a micro-batch with nothing counted still backpropagates (zeros)
     with pytest.raises(ValueError, match="scored must have shape"):
         token_logprobs(model_a, ids, mask, start=start, scored=scored[:, :5])
 

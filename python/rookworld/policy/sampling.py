@@ -495,26 +495,22 @@ def token_logprobs(
             ref_hidden = reference.trunk(input_ids, attention_mask)[:, start - 1 : T - 1].reshape(B * N, -1)
         ref_weight = reference.lm_head.weight.detach()
     picked = None
+    h, t, rh = hidden, targets, ref_hidden
     if scored is not None:
         if scored.shape != (B, N):
             raise ValueError(f"scored must have shape {(B, N)}, got {tuple(scored.shape)}")
         picked = scored.reshape(B * N).nonzero().squeeze(1)
-    h, t, rh = hidden, targets, ref_hidden
-    if picked is not None:
         h, t = hidden[picked], targets[picked]
         rh = None if ref_hidden is None else ref_hidden[picked]
     differentiable = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     scores = _maybe_compiled(_chunk_scores, _compiled_scores, h.device.type, compile)
     parts: list[list[torch.Tensor]] = []
-    for i in range(0, len(t), chunk_size):
+    for i in range(0, max(len(t), 1), chunk_size):  # with nothing scored, one empty chunk keeps the outputs' shape
         chunk = slice(i, i + chunk_size)
         args = (h[chunk], t[chunk], weight, temperature, return_entropy,
                 None if rh is None else rh[chunk], ref_weight, kl_direction)
         out, scores = _run_or_fall_back(scores, _chunk_scores, h.device.type, *args, checkpointed=differentiable)
         parts.append(list(out))
-    if not parts:  # nothing scored: every output reads 0, still attached to the graph
-        n_out = 1 + return_entropy + (reference is not None)
-        parts = [[h.sum(-1).float() * 0.0] * n_out]
     columns = [torch.cat(c) for c in zip(*parts)]
     if picked is None:
         columns = [c.view(B, N) for c in columns]
