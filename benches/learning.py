@@ -63,6 +63,19 @@ def held_out_without(train: Path, held_out: Path) -> None:
     held_out.write_text("".join(line + "\n" for line in lines))
 
 
+def sft_model(sft: Path, reused: bool) -> dict:
+    """What the SFT model really is: with --reuse, the SFT flags of this call did not make it, so the figures name
+    its own architecture and the settings it was trained with."""
+    from rookworld.train import checkpoint
+
+    try:
+        training = checkpoint.load_config(checkpoint.resolve_checkpoint(sft))
+    except checkpoint.CheckpointError:  # a model from elsewhere, without our checkpoints
+        training = None
+    return {"path": str(sft.resolve()), "reused": reused, "config": json.loads((sft / "config.json").read_text()),
+            "training": training}
+
+
 def table(before: dict, after: dict[str, dict]) -> str:
     seeds = list(after)
     head = f"{'task':<5}{'metric':<22}{'SFT':>8}" + "".join(f"{'GRPO s' + s:>10}" for s in seeds)
@@ -171,8 +184,8 @@ def main() -> int:
                   log=out / f"{run.name}.log")
         after[str(seed)] = evaluate(run, run.name)
 
-    figures = {"settings": vars(args), "held_out_positions": n_eval, "sft": before, "grpo": after,
-               "seconds": time.perf_counter() - t0}
+    figures = {"settings": vars(args), "sft_model": sft_model(sft, reused=reuse), "held_out_positions": n_eval,
+               "sft": before, "grpo": after, "seconds": time.perf_counter() - t0}
     (out / "learning.json").write_text(json.dumps(figures, indent=2) + "\n")
     try:
         rookworld("plot", *map(str, runs), "--out", str(out / "grpo_curves.png"), "--title",

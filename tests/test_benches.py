@@ -79,6 +79,17 @@ def test_learning_chain_smoke(tmp_path):
     assert "best-move accuracy" in proc.stdout and "next state exact" in proc.stdout
     if importlib.util.find_spec("matplotlib"):
         assert (out / "grpo_curves.png").read_bytes()[:4] == b"\x89PNG"
+    made = figures["sft_model"]
+    assert not made["reused"] and made["config"]["n_layer"] == 2 and made["training"]["steps"] == 4
+
+    # --reuse keeps the SFT model, whatever this call's SFT flags say, and the figures name the model it kept.
+    weights = (out / "sft" / "model.safetensors").read_bytes()
+    run_bench("learning.py", "--out", str(out), "--smoke", "--device", "cpu", "--reuse", "--sft-lr", "0.5")
+    assert (out / "sft" / "model.safetensors").read_bytes() == weights
+    figures = json.loads((out / "learning.json").read_text())
+    kept = figures["sft_model"]
+    assert figures["settings"]["sft_lr"] == 0.5 and kept["reused"] and kept["training"]["lr"] == made["training"]["lr"]
+    assert kept["config"] == made["config"]
 
 
 def test_gpu_suite_smoke(tmp_path):
