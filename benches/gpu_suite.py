@@ -135,13 +135,24 @@ def stage_env(s: Suite) -> tuple[str, dict, str]:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                               "--format=csv,noheader"], capture_output=True, text=True)
         f["nvidia_smi"] = smi.stdout.strip()
-    f["commit"] = None  # the device machine gets a copy of the tree, perhaps without git or .git
-    if shutil.which("git"):
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        f["commit"] = git.stdout.strip() or None
+    f["commit"] = source_commit(s.args.pack)
     for name in ("ROOKWORLD_STOCKFISH", "ROOKWORLD_TIKTOKEN_FILE"):
         f[name] = os.environ.get(name)
     return "ok", f, f"{f.get('gpu', 'no GPU')}, torch {f['torch']}, {f['cpus']} CPUs, commit {f['commit']}"
+
+
+def source_commit(pack: Path | None) -> str | None:
+    """The commit of the tree being measured: from git where the tree is a checkout, else the one gpu_extras.sh
+    stamped into the pack (the device machine gets a copy of the tree without .git), marked as such."""
+    if shutil.which("git"):
+        git = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=REPO,
+                             capture_output=True, text=True)
+        if git.returncode == 0 and git.stdout.strip():
+            return git.stdout.strip()
+    stamp = pack / "commit" if pack is not None else None
+    if stamp is not None and stamp.is_file() and stamp.read_text().strip():
+        return f"{stamp.read_text().strip()} (pack)"
+    return None
 
 
 def stage_cuda_tests(s: Suite) -> tuple[str, dict, str]:
@@ -204,6 +215,19 @@ def stage_sampler(s: Suite) -> tuple[str, dict, str]:
     r = next((r for r in f["rows"] if r["batch"] == 1024), f["rows"][-1])
     return "ok", f, (f"batch {r['batch']}: eager {1e3 * r['eager_s']:.2f} ms, compiled {1e3 * r['compiled_s']:.2f} ms "
                      f"({r['eager_s'] / r['compiled_s']:.1f}x); one logits copy {1e3 * r['logits_copy_s']:.2f} ms")
+
+
+def stage_decode_cache(s: Suite) -> tuple[str, dict, str]:
+    path = s.work / "decode_cache.json"
+    sizes = ["--device", "cpu", "--batch-sizes", "2", "--prompt-len", "3", "5", "--new-tokens", "2", "4",
+             "--repeats", "2", "--threads", "1"] if s.tiny else []
+    code, text = s.run(python() + [str(BENCHES / "decode_cache.py"), *sizes, "--json", str(path)], cap=90)
+    f = _json(path)
+    if code != 0 or f is None:
+        return _failed(code, text), f or {}, ""
+    r = next((r for r in f["rows"] if r["task"] == "P" and r["batch"] == 1024), f["rows"][0])
+    return "ok", f, (f"{r['task']}: batch {r['batch']}: {r['bucket_slots']}-slot cache {r['bucket_ms']:.2f} ms, "
+                     f"live {r['live_slots']} {r['live_ms']:.2f} ms a step")
 
 
 def stage_trl(s: Suite) -> tuple[str, dict, str]:
@@ -294,11 +318,11 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
 
 STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
     "env": stage_env, "cuda-tests": stage_cuda_tests, "grpo-step": stage_grpo_step, "generate": stage_generate,
-    "sampler": stage_sampler, "grpo-step-u64": stage_grpo_step_u64, "trl": stage_trl, "sft": stage_sft,
+    "sampler": stage_sampler, "decode-cache": stage_decode_cache, "grpo-step-u64": stage_grpo_step_u64, "trl": stage_trl, "sft": stage_sft,
     "auto-batch": stage_auto_batch, "learning": stage_learning,
 }
 #: The stages a plain call runs, most important first; `learning` needs a call of its own.
-DEFAULT = ["env", "cuda-tests", "grpo-step", "generate", "sampler", "grpo-step-u64", "trl", "sft",
+DEFAULT = ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "trl", "sft",
            "auto-batch"]
 
 

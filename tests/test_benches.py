@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,21 @@ def test_sampler_benchmark_smoke(tmp_path):
     assert "speed-up" in proc.stdout
 
 
+def test_decode_cache_benchmark_smoke(tmp_path):
+    """Times the decode step at the live, exact and bucketed cache lengths the docstring names, and counts the
+    keys and values the bucketed cache reads beyond the live ones (12 layers x 768 wide, fp32 on the CPU)."""
+    out = tmp_path / "decode_cache.json"
+    proc = run_bench("decode_cache.py", "--device", "cpu", "--batch-sizes", "2", "--prompt-len", "3", "5",
+                     "--new-tokens", "2", "4", "--repeats", "2", "--threads", "1", "--json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    # P: 3 + 2/2 = 4 live slots (+1 for the step's own), 5 exact, 64 bucketed; A: 5 + 2 (+1), 9, 64.
+    assert [(r["task"], r["live_slots"], r["exact_slots"], r["bucket_slots"]) for r in rows] == [
+        ("P", 5, 5, 64), ("A", 8, 9, 64)]
+    assert rows[0]["extra_kv_bytes"] == 2 * 12 * 2 * (64 - 5) * 768 * 4
+    assert all(r["live_ms"] > 0 and r["bucket_ms"] > 0 for r in rows)
+    assert "bucket-live ms" in proc.stdout
+
+
 def test_trl_baseline_smoke(tmp_path):
     pytest.importorskip("trl", reason="TRL is only needed for the side-by-side benchmark")
     pytest.importorskip("datasets")
@@ -99,20 +115,45 @@ def test_gpu_suite_smoke(tmp_path):
     proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "500")
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
-    assert list(stages) == ["env", "cuda-tests", "grpo-step", "generate", "sampler", "grpo-step-u64", "trl", "sft",
-                            "auto-batch"]
-    for name in ("env", "grpo-step", "generate", "sampler", "grpo-step-u64", "sft"):
+    assert list(stages) == ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64",
+                            "trl", "sft", "auto-batch"]
+    for name in ("env", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "sft"):
         assert stages[name]["status"] == "ok", (name, stages[name])
     assert stages["cuda-tests"]["status"] == "ok" and stages["cuda-tests"]["figures"]["skipped"] >= 5
     assert stages["grpo-step"]["figures"]["samples_per_s"] > 0
     assert stages["generate"]["figures"]["rows"][0]["generated_tokens_per_s"] > 0
     assert stages["sft"]["figures"]["tokens_per_s"] > 0
+    assert stages["decode-cache"]["figures"]["rows"][0]["bucket_ms"] > 0
+    assert stages["env"]["figures"]["commit"]  # a checkout: git names it
     assert stages["auto-batch"]["status"] == "skipped" and "needs CUDA" in stages["auto-batch"]["summary"]
     if importlib.util.find_spec("trl"):
         assert stages["trl"]["figures"]["rookworld_over_trl"] > 0
     assert (out / "suite.log").read_text().count("$ ") >= 6
     tail = proc.stdout.strip().splitlines()
     assert tail[0].startswith("gpu suite:") and any(line.startswith("grpo-step ") for line in tail[-12:])
+
+
+def test_gpu_suite_names_the_commit_without_git(tmp_path):
+    """The device machine gets the tree without .git: the suite then names the commit that gpu_extras.sh stamped
+    into the pack, marked as the pack's, and in a checkout the commit git gives (so every figure says its code)."""
+    copy = tmp_path / "tree" / "benches"
+    copy.mkdir(parents=True)
+    shutil.copy(REPO / "benches" / "gpu_suite.py", copy)
+    spec = importlib.util.spec_from_file_location("gpu_suite_copy", copy / "gpu_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    assert suite.source_commit(pack) is None and suite.source_commit(None) is None
+    (pack / "commit").write_text("8be759a1b2c3-dirty\n")
+    assert suite.source_commit(pack) == "8be759a1b2c3-dirty (pack)"
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout: git's answer wins over any stamp
+        spec = importlib.util.spec_from_file_location("gpu_suite_here", REPO / "benches" / "gpu_suite.py")
+        here = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(here)
+        assert head.stdout.startswith(here.source_commit(pack).removesuffix("-dirty"))
 
 
 def test_gpu_suite_stops_at_its_budget(tmp_path):
