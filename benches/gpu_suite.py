@@ -10,9 +10,9 @@ learning chain's curves when that stage runs: few files, since the device tool r
 Here, first: `mkdir -p .git/info && bash ../shared/tools/gpu-pack` (wheel, Stockfish, vocabulary into .gpu/), then
 `bash benches/gpu_extras.sh` (the wheels the TRL baseline needs). On the device machine, with carry [".gpu"]:
 
-    python3 benches/gpu_suite.py --pack .gpu --out $OUT                         # the first call: 9 minutes
-    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages sft auto-batch  # what the table says is left
-    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages learning        # issue 13's chain, 124M
+    python3 benches/gpu_suite.py --pack .gpu --out $OUT                                   # first call, 9 min
+    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages sft auto-batch sft-eager  # what is left
+    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages learning                  # issue 13's chain
 
 On a machine without a GPU (the CI smoke test): `python benches/gpu_suite.py --device cpu --tiny --out DIR`
 runs every stage at a toy size; the CUDA tests skip themselves there.
@@ -249,30 +249,49 @@ def stage_trl(s: Suite) -> tuple[str, dict, str]:
                      + (f"; rookworld at the same work: {f['rookworld_over_trl']:.1f}x" if ours else ""))
 
 
+def _sft(s: Suite, name: str, data: Path, extra: list[str], steps: int) -> tuple[str, dict, str]:
+    """`rookworld sft` of the 124M model (a 2-layer one with --tiny) on `data`, packed 1,024-token rows; its
+    tokens/s and MFU are medians of the last two thirds of the steps (the first ones compile)."""
+    out = s.work / name
+    size = (["--init", "tiny", "--steps", "3", "--rows-per-step", "4", "--micro-batch-size", "2", "--seq-len", "256"]
+            if s.tiny else ["--init", "small", "--steps", str(steps), "--rows-per-step", "128",
+                            "--micro-batch-size", "32", "--seq-len", "1024"])
+    code, text = s.run(python() + ["-m", "rookworld", "sft", *size, "--pack", "--data", str(data), "--output-dir",
+                                   str(out), "--overwrite", "--eval-every", "0", "--save-every", "0",
+                                   "--warmup-steps", "0", "--device", s.device, *extra], cap=180)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] \
+        if (out / "metrics.jsonl").is_file() else []
+    if code != 0 or not rows:
+        return _failed(code, text), {}, ""
+    steady = rows[len(rows) // 3:] or rows
+    f = {"steps": len(rows), "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
+         "mfu": statistics.median(r["mfu"] for r in steady) if "mfu" in rows[-1] else None,
+         "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "loss_first": rows[0]["loss"],
+         "loss_last": rows[-1]["loss"], "model_dir": str(out), "data": str(data)}
+    mfu = "n/a" if f["mfu"] is None else f"{100 * f['mfu']:.1f}%"
+    return "ok", f, f"{f['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, loss {f['loss_first']:.2f} -> {f['loss_last']:.2f}"
+
+
 def stage_sft(s: Suite) -> tuple[str, dict, str]:
-    data, out = s.work / "sft_data.jsonl", s.work / "sft"
+    data = s.work / "sft_data.jsonl"
     count, depth = ("16", "2") if s.tiny else ("4000", "4")
     code, text = s.run(python() + ["-m", "rookworld", "positions", "--count", count, "--seed", "7", "--annotate",
                                    "--depth", depth, "--out", str(data), "--quiet"], cap=90)
     if code != 0:
         return "positions " + _failed(code, text), {}, ""
-    size = (["--init", "tiny", "--steps", "3", "--rows-per-step", "4", "--micro-batch-size", "2", "--seq-len", "256"]
-            if s.tiny else ["--init", "small", "--steps", "30", "--rows-per-step", "128", "--micro-batch-size", "32",
-                            "--seq-len", "1024"])
-    code, text = s.run(python() + ["-m", "rookworld", "sft", *size, "--pack", "--data", str(data), "--output-dir",
-                                   str(out), "--overwrite", "--eval-every", "0", "--save-every", "0",
-                                   "--warmup-steps", "0", "--device", s.device], cap=180)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] \
-        if (out / "metrics.jsonl").is_file() else []
-    if code != 0 or not rows:
-        return _failed(code, text), {}, ""
-    steady = rows[len(rows) // 3:] or rows  # the first steps compile
-    f = {"steps": len(rows), "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
-         "mfu": statistics.median(r["mfu"] for r in steady) if "mfu" in rows[-1] else None,
-         "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "loss_first": rows[0]["loss"],
-         "loss_last": rows[-1]["loss"], "model_dir": str(out)}
-    mfu = "n/a" if f["mfu"] is None else f"{100 * f['mfu']:.1f}%"
-    return "ok", f, f"{f['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, loss {f['loss_first']:.2f} -> {f['loss_last']:.2f}"
+    return _sft(s, "sft", data, [], steps=30)
+
+
+def stage_sft_eager(s: Suite) -> tuple[str, dict, str]:
+    """The same SFT without torch.compile: what compiling the trunk and the log-softmax gains a training step."""
+    compiled = s.results["stages"].get("sft", {}).get("figures", {})
+    if not compiled.get("data"):
+        raise Skip("skipped", "needs the sft stage's data and figures (run sft in the same call)")
+    status, f, summary = _sft(s, "sft_eager", Path(compiled["data"]), ["--no-compile"], steps=15)
+    if status == "ok":
+        f["compiled_over_eager"] = compiled["tokens_per_s"] / f["tokens_per_s"]
+        summary += f"; compiled {f['compiled_over_eager']:.2f}x"
+    return status, f, summary
 
 
 def stage_auto_batch(s: Suite) -> tuple[str, dict, str]:
@@ -319,11 +338,11 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
 STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
     "env": stage_env, "cuda-tests": stage_cuda_tests, "grpo-step": stage_grpo_step, "generate": stage_generate,
     "sampler": stage_sampler, "decode-cache": stage_decode_cache, "grpo-step-u64": stage_grpo_step_u64, "trl": stage_trl, "sft": stage_sft,
-    "auto-batch": stage_auto_batch, "learning": stage_learning,
+    "auto-batch": stage_auto_batch, "sft-eager": stage_sft_eager, "learning": stage_learning,
 }
 #: The stages a plain call runs, most important first; `learning` needs a call of its own.
 DEFAULT = ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "trl", "sft",
-           "auto-batch"]
+           "auto-batch", "sft-eager"]
 
 
 def unpack(pack: Path) -> None:

@@ -116,13 +116,14 @@ def test_gpu_suite_smoke(tmp_path):
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
     assert list(stages) == ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64",
-                            "trl", "sft", "auto-batch"]
-    for name in ("env", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "sft"):
+                            "trl", "sft", "auto-batch", "sft-eager"]
+    for name in ("env", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "sft", "sft-eager"):
         assert stages[name]["status"] == "ok", (name, stages[name])
     assert stages["cuda-tests"]["status"] == "ok" and stages["cuda-tests"]["figures"]["skipped"] >= 5
     assert stages["grpo-step"]["figures"]["samples_per_s"] > 0
     assert stages["generate"]["figures"]["rows"][0]["generated_tokens_per_s"] > 0
     assert stages["sft"]["figures"]["tokens_per_s"] > 0
+    assert stages["sft-eager"]["figures"]["compiled_over_eager"] > 0
     assert stages["decode-cache"]["figures"]["rows"][0]["bucket_ms"] > 0
     assert stages["env"]["figures"]["commit"]  # a checkout: git names it
     assert stages["auto-batch"]["status"] == "skipped" and "needs CUDA" in stages["auto-batch"]["summary"]

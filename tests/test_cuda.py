@@ -154,6 +154,9 @@ def test_token_logprobs_under_bf16_autocast_track_float64(compile):
     r = token_logprobs(ref_model, ids.cpu(), mask.cpu(), start=60, return_entropy=True)
     (r.logprobs.sum() + r.entropy.sum()).backward()
     assert s.logprobs.dtype == s.entropy.dtype == torch.float32
+    if compile:  # the trunk and the chunks' log-softmax both ran compiled, not eagerly after a failure
+        assert "cuda" in sampling._compiled_trunks and "cuda" in sampling._compiled_scores
+        assert "cuda" not in sampling._compile_failed, sampling._compile_failed
     for got, want in ((s.logprobs, r.logprobs), (s.entropy, r.entropy)):
         got, want = got.detach().cpu().double(), want.detach().double()
         assert torch.isfinite(got).all()

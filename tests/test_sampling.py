@@ -425,6 +425,31 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     assert torch.equal(again.tokens, eager.tokens)
 
 
+def test_a_compiler_failure_in_the_scoring_trunk_falls_back_to_eager(monkeypatch):
+    """The log-prob pass compiles the trunk first: if that fails, the pass runs eagerly, with gradients, after a
+    warning, and gives eager's values."""
+    import rookworld.policy.sampling as sampling
+
+    def broken_backend(graph_module, example_inputs):
+        raise RuntimeError("no C++ compiler found")
+
+    model = tiny_gpt(scale=3.0)
+    ids, mask = _prompts(B=3, T=12, seed=8)
+    eager = token_logprobs(model, ids, mask, start=5)
+    eager.logprobs.sum().backward()
+    grad = model.transformer.h[0].attn.c_attn.weight.grad.clone()
+    model.zero_grad(set_to_none=True)
+    monkeypatch.setattr(sampling, "_compile_failed", {})
+    monkeypatch.setattr(sampling, "_compiled_trunks",
+                        {"cpu": torch.compile(sampling._trunk, backend=broken_backend, fullgraph=True)})
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
+        fallen_back = token_logprobs(model, ids, mask, start=5, compile=True)
+    fallen_back.logprobs.sum().backward()
+    assert torch.equal(fallen_back.logprobs, eager.logprobs)
+    assert torch.equal(model.transformer.h[0].attn.c_attn.weight.grad, grad)
+    assert "cpu" in sampling._compile_failed
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
 def test_compiled_scores_match_eager_with_gradients(monkeypatch):
@@ -447,3 +472,18 @@ def test_compiled_scores_match_eager_with_gradients(monkeypatch):
     for got in results[1:]:
         for a, b in zip(results[0], got):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    # The trunk is compiled too. Other shapes (the second new one makes dynamo build a dynamic-shape graph) and
+    # no mask at all (SFT's packed rows, plain causal attention) give eager's values and gradients.
+    assert "cpu" in sampling._compiled_trunks
+    for rows, cols, with_mask in ((3, 2, True), (5, 4, False), (4, 1, True)):
+        got = []
+        for compile in (False, True):
+            model.zero_grad(set_to_none=True)
+            s = token_logprobs(model, ids[:rows, cols:], mask[:rows, cols:] if with_mask else None, start=3,
+                               compile=compile)
+            s.logprobs.sum().backward()
+            got.append((s.logprobs.detach(), model.transformer.h[-1].mlp.c_fc.weight.grad.clone(),
+                        model.transformer.wpe.weight.grad.clone()))
+        for a, b in zip(*got):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    assert "cpu" not in sampling._compile_failed

@@ -450,6 +450,17 @@ def _chunk_scores(
 _compiled_scores: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {}
 
 
+def _trunk(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    return model.trunk(input_ids, attention_mask)
+
+
+# Eager under bf16 autocast, the trunk's LayerNorms, GELUs, residual adds and casts each read and write the
+# activations once more, forward and backward: at GPT-2 small's width about as many bytes as its matmuls take
+# time. Compiled, they fuse into the matmuls' neighbours. Shapes vary between calls (micro-batches are cut to
+# their own columns), so after the first new shape dynamo compiles a dynamic-shape graph.
+_compiled_trunks: dict[str, Callable[..., torch.Tensor]] = {}
+
+
 def token_logprobs(
     model: GPT,
     input_ids: torch.Tensor,
@@ -472,7 +483,8 @@ def token_logprobs(
     positions at a time, so the fp32 [B, T, vocab] logits never exist at once. With gradients enabled each chunk
     is checkpointed: backward recomputes its logits instead of keeping them (peak: one chunk of logits).
     Entropy (optional) is that of the same, temperature-scaled, distribution. Autocast, if any, is the caller's.
-    compile: run the per-chunk log-softmax through torch.compile (a warning and eager if compiling fails).
+    compile: run the trunk and the per-chunk log-softmax through torch.compile (a warning and eager if compiling
+    fails).
     reference: also the exact KL to this (frozen) model's tempered distribution at each position, summed over
     the vocabulary (`full_kl`, in `kl_direction`); its logits are made chunk by chunk beside the
     policy's, so they too never exist whole.
@@ -484,7 +496,10 @@ def token_logprobs(
     B, T = input_ids.shape
     if not 1 <= start < T:
         raise ValueError(f"start must lie in [1, {T}), got {start}")
-    hidden = model.trunk(input_ids, attention_mask)[:, start - 1 : T - 1]  # position t-1 predicts token t
+    device_type = input_ids.device.type
+    trunk = _maybe_compiled(_trunk, _compiled_trunks, device_type, compile)
+    hidden, trunk = _run_or_fall_back(trunk, _trunk, device_type, model, input_ids, attention_mask)
+    hidden = hidden[:, start - 1 : T - 1]  # position t-1 predicts token t
     N = T - start
     hidden = hidden.reshape(B * N, -1)
     targets = input_ids[:, start:].reshape(B * N)
@@ -492,7 +507,8 @@ def token_logprobs(
     ref_hidden = ref_weight = None
     if reference is not None:
         with torch.no_grad():
-            ref_hidden = reference.trunk(input_ids, attention_mask)[:, start - 1 : T - 1].reshape(B * N, -1)
+            ref_hidden, _ = _run_or_fall_back(trunk, _trunk, device_type, reference, input_ids, attention_mask)
+            ref_hidden = ref_hidden[:, start - 1 : T - 1].reshape(B * N, -1)
         ref_weight = reference.lm_head.weight.detach()
     picked = None
     h, t, rh = hidden, targets, ref_hidden
@@ -503,13 +519,13 @@ def token_logprobs(
         h, t = hidden[picked], targets[picked]
         rh = None if ref_hidden is None else ref_hidden[picked]
     differentiable = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    scores = _maybe_compiled(_chunk_scores, _compiled_scores, h.device.type, compile)
+    scores = _maybe_compiled(_chunk_scores, _compiled_scores, device_type, compile)
     parts: list[list[torch.Tensor]] = []
     for i in range(0, max(len(t), 1), chunk_size):  # with nothing scored, one empty chunk keeps the outputs' shape
         chunk = slice(i, i + chunk_size)
         args = (h[chunk], t[chunk], weight, temperature, return_entropy,
                 None if rh is None else rh[chunk], ref_weight, kl_direction)
-        out, scores = _run_or_fall_back(scores, _chunk_scores, h.device.type, *args, checkpointed=differentiable)
+        out, scores = _run_or_fall_back(scores, _chunk_scores, device_type, *args, checkpointed=differentiable)
         parts.append(list(out))
     columns = [torch.cat(c) for c in zip(*parts)]
     if picked is None:
