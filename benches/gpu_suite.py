@@ -11,7 +11,7 @@ Here, first: `mkdir -p .git/info && bash ../shared/tools/gpu-pack` (wheel, Stock
 `bash benches/gpu_extras.sh` (the wheels the TRL baseline needs). On the device machine, with carry [".gpu"]:
 
     python3 benches/gpu_suite.py --pack .gpu --out $OUT                                   # first call, 9 min
-    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages sft auto-batch sft-eager  # what is left
+    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages sft sft-eager auto-batch  # what is left
     python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages learning                  # issue 13's chain
 
 On a machine without a GPU (the CI smoke test): `python benches/gpu_suite.py --device cpu --tiny --out DIR`
@@ -339,12 +339,13 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
 
 STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
     "env": stage_env, "cuda-tests": stage_cuda_tests, "grpo-step": stage_grpo_step, "generate": stage_generate,
-    "sampler": stage_sampler, "decode-cache": stage_decode_cache, "grpo-step-u64": stage_grpo_step_u64, "trl": stage_trl, "sft": stage_sft,
-    "auto-batch": stage_auto_batch, "sft-eager": stage_sft_eager, "learning": stage_learning,
+    "sampler": stage_sampler, "decode-cache": stage_decode_cache, "grpo-step-u64": stage_grpo_step_u64,
+    "trl": stage_trl, "sft": stage_sft, "sft-eager": stage_sft_eager, "auto-batch": stage_auto_batch,
+    "learning": stage_learning,
 }
 #: The stages a plain call runs, most important first; `learning` needs a call of its own.
 DEFAULT = ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "trl", "sft",
-           "auto-batch", "sft-eager"]
+           "sft-eager", "auto-batch"]
 
 
 def unpack(pack: Path) -> None:

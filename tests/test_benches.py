@@ -116,7 +116,7 @@ def test_gpu_suite_smoke(tmp_path):
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
     assert list(stages) == ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64",
-                            "trl", "sft", "auto-batch", "sft-eager"]
+                            "trl", "sft", "sft-eager", "auto-batch"]
     for name in ("env", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "sft", "sft-eager"):
         assert stages[name]["status"] == "ok", (name, stages[name])
     assert stages["cuda-tests"]["status"] == "ok" and stages["cuda-tests"]["figures"]["skipped"] >= 5
