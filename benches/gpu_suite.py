@@ -150,9 +150,8 @@ def source_commit(pack: Path | None) -> str | None:
         if git.returncode == 0 and git.stdout.strip():
             return git.stdout.strip()
     stamp = pack / "commit" if pack is not None else None
-    if stamp is not None and stamp.is_file() and stamp.read_text().strip():
-        return f"{stamp.read_text().strip()} (pack)"
-    return None
+    commit = stamp.read_text().strip() if stamp is not None and stamp.is_file() else ""
+    return f"{commit} (pack)" if commit else None
 
 
 def stage_cuda_tests(s: Suite) -> tuple[str, dict, str]:

@@ -137,12 +137,16 @@ def test_gpu_suite_smoke(tmp_path):
 def test_gpu_suite_names_the_commit_without_git(tmp_path):
     """The device machine gets the tree without .git: the suite then names the commit that gpu_extras.sh stamped
     into the pack, marked as the pack's, and in a checkout the commit git gives (so every figure says its code)."""
+    def load(path: Path):
+        spec = importlib.util.spec_from_file_location(f"gpu_suite_{abs(hash(path))}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
     copy = tmp_path / "tree" / "benches"
     copy.mkdir(parents=True)
     shutil.copy(REPO / "benches" / "gpu_suite.py", copy)
-    spec = importlib.util.spec_from_file_location("gpu_suite_copy", copy / "gpu_suite.py")
-    suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite)
+    suite = load(copy / "gpu_suite.py")
     pack = tmp_path / "pack"
     pack.mkdir()
     assert suite.source_commit(pack) is None and suite.source_commit(None) is None
@@ -151,9 +155,7 @@ def test_gpu_suite_names_the_commit_without_git(tmp_path):
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     if head.returncode == 0:  # a checkout: git's answer wins over any stamp
-        spec = importlib.util.spec_from_file_location("gpu_suite_here", REPO / "benches" / "gpu_suite.py")
-        here = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(here)
+        here = load(REPO / "benches" / "gpu_suite.py")
         assert head.stdout.startswith(here.source_commit(pack).removesuffix("-dirty"))
 
 

@@ -402,8 +402,6 @@ def test_compiled_decode_matches_eager():
 
 def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     """A broken compiler backend (here: one that raises, as a missing toolchain would) costs speed, not the run."""
-    import rookworld.policy.sampling as sampling
-
     def broken_backend(graph_module, example_inputs):
         raise RuntimeError("no C++ compiler found")
 
@@ -428,8 +426,6 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
 def test_a_compiler_failure_in_the_scoring_trunk_falls_back_to_eager(monkeypatch):
     """The log-prob pass compiles the trunk first: if that fails, the pass runs eagerly, with gradients, after a
     warning, and gives eager's values."""
-    import rookworld.policy.sampling as sampling
-
     def broken_backend(graph_module, example_inputs):
         raise RuntimeError("no C++ compiler found")
 
@@ -453,8 +449,6 @@ def test_a_compiler_failure_in_the_scoring_trunk_falls_back_to_eager(monkeypatch
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
 def test_compiled_scores_match_eager_with_gradients(monkeypatch):
-    import rookworld.policy.sampling as sampling
-
     monkeypatch.setattr(sampling, "_compile_failed", {})
     model = tiny_gpt(scale=3.0)
     reference = tiny_gpt(seed=5, scale=3.0).requires_grad_(False)  # with the exact KL in the same pass
