@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from copy import deepcopy
 
 import pytest
 import torch
@@ -16,8 +17,10 @@ from rookworld.policy.model import (
     GPT,
     GPTConfig,
     ModelNotAvailableError,
+    autocast_copy,
     from_pretrained,
     positions_from_mask,
+    refresh_copy,
     save_pretrained,
 )
 
@@ -216,3 +219,53 @@ def test_training_mode_gradients_and_dropout_default_off(tiny_model):
     loss = tiny_model(ids, mask)[mask].logsumexp(-1).mean()
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in tiny_model.parameters())
+
+
+def _with_biases(model: GPT) -> GPT:
+    """GPT-2's init zeroes every bias; give them values, so that casting them is checked too."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return model
+
+
+def _logits_under_bf16_autocast(model: GPT, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return model(ids, mask)
+
+
+def test_autocast_copy_computes_the_same_bits_as_the_fp32_model_under_autocast():
+    model = _with_biases(tiny_gpt(scale=4.0))
+    copy = autocast_copy(model, torch.bfloat16)
+    attn = copy.transformer.h[0].attn.c_attn
+    assert attn.weight.dtype == attn.bias.dtype == copy.lm_head.weight.dtype == torch.bfloat16
+    assert copy.transformer.wte.weight.dtype == copy.transformer.ln_f.weight.dtype == torch.float32
+    assert torch.equal(copy.lm_head.weight, model.transformer.wte.weight.bfloat16())  # untied, stored rounded
+    assert not any(p.requires_grad for p in copy.parameters()) and not copy.training
+    # The model itself is left as it was: fp32, tied, trainable.
+    assert model.lm_head.weight is model.transformer.wte.weight and model.dtype == torch.float32
+    assert all(p.requires_grad for p in model.parameters())
+
+    ids, mask = _batch(seed=3)
+    expected = _logits_under_bf16_autocast(model, ids, mask)
+    got = _logits_under_bf16_autocast(copy, ids, mask)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+    # What the test would catch: casting the whole model (embeddings and LayerNorms too) changes the logits.
+    whole = _logits_under_bf16_autocast(deepcopy(model).to(torch.bfloat16), ids, mask)
+    assert not torch.equal(whole, expected)
+
+
+def test_refresh_copy_follows_the_model_in_place():
+    model = _with_biases(tiny_gpt(scale=4.0))
+    copy = autocast_copy(model, torch.bfloat16)
+    addresses = {name: p.data_ptr() for name, p in copy.named_parameters()}
+    with torch.no_grad():  # an optimizer step, embeddings included
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids, mask = _batch(seed=4)
+    expected = _logits_under_bf16_autocast(model, ids, mask)
+    assert not torch.equal(_logits_under_bf16_autocast(copy, ids, mask), expected), "a stale copy must show"
+    assert refresh_copy(copy, model) is copy
+    assert torch.equal(_logits_under_bf16_autocast(copy, ids, mask), expected)
+    assert {name: p.data_ptr() for name, p in copy.named_parameters()} == addresses  # CUDA graphs stay valid
