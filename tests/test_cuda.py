@@ -20,7 +20,7 @@ from torch._dynamo.utils import counters
 from conftest import constant_gpt
 from test_trainer import metrics, run_cli
 from rookworld.policy import sampling
-from rookworld.policy.model import GPT, GPTConfig
+from rookworld.policy.model import GPT, GPTConfig, autocast_copy, refresh_copy
 from rookworld.policy.sampling import generate, token_logprobs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -101,6 +101,33 @@ def test_compiled_decode_equals_eager_in_bf16_across_graph_replays(batch, new_to
             assert gap < 0.1, f"log-probs of identical tokens differ by {gap:.3f}"
     assert "cuda" not in sampling._compile_failed
     assert counters["stats"]["unique_graphs"] >= 1, "the decode step was not compiled"
+    assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled decode step did not run as a CUDA graph"
+
+
+def test_the_autocast_copy_decodes_as_the_fp32_policy_and_its_graphs_follow_a_refresh():
+    """The trainer samples from `autocast_copy(policy)`. Eager, it repeats the fp32 policy under autocast bit for
+    bit. Compiled, its greedy tokens are the fp32 argmax up to bf16 rounding, and after the policy's weights change
+    and the copy is refreshed in place, the replayed CUDA graph decodes with the new weights."""
+    model = _model(seed=4)
+    copy = autocast_copy(model, torch.bfloat16)
+    kw = dict(max_new_tokens=40, temperature=0.0, stop_at_eos=False, return_policy_logprobs=True,
+              dtype=torch.bfloat16)
+    ids, mask = _prompts(32, 30, seed=1)
+    fp32, stored = (generate(m, ids, mask, compile=False, **kw) for m in (model, copy))
+    assert torch.equal(fp32.tokens, stored.tokens) and torch.equal(fp32.policy_logprobs, stored.policy_logprobs)
+    counters.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for step in range(2):
+            if step:  # an update: a stale graph or copy would now fall short of the argmax by whole nats
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        if "ln_" not in name:
+                            p.add_(0.5 * p.std() * torch.randn_like(p))
+                refresh_copy(copy, model)
+            ids, mask = _prompts(32, 30, seed=2 + step)
+            _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, generate(copy, ids, mask, compile=True, **kw))
+    assert "cuda" not in sampling._compile_failed
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled decode step did not run as a CUDA graph"
 
 

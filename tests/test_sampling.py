@@ -11,6 +11,7 @@ import torch
 
 from conftest import constant_gpt, tiny_gpt
 from rookworld.policy import sampling
+from rookworld.policy.model import autocast_copy
 from rookworld.policy.sampling import generate, sample_next, score_completions, token_logprobs
 
 EOS = 50256
@@ -232,6 +233,24 @@ def test_bf16_autocast_decoding_tracks_fp32(tiny_model):
     assert (bf16.tokens == bf16_recomputed.tokens).float().mean() > 0.9
     same = bf16.tokens == fp32.tokens
     assert (bf16.policy_logprobs - fp32.policy_logprobs)[same].abs().max() < 0.1
+
+
+def test_sampling_from_the_autocast_copy_repeats_the_fp32_model_exactly(tiny_model):
+    """The trainer samples from `autocast_copy(policy)`: the same tokens and log-probs as the fp32 policy under
+    bf16 autocast, draw for draw (eager; compiled graphs may fuse the fp32 path's casts differently)."""
+    copy = autocast_copy(tiny_model, torch.bfloat16)
+    ids, mask = _prompts(B=6, seed=8)
+    kw = dict(max_new_tokens=12, temperature=1.0, seed=5, stop_at_eos=False, dtype=torch.bfloat16,
+              return_policy_logprobs=True)
+    expected, got = generate(tiny_model, ids, mask, **kw), generate(copy, ids, mask, **kw)
+    assert torch.equal(got.tokens, expected.tokens)
+    assert torch.equal(got.logprobs, expected.logprobs) and torch.equal(got.policy_logprobs, expected.policy_logprobs)
+    # The reference's log-prob pass reads its autocast copy too.
+    full_ids, full_mask = torch.cat([ids, got.tokens], 1), torch.cat([mask, got.mask], 1)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = (token_logprobs(m, full_ids, full_mask, start=ids.shape[1], return_entropy=True)
+                for m in (tiny_model, copy))
+    assert torch.equal(a.logprobs, b.logprobs) and torch.equal(a.entropy, b.entropy)
 
 
 def test_generate_leaves_training_mode_alone_and_samples_without_dropout():

@@ -504,3 +504,37 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
         assert torch.equal(out.tokens[rows, :limit], c_out.tokens) and (out.lengths[rows] == limit).all()
         assert not out.mask[rows, limit:].any()
     assert out.tokens.shape[1] == 7
+
+
+def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_copies(tmp_path):
+    """`--dtype bf16`: sampling reads a bf16 copy of the policy, refreshed after each update, and the reference pass
+    a bf16 copy of the reference; both give exactly what the fp32 models give under autocast."""
+    from rookworld.policy.sampling import generate
+    from rookworld.train.models import micro_batches
+    from rookworld.train.prompts import PromptSource
+
+    cfg = TrainConfig(steps=2, prompts_per_step=4, group_size=2, max_new_tokens=8, lr=1e-2, beta=0.1, dtype="bf16",
+                      warmup_steps=0, eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path),
+                      compile=False, task_mix=0.5).validate()
+    reference = tiny_gpt(seed=3, scale=3.0).requires_grad_(False)
+    before = {k: v.clone() for k, v in reference.state_dict().items()}
+    t = Trainer(cfg, policy=tiny_gpt(seed=2, scale=3.0), reference=reference, tokenizer=get_tokenizer(),
+                reward_fn=ByteSum(), prompt_source=PromptSource(cfg), stream=open(os.devnull, "w"))
+    assert t.models.amp_dtype == torch.bfloat16
+    assert t.reference is not reference and t.reference.lm_head.weight.dtype == torch.bfloat16
+    t.train_step()
+    t.train_step()
+    assert all(torch.equal(v, before[k]) for k, v in reference.state_dict().items())  # the caller's is untouched
+
+    ids, mask = t.tokenizer.encode_batch([p.text for p in t.prompts.batch(0)], bos=True)
+    kw = dict(max_new_tokens=8, temperature=1.0, seed=1, stop_at_eos=False, dtype=torch.bfloat16)
+    sampled = generate(t.models.sampler(), ids, mask, **kw)  # the copy, brought up to the updated weights
+    expected = generate(t.policy, ids, mask, **kw)
+    assert torch.equal(sampled.tokens, expected.tokens) and torch.equal(sampled.logprobs, expected.logprobs)
+
+    full_ids, full_mask = torch.cat([ids, sampled.tokens], 1), torch.cat([mask, sampled.mask], 1)
+    P, n = ids.shape[1], len(ids)
+    batches = micro_batches(np.arange(n), mask.sum(1).numpy(), np.full(n, 8), P, 3)
+    got, _ = t.models.rollout_scores(t.reference, full_ids, full_mask, P, batches, 1.0)
+    want, _ = t.models.rollout_scores(reference, full_ids, full_mask, P, batches, 1.0)
+    assert torch.equal(got, want)

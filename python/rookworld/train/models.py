@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rookworld.policy.model import autocast_copy, refresh_copy
 from rookworld.policy.sampling import PAD_ID, GenerationOutput, generate, token_logprobs
 
 
@@ -63,6 +64,12 @@ class Models:
     def __init__(self, policy: nn.Module, reference: nn.Module | None, value_head: nn.Module | None,
                  device: torch.device, amp_dtype: torch.dtype | None, compile: bool, ddp: bool,
                  autocast: Callable[[], contextlib.AbstractContextManager]):
+        # Under autocast, sampling and the frozen reference read weights stored in the compute dtype: the same
+        # bits, without every decode step and every log-prob pass casting every weight again.
+        casts = amp_dtype is not None and policy.dtype != amp_dtype
+        self._sampler = autocast_copy(policy, amp_dtype) if casts else None
+        if casts and reference is not None:
+            reference = autocast_copy(reference, amp_dtype)
         self.policy, self.reference, self.value_head = policy, reference, value_head
         self.device, self.amp_dtype, self.compile, self.autocast = device, amp_dtype, compile, autocast
         self.scores: nn.Module = Scores(policy, value_head, compile)
@@ -70,6 +77,11 @@ class Models:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             self.scores = DDP(self.scores, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def sampler(self) -> nn.Module:
+        """The policy as sampling runs it (under `amp_dtype` autocast only): its autocast copy, brought up to the
+        current weights, or the policy itself where nothing is cast."""
+        return self.policy if self._sampler is None else refresh_copy(self._sampler, self.policy)
 
     @property
     def trained(self) -> nn.Module:
@@ -89,6 +101,7 @@ class Models:
         """
         n, P = ids.shape
         fixed = completion_lengths is not None
+        model = self.sampler()
         parts = []
         for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
             rows = np.flatnonzero(tasks == task)
@@ -96,7 +109,7 @@ class Models:
             limit = completion_lengths.get(task, cfg.max_new_tokens) if fixed else cfg.max_new_tokens
             with torch.no_grad():
                 parts.append((index, generate(
-                    self.policy, ids[index, left:], pmask[index, left:], max_new_tokens=limit, stop_at_eos=not fixed,
+                    model, ids[index, left:], pmask[index, left:], max_new_tokens=limit, stop_at_eos=not fixed,
                     temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p if cfg.top_p < 1.0 else None,
                     generator=generator, compile=self.compile, dtype=self.amp_dtype)))
         width = max((o.tokens.shape[1] for _, o in parts), default=0)

@@ -287,7 +287,7 @@ class Trainer:
 
     def _free_caches(self) -> None:
         if self.run.device.type == "cuda":
-            release_caches(self.policy)
+            release_caches()
             torch.cuda.empty_cache()
 
     # -- evaluation, samples, checkpoints, the loop -------------------------------------------------------
