@@ -15,7 +15,9 @@
 On CUDA each generation row also gives the decode step's memory-bandwidth floor: every step must read the
 weights once and each row's keys and values so far (prompt + half the new tokens on average), at the
 device-to-device copy rate measured at start; `% floor` is the measured rate over that bound. `--weights fp32`
-keeps fp32 weights under bf16 autocast, as the trainer's policy does (the default casts the model to --dtype).
+keeps fp32 weights under bf16 autocast (as the trainer's policy did, casting every weight at every decode step);
+`--weights copy` keeps them too but generates and scores without gradients through `autocast_copy` of the model, as
+the trainer now samples and runs its reference; the default casts the whole model to --dtype.
 
 --json FILE writes every row measured so far after each one, so a run cut short still leaves its figures.
 """
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from rookworld.policy.model import GPT, GPTConfig
+from rookworld.policy.model import GPT, GPTConfig, autocast_copy
 from rookworld.policy.sampling import TokenScores, generate, release_caches, token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,10 +80,11 @@ def decode_floor(cfg: GPTConfig, params: int, batch: int, prompt_len: int, new: 
     return batch * bandwidth / step_bytes
 
 
-def _autocast_score(model: GPT, *args, dtype: torch.dtype | None, **kwargs) -> TokenScores:
+def _autocast_score(model: GPT, ids: torch.Tensor, attention_mask: torch.Tensor, *, dtype: torch.dtype | None,
+                    **kwargs) -> TokenScores:
     """token_logprobs under autocast to `dtype` (None: in the model's own dtype), as the trainer calls it."""
     with torch.autocast(model.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        return token_logprobs(model, *args, **kwargs)
+        return token_logprobs(model, ids, attention_mask, **kwargs)
 
 
 def _forward_backward(model: GPT, score: Callable[[], TokenScores]) -> None:
@@ -157,9 +160,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--mixed", action="store_true", help="one mixed P:/A: batch vs one batch per task")
     parser.add_argument("--task-mix", type=float, default=0.8, help="share of P: rows with --mixed")
-    parser.add_argument("--weights", choices=["compute", "fp32"], default="compute",
+    parser.add_argument("--weights", choices=["compute", "fp32", "copy"], default="compute",
                         help="compute: cast the model to --dtype; fp32: keep fp32 weights and run under autocast to "
-                        "--dtype, as the trainer's policy does")
+                        "--dtype; copy: fp32 weights, but generate and score without gradients through their "
+                        "autocast copy (Linear weights stored in --dtype), as the trainer does")
     parser.add_argument("--json", default=None, help="also write the figures to this file (after every row)")
     args = parser.parse_args()
 
@@ -177,19 +181,21 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
 
     torch.manual_seed(0)
-    weight_dtype = torch.float32 if args.weights == "fp32" else dtype
-    model = GPT(GPTConfig()).to(device=device, dtype=weight_dtype).eval()
+    weight_dtype = dtype if args.weights == "compute" else torch.float32
+    trained = GPT(GPTConfig()).to(device=device, dtype=weight_dtype).eval()  # what backward runs through
     args.run_dtype = dtype if weight_dtype != dtype else None  # generate() autocasts when they differ
+    model = autocast_copy(trained, dtype) if args.weights == "copy" and args.run_dtype else trained
     bandwidth = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"GPT-2 124M ({model.num_params():,} params), random weights, {dtype}"
-          f"{' under autocast, fp32 weights' if args.run_dtype else ''}, {name}, torch {torch.__version__}")
+    print(f"GPT-2 124M ({trained.num_params():,} params), random weights, {dtype}"
+          f"{' under autocast, fp32 weights' if args.run_dtype else ''}"
+          f"{' read through their autocast copy' if model is not trained else ''}, {name}, torch {torch.__version__}")
     if bandwidth:
         print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)")
     print(f"best of {args.repeats} after {warmup} warm-up run(s); tokens/s counts generated / completion tokens\n")
     results = Results(args.json, {"device": name, "dtype": str(dtype).removeprefix("torch."), "weights": args.weights,
                                   "copy_bandwidth_bytes_per_s": bandwidth, "torch": torch.__version__,
-                                  "params": model.num_params(), "repeats": args.repeats, "warmup": warmup,
+                                  "params": trained.num_params(), "repeats": args.repeats, "warmup": warmup,
                                   "mode": "mixed" if args.mixed else "per-task"})
 
     if args.mixed:
@@ -250,20 +256,18 @@ def main() -> None:
                 if not args.no_logprobs:
                     ids = torch.cat([prompts, out.tokens], dim=1)
                     full_mask = torch.cat([mask, out.mask], dim=1)
-                    score = functools.partial(
-                        _autocast_score, model, ids, full_mask, start=prompt_len, chunk_size=args.chunk_size,
-                        compile=compiled, dtype=args.run_dtype,
-                    )
-                    score_s, _ = _time(torch.no_grad()(score), device, 1, args.repeats)
+                    score = functools.partial(_autocast_score, ids=ids, attention_mask=full_mask, start=prompt_len,
+                                              chunk_size=args.chunk_size, compile=compiled, dtype=args.run_dtype)
+                    score_s, _ = _time(torch.no_grad()(functools.partial(score, model)), device, 1, args.repeats)
                     figures["logprob_tokens_per_s"] = batch * new / score_s
                     row += f" {batch * new / score_s:>11,.0f}"
                     if args.backward:
-                        backward = functools.partial(_forward_backward, model, score)
+                        backward = functools.partial(_forward_backward, trained, functools.partial(score, trained))
                         backward_s, _ = _time(backward, device, 1, args.repeats)
                         figures["forward_backward_tokens_per_s"] = batch * new / backward_s
                         row += f" {batch * new / backward_s:>14,.0f}"
                 if device.type == "cuda":
-                    floor = decode_floor(model.config, model.num_params(), batch, prompt_len, new, dtype.itemsize,
+                    floor = decode_floor(trained.config, trained.num_params(), batch, prompt_len, new, dtype.itemsize,
                                          bandwidth)
                     figures["decode_floor_tokens_per_s"] = floor
                     row += f" {floor:>12,.0f} {100 * batch * new / gen_s / floor:>7.1f}%"

@@ -11,7 +11,7 @@ Here, first: `mkdir -p .git/info && bash ../shared/tools/gpu-pack` (wheel, Stock
 `bash benches/gpu_extras.sh` (the wheels the TRL baseline needs). On the device machine, with carry [".gpu"]:
 
     python3 benches/gpu_suite.py --pack .gpu --out $OUT                                   # first call, 9 min
-    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages sft sft-eager auto-batch  # what is left
+    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages sft sft-eager auto-batch weights  # what is left
     python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages learning                  # issue 13's chain
 
 On a machine without a GPU (the CI smoke test): `python benches/gpu_suite.py --device cpu --tiny --out DIR`
@@ -229,6 +229,27 @@ def stage_decode_cache(s: Suite) -> tuple[str, dict, str]:
                      f"live {r['live_slots']} {r['live_ms']:.2f} ms a step")
 
 
+def stage_weights(s: Suite) -> tuple[str, dict, str]:
+    """Compiled decoding at batch 1,024 with fp32 weights under autocast (every step casts every weight again)
+    against their autocast copy (Linear weights stored in bf16), as the trainer now samples."""
+    sizes = (["--device", "cpu", "--dtype", "bfloat16", "--no-compile", "--batch-sizes", "3", "--prompt-len", "3", "5",
+              "--new-tokens", "2", "4", "--repeats", "1", "--warmup", "0", "--threads", "1"] if s.tiny
+             else ["--compile", "--batch-sizes", "1024"])
+    f: dict = {}
+    for weights in ("fp32", "copy"):
+        path = s.work / f"generate_{weights}.json"
+        code, text = s.run(python() + [str(BENCHES / "generate.py"), *sizes, "--no-logprobs", "--weights", weights,
+                                       "--json", str(path)], cap=120)
+        f[weights] = _json(path) or {}
+        if code != 0:
+            return _failed(code, text), f, ""
+    rate = {w: {r["task"]: r["generated_tokens_per_s"] for r in f[w].get("rows", []) if "generated_tokens_per_s" in r}
+            for w in ("fp32", "copy")}
+    f["copy_over_fp32"] = {t: rate["copy"][t] / rate["fp32"][t] for t in rate["copy"] if t in rate["fp32"]}
+    return "ok", f, "; ".join(f"{t}: fp32 {rate['fp32'][t]:,.0f}, copy {rate['copy'][t]:,.0f} tok/s ({x:.2f}x)"
+                              for t, x in f["copy_over_fp32"].items())
+
+
 def stage_trl(s: Suite) -> tuple[str, dict, str]:
     probe = subprocess.run(python() + ["-c", "import trl, datasets"], capture_output=True, text=True, env=s.env)
     if probe.returncode:
@@ -340,11 +361,11 @@ STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
     "env": stage_env, "cuda-tests": stage_cuda_tests, "grpo-step": stage_grpo_step, "generate": stage_generate,
     "sampler": stage_sampler, "decode-cache": stage_decode_cache, "grpo-step-u64": stage_grpo_step_u64,
     "trl": stage_trl, "sft": stage_sft, "sft-eager": stage_sft_eager, "auto-batch": stage_auto_batch,
-    "learning": stage_learning,
+    "weights": stage_weights, "learning": stage_learning,
 }
 #: The stages a plain call runs, most important first; `learning` needs a call of its own.
 DEFAULT = ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "trl", "sft",
-           "sft-eager", "auto-batch"]
+           "sft-eager", "auto-batch", "weights"]
 
 
 def unpack(pack: Path) -> None:

@@ -35,12 +35,15 @@ def test_grpo_step_benchmark_smoke(tmp_path, objective):
     assert figures["kl_estimator"] == ("full" if objective else "k3")
 
 
-@pytest.mark.parametrize("mode", [[], ["--mixed"]])
+@pytest.mark.parametrize("mode", [[], ["--mixed"], ["--weights", "copy", "--dtype", "bfloat16", "--backward"]])
 def test_generate_benchmark_smoke(mode):
     proc = run_bench("generate.py", "--device", "cpu", *mode, "--batch-sizes", "3", "--prompt-len", "3", "5",
                      "--new-tokens", "2", "4", "--repeats", "1", "--warmup", "0", "--threads", "1")
     rows = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("P ", "A ", "3 "))]
-    if mode:  # 3 rows: 2 P: (2 new tokens) and 1 A: (4), both ways
+    if "--weights" in mode:  # the trainer's way: fp32 weights, sampled and scored through their bf16 copy
+        assert "fp32 weights read through their autocast copy" in proc.stdout
+        assert [len(r) for r in rows] == [9, 9]  # generation, log-prob pass, forward + backward
+    if "--mixed" in mode:  # 3 rows: 2 P: (2 new tokens) and 1 A: (4), both ways
         assert len(rows) == 1 and rows[0][:3] == ["3", "2", "eager"] and rows[0][-1].endswith("x")
     else:
         assert [r[:4] for r in rows] == [["P", "3", "3", "2"], ["A", "3", "5", "4"]]
@@ -116,8 +119,9 @@ def test_gpu_suite_smoke(tmp_path):
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
     assert list(stages) == ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64",
-                            "trl", "sft", "sft-eager", "auto-batch"]
-    for name in ("env", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "sft", "sft-eager"):
+                            "trl", "sft", "sft-eager", "auto-batch", "weights"]
+    for name in ("env", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "sft", "sft-eager",
+                 "weights"):
         assert stages[name]["status"] == "ok", (name, stages[name])
     assert stages["cuda-tests"]["status"] == "ok" and stages["cuda-tests"]["figures"]["skipped"] >= 5
     assert stages["grpo-step"]["figures"]["samples_per_s"] > 0
@@ -125,6 +129,7 @@ def test_gpu_suite_smoke(tmp_path):
     assert stages["sft"]["figures"]["tokens_per_s"] > 0
     assert stages["sft-eager"]["figures"]["compiled_over_eager"] > 0
     assert stages["decode-cache"]["figures"]["rows"][0]["bucket_ms"] > 0
+    assert set(stages["weights"]["figures"]["copy_over_fp32"]) == {"P", "A"}
     assert stages["env"]["figures"]["commit"]  # a checkout: git names it
     assert stages["auto-batch"]["status"] == "skipped" and "needs CUDA" in stages["auto-batch"]["summary"]
     if importlib.util.find_spec("trl"):
