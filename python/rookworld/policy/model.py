@@ -373,7 +373,7 @@ def autocast_copy(model: GPT, dtype: torch.dtype) -> GPT:
     `refresh_copy` (in place: compiled CUDA graphs keep their addresses).
     """
     copy = deepcopy(model).eval().requires_grad_(False)
-    copy.lm_head.weight = nn.Parameter(copy.transformer.wte.weight.detach().clone(), requires_grad=False)
+    copy.lm_head.weight = nn.Parameter(copy.transformer.wte.weight.detach().to(dtype), requires_grad=False)
     for module in copy.modules():
         if isinstance(module, nn.Linear):
             module.to(dtype)
