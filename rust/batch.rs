@@ -7,7 +7,7 @@ use shakmaty::{Chess, Position};
 use crate::env::{step, Transition};
 use crate::fen::{parse_fen, to_fen, FenError};
 use crate::moves::{legal_move, legal_uci_moves};
-use crate::prompt::{env_prompt, env_target, PromptError};
+use crate::a_text::{env_prompt, env_target, PromptError};
 
 /// Each FEN in python-chess `board.fen()` form, or why it is not a legal position.
 pub fn normalize_fens<S: AsRef<str> + Sync>(fens: &[S]) -> Vec<Result<String, FenError>> {
@@ -60,20 +60,20 @@ pub fn perft(fen: &str, depth: u32) -> Result<u64, FenError> {
         .sum())
 }
 
-/// Scores each completion against its prompt. `truth_index[i]` names prompt i's analysis in `truths`
-/// (negative: none; P: prompts need one), so the completions of a group share one analysis.
+/// Scores each completion against its prompt. `truth_index[i]` names prompt i's ground truth in `truths`
+/// (negative: none; P: prompts need one), so the completions of a group share one.
 pub fn score<P: AsRef<str> + Sync, C: AsRef<str> + Sync>(
     prompts: &[P],
     completions: &[C],
     truth_index: &[i64],
-    truths: &[crate::reward::Analysis],
+    truths: &[crate::reward::GroundTruth],
     shaping: crate::reward::Shaping,
 ) -> Vec<Result<crate::reward::Score, crate::reward::ScoreError>> {
     (prompts, completions, truth_index)
         .into_par_iter()
         .map(|(p, c, t)| {
-            let analysis = usize::try_from(*t).ok().and_then(|t| truths.get(t));
-            crate::reward::score(p.as_ref(), c.as_ref(), analysis, shaping)
+            let truth = usize::try_from(*t).ok().and_then(|t| truths.get(t));
+            crate::reward::score(p.as_ref(), c.as_ref(), truth, shaping)
         })
         .collect()
 }
@@ -82,6 +82,6 @@ pub fn score<P: AsRef<str> + Sync, C: AsRef<str> + Sync>(
 pub fn policy_targets(fens: &[String], moves: &[Vec<String>], evals: &[Vec<f64>], best: &[String]) -> Vec<String> {
     (fens, moves, evals, best)
         .into_par_iter()
-        .map(|(f, m, e, b)| crate::policy::policy_target(f, m, e, b))
+        .map(|(f, m, e, b)| crate::p_text::policy_target(f, m, e, b))
         .collect()
 }

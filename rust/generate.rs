@@ -9,7 +9,7 @@ use shakmaty::{Chess, Color, Move, Position, Rank, Role, Square};
 use crate::env::game_end;
 use crate::moves::{legal_move, uci};
 use crate::openings::OPENING_LINES;
-use crate::prompt::env_prompt;
+use crate::a_text::env_prompt;
 use crate::rng::Rng;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

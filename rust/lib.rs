@@ -2,16 +2,18 @@
 //!
 //! Plain Rust modules, one concern each. `batch` runs them over whole batches with rayon;
 //! `python` (behind the `python` feature) is the thin PyO3 layer that maturin builds.
+//! `p_text` and `a_text` are the text formats of the P: (policy) and A: (environment) tasks, named
+//! by task so that neither reads as the network, which is Python's `rookworld.policy`.
 
+pub mod a_text;
 pub mod batch;
 pub mod env;
 pub mod fen;
 pub mod generate;
 pub mod moves;
 mod openings;
+pub mod p_text;
 pub mod perft;
-pub mod policy;
-pub mod prompt;
 pub mod reward;
 pub mod rng;
 pub mod similarity;
@@ -19,11 +21,11 @@ pub mod similarity;
 #[cfg(feature = "python")]
 mod python;
 
+pub use a_text::{env_prompt, env_target, parse_env_prompt, EnvPrompt, PromptError, HISTORY_LEN};
 pub use env::{step, GameEnd, Reward, Transition};
 pub use fen::{parse_fen, to_fen, FenError};
 pub use generate::{generate_position, generate_positions, GeneratedPosition, GeneratorConfig, Phase};
 pub use moves::{legal_move, legal_uci_moves};
+pub use p_text::{parse_answer, policy_target, prompt_fen, PolicyAnswer};
 pub use perft::perft;
-pub use prompt::{env_prompt, env_target, parse_env_prompt, EnvPrompt, PromptError, HISTORY_LEN};
-pub use policy::{parse_answer, policy_target, prompt_fen, PolicyAnswer};
-pub use reward::{score, Analysis, Score, ScoreError, Shaping, Task};
+pub use reward::{score, GroundTruth, Score, ScoreError, Shaping, Task};

@@ -6,7 +6,7 @@ use pyo3::types::{PyBytes, PyDict, PyString};
 
 use crate::batch;
 use crate::generate::{generate_positions as generate, GeneratorConfig};
-use crate::reward::{Analysis, Parts, Shaping};
+use crate::reward::{GroundTruth, Parts, Shaping};
 
 /// Failures of a batch, by index: the all-good batch crosses into Python as one plain list beside an empty one.
 type Failures = Vec<(usize, String)>;
@@ -242,8 +242,8 @@ impl ScoreColumns {
     }
 }
 
-/// Scores completions. `truth_index[i]` picks prompt i's analysis from `truths` (-1: none), so that the
-/// completions of one group share one converted analysis. Returns `(columns, errors)`.
+/// Scores completions. `truth_index[i]` picks prompt i's ground truth from `truths` (-1: none), so that the
+/// completions of one group share one converted ground truth. Returns `(columns, errors)`.
 #[pyfunction]
 #[pyo3(signature = (prompts, completions, truth_index, truths, shaping="continuous"))]
 fn score<'py>(
@@ -260,12 +260,12 @@ fn score<'py>(
     same_length(prompts.len(), completions.len())?;
     same_length(prompts.len(), truth_index.len())?;
     if let Some((moves, evals)) = truths.iter().find(|(m, e)| m.len() != e.len()) {
-        return Err(PyValueError::new_err(format!("analysis with {} moves but {} evals", moves.len(), evals.len())));
+        return Err(PyValueError::new_err(format!("ground truth with {} moves but {} evals", moves.len(), evals.len())));
     }
     if let Some(bad) = truth_index.iter().find(|&&t| t < -1 || t >= truths.len() as i64) {
-        return Err(PyValueError::new_err(format!("truth index {bad} out of range for {} analyses", truths.len())));
+        return Err(PyValueError::new_err(format!("truth index {bad} out of range for {} ground truths", truths.len())));
     }
-    let truths: Vec<Analysis> = truths.into_iter().map(|(moves, evals)| Analysis { moves, evals }).collect();
+    let truths: Vec<GroundTruth> = truths.into_iter().map(|(moves, evals)| GroundTruth { moves, evals }).collect();
     let cols = py.detach(|| {
         let results = batch::score(&prompts, &completions, &truth_index, &truths, shaping);
         let mut cols = ScoreColumns::new(results.len());
@@ -303,6 +303,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(generate_positions, m)?)?;
     m.add_function(wrap_pyfunction!(score, m)?)?;
     m.add_function(wrap_pyfunction!(policy_targets, m)?)?;
-    m.add("HISTORY_LEN", crate::prompt::HISTORY_LEN)?;
+    m.add("HISTORY_LEN", crate::a_text::HISTORY_LEN)?;
     Ok(())
 }

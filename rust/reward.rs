@@ -10,8 +10,8 @@ use shakmaty::Chess;
 use crate::env::step;
 use crate::fen::parse_fen;
 use crate::moves::legal_move;
-use crate::policy::{parse_answer, prompt_fen, PolicyAnswer};
-use crate::prompt::parse_env_prompt;
+use crate::a_text::parse_env_prompt;
+use crate::p_text::{parse_answer, prompt_fen, PolicyAnswer};
 use crate::similarity::similarity;
 
 pub const UNPARSEABLE: f64 = -0.3;
@@ -57,7 +57,7 @@ pub const OUTSIDE_TOP: f64 = 0.05;
 pub const INCONSISTENT_BEST: f64 = 0.5;
 /// Each illegal, repeated or surplus M: move cancels this much of a hit.
 pub const CANDIDATE_PENALTY: f64 = 0.5;
-/// Evals are compared after clamping to +-this many pawns, so mate scores do not dominate.
+/// Evals are compared after clamping to +-this many pawns, so mate evals do not dominate.
 pub const EVAL_CLAMP: f64 = 10.0;
 /// Eval credit is exp(-error / EVAL_SCALE), error in pawns.
 pub const EVAL_SCALE: f64 = 0.5;
@@ -70,10 +70,10 @@ pub const W_FEN: f64 = 0.6;
 pub const NEAR_MISS_CAP: f64 = 0.5;
 pub const NEAR_MISS_POWER: i32 = 16;
 
-/// Stockfish's view of a position: its top moves, best first, with evals in pawns from the
-/// side to move's view.
+/// The ground truth of a P: prompt, taken from Stockfish's analysis: its top moves, best first, with
+/// evals in pawns from the side to move's view. Python's twin is `rookworld.rewards.GroundTruth`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Analysis {
+pub struct GroundTruth {
     pub moves: Vec<String>,
     pub evals: Vec<f64>,
 }
@@ -150,7 +150,7 @@ pub struct Score {
 pub enum ScoreError {
     UnknownTask,
     BadPrompt(String),
-    MissingAnalysis,
+    MissingGroundTruth,
 }
 
 impl fmt::Display for ScoreError {
@@ -158,7 +158,7 @@ impl fmt::Display for ScoreError {
         match self {
             ScoreError::UnknownTask => f.write_str("prompt is neither a P: nor an A: prompt"),
             ScoreError::BadPrompt(e) => write!(f, "bad prompt: {e}"),
-            ScoreError::MissingAnalysis => f.write_str("a P: prompt needs a Stockfish analysis"),
+            ScoreError::MissingGroundTruth => f.write_str("a P: prompt needs a Stockfish analysis"),
         }
     }
 }
@@ -167,16 +167,16 @@ impl std::error::Error for ScoreError {}
 
 /// Scores one completion. Errors are about the prompt or ground truth (trusted inputs), never
 /// about the completion.
-pub fn score(prompt: &str, completion: &str, analysis: Option<&Analysis>, shaping: Shaping) -> Result<Score, ScoreError> {
+pub fn score(prompt: &str, completion: &str, truth: Option<&GroundTruth>, shaping: Shaping) -> Result<Score, ScoreError> {
     match Task::of_prompt(prompt).ok_or(ScoreError::UnknownTask)? {
         Task::Policy => {
             let fen = prompt_fen(prompt).ok_or_else(|| ScoreError::BadPrompt("P: prompt without a FEN".into()))?;
             let pos = parse_fen(fen).map_err(|e| ScoreError::BadPrompt(e.to_string()))?;
-            let analysis = analysis.ok_or(ScoreError::MissingAnalysis)?;
+            let truth = truth.ok_or(ScoreError::MissingGroundTruth)?;
             Ok(match parse_answer(completion) {
                 None => malformed(Task::Policy),
                 Some(answer) => {
-                    let parts = policy_parts(&pos, &answer, analysis);
+                    let parts = policy_parts(&pos, &answer, truth);
                     let quality = W_BEST * parts.best + W_CANDIDATES * parts.candidates + W_EVALS * parts.evals;
                     scored(Task::Policy, quality, shaping, Parts::Policy(parts))
                 }
@@ -224,15 +224,15 @@ fn clamp_eval(pawns: f64) -> f64 {
     pawns.clamp(-EVAL_CLAMP, EVAL_CLAMP)
 }
 
-fn policy_parts(pos: &Chess, answer: &PolicyAnswer, analysis: &Analysis) -> PolicyParts {
+fn policy_parts(pos: &Chess, answer: &PolicyAnswer, truth: &GroundTruth) -> PolicyParts {
     let mut parts = PolicyParts::default();
-    let truth_rank = |mv: &str| analysis.moves.iter().position(|m| m == mv);
+    let truth_rank = |mv: &str| truth.moves.iter().position(|m| m == mv);
 
     // B: credit by rank, where moves as good as the best share rank 1.
     parts.best_legal = legal_move(pos, &answer.best).is_some();
     if let Some(r) = truth_rank(&answer.best) {
-        let top = analysis.evals.first().copied().unwrap_or(0.0);
-        let tied = analysis.evals.get(r).is_some_and(|e| (e - top).abs() <= TIE);
+        let top = truth.evals.first().copied().unwrap_or(0.0);
+        let tied = truth.evals.get(r).is_some_and(|e| (e - top).abs() <= TIE);
         let r = if tied { 0 } else { r };
         parts.best_rank = r as u32 + 1;
         parts.best = RANK_CREDIT.get(r).copied().unwrap_or(OUTSIDE_TOP);
@@ -244,7 +244,7 @@ fn policy_parts(pos: &Chess, answer: &PolicyAnswer, analysis: &Analysis) -> Poli
     }
 
     // M: distinct hits, less penalties for illegal, repeated and surplus moves.
-    let wanted = analysis.moves.len().min(RANK_CREDIT.len());
+    let wanted = truth.moves.len().min(RANK_CREDIT.len());
     let mut seen: Vec<&str> = Vec::new();
     let mut penalties = 0usize;
     let mut eval_credit = 0.0;
@@ -259,7 +259,7 @@ fn policy_parts(pos: &Chess, answer: &PolicyAnswer, analysis: &Analysis) -> Poli
             parts.hits += 1;
             // E: the eval written beside this move against Stockfish's eval for it.
             if let Some(Some(e)) = answer.evals.get(i) {
-                let err = (clamp_eval(*e) - clamp_eval(analysis.evals[r])).abs();
+                let err = (clamp_eval(*e) - clamp_eval(truth.evals[r])).abs();
                 errors.push(err);
                 eval_credit += (-err / EVAL_SCALE).exp();
             }

@@ -1,13 +1,13 @@
 //! The reward rules on hand-made ground truth: exact answers score 1.0, garbage gets a score
 //! and never panics, and the known reward hacks stay low.
 
-use rookworld::reward::{score, Analysis, Parts, Shaping, UNPARSEABLE};
-use rookworld::{policy_target, prompt::env_target};
+use rookworld::reward::{score, GroundTruth, Parts, ScoreError, Shaping, UNPARSEABLE};
+use rookworld::{a_text::env_target, policy_target};
 
 const FEN: &str = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3";
 
-fn analysis() -> Analysis {
-    Analysis {
+fn truth() -> GroundTruth {
+    GroundTruth {
         moves: ["f1b5", "d2d4", "f1c4", "b1c3", "c2c3"].map(String::from).to_vec(),
         evals: vec![0.45, 0.38, 0.3, 0.21, 0.12],
     }
@@ -18,11 +18,11 @@ fn p_prompt() -> String {
 }
 
 fn p_reward(completion: &str) -> f64 {
-    score(&p_prompt(), completion, Some(&analysis()), Shaping::Continuous).unwrap().reward
+    score(&p_prompt(), completion, Some(&truth()), Shaping::Continuous).unwrap().reward
 }
 
 fn exact_p() -> String {
-    let a = analysis();
+    let a = truth();
     // Shuffled as in the data: E[i] belongs to M[i].
     let order = [2, 0, 4, 1, 3];
     let moves: Vec<String> = order.iter().map(|&i| a.moves[i].clone()).collect();
@@ -33,7 +33,7 @@ fn exact_p() -> String {
 #[test]
 fn exact_policy_answer_scores_one_in_both_shapings() {
     for shaping in [Shaping::Continuous, Shaping::Graduated] {
-        let s = score(&p_prompt(), &exact_p(), Some(&analysis()), shaping).unwrap();
+        let s = score(&p_prompt(), &exact_p(), Some(&truth()), shaping).unwrap();
         assert_eq!(s.reward, 1.0, "{shaping:?}");
         let Some(Parts::Policy(parts)) = s.parts else { panic!() };
         assert_eq!((parts.best_rank, parts.hits), (1, 5));
@@ -70,7 +70,7 @@ fn policy_hacks_stay_low() {
 #[test]
 fn all_zero_evals_lose_the_eval_credit_where_the_position_is_not_level() {
     // White is clearly better: writing 0.0 for every move must forfeit the E: component.
-    let winning = Analysis { moves: analysis().moves, evals: vec![3.1, 2.9, 2.5, 2.2, 1.8] };
+    let winning = GroundTruth { moves: truth().moves, evals: vec![3.1, 2.9, 2.5, 2.2, 1.8] };
     let exact = policy_target(FEN, &winning.moves, &winning.evals, "f1b5");
     let zeros = policy_target(FEN, &winning.moves, &[0.0; 5], "f1b5");
     let r = |c: &str| score(&p_prompt(), c, Some(&winning), Shaping::Continuous).unwrap().reward;
@@ -95,7 +95,7 @@ fn garbage_gets_a_score_without_panicking() {
     ];
     for text in junk {
         for shaping in [Shaping::Continuous, Shaping::Graduated] {
-            let s = score(&p_prompt(), text, Some(&analysis()), shaping).unwrap();
+            let s = score(&p_prompt(), text, Some(&truth()), shaping).unwrap();
             assert!((UNPARSEABLE..=1.0).contains(&s.reward), "{text:?}: {s:?}");
         }
     }
@@ -147,10 +147,10 @@ fn illegal_move_prompt_rewards_copying_the_board() {
 }
 
 #[test]
-fn bad_prompts_and_missing_analysis_are_errors() {
+fn bad_prompts_and_missing_ground_truth_are_errors() {
     assert!(score("Q: what", "x", None, Shaping::Continuous).is_err());
-    assert!(score("P: not a fen", "x", Some(&analysis()), Shaping::Continuous).is_err());
-    assert!(score(&p_prompt(), "x", None, Shaping::Continuous).is_err());
+    assert!(score("P: not a fen", "x", Some(&truth()), Shaping::Continuous).is_err());
+    assert_eq!(score(&p_prompt(), "x", None, Shaping::Continuous), Err(ScoreError::MissingGroundTruth));
     assert!(score("A: broken", "x", None, Shaping::Continuous).is_err());
 }
 

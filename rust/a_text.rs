@@ -1,4 +1,5 @@
-//! A: prompt text: built from (FEN, move, history), parsed back, and its exact target.
+//! The A: (environment) task text: the prompt built from (FEN, move, history) and parsed back,
+//! and its exact target.
 //!
 //! `A: {fen}+{move}+{history}+` where history holds the last `HISTORY_LEN` moves, oldest first,
 //! ending with the move itself.

@@ -1,4 +1,5 @@
-//! The P: (policy) task text: `P: {fen:<90}M: {moves:<30}E: {evals:<40}B: {best}`.
+//! The P: (policy) task text, `P: {fen:<90}M: {moves:<30}E: {evals:<40}B: {best}`: the prompt's FEN,
+//! the answer parsed, and the target written.
 //!
 //! Parsing is whitespace-tolerant and stops after the B: move, so anything a model writes after
 //! a complete answer is ignored.
