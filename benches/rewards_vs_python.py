@@ -6,9 +6,9 @@ Builds ``--count`` (prompt, completion) pairs, 80% P: and 20% A:, from
 ``rookworld.chess.generate_positions``: exact targets and mutated completions (swapped, repeated,
 illegal and extra moves, wrong and non-numeric evals, bad B: moves, missing markers, truncations,
 unicode junk, trailing text; for A: edited FENs, reward/flag variants, missing fields), as built by
-``tests/reward_oracle.py``. P: ground truth is a synthetic MultiPV-5 analysis per position (random
-legal moves with random evals, mate scores and ties), built once and held in memory, so no
-Stockfish runs here: the benchmark measures scoring alone.
+``tests/reward_oracle.py``. P: ground truth is synthetic, one per position in the shape of a MultiPV-5
+analysis (random legal moves with random evals, mate evals and ties), built once and held in memory,
+so no Stockfish runs here: the benchmark measures scoring alone.
 
 The pairs are scored by ``RewardScorer(...).score_batch(prompts, completions, ground_truth=...)``
 (one warm-up, then best of 3) and by ``tests/reward_oracle.py`` (python-chess, one pair at a time,
@@ -100,12 +100,12 @@ def build_pairs(count: int, seed: int, per_position: int, oracle):
 def time_rust(scorer, prompts, completions, truths, repeats: int = 3):
     warm = min(len(prompts), 2000)
     scorer.score_batch(prompts[:warm], completions[:warm], ground_truth=truths[:warm])
-    best, batch = float("inf"), None
+    best, scores = float("inf"), None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        batch = scorer.score_batch(prompts, completions, ground_truth=truths)
+        scores = scorer.score_batch(prompts, completions, ground_truth=truths)
         best = min(best, time.perf_counter() - t0)
-    return best, batch
+    return best, scores
 
 
 def main() -> int:
@@ -124,13 +124,13 @@ def main() -> int:
     tasks = np.array([p[0] for p in prompts])
     n_p, n_a = int((tasks == "P").sum()), int((tasks == "A").sum())
     threads = os.environ.get("RAYON_NUM_THREADS") or f"{os.cpu_count()} (all cores)"
-    print(f"pairs: {len(prompts):,} ({n_p:,} P: over {n_positions:,} positions with synthetic analyses "
+    print(f"pairs: {len(prompts):,} ({n_p:,} P: over {n_positions:,} positions with synthetic ground truths "
           f"built once in memory, {n_a:,} A:), built in {build_s:.1f} s")
     print(f"shaping: {args.shaping}; Rust threads (RAYON_NUM_THREADS): {threads}; CPU cores: {os.cpu_count()}")
 
     # Rust: whole batch, then each task alone.
     scorer = RewardScorer(shaping=args.shaping)
-    rust_s, batch = time_rust(scorer, prompts, completions, truths)
+    rust_s, scores = time_rust(scorer, prompts, completions, truths)
     rust_rate = len(prompts) / rust_s
     split = {}
     for task in ("P", "A"):
@@ -152,9 +152,9 @@ def main() -> int:
         t0 = time.perf_counter()
         _core.score(prompts, completions, index, unique, args.shaping)
         core_s = min(core_s, time.perf_counter() - t0)
-    exact = float((batch.rewards == 1.0).mean())
-    well_formed = float(batch.well_formed.mean())
-    print(f"rewards: mean {batch.rewards.mean():.4f}, exact (1.0) {exact:.1%}, well formed {well_formed:.1%}")
+    exact = float((scores.rewards == 1.0).mean())
+    well_formed = float(scores.well_formed.mean())
+    print(f"rewards: mean {scores.rewards.mean():.4f}, exact (1.0) {exact:.1%}, well formed {well_formed:.1%}")
 
     # Python (python-chess oracle): one pass over the first python_count pairs.
     n_py = args.python_count or len(prompts)
@@ -175,9 +175,9 @@ def main() -> int:
     py_s = clock() - t_start
     py_rate = n_py / py_s
 
-    diff = np.abs(batch.rewards[:n_py] - py_rewards)
+    diff = np.abs(scores.rewards[:n_py] - py_rewards)
     worst = int(diff.argmax())
-    wf_mismatch = int((batch.well_formed[:n_py] != py_well_formed).sum())
+    wf_mismatch = int((scores.well_formed[:n_py] != py_well_formed).sum())
     over = int((diff > TOL).sum())
 
     print()
@@ -197,7 +197,7 @@ def main() -> int:
           f"{over} over {TOL:g}, well_formed mismatches: {wf_mismatch}")
     if over or wf_mismatch:
         print(f"DISAGREEMENT, e.g. prompt={prompts[worst][:120]!r} completion={completions[worst][:300]!r} "
-              f"truth={truths[worst]!r}: Rust {batch.rewards[worst]!r}, Python {py_rewards[worst]!r}",
+              f"truth={truths[worst]!r}: Rust {scores.rewards[worst]!r}, Python {py_rewards[worst]!r}",
               file=sys.stderr)
         return 1
     print("OK: the Rust scorer and the python-chess implementation agree")

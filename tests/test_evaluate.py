@@ -25,8 +25,9 @@ def test_metrics_from_scored_completions():
     prompts = [f"P: {FEN}"] * 4 + [a_prompt] * 3
     completions = [exact, second, evals_off, "garbage", a_target, a_target.replace("+0.001+", "+0.5+"), "x"]
     truth = [TRUTH] * 4 + [None] * 3
-    batch = RewardScorer().score_batch(prompts, completions, ground_truth=truth)
-    m = summarize(np.array(["P"] * 4 + ["A"] * 3), batch, np.array([5] * 4 + [0] * 3))
+    scores = RewardScorer().score_batch(prompts, completions, ground_truth=truth)
+    assert scores.tasks.tolist() == ["P"] * 4 + ["A"] * 3
+    m = summarize(scores, np.array([5] * 4 + [0] * 3))
     p, a = m["P"], m["A"]
     assert p["n"] == 4 and a["n"] == 3
     assert p["format_valid"] == 0.75

@@ -5,7 +5,7 @@ tests/reward_oracle.py implements the documented rules in plain Python. Here tho
 components alike, under both shapings:
 
 * P: prompts from ``generate_positions`` FENs (and hand-made positions with fewer than five or no
-  legal moves), with hand-crafted analyses (random legal moves and evals, mate scores, ties); no
+  legal moves), with hand-crafted ground truths (random legal moves and evals, mate evals, ties); no
   Stockfish needed. Completions: exact targets and mutations (swapped, removed, repeated, illegal
   and extra moves, wrong and non-numeric evals, B: outside the list / illegal / not in M:, missing
   markers, truncations, unicode junk, trailing text, odd whitespace).
@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from rookworld.chess import START_FEN, env_prompt, env_targets, generate_positions
-from rookworld.rewards import RewardScorer, policy_targets
+from rookworld.rewards import RewardScorer, Scores, policy_targets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reward_oracle as oracle  # noqa: E402
@@ -83,33 +83,33 @@ def _same(a: float, b: float | None) -> bool:
 
 def mismatches(prompts, completions, truths, shaping: str, limit: int = 5) -> tuple[int, list[str]]:
     """Scores every pair with the Rust scorer and the oracle; returns how many differ, and examples."""
-    batch = RewardScorer(shaping=shaping).score_batch(prompts, completions, ground_truth=truths)
+    scores = RewardScorer(shaping=shaping).score_batch(prompts, completions, ground_truth=truths)
     bad, examples = 0, []
     for i, (p, c, t) in enumerate(zip(prompts, completions, truths)):
         ref = oracle.reference_score(p, c, t, shaping)
         problems = []
-        if not _same(batch.rewards[i], ref.reward):
-            problems.append(f"reward {batch.rewards[i]!r} != {ref.reward!r}")
-        if bool(batch.well_formed[i]) != ref.well_formed:
-            problems.append(f"well_formed {bool(batch.well_formed[i])} != {ref.well_formed}")
-        if not _same(batch.quality[i], ref.quality):
-            problems.append(f"quality {batch.quality[i]!r} != {ref.quality!r}")
+        if not _same(scores.rewards[i], ref.reward):
+            problems.append(f"reward {scores.rewards[i]!r} != {ref.reward!r}")
+        if bool(scores.well_formed[i]) != ref.well_formed:
+            problems.append(f"well_formed {bool(scores.well_formed[i])} != {ref.well_formed}")
+        if not _same(scores.parts["quality"][i], ref.quality):
+            problems.append(f"quality {scores.parts['quality'][i]!r} != {ref.quality!r}")
         if isinstance(ref.parts, oracle.PolicyParts):
             r = ref.parts
             for name, ours in [("best_rank", r.best_rank), ("best_legal", r.best_legal), ("hits", r.hits)]:
-                if getattr(batch, name)[i] != ours:
-                    problems.append(f"{name} {getattr(batch, name)[i]!r} != {ours!r}")
+                if scores.parts[name][i] != ours:
+                    problems.append(f"{name} {scores.parts[name][i]!r} != {ours!r}")
             for name, ours in [("best", r.best), ("candidates", r.candidates), ("evals", r.evals),
                                ("eval_error", r.eval_error)]:
-                if not _same(float(getattr(batch, name)[i]), ours):
-                    problems.append(f"{name} {getattr(batch, name)[i]!r} != {ours!r}")
+                if not _same(float(scores.parts[name][i]), ours):
+                    problems.append(f"{name} {scores.parts[name][i]!r} != {ours!r}")
         elif isinstance(ref.parts, oracle.EnvParts):
             r = ref.parts
             for name in ("fen_exact", "reward_ok", "terminated_ok", "truncated_ok"):
-                if bool(getattr(batch, name)[i]) != getattr(r, name):
-                    problems.append(f"{name} {bool(getattr(batch, name)[i])} != {getattr(r, name)}")
-            if not _same(float(batch.fen_similarity[i]), r.fen_similarity):
-                problems.append(f"fen_similarity {batch.fen_similarity[i]!r} != {r.fen_similarity!r}")
+                if bool(scores.parts[name][i]) != getattr(r, name):
+                    problems.append(f"{name} {bool(scores.parts[name][i])} != {getattr(r, name)}")
+            if not _same(float(scores.parts["fen_similarity"][i]), r.fen_similarity):
+                problems.append(f"fen_similarity {scores.parts['fen_similarity'][i]!r} != {r.fen_similarity!r}")
         if problems:
             bad += 1
             if len(examples) < limit:
@@ -309,10 +309,10 @@ def test_env_pairs_cover_the_rules(a_cases):
 def test_edge_cases_agree(case):
     _what, prompt, completion, truth, shaping = case
     ref = oracle.reference_score(prompt, completion, truth, shaping)
-    batch = RewardScorer(shaping=shaping).score_batch([prompt], [completion], ground_truth=[truth])
-    assert batch.rewards[0] == pytest.approx(ref.reward, abs=1e-12)
+    scores = RewardScorer(shaping=shaping).score_batch([prompt], [completion], ground_truth=[truth])
+    assert scores.rewards[0] == pytest.approx(ref.reward, abs=1e-12)
     if isinstance(ref.parts, oracle.EnvParts):
-        assert batch.fen_similarity[0] == pytest.approx(ref.parts.fen_similarity, abs=1e-12)
+        assert scores.parts["fen_similarity"][0] == pytest.approx(ref.parts.fen_similarity, abs=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -337,10 +337,10 @@ def test_garbage_completions_get_a_float(shaping):
     a_prompt = f"A: {START_FEN}+e2e4+e2e4+"
     truth = (["e2e4", "d2d4"], [0.3, 0.2])
     prompts = [p_prompt] * len(texts) + [a_prompt] * len(texts)
-    batch = RewardScorer(shaping=shaping).score_batch(prompts, texts * 2, ground_truth=[truth] * len(texts)
-                                                      + [None] * len(texts))
-    assert batch.rewards.dtype == np.float64 and np.isfinite(batch.rewards).all()
-    assert ((batch.rewards >= -0.3) & (batch.rewards <= 1.0)).all()
+    scores = RewardScorer(shaping=shaping).score_batch(prompts, texts * 2, ground_truth=[truth] * len(texts)
+                                                       + [None] * len(texts))
+    assert scores.rewards.dtype == np.float64 and np.isfinite(scores.rewards).all()
+    assert ((scores.rewards >= -0.3) & (scores.rewards <= 1.0)).all()
     for i in (0, 1, 2):  # one at a time too
         assert isinstance(RewardScorer(shaping=shaping).score_batch([prompts[i]], [texts[i]], [truth]).rewards[0],
                           np.floating)
@@ -360,6 +360,27 @@ def test_unknown_prompt_raises_value_error_naming_it():
             oracle.reference_score(bad, "x", None)
     with pytest.raises(ValueError, match="X: what is this"):
         scorer.score_batch([f"A: {START_FEN}+e2e4+e2e4+", "X: what is this"], ["a", "b"], ground_truth=[None, None])
+
+
+def test_scores_breakdown_takes_the_parts_of_each_task():
+    truth = (["e2e4", "d2d4"], [0.3, 0.2])
+    prompts = [f"P: {START_FEN}", f"A: {START_FEN}+e2e4+e2e4+"]
+    completions = ["M: e2e4 d2d4 E: 0.3 0.9 B: e2e4", env_targets([prompts[1]])[0]]
+    scores = RewardScorer().score_batch(prompts, completions, ground_truth=[truth, None])
+    assert len(scores) == 2 and scores.tasks.tolist() == ["P", "A"] and scores.valid is None
+    p, a = scores.breakdown(0), scores.breakdown(1)
+    assert list(p) == ["task", "reward", "well_formed", "quality", "best_rank", "best_legal", "best", "hits",
+                       "candidates", "evals", "eval_error"]
+    assert (p["best_rank"], p["best_legal"], p["hits"]) == (1, True, 2)
+    assert p["eval_error"] == pytest.approx(0.35) and type(p["best_rank"]) is int
+    assert list(a) == ["task", "reward", "well_formed", "quality", "fen_exact", "fen_similarity", "reward_ok",
+                       "terminated_ok", "truncated_ok"]
+    assert a["reward"] == 1.0 and a["fen_exact"] is True
+    missing = RewardScorer().score_batch(prompts[:1], ["no answer"], ground_truth=[truth]).breakdown(0)
+    assert missing["eval_error"] is None and missing["well_formed"] is False
+    # A custom reward function's Scores: no parts, its own task names, and the samples it could not score.
+    custom = Scores(np.array([0.5, 1.0]), np.array(["Q", "Q"]), np.ones(2, bool), np.array([True, False]))
+    assert custom.breakdown(1) == {"task": "Q", "reward": 1.0, "well_formed": True, "valid": False}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -393,8 +414,8 @@ def test_scorer_end_to_end_with_stockfish(pool):
     scorer = RewardScorer(pool)
     prompts = [d["p_prompt"] for d in lines] + [d["a_prompt"] for d in lines]
     targets = [d["p_target"] for d in lines] + [d["a_target"] for d in lines]
-    batch = scorer.score_batch(prompts, targets)  # ground truth from the pool (its cache)
-    assert batch.rewards.tolist() == [1.0] * len(prompts)
+    scores = scorer.score_batch(prompts, targets)  # ground truth from the pool (its cache)
+    assert scores.rewards.tolist() == [1.0] * len(prompts)
     assert RewardScorer(pool, shaping="graduated").score(prompts, targets) == [1.0] * len(prompts)
 
     # The same targets built with policy_targets from the pool's analysis, and mutated ones, agree with the oracle.
@@ -417,8 +438,8 @@ def test_scorer_end_to_end_with_stockfish(pool):
 def test_real_model_completion_after_e4(pool):
     scorer = RewardScorer(pool)
     prompt = f"P: {AFTER_E4}"
-    batch = scorer.score_batch([prompt], [MODEL_COMPLETION])
-    info = batch.breakdown(0)
+    scores = scorer.score_batch([prompt], [MODEL_COMPLETION])
+    info = scores.breakdown(0)
     assert info["well_formed"], info
     assert 0.2 < info["reward"] < 1.0, info
     assert info["hits"] >= 2, (info, pool.analyse_one(AFTER_E4))
@@ -441,16 +462,16 @@ def test_real_policy_sample(pool):
     ranked = sorted(zip(moves, evals), key=lambda me: -me[1])
     truth = ([m for m, _ in ranked], [e for _, e in ranked])
     for shaping, expected in [("continuous", 0.2 + 0.8 * (0.5 * 0.15 + 0.3 + 0.2)), ("graduated", 0.6)]:
-        batch = RewardScorer(shaping=shaping).score_batch([prompt, P_SAMPLE], [completion, completion],
-                                                          ground_truth=[truth, truth])
-        assert batch.rewards.tolist() == pytest.approx([expected, expected], abs=1e-12)
-        assert batch.best_rank.tolist() == [5, 5] and batch.hits.tolist() == [5, 5]
+        scores = RewardScorer(shaping=shaping).score_batch([prompt, P_SAMPLE], [completion, completion],
+                                                           ground_truth=[truth, truth])
+        assert scores.rewards.tolist() == pytest.approx([expected, expected], abs=1e-12)
+        assert scores.parts["best_rank"].tolist() == [5, 5] and scores.parts["hits"].tolist() == [5, 5]
         assert oracle.reference_reward(prompt, completion, truth, shaping) == pytest.approx(expected, abs=1e-12)
     # With B: the truly best move it is a perfect answer.
     fixed = completion.replace("B: h7f6", "B: h7f8")
     assert RewardScorer().score_batch([prompt], [fixed], ground_truth=[truth]).rewards.tolist() == [1.0]
     # Against the real Stockfish analysis: well formed, and as the oracle says.
     scorer = RewardScorer(pool)
-    batch = scorer.score_batch([prompt], [completion])
-    assert batch.well_formed[0] and 0.2 <= batch.rewards[0] <= 1.0
+    scores = scorer.score_batch([prompt], [completion])
+    assert scores.well_formed[0] and 0.2 <= scores.rewards[0] <= 1.0
     assert_agree([prompt], [completion], scorer.ground_truth([prompt]))

@@ -13,7 +13,7 @@ from rookworld import chess
 from rookworld.data import Record, assign_moves, finished_message, playable, read_records
 from rookworld.policy.sampling import generate
 from rookworld.policy.tokenizer import Tokenizer
-from rookworld.rewards import RewardBatch, RewardScorer
+from rookworld.rewards import GroundTruth, RewardScorer, Scores
 
 #: New tokens per completion: every P: and A: answer of the data fits.
 MAX_NEW_TOKENS = 144
@@ -40,7 +40,7 @@ def heldout_records(size: int, seed: int = 0, path: str | None = None, illegal_s
 class EvalItem:
     task: str
     prompt: str
-    truth: tuple[list[str], list[float]] | None
+    truth: GroundTruth | None
 
 
 def eval_items(records: Sequence[Record], tasks: Sequence[str] = ("P", "A")) -> list[EvalItem]:
@@ -69,34 +69,35 @@ def _mean(x: np.ndarray) -> float | None:
     return float(np.mean(x)) if len(x) else None
 
 
-def summarize(tasks: np.ndarray, batch: RewardBatch, truth_sizes: np.ndarray) -> dict:
-    """Per-task metrics from scored completions."""
+def summarize(scores: Scores, truth_sizes: np.ndarray) -> dict:
+    """Per-task metrics from scored completions; ``truth_sizes`` counts the moves of each P: ground truth."""
+    tasks, parts = scores.tasks, scores.parts
     result: dict = {}
     p = tasks == "P"
     if p.any():
-        err = batch.eval_error[p]
+        err = parts["eval_error"][p]
         err = err[~np.isnan(err)]
         result["P"] = {
             "n": int(p.sum()),
-            "format_valid": _mean(batch.well_formed[p]),
-            "mean_reward": _mean(batch.rewards[p]),
-            "best_move_accuracy": _mean(batch.best_rank[p] == 1),
-            "top5_accuracy": _mean(batch.best_rank[p] >= 1),
-            "legal_best_move": _mean(batch.best_legal[p]),
-            "candidate_overlap": _mean(batch.hits[p] / np.maximum(truth_sizes[p], 1)),
+            "format_valid": _mean(scores.well_formed[p]),
+            "mean_reward": _mean(scores.rewards[p]),
+            "best_move_accuracy": _mean(parts["best_rank"][p] == 1),
+            "top5_accuracy": _mean(parts["best_rank"][p] >= 1),
+            "legal_best_move": _mean(parts["best_legal"][p]),
+            "candidate_overlap": _mean(parts["hits"][p] / np.maximum(truth_sizes[p], 1)),
             "eval_mae": _mean(err),
         }
     a = tasks == "A"
     if a.any():
         result["A"] = {
             "n": int(a.sum()),
-            "format_valid": _mean(batch.well_formed[a]),
-            "mean_reward": _mean(batch.rewards[a]),
-            "next_state_exact": _mean(batch.fen_exact[a]),
-            "fen_similarity": _mean(batch.fen_similarity[a]),
-            "reward_accuracy": _mean(batch.reward_ok[a]),
-            "terminated_accuracy": _mean(batch.terminated_ok[a]),
-            "truncated_accuracy": _mean(batch.truncated_ok[a]),
+            "format_valid": _mean(scores.well_formed[a]),
+            "mean_reward": _mean(scores.rewards[a]),
+            "next_state_exact": _mean(parts["fen_exact"][a]),
+            "fen_similarity": _mean(parts["fen_similarity"][a]),
+            "reward_accuracy": _mean(parts["reward_ok"][a]),
+            "terminated_accuracy": _mean(parts["terminated_ok"][a]),
+            "truncated_accuracy": _mean(parts["truncated_ok"][a]),
         }
     return result
 
@@ -117,12 +118,11 @@ def evaluate(model, tokenizer: Tokenizer, records: Sequence[Record], scorer: Rew
         found = scorer.ground_truth([prompts[i] for i in missing])
         for i, t in zip(missing, found):
             truth[i] = t
-    batch = scorer.score_batch(prompts, completions, ground_truth=truth)
-    tasks_arr = np.array([it.task for it in items])
+    scores = scorer.score_batch(prompts, completions, ground_truth=truth)
     sizes = np.array([len(t[0]) if t else 0 for t in truth])
-    result = summarize(tasks_arr, batch, sizes)
+    result = summarize(scores, sizes)
     if samples:
-        result["samples"] = [{"prompt": prompts[i], "completion": completions[i], **batch.breakdown(i)}
+        result["samples"] = [{"prompt": prompts[i], "completion": completions[i], **scores.breakdown(i)}
                              for i in range(min(samples, len(items)))]
     return result
 

@@ -1,25 +1,30 @@
 """Verifiable rewards for P: and A: completions, scored in batches by the Rust core.
 
-Rules and weights: docs/rewards.md. Every completion gets a score, never an exception: -0.3
+Rules and weights: docs/rewards.md. Every completion gets a reward, never an exception: -0.3
 when the answer's structure is missing, 0.2 for a well-formed answer with nothing right, up to
-1.0 for a perfect one. A: ground truth is the rules of chess; P: ground truth is Stockfish.
+1.0 for a perfect one. A: ground truth is the rules of chess; P: ground truth is Stockfish's
+analysis, reduced to a `GroundTruth`. `RewardScorer.score_batch` returns the rewards of a batch
+as `Scores`, the one type for rewards that training and custom reward functions also use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from rookworld import _core
 
-__all__ = ["SHAPINGS", "RewardBatch", "RewardScorer", "policy_prompt", "policy_targets", "prompt_fen", "task_of"]
+__all__ = ["SHAPINGS", "GroundTruth", "RewardScorer", "Scores", "policy_prompt", "policy_targets", "prompt_fen",
+           "task_of"]
 
 SHAPINGS = ("continuous", "graduated")
 
-#: Analysis as the scorer needs it: Stockfish's top moves (best first) and their evals in pawns.
+#: The ground truth of a P: prompt, as the scorer needs it from Stockfish's analysis: the top moves (best
+#: first) and their evals in pawns from the side to move's view. The Rust core's twin is `reward::GroundTruth`.
 GroundTruth = tuple[list[str], list[float]]
 
 
@@ -51,45 +56,43 @@ def policy_targets(fens: Sequence[str], moves: Sequence[Sequence[str]], evals: S
     return _core.policy_targets(list(fens), [list(m) for m in moves], [list(map(float, e)) for e in evals], list(best))
 
 
-@dataclass(frozen=True)
-class RewardBatch:
-    """Per-sample rewards and their components, as arrays (NaN or 0 where a part does not apply)."""
+#: The parts of each task, in `Scores.breakdown` order (docs/rewards.md names them).
+_POLICY_PARTS = ("best_rank", "best_legal", "best", "hits", "candidates", "evals", "eval_error")
+_ENV_PARTS = ("fen_exact", "fen_similarity", "reward_ok", "terminated_ok", "truncated_ok")
 
-    rewards: np.ndarray
-    task: np.ndarray
-    well_formed: np.ndarray
-    quality: np.ndarray
-    # P: parts
-    best_rank: np.ndarray
-    best_legal: np.ndarray
-    best: np.ndarray
-    hits: np.ndarray
-    candidates: np.ndarray
-    evals: np.ndarray
-    eval_error: np.ndarray
-    # A: parts
-    fen_exact: np.ndarray
-    fen_similarity: np.ndarray
-    reward_ok: np.ndarray
-    terminated_ok: np.ndarray
-    truncated_ok: np.ndarray
+
+@dataclass(frozen=True)
+class Scores:
+    """The rewards of a batch of completions, one row per completion, and what each is made of.
+
+    `RewardScorer.score_batch` fills every field; a custom reward function for training needs only
+    ``rewards``, ``tasks`` and ``well_formed``.
+    """
+
+    rewards: np.ndarray  # [n] float64
+    tasks: np.ndarray  # [n] str ("P", "A", or a custom reward's own task names)
+    well_formed: np.ndarray  # [n] bool
+    #: [n] bool: False where no ground truth could be had (the sample is then left out of training); None: all
+    valid: np.ndarray | None = None
+    #: What each reward is made of, by name (docs/rewards.md): ``quality`` and the P: and A: components as
+    #: arrays, NaN or 0 where a part does not apply; empty for a reward function that has none.
+    parts: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.rewards)
 
     def breakdown(self, i: int) -> dict:
-        """The components of sample ``i`` that apply to its task."""
-        common = {"task": str(self.task[i]), "reward": float(self.rewards[i]),
-                  "well_formed": bool(self.well_formed[i]), "quality": float(self.quality[i])}
-        if self.task[i] == "P":
-            err = float(self.eval_error[i])
-            return common | {"best_rank": int(self.best_rank[i]), "best_legal": bool(self.best_legal[i]),
-                             "best": float(self.best[i]), "hits": int(self.hits[i]),
-                             "candidates": float(self.candidates[i]), "evals": float(self.evals[i]),
-                             "eval_error": None if np.isnan(err) else err}
-        return common | {"fen_exact": bool(self.fen_exact[i]), "fen_similarity": float(self.fen_similarity[i]),
-                         "reward_ok": bool(self.reward_ok[i]), "terminated_ok": bool(self.terminated_ok[i]),
-                         "truncated_ok": bool(self.truncated_ok[i])}
+        """Completion ``i``'s reward and the parts that apply to its task, as plain Python values."""
+        out = {"task": str(self.tasks[i]), "reward": float(self.rewards[i]),
+               "well_formed": bool(self.well_formed[i])}
+        if self.valid is not None:
+            out["valid"] = bool(self.valid[i])
+        names = _POLICY_PARTS if self.tasks[i] == "P" else _ENV_PARTS if self.tasks[i] == "A" else ()
+        for name in ("quality", *names):
+            if name in self.parts:
+                value = self.parts[name][i].item()
+                out[name] = None if name == "eval_error" and math.isnan(value) else value
+        return out
 
 
 def _analysis_truth(analysis) -> GroundTruth:
@@ -121,7 +124,7 @@ class RewardScorer:
         return self.stockfish.submit(fens)
 
     def ground_truth(self, prompts: Sequence[str]) -> list[GroundTruth | None]:
-        """Stockfish's analysis for each P: prompt (``None`` for A: prompts)."""
+        """The ground truth of each P: prompt, from Stockfish (``None`` for A: prompts)."""
         fens = self._policy_fens(prompts)
         truth: list[GroundTruth | None] = [None] * len(prompts)
         if not fens:
@@ -156,7 +159,7 @@ class RewardScorer:
         return truth, failed
 
     def score_batch(self, prompts: Sequence[str], completions: Sequence[str],
-                    ground_truth: Sequence[GroundTruth | None] | None = None) -> RewardBatch:
+                    ground_truth: Sequence[GroundTruth | None] | None = None) -> Scores:
         """Scores every pair. Completions may be anything; a prompt that is not a valid P: or A:
         prompt raises ``ValueError`` naming it."""
         prompts, completions = list(prompts), list(completions)
@@ -166,7 +169,7 @@ class RewardScorer:
             ground_truth = self.ground_truth(prompts)
         if len(ground_truth) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(ground_truth)} ground truths")
-        # The completions of a group share their analysis object: convert each one once.
+        # The completions of a group share their ground truth object: convert each one once.
         slot: dict[int, int] = {}
         truths: list = []
         index = []
@@ -189,8 +192,10 @@ class RewardScorer:
         flags = {k: np.frombuffer(cols[k], dtype=np.uint8).astype(bool) for k in
                  ("well_formed", "best_legal", "fen_exact", "reward_ok", "terminated_ok", "truncated_ok")}
         counts = {k: np.frombuffer(cols[k], dtype=np.uint8).astype(np.int64) for k in ("best_rank", "hits")}
-        task = np.frombuffer(cols["task"], dtype="S1").astype(str)
-        return RewardBatch(rewards=f64.pop("reward"), task=task, **f64, **flags, **counts)
+        tasks = np.frombuffer(cols["task"], dtype="S1").astype(str)
+        columns = f64 | flags | counts
+        return Scores(rewards=columns["reward"], tasks=tasks, well_formed=columns["well_formed"],
+                      parts={name: columns[name] for name in ("quality", *_POLICY_PARTS, *_ENV_PARTS)})
 
     def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
         return self.score_batch(prompts, completions).rewards.tolist()
