@@ -14,10 +14,10 @@ Entry points:
 * the components: ``parse_policy_answer``, ``policy_parts``, ``parse_env_answer``, ``env_truth``,
   ``env_parts``, ``similarity``, ``shape``.
 
-``truth`` is Stockfish's analysis for a P: prompt, ``(moves, evals)`` best first with evals in
-pawns from the side to move's view, and ``None`` (ignored) for A: prompts.
+``truth`` is the ground truth of a P: prompt (``GroundTruth``): Stockfish's ``(moves, evals)``, best
+first, with evals in pawns from the side to move's view; ``None`` (ignored) for A: prompts.
 
-The second half of the module builds test cases (hand-crafted analyses, mutated completions) for
+The second half of the module builds test cases (hand-crafted ground truths, mutated completions) for
 the tests and the benchmark; it too uses python-chess and ``random`` only.
 """
 
@@ -54,6 +54,9 @@ NEAR_MISS_CAP = 0.5
 NEAR_MISS_POWER = 16
 
 SHAPINGS = ("continuous", "graduated")
+
+#: The ground truth of a P: prompt: Stockfish's top moves, best first, and their evals in pawns.
+GroundTruth = tuple[list[str], list[float]]
 
 #: "Any whitespace": the Unicode White_Space property. (RESOLVED: Python's ``str.split()`` also
 #: splits on the ASCII separators U+001C..U+001F, which are not Unicode whitespace; the Rust
@@ -240,7 +243,7 @@ def _clamp_eval(pawns: float) -> float:
 def policy_parts(board: chess.Board, answer: PolicyAnswer, truth_moves: list[str],
                  truth_evals: list[float]) -> PolicyParts:
     if len(truth_moves) != len(truth_evals):
-        raise ValueError(f"analysis with {len(truth_moves)} moves but {len(truth_evals)} evals")
+        raise ValueError(f"ground truth with {len(truth_moves)} moves but {len(truth_evals)} evals")
     if len(truth_moves) > len(RANK_CREDIT):
         raise ValueError("Stockfish lists at most five moves")
     parts = PolicyParts()
@@ -395,7 +398,7 @@ class Score:
     parts: PolicyParts | EnvParts | None = field(default=None)
 
 
-def reference_score(prompt: str, completion: str, truth: tuple[list[str], list[float]] | None,
+def reference_score(prompt: str, completion: str, truth: GroundTruth | None,
                     shaping: str = "continuous") -> Score:
     """Scores one completion. ``ValueError`` only for a bad prompt, truth or shaping, never for the completion."""
     if shaping not in SHAPINGS:
@@ -422,7 +425,7 @@ def reference_score(prompt: str, completion: str, truth: tuple[list[str], list[f
     raise ValueError(f"prompt is neither a P: nor an A: prompt: {prompt[:200]!r}")
 
 
-def reference_reward(prompt: str, completion: str, truth: tuple[list[str], list[float]] | None,
+def reference_reward(prompt: str, completion: str, truth: GroundTruth | None,
                      shaping: str = "continuous") -> float:
     return reference_score(prompt, completion, truth, shaping).reward
 
@@ -461,17 +464,17 @@ EDGE_CASES = [
 
 
 # ------------------------------------------------------------------------------------------------
-# Test cases: hand-crafted analyses and mutated completions (python-chess and `random` only), for
+# Test cases: hand-crafted ground truths and mutated completions (python-chess and `random` only), for
 # tests/test_rewards_oracle.py and benches/rewards_vs_python.py.
 
 #: Mate in n as the data writes it: (100000 - n) / 100 pawns.
 MATE_EVALS = [(100_000 - n) / 100 for n in (1, 2, 3, 5, 12)]
 
 
-def synthetic_truth(board: chess.Board, rng: random.Random) -> tuple[list[str], list[float]]:
-    """A plausible MultiPV-5 analysis: up to five legal moves, best first, evals in pawns.
+def synthetic_truth(board: chess.Board, rng: random.Random) -> GroundTruth:
+    """A plausible ground truth, as a MultiPV-5 analysis gives it: up to five legal moves, best first, evals in pawns.
 
-    Evals are whole centipawns (as Stockfish's), sometimes mate scores (+-999.97 style), beyond
+    Evals are whole centipawns (as Stockfish's), sometimes mate evals (+-999.97 style), beyond
     the clamp (+-15), or tied with the best move.
     """
     legal = [m.uci() for m in board.legal_moves]
@@ -546,7 +549,7 @@ def _sep(rng: random.Random, whitespace_only: bool = True) -> str:
     return rng.choice(_WHITESPACE_SEPS)
 
 
-def _mutate_policy(rng: random.Random, board: chess.Board, truth: tuple[list[str], list[float]],
+def _mutate_policy(rng: random.Random, board: chess.Board, truth: GroundTruth,
                    moves: list[str], evals: list[str], best: str) -> str:
     """One random edit of (moves, evals) in place; returns the B: move."""
     truth_moves, truth_evals = truth
@@ -678,7 +681,7 @@ def mutate_text(rng: random.Random, text: str) -> str:
     return text[:k] + text[k + rng.randint(1, 5):]
 
 
-def policy_completions(fen: str, truth: tuple[list[str], list[float]], rng: random.Random, n: int,
+def policy_completions(fen: str, truth: GroundTruth, rng: random.Random, n: int,
                        exact_share: float = 0.2) -> list[str]:
     """``n`` completions for ``P: {fen}``: exact targets (a share) and mutated ones."""
     board = chess.Board(fen)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rookworld import chess
-from rookworld.rewards import policy_prompt, policy_targets
+from rookworld.rewards import GroundTruth, policy_prompt, policy_targets
 
 __all__ = ["DataError", "Record", "assign_moves", "playable", "read_records", "write_records"]
 
@@ -49,8 +49,8 @@ class Record:
         return cls(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
 
     @property
-    def truth(self) -> tuple[list[str], list[float]] | None:
-        """The analysis as the reward scorer takes it: (moves best first, evals in pawns), or None."""
+    def truth(self) -> GroundTruth | None:
+        """The ground truth the reward scorer takes from ``analysis``: (moves best first, evals in pawns), or None."""
         if self.analysis is None:
             return None
         return list(self.analysis["moves"]), [float(e) for e in self.analysis["evals"]]
