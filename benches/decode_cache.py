@@ -3,7 +3,7 @@
 Compiled decoding (CUDA graphs) allocates each batch's cache at prompt + new tokens rounded up to a multiple of
 `CACHE_LEN_BUCKET` and attends over every slot of it on every step, masked, so that no shape depends on how far
 decoding has got. On average a step needs only the live prefix: prompt + half the new tokens. This times one
-decode step (`rookworld.policy.sampling._decode_step`, eager: one compile per cache length would cost more than
+decode step (`rookworld.policy.decoding.decode_step`, eager: one compile per cache length would cost more than
 the whole measurement) against caches of three lengths at the same live context:
 
 - live: prompt + new/2 slots, the average a step must read (the best that attending only the live prefix can do);
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from rookworld.policy.model import GPT, GPTConfig, KVCache
-from rookworld.policy.sampling import CACHE_LEN_BUCKET, _decode_step
+from rookworld.policy.decoding import CACHE_LEN_BUCKET, decode_step
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -48,7 +48,7 @@ def step_time(model: GPT, batch: int, cache_len: int, live: int, repeats: int) -
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            _decode_step(model, cache, tokens, position_ids, write_pos, device.type, None)
+            decode_step(model, cache, tokens, position_ids, write_pos, device.type, None)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if i >= 3:

@@ -2,7 +2,7 @@
 
 - generation: tokens/s of `rookworld.policy.sampling.generate` with a fixed number of new tokens per row
   (stop_at_eos=False): 48 for P: (policy) prompts, 96 for A: (environment) prompts;
-- log-prob pass: completion tokens/s of `rookworld.policy.sampling.token_logprobs` over prompt + completion, without
+- log-prob pass: completion tokens/s of `rookworld.policy.logprobs.token_logprobs` over prompt + completion, without
   gradients, and (with --backward) forward + backward as in the GRPO loss.
 
 - with --mixed: a batch of both tasks (--task-mix of P:) sampled as one batch, each row to its own length, against
@@ -16,8 +16,8 @@ On CUDA each generation row also gives the decode step's memory-bandwidth floor:
 weights once and each row's keys and values so far (prompt + half the new tokens on average), at the
 device-to-device copy rate measured at start; `% floor` is the measured rate over that bound. `--weights fp32`
 keeps fp32 weights under bf16 autocast (as the trainer's policy did, casting every weight at every decode step);
-`--weights copy` keeps them too but generates and scores without gradients through `autocast_copy` of the model, as
-the trainer now samples and runs its reference; the default casts the whole model to --dtype.
+`--weights copy` keeps them too but generates and runs the no-grad log-prob pass through `autocast_copy` of the model,
+as the trainer now samples and runs its reference; the default casts the whole model to --dtype.
 
 --json FILE writes every row measured so far after each one, so a run cut short still leaves its figures.
 """
@@ -35,7 +35,9 @@ from pathlib import Path
 import torch
 
 from rookworld.policy.model import GPT, GPTConfig, autocast_copy
-from rookworld.policy.sampling import TokenScores, generate, release_caches, token_logprobs
+from rookworld.policy.decoding import release_caches
+from rookworld.policy.logprobs import TokenLogProbs, token_logprobs
+from rookworld.policy.sampling import generate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -80,15 +82,15 @@ def decode_floor(cfg: GPTConfig, params: int, batch: int, prompt_len: int, new: 
     return batch * bandwidth / step_bytes
 
 
-def _autocast_score(model: GPT, ids: torch.Tensor, attention_mask: torch.Tensor, *, dtype: torch.dtype | None,
-                    **kwargs) -> TokenScores:
+def _autocast_logprobs(model: GPT, ids: torch.Tensor, attention_mask: torch.Tensor, *, dtype: torch.dtype | None,
+                       **kwargs) -> TokenLogProbs:
     """token_logprobs under autocast to `dtype` (None: in the model's own dtype), as the trainer calls it."""
     with torch.autocast(model.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
         return token_logprobs(model, ids, attention_mask, **kwargs)
 
 
-def _forward_backward(model: GPT, score: Callable[[], TokenScores]) -> None:
-    score().logprobs.sum().backward()
+def _forward_backward(model: GPT, logprobs: Callable[[], TokenLogProbs]) -> None:
+    logprobs().logprobs.sum().backward()
     model.zero_grad(set_to_none=True)
 
 
@@ -162,7 +164,7 @@ def main() -> None:
     parser.add_argument("--task-mix", type=float, default=0.8, help="share of P: rows with --mixed")
     parser.add_argument("--weights", choices=["compute", "fp32", "copy"], default="compute",
                         help="compute: cast the model to --dtype; fp32: keep fp32 weights and run under autocast to "
-                        "--dtype; copy: fp32 weights, but generate and score without gradients through their "
+                        "--dtype; copy: fp32 weights, but generate and run the no-grad log-prob pass through their "
                         "autocast copy (Linear weights stored in --dtype), as the trainer does")
     parser.add_argument("--json", default=None, help="also write the figures to this file (after every row)")
     args = parser.parse_args()
@@ -256,13 +258,14 @@ def main() -> None:
                 if not args.no_logprobs:
                     ids = torch.cat([prompts, out.tokens], dim=1)
                     full_mask = torch.cat([mask, out.mask], dim=1)
-                    score = functools.partial(_autocast_score, ids=ids, attention_mask=full_mask, start=prompt_len,
-                                              chunk_size=args.chunk_size, compile=compiled, dtype=args.run_dtype)
-                    score_s, _ = _time(torch.no_grad()(functools.partial(score, model)), device, 1, args.repeats)
-                    figures["logprob_tokens_per_s"] = batch * new / score_s
-                    row += f" {batch * new / score_s:>11,.0f}"
+                    logprobs = functools.partial(_autocast_logprobs, ids=ids, attention_mask=full_mask,
+                                                 start=prompt_len, chunk_size=args.chunk_size, compile=compiled,
+                                                 dtype=args.run_dtype)
+                    logprobs_s, _ = _time(torch.no_grad()(functools.partial(logprobs, model)), device, 1, args.repeats)
+                    figures["logprob_tokens_per_s"] = batch * new / logprobs_s
+                    row += f" {batch * new / logprobs_s:>11,.0f}"
                     if args.backward:
-                        backward = functools.partial(_forward_backward, trained, functools.partial(score, trained))
+                        backward = functools.partial(_forward_backward, trained, functools.partial(logprobs, trained))
                         backward_s, _ = _time(backward, device, 1, args.repeats)
                         figures["forward_backward_tokens_per_s"] = batch * new / backward_s
                         row += f" {batch * new / backward_s:>14,.0f}"

@@ -19,9 +19,10 @@ from torch._dynamo.utils import counters
 
 from conftest import constant_gpt
 from test_trainer import metrics, run_cli
-from rookworld.policy import sampling
+from rookworld.policy import compiling, logprobs
+from rookworld.policy.logprobs import token_logprobs
 from rookworld.policy.model import GPT, GPTConfig, autocast_copy, refresh_copy
-from rookworld.policy.sampling import generate, token_logprobs
+from rookworld.policy.sampling import generate
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -90,16 +91,22 @@ def test_compiled_decode_equals_eager_in_bf16_across_graph_replays(batch, new_to
         warnings.simplefilter("error", RuntimeWarning)  # a compiler fallback warns: it must not happen here
         for seed in (1, 2):  # the second call replays the captured graph on new prompts and a reused cache
             ids, mask = _prompts(batch, 30, seed)
-            kw = dict(max_new_tokens=new_tokens, temperature=0.0, stop_at_eos=False, return_policy_logprobs=True)
+            kw = dict(max_new_tokens=new_tokens, temperature=0.0, stop_at_eos=False)
             eager = generate(model, ids, mask, compile=False, **kw)
             compiled = generate(model, ids, mask, compile=True, **kw)
             for out in (eager, compiled):
                 _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, out)
+            assert (eager.tokens == compiled.tokens).all(1).any(), "some rows must decode identically"
+            # Sampled at temperature 1 with the same uniforms, the log-probs are the policy's own: compiled and
+            # eager logits must give the tokens they agree on the same log-probs.
+            kw = dict(max_new_tokens=new_tokens, seed=seed, stop_at_eos=False)
+            eager = generate(model, ids, mask, compile=False, **kw)
+            compiled = generate(model, ids, mask, compile=True, **kw)
             rows = (eager.tokens == compiled.tokens).all(1)
-            assert rows.any(), "some rows must decode identically"
-            gap = (eager.policy_logprobs - compiled.policy_logprobs)[rows].abs().max()
+            assert rows.any(), "some rows must draw identically"
+            gap = (eager.logprobs - compiled.logprobs)[rows].abs().max()
             assert gap < 0.1, f"log-probs of identical tokens differ by {gap:.3f}"
-    assert "cuda" not in sampling._compile_failed
+    assert "cuda" not in compiling.failed
     assert counters["stats"]["unique_graphs"] >= 1, "the decode step was not compiled"
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled decode step did not run as a CUDA graph"
 
@@ -110,11 +117,14 @@ def test_the_autocast_copy_decodes_as_the_fp32_policy_and_its_graphs_follow_a_re
     and the copy is refreshed in place, the replayed CUDA graph decodes with the new weights."""
     model = _model(seed=4)
     copy = autocast_copy(model, torch.bfloat16)
-    kw = dict(max_new_tokens=40, temperature=0.0, stop_at_eos=False, return_policy_logprobs=True,
-              dtype=torch.bfloat16)
+    kw = dict(max_new_tokens=40, temperature=0.0, stop_at_eos=False, dtype=torch.bfloat16)
     ids, mask = _prompts(32, 30, seed=1)
     fp32, stored = (generate(m, ids, mask, compile=False, **kw) for m in (model, copy))
-    assert torch.equal(fp32.tokens, stored.tokens) and torch.equal(fp32.policy_logprobs, stored.policy_logprobs)
+    assert torch.equal(fp32.tokens, stored.tokens)
+    # Sampled at temperature 1, the log-probs (the policy's own) are the same bits too.
+    sampled = dict(kw, temperature=1.0, seed=7)
+    fp32, stored = (generate(m, ids, mask, compile=False, **sampled) for m in (model, copy))
+    assert torch.equal(fp32.tokens, stored.tokens) and torch.equal(fp32.logprobs, stored.logprobs)
     counters.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -127,7 +137,7 @@ def test_the_autocast_copy_decodes_as_the_fp32_policy_and_its_graphs_follow_a_re
                 refresh_copy(copy, model)
             ids, mask = _prompts(32, 30, seed=2 + step)
             _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, generate(copy, ids, mask, compile=True, **kw))
-    assert "cuda" not in sampling._compile_failed
+    assert "cuda" not in compiling.failed
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled decode step did not run as a CUDA graph"
 
 
@@ -150,7 +160,7 @@ def test_generate_stops_rows_at_eos_at_different_steps_on_cuda():
     logits[EOS] = math.log(0.3 * (V - 1) / 0.7)  # P(EOS) = 0.3 at every step, whatever the input
     model = constant_gpt(logits).to(CUDA)
     ids, mask = _prompts(64, 6, seed=0)
-    kw = dict(max_new_tokens=100, seed=0, pad_token_id=0, return_policy_logprobs=True)
+    kw = dict(max_new_tokens=100, seed=0)
     out = generate(model, ids, mask, compile=True, **kw)
     first_eos = []
     for row in range(64):
@@ -159,8 +169,8 @@ def test_generate_stops_rows_at_eos_at_different_steps_on_cuda():
         e = tokens.index(EOS)
         first_eos.append(e)
         assert out.stopped[row] and out.lengths[row] == e + 1
-        assert all(m[: e + 1]) and not any(m[e + 1 :]) and all(t == 0 for t in tokens[e + 1 :])
-        assert (out.logprobs[row, e + 1 :] == 0).all() and (out.policy_logprobs[row, e + 1 :] == 0).all()
+        assert all(m[: e + 1]) and not any(m[e + 1 :]) and all(t == EOS for t in tokens[e + 1 :])  # PAD_ID = EOS
+        assert (out.logprobs[row, e + 1 :] == 0).all()
     assert len(set(first_eos)) > 4, "rows must stop at different steps"
     assert out.tokens.shape[1] == int(out.lengths.max()) < 100, "decoding must end once every row is done"
     eager = generate(model, ids, mask, compile=False, **kw)
@@ -182,8 +192,8 @@ def test_token_logprobs_under_bf16_autocast_track_float64(compile):
     (r.logprobs.sum() + r.entropy.sum()).backward()
     assert s.logprobs.dtype == s.entropy.dtype == torch.float32
     if compile:  # the trunk and the chunks' log-softmax both ran compiled, not eagerly after a failure
-        assert "cuda" in sampling._compiled_trunks and "cuda" in sampling._compiled_scores
-        assert "cuda" not in sampling._compile_failed, sampling._compile_failed
+        assert "cuda" in logprobs._compiled_trunks and "cuda" in logprobs._compiled_chunks
+        assert "cuda" not in compiling.failed, compiling.failed
     for got, want in ((s.logprobs, r.logprobs), (s.entropy, r.entropy)):
         got, want = got.detach().cpu().double(), want.detach().double()
         assert torch.isfinite(got).all()
@@ -197,7 +207,8 @@ def test_token_logprobs_under_bf16_autocast_track_float64(compile):
 
 
 def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path):
-    """The trainer's defaults on CUDA: bf16 autocast, compiled decoding and scoring, fused AdamW, real Stockfish."""
+    """The trainer's defaults on CUDA: bf16 autocast, compiled decoding and log-prob passes, fused AdamW, real
+    Stockfish."""
     out = tmp_path / "run"
     proc = run_cli(["train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "3",
                     "--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "24", "--stockfish-depth",

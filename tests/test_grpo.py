@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.policy.sampling import full_kl
+from rookworld.policy.logprobs import full_kl
 from rookworld.train.grpo import (aggregate, clipped_surrogate, ema, gae, group_advantages, group_has_spread,
                                   kl_estimate, penalty_to_go, value_loss)
 
@@ -202,22 +202,22 @@ def test_k2_and_k3_loss_terms_have_the_gradients_of_forward_and_reverse_kl():
         assert float((logp.exp() * kl_estimate(logp, refs, est)).sum()) == pytest.approx(float(forward(logp)))
 
 
-def test_full_kl_values_and_gradients_in_each_direction():
+def test_full_kl_values_and_gradients_for_each_weighting():
     theta, ref = _categoricals(1)
+    p, q = theta.softmax(-1), ref.exp()
+    forward = sum(p[i] * torch.log(p[i] / q[i]) for i in range(V))  # KL(policy || reference)
+    reverse = sum(q[i] * torch.log(q[i] / p[i]) for i in range(V))  # KL(reference || policy)
 
-    def by_hand(direction):
-        p, q = theta.softmax(-1), ref.exp()
-        forward = sum(p[i] * torch.log(p[i] / q[i]) for i in range(V))
-        reverse = sum(q[i] * torch.log(q[i] / p[i]) for i in range(V))
-        return {"forward": forward, "reverse": reverse, "symmetric": 0.5 * (forward + reverse)}[direction]
-
-    for direction in ("forward", "reverse", "symmetric"):
-        got = full_kl(theta.log_softmax(-1)[None], ref[None], direction)
-        want = by_hand(direction)
+    # Forward, reverse, symmetric (their mean), and an uneven mix.
+    for weights in ((1.0, 0.0), (0.0, 1.0), (0.5, 0.5), (0.25, 2.0)):
+        got = full_kl(theta.log_softmax(-1)[None], ref[None], weights)
+        want = weights[0] * forward + weights[1] * reverse
         assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-12)
-        torch.testing.assert_close(torch.autograd.grad(got.sum(), theta)[0], torch.autograd.grad(want, theta)[0])
-    with pytest.raises(ValueError):
-        full_kl(theta.log_softmax(-1)[None], ref[None], "sideways")
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), theta)[0],
+                                   torch.autograd.grad(want, theta, retain_graph=True)[0])
+    for weights in ((0.0, 0.0), (-1.0, 1.0)):
+        with pytest.raises(ValueError):
+            full_kl(theta.log_softmax(-1)[None], ref[None], weights)
 
 
 def test_k1_in_the_advantages_gives_the_gradient_of_the_sequence_kl():

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from conftest import constant_gpt, tiny_gpt
-from rookworld.policy import sampling
+from rookworld.policy import compiling, decoding, logprobs, sampling
+from rookworld.policy.logprobs import token_logprobs
 from rookworld.policy.model import autocast_copy
-from rookworld.policy.sampling import generate, sample_next, score_completions, token_logprobs
+from rookworld.policy.sampling import generate, sample_next
 
 EOS = 50256
 V = 50257
@@ -41,6 +42,30 @@ def _reference_greedy(model, ids: torch.Tensor, n: int) -> list[int]:
     return out
 
 
+def _recomputed_generate(model, ids, mask, n: int, seed: int, temperature: float = 1.0, top_k=None, top_p=None,
+                         dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`generate` without a KV cache (and without stopping): the whole sequence through the model at every step,
+    each token drawn by `sample_next` with a generator seeded as `generate` seeds its own. (tokens, log-probs)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens, logps = [], []
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        for _ in range(n):
+            logits = model.lm_head(model.trunk(ids, mask)[:, -1]).float()
+            token, logp = sample_next(logits, temperature, top_k, top_p, g)
+            tokens.append(token)
+            logps.append(logp)
+            ids, mask = torch.cat([ids, token[:, None]], 1), torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    return torch.stack(tokens, 1), torch.stack(logps, 1)
+
+
+def _completion_logprobs(model, ids, mask, out, **kwargs) -> torch.Tensor:
+    """The log-prob pass over prompts + generated completions: log-probs of the generated tokens [B, N] (at
+    temperature 1 unless told), 0 off their mask."""
+    full_ids, full_mask = torch.cat([ids, out.tokens], 1), torch.cat([mask, out.mask], 1)
+    with torch.no_grad():
+        return token_logprobs(model, full_ids, full_mask, start=ids.shape[1], **kwargs).logprobs * out.mask
+
+
 def _peaked_logits() -> torch.Tensor:
     """Next-token logits with probabilities 0.4, 0.3, 0.2, 0.1 on tokens 11, 22, 33, 44 (others ~0)."""
     logits = torch.full((V,), -40.0)
@@ -51,19 +76,19 @@ def _peaked_logits() -> torch.Tensor:
 
 def test_kv_cache_matches_full_recomputation(tiny_model):
     ids, mask = _prompts()
-    kwargs = dict(max_new_tokens=24, seed=7, return_policy_logprobs=True, stop_at_eos=False)
-    cached = generate(tiny_model, ids, mask, **kwargs)
-    recomputed = generate(tiny_model, ids, mask, use_cache=False, **kwargs)
-    assert torch.equal(cached.tokens, recomputed.tokens)
-    assert torch.allclose(cached.logprobs, recomputed.logprobs, atol=1e-4)
-    assert torch.allclose(cached.policy_logprobs, recomputed.policy_logprobs, atol=1e-4)
+    cached = generate(tiny_model, ids, mask, max_new_tokens=24, seed=7, stop_at_eos=False)
+    tokens, logps = _recomputed_generate(tiny_model, ids, mask, 24, seed=7)
+    assert torch.equal(cached.tokens, tokens)
+    assert torch.allclose(cached.logprobs, logps, atol=1e-4)
+    # At temperature 1 the sampling log-probs are the policy's own, which the log-prob pass recomputes.
+    assert torch.allclose(cached.logprobs, _completion_logprobs(tiny_model, ids, mask, cached), atol=1e-4)
     assert len(set(cached.tokens.flatten().tolist())) > 20  # really sampled, not a constant
 
     for top_k, top_p in [(50, None), (None, 0.9)]:
-        kw = dict(kwargs, temperature=0.8, top_k=top_k, top_p=top_p)
-        a = generate(tiny_model, ids, mask, **kw)
-        b = generate(tiny_model, ids, mask, use_cache=False, **kw)
-        assert torch.equal(a.tokens, b.tokens) and torch.allclose(a.logprobs, b.logprobs, atol=1e-4)
+        kw = dict(temperature=0.8, top_k=top_k, top_p=top_p)
+        a = generate(tiny_model, ids, mask, max_new_tokens=24, seed=7, stop_at_eos=False, **kw)
+        tokens, logps = _recomputed_generate(tiny_model, ids, mask, 24, seed=7, **kw)
+        assert torch.equal(a.tokens, tokens) and torch.allclose(a.logprobs, logps, atol=1e-4)
 
 
 def test_greedy_is_deterministic_and_matches_reference(tiny_model):
@@ -78,15 +103,18 @@ def test_greedy_is_deterministic_and_matches_reference(tiny_model):
 
 def test_left_padding_does_not_change_completions(tiny_model):
     ids, mask = _prompts(B=4, T=14, seed=3)
-    batch = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=0.0, return_policy_logprobs=True)
+    batch = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=0.0)
     for row in range(4):
-        alone = generate(
-            tiny_model, ids[row : row + 1, mask[row]], None, max_new_tokens=12, temperature=0.0,
-            return_policy_logprobs=True,
-        )
+        alone = generate(tiny_model, ids[row : row + 1, mask[row]], None, max_new_tokens=12, temperature=0.0)
         n = int(alone.lengths[0])
         assert batch.tokens[row, :n].tolist() == alone.tokens[0, :n].tolist()
-        assert torch.allclose(batch.policy_logprobs[row, :n], alone.policy_logprobs[0, :n], atol=1e-4)
+    # Sampled at temperature 1 (log-probs: the policy's own), the same prompts under 5 more pads each, row 0's
+    # none among them, draw the same tokens with the same log-probs: the same uniforms meet the same logits.
+    wider_ids = torch.cat([torch.full((4, 5), EOS), ids], 1)
+    wider_mask = torch.cat([torch.zeros(4, 5, dtype=torch.bool), mask], 1)
+    a = generate(tiny_model, ids, mask, max_new_tokens=12, seed=4, stop_at_eos=False)
+    b = generate(tiny_model, wider_ids, wider_mask, max_new_tokens=12, seed=4, stop_at_eos=False)
+    assert torch.equal(a.tokens, b.tokens) and torch.allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
 def test_stops_at_eos_and_pads_after_it():
@@ -94,7 +122,7 @@ def test_stops_at_eos_and_pads_after_it():
     logits[EOS] = math.log(0.3 * (V - 1) / 0.7)  # P(EOS) = 0.3 at every step
     model = constant_gpt(logits)
     ids, mask = _prompts(B=64, T=5)
-    out = generate(model, ids, mask, max_new_tokens=20, seed=0, pad_token_id=0, return_policy_logprobs=True)
+    out = generate(model, ids, mask, max_new_tokens=20, seed=0)
     first_eos = []
     for row in range(64):
         tokens, m = out.tokens[row].tolist(), out.mask[row].tolist()
@@ -103,8 +131,8 @@ def test_stops_at_eos_and_pads_after_it():
             first_eos.append(e)
             assert out.stopped[row] and out.lengths[row] == e + 1
             assert all(m[: e + 1]) and not any(m[e + 1 :])
-            assert all(t == 0 for t in tokens[e + 1 :])  # pad_token_id after the end
-            assert (out.logprobs[row, e + 1 :] == 0).all() and (out.policy_logprobs[row, e + 1 :] == 0).all()
+            assert all(t == EOS for t in tokens[e + 1 :])  # PAD_ID (= EOS) after the end, not further draws
+            assert (out.logprobs[row, e + 1 :] == 0).all()
             assert out.logprobs[row, e].item() == pytest.approx(math.log(0.3), abs=1e-4)
         else:
             assert not out.stopped[row] and out.lengths[row] == 20 and all(m)
@@ -157,8 +185,9 @@ def test_sampler_draws_from_the_right_distribution():
 
     model = constant_gpt(_peaked_logits())
     for temperature in (1.0, 0.5):
-        out = generate(model, torch.full((512, 1), 7), max_new_tokens=2, temperature=temperature, seed=5,
-                       return_policy_logprobs=True)
+        prompts = torch.full((512, 1), 7)
+        out = generate(model, prompts, max_new_tokens=2, temperature=temperature, seed=5)
+        policy_logprobs = _completion_logprobs(model, prompts, torch.ones_like(prompts, dtype=torch.bool), out)
         tokens = out.tokens
         assert set(tokens.flatten().tolist()) == {11, 22, 33, 44}
         p = torch.tensor([0.4, 0.3, 0.2, 0.1]) ** (1 / temperature)
@@ -167,7 +196,7 @@ def test_sampler_draws_from_the_right_distribution():
         for t, pt, p1 in zip((11, 22, 33, 44), p, (0.4, 0.3, 0.2, 0.1)):
             sel = tokens == t
             assert torch.allclose(out.logprobs[sel], pt.log(), atol=1e-4)
-            assert torch.allclose(out.policy_logprobs[sel], torch.tensor(math.log(p1)), atol=1e-4)
+            assert torch.allclose(policy_logprobs[sel], torch.tensor(math.log(p1)), atol=1e-4)
 
 
 @pytest.mark.slow
@@ -175,14 +204,14 @@ def test_sampler_draws_from_the_right_distribution():
 def test_the_compiled_draw_is_the_eager_one(monkeypatch):
     """sample_next(compile=True) fuses the race; given the same uniforms it picks the same tokens, with the same
     log-probs, with and without top-k / top-p, and it follows the right distribution."""
-    monkeypatch.setattr(sampling, "_compile_failed", {})
+    monkeypatch.setattr(compiling, "failed", {})
     logits = torch.randn(64, V, generator=torch.Generator().manual_seed(2)) * 3
     for kw in ({}, {"temperature": 0.7}, {"top_k": 50, "top_p": 0.9}):
         eager = sample_next(logits, generator=torch.Generator().manual_seed(9), **kw)
         compiled = sample_next(logits, generator=torch.Generator().manual_seed(9), compile=True, **kw)
         assert torch.equal(eager[0], compiled[0]), kw
         torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-4)
-    assert "cpu" in sampling._compiled_races and "cpu" not in sampling._compile_failed
+    assert "cpu" in sampling._compiled_races and "cpu" not in compiling.failed
     small = _peaked_logits()[:64].expand(20000, 64)
     tokens, logp = sample_next(small, generator=torch.Generator().manual_seed(5), compile=True)
     freq = torch.stack([(tokens == t).float().mean() for t in (11, 22, 33, 44)])
@@ -224,15 +253,17 @@ def test_top_k_and_top_p_restrict_the_support():
 def test_bf16_autocast_decoding_tracks_fp32(tiny_model):
     """The GPU default (fp32 weights, bf16 autocast, bf16 KV cache), exercised on CPU."""
     ids, mask = _prompts(seed=5)
-    kw = dict(max_new_tokens=10, temperature=0.0, stop_at_eos=False, return_policy_logprobs=True)
+    kw = dict(max_new_tokens=10, temperature=0.0, stop_at_eos=False)
     fp32 = generate(tiny_model, ids, mask, **kw)
     bf16 = generate(tiny_model, ids, mask, dtype=torch.bfloat16, **kw)
-    bf16_recomputed = generate(tiny_model, ids, mask, dtype=torch.bfloat16, use_cache=False, **kw)
-    assert bf16.policy_logprobs.dtype == torch.float32 and torch.isfinite(bf16.policy_logprobs).all()
+    bf16_recomputed, _ = _recomputed_generate(tiny_model, ids, mask, 10, seed=0, temperature=0.0,
+                                              dtype=torch.bfloat16)
     assert (bf16.tokens == fp32.tokens).float().mean() > 0.9
-    assert (bf16.tokens == bf16_recomputed.tokens).float().mean() > 0.9
-    same = bf16.tokens == fp32.tokens
-    assert (bf16.policy_logprobs - fp32.policy_logprobs)[same].abs().max() < 0.1
+    assert (bf16.tokens == bf16_recomputed).float().mean() > 0.9
+    # Sampled at temperature 1, the log-probs the bf16 decoder gives its draws are the fp32 policy's own.
+    sampled = generate(tiny_model, ids, mask, max_new_tokens=10, seed=5, stop_at_eos=False, dtype=torch.bfloat16)
+    assert sampled.logprobs.dtype == torch.float32 and torch.isfinite(sampled.logprobs).all()
+    assert (sampled.logprobs - _completion_logprobs(tiny_model, ids, mask, sampled)).abs().max() < 0.1
 
 
 def test_sampling_from_the_autocast_copy_repeats_the_fp32_model_exactly(tiny_model):
@@ -240,11 +271,10 @@ def test_sampling_from_the_autocast_copy_repeats_the_fp32_model_exactly(tiny_mod
     bf16 autocast, draw for draw (eager; compiled graphs may fuse the fp32 path's casts differently)."""
     copy = autocast_copy(tiny_model, torch.bfloat16)
     ids, mask = _prompts(B=6, seed=8)
-    kw = dict(max_new_tokens=12, temperature=1.0, seed=5, stop_at_eos=False, dtype=torch.bfloat16,
-              return_policy_logprobs=True)
+    kw = dict(max_new_tokens=12, temperature=1.0, seed=5, stop_at_eos=False, dtype=torch.bfloat16)
     expected, got = generate(tiny_model, ids, mask, **kw), generate(copy, ids, mask, **kw)
     assert torch.equal(got.tokens, expected.tokens)
-    assert torch.equal(got.logprobs, expected.logprobs) and torch.equal(got.policy_logprobs, expected.policy_logprobs)
+    assert torch.equal(got.logprobs, expected.logprobs)  # at temperature 1: the policy's own log-probs
     # The reference's log-prob pass reads its autocast copy too.
     full_ids, full_mask = torch.cat([ids, got.tokens], 1), torch.cat([mask, got.mask], 1)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -267,7 +297,7 @@ def test_generate_leaves_training_mode_alone_and_samples_without_dropout():
     assert torch.equal(a.tokens, b.tokens)
 
 
-def _naive_scores(model, ids, mask, start, temperature=1.0):
+def _naive_logprobs(model, ids, mask, start, temperature=1.0):
     logits = model(ids, mask)[:, start - 1 : -1].float() / temperature
     logp = logits.log_softmax(-1)
     token_logp = logp.gather(-1, ids[:, start:, None]).squeeze(-1)
@@ -277,15 +307,15 @@ def _naive_scores(model, ids, mask, start, temperature=1.0):
 
 @pytest.fixture
 def rows_seen(monkeypatch):
-    """The rows of every lm_head chunk `token_logprobs` scores, in order."""
+    """The rows of every lm_head chunk of `token_logprobs`, in order."""
     seen = []
-    original = sampling._chunk_scores
+    original = logprobs._chunk_logprobs
 
     def spy(hidden, *args):
         seen.append(hidden.shape[0])
         return original(hidden, *args)
 
-    monkeypatch.setattr(sampling, "_chunk_scores", spy)
+    monkeypatch.setattr(logprobs, "_chunk_logprobs", spy)
     return seen
 
 
@@ -294,16 +324,16 @@ def test_chunked_logprobs_equal_unchunked_with_gradients(rows_seen):
     start = 12
     model_a, model_b = tiny_gpt(seed=4, scale=3.0), tiny_gpt(seed=4, scale=3.0)
 
-    scores = token_logprobs(model_a, ids, mask, start=start, chunk_size=5, temperature=0.9, return_entropy=True)
-    assert scores.logprobs.shape == scores.entropy.shape == (3, 8)
+    s = token_logprobs(model_a, ids, mask, start=start, chunk_size=5, temperature=0.9, return_entropy=True)
+    assert s.logprobs.shape == s.entropy.shape == (3, 8)
     assert max(rows_seen) <= 5 and sum(rows_seen) == 24  # really chunked
 
-    ref_logp, ref_entropy = _naive_scores(model_b, ids, mask, start, temperature=0.9)
-    assert torch.allclose(scores.logprobs, ref_logp, atol=1e-5)
-    assert torch.allclose(scores.entropy, ref_entropy, atol=1e-4)
+    ref_logp, ref_entropy = _naive_logprobs(model_b, ids, mask, start, temperature=0.9)
+    assert torch.allclose(s.logprobs, ref_logp, atol=1e-5)
+    assert torch.allclose(s.entropy, ref_entropy, atol=1e-4)
 
     weights = torch.linspace(0.5, 1.5, 24).view(3, 8)
-    ((scores.logprobs * weights).sum() + 0.1 * scores.entropy.sum()).backward()
+    ((s.logprobs * weights).sum() + 0.1 * s.entropy.sum()).backward()
     ((ref_logp * weights).sum() + 0.1 * ref_entropy.sum()).backward()
     # Checkpointed: backward recomputed each chunk's logits instead of keeping all of them from the forward.
     assert max(rows_seen) <= 5 and sum(rows_seen) == 48
@@ -316,8 +346,9 @@ def test_chunked_logprobs_equal_unchunked_with_gradients(rows_seen):
     assert plain.entropy is None and torch.allclose(plain.logprobs, ref_logp, atol=1e-5)
 
 
-@pytest.mark.parametrize("direction", ["forward", "reverse", "symmetric"])
-def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(direction):
+# KL(policy || reference), KL(reference || policy) and their mean ("forward", "reverse", "symmetric").
+@pytest.mark.parametrize("kl_weights", [(1.0, 0.0), (0.0, 1.0), (0.5, 0.5)])
+def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(kl_weights):
     """`--kl-estimator full`: the KL over the whole vocabulary, made chunk by chunk beside the policy's
     log-probs, equals a direct computation from both models' full logits, in value and gradient; the value
     head reads the hidden state that predicts each token."""
@@ -334,13 +365,13 @@ def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(direction):
             head.proj.bias.fill_(0.3)
 
     s = token_logprobs(model_a, ids, mask, start=start, chunk_size=4, temperature=temperature,
-                       reference=reference, kl_direction=direction, value_head=head_a)
+                       reference=reference, kl_weights=kl_weights, value_head=head_a)
     logp = (model_b(ids, mask)[:, start - 1 : -1].float() / temperature).log_softmax(-1)
     with torch.no_grad():
         ref = (reference(ids, mask)[:, start - 1 : -1].float() / temperature).log_softmax(-1)
     forward = (logp.exp() * (logp - ref)).sum(-1)
     reverse = (ref.exp() * (ref - logp)).sum(-1)
-    want = {"forward": forward, "reverse": reverse, "symmetric": (forward + reverse) / 2}[direction]
+    want = kl_weights[0] * forward + kl_weights[1] * reverse
     values = head_b(model_b.trunk(ids, mask)[:, start - 1 : -1])
     torch.testing.assert_close(s.kl, want, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(s.values, values, rtol=1e-4, atol=1e-6)
@@ -356,19 +387,19 @@ def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(direction):
     assert all(p.grad is None for p in reference.parameters())
 
 
-def test_scoring_only_some_positions_runs_the_lm_head_on_those_alone(rows_seen):
-    """`scored`: the chosen positions get exactly the full pass's log-prob, entropy and exact KL, in value and
+def test_wanting_only_some_positions_runs_the_lm_head_on_those_alone(rows_seen):
+    """`wanted`: the chosen positions get exactly the full pass's log-prob, entropy and exact KL, in value and
     gradient (against the naive full-logits computation in float64; the chunked pass's logits are float32); the
     rest read 0 and the lm_head never sees them."""
     ids, mask = _prompts(B=3, T=16, seed=5)
     start, temperature = 7, 0.8
     model_a, model_b = (tiny_gpt(seed=4, scale=3.0).double() for _ in range(2))
     reference = tiny_gpt(seed=6, scale=3.0).double().requires_grad_(False)
-    scored = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.4
-    scored[1] = False  # a row with nothing scored
+    wanted = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.4
+    wanted[1] = False  # a row with nothing wanted
     s = token_logprobs(model_a, ids, mask, start=start, chunk_size=4, temperature=temperature,
-                       return_entropy=True, reference=reference, scored=scored)
-    assert sum(rows_seen) == int(scored.sum())
+                       return_entropy=True, reference=reference, wanted=wanted)
+    assert sum(rows_seen) == int(wanted.sum())
 
     logp = (model_b(ids, mask)[:, start - 1 : -1] / temperature).log_softmax(-1)
     with torch.no_grad():
@@ -377,9 +408,9 @@ def test_scoring_only_some_positions_runs_the_lm_head_on_those_alone(rows_seen):
             "entropy": -(logp.exp() * logp).sum(-1), "kl": (logp.exp() * (logp - ref)).sum(-1)}
     for name, w in want.items():
         got = getattr(s, name)
-        torch.testing.assert_close(got.double(), torch.where(scored, w, torch.zeros_like(w)), rtol=1e-5, atol=1e-6,
+        torch.testing.assert_close(got.double(), torch.where(wanted, w, torch.zeros_like(w)), rtol=1e-5, atol=1e-6,
                                    msg=name)
-    weights = torch.linspace(0.5, 1.5, 27, dtype=torch.float64).view(3, 9) * scored
+    weights = torch.linspace(0.5, 1.5, 27, dtype=torch.float64).view(3, 9) * wanted
     loss_a = sum((getattr(s, k) * weights).sum() * c for k, c in (("logprobs", 1.0), ("entropy", 0.3), ("kl", 2.0)))
     loss_b = sum((want[k] * weights).sum() * c for k, c in (("logprobs", 1.0), ("entropy", 0.3), ("kl", 2.0)))
     loss_a.backward()
@@ -388,23 +419,21 @@ def test_scoring_only_some_positions_runs_the_lm_head_on_those_alone(rows_seen):
         assert pa.grad is not None and pa.grad.abs().sum() > 0, name
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-6, msg=name)
 
-    none = token_logprobs(model_a, ids, mask, start=start, scored=torch.zeros(3, 9, dtype=torch.bool))
+    none = token_logprobs(model_a, ids, mask, start=start, wanted=torch.zeros(3, 9, dtype=torch.bool))
     assert (none.logprobs == 0).all()
     none.logprobs.sum().backward()  # a micro-batch with nothing counted still backpropagates (zeros)
-    with pytest.raises(ValueError, match="scored must have shape"):
-        token_logprobs(model_a, ids, mask, start=start, scored=scored[:, :5])
+    with pytest.raises(ValueError, match="wanted must have shape"):
+        token_logprobs(model_a, ids, mask, start=start, wanted=wanted[:, :5])
 
 
-def test_scoring_generated_completions_reproduces_policy_logprobs(tiny_model):
+def test_the_logprob_pass_over_generated_completions_reproduces_the_sampling_logprobs(tiny_model):
+    """At the sampling temperature (no top-k/top-p) the log-prob pass gives each generated token the log-prob it
+    was drawn with, chunked or not; at temperature 1 that is the policy's own."""
     ids, mask = _prompts(B=4, T=10, seed=11)
-    out = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=1.3, seed=3, return_policy_logprobs=True)
-    with torch.no_grad():
-        scores = score_completions(tiny_model, ids, mask, out.tokens, out.mask, chunk_size=16)
-    assert torch.allclose(scores.logprobs[out.mask], out.policy_logprobs[out.mask], atol=1e-4)
-    # At the sampling temperature (no top-k/top-p) the scores equal the sampling log-probs.
-    with torch.no_grad():
-        tempered = score_completions(tiny_model, ids, mask, out.tokens, out.mask, temperature=1.3)
-    assert torch.allclose(tempered.logprobs[out.mask], out.logprobs[out.mask], atol=1e-4)
+    for temperature, chunk_size in ((1.0, 16), (1.3, 1024)):
+        out = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=temperature, seed=3)
+        recomputed = _completion_logprobs(tiny_model, ids, mask, out, temperature=temperature, chunk_size=chunk_size)
+        assert torch.allclose(recomputed[out.mask], out.logprobs[out.mask], atol=1e-4)
 
 
 @pytest.mark.slow
@@ -427,14 +456,14 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     model = tiny_gpt(scale=4.0)
     ids, mask = _prompts()
     eager = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=False)
-    monkeypatch.setattr(sampling, "_compile_failed", {})
-    monkeypatch.setattr(sampling, "_compiled_steps",
-                        {"cpu": torch.compile(sampling._decode_step, backend=broken_backend, fullgraph=True)})
-    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*sampling and scoring without it"):
+    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(decoding, "_compiled_steps",
+                        {"cpu": torch.compile(decoding.decode_step, backend=broken_backend, fullgraph=True)})
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*sampling and log-prob passes run without"):
         fallen_back = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=True)
     assert torch.equal(fallen_back.tokens, eager.tokens) and torch.equal(fallen_back.mask, eager.mask)
     assert torch.allclose(fallen_back.logprobs, eager.logprobs)
-    assert "cpu" in sampling._compile_failed
+    assert "cpu" in compiling.failed
     # Later calls do not try again (and do not warn again).
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -442,7 +471,7 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     assert torch.equal(again.tokens, eager.tokens)
 
 
-def test_a_compiler_failure_in_the_scoring_trunk_falls_back_to_eager(monkeypatch):
+def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch):
     """The log-prob pass compiles the trunk first: if that fails, the pass runs eagerly, with gradients, after a
     warning, and gives eager's values."""
     def broken_backend(graph_module, example_inputs):
@@ -454,40 +483,45 @@ def test_a_compiler_failure_in_the_scoring_trunk_falls_back_to_eager(monkeypatch
     eager.logprobs.sum().backward()
     grad = model.transformer.h[0].attn.c_attn.weight.grad.clone()
     model.zero_grad(set_to_none=True)
-    monkeypatch.setattr(sampling, "_compile_failed", {})
-    monkeypatch.setattr(sampling, "_compiled_trunks",
-                        {"cpu": torch.compile(sampling._trunk, backend=broken_backend, fullgraph=True)})
+    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(logprobs, "_compiled_trunks",
+                        {"cpu": torch.compile(logprobs._trunk, backend=broken_backend, fullgraph=True)})
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
         fallen_back = token_logprobs(model, ids, mask, start=5, compile=True)
     fallen_back.logprobs.sum().backward()
     assert torch.equal(fallen_back.logprobs, eager.logprobs)
     assert torch.equal(model.transformer.h[0].attn.c_attn.weight.grad, grad)
-    assert "cpu" in sampling._compile_failed
+    assert "cpu" in compiling.failed
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
-def test_compiled_scores_match_eager_with_gradients(monkeypatch):
-    monkeypatch.setattr(sampling, "_compile_failed", {})
+def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
+    monkeypatch.setattr(compiling, "failed", {})
     model = tiny_gpt(scale=3.0)
     reference = tiny_gpt(seed=5, scale=3.0).requires_grad_(False)  # with the exact KL in the same pass
     ids, mask = _prompts(B=5, T=14, seed=4)
+    # The KL weights are Python floats that dynamo specialises on: each pair is a graph of its own, and the
+    # (0.5, 0.5) pair comes back after the others to reuse its graph with another chunk size.
+    runs = [(False, 7, (0.5, 0.5)), (True, 7, (0.5, 0.5)), (False, 7, (1.0, 0.0)), (True, 7, (1.0, 0.0)),
+            (False, 7, (0.0, 1.0)), (True, 7, (0.0, 1.0)), (True, 11, (0.5, 0.5))]
     results = []
-    for compile in (False, True, True):  # the second compiled call reuses the graph with other chunk sizes
+    for compile, chunk, kl_weights in runs:
         model.zero_grad(set_to_none=True)
-        chunk = 7 if len(results) < 2 else 11
         s = token_logprobs(model, ids, mask, start=6, chunk_size=chunk, temperature=0.9, return_entropy=True,
-                           compile=compile, reference=reference, kl_direction="symmetric")
+                           compile=compile, reference=reference, kl_weights=kl_weights)
         (s.logprobs.sum() + 0.1 * s.entropy.sum() + s.kl.sum()).backward()
         results.append((s.logprobs.detach(), s.entropy.detach(), s.kl.detach(), model.lm_head.weight.grad.clone(),
                         model.transformer.h[0].attn.c_attn.weight.grad.clone()))
-    assert "cpu" in sampling._compiled_scores and "cpu" not in sampling._compile_failed
-    for got in results[1:]:
-        for a, b in zip(results[0], got):
+    assert "cpu" in logprobs._compiled_chunks and "cpu" not in compiling.failed
+    for eager, compiled in ((0, 1), (2, 3), (4, 5), (0, 6)):
+        for a, b in zip(results[eager], results[compiled]):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    # A graph that kept another pair's weights would fail above: the directions differ by far more than rtol.
+    assert (results[2][2] - results[4][2]).abs().max() > 1e-4
     # The trunk is compiled too. Other shapes (the second new one makes dynamo build a dynamic-shape graph) and
     # no mask at all (SFT's packed rows, plain causal attention) give eager's values and gradients.
-    assert "cpu" in sampling._compiled_trunks
+    assert "cpu" in logprobs._compiled_trunks
     for rows, cols, with_mask in ((3, 2, True), (5, 4, False), (4, 1, True)):
         got = []
         for compile in (False, True):
@@ -499,4 +533,4 @@ def test_compiled_scores_match_eager_with_gradients(monkeypatch):
                         model.transformer.wpe.weight.grad.clone()))
         for a, b in zip(*got):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    assert "cpu" not in sampling._compile_failed
+    assert "cpu" not in compiling.failed

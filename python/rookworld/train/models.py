@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from rookworld.policy.model import autocast_copy, refresh_copy
-from rookworld.policy.sampling import PAD_ID, GenerationOutput, generate, token_logprobs
+from rookworld.policy.logprobs import token_logprobs
+from rookworld.policy.sampling import PAD_ID, GenerationOutput, generate
 
 
 class Scores(nn.Module):
@@ -28,8 +29,10 @@ class Scores(nn.Module):
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, temperature: float,
                 reference: nn.Module | None = None, kl_direction: str = "forward", scored: torch.Tensor | None = None):
         s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
-                           compile=self.compile, reference=reference, kl_direction=kl_direction,
-                           value_head=self.value_head, scored=scored)
+                           compile=self.compile, reference=reference,
+                           kl_weights={"forward": (1.0, 0.0), "reverse": (0.0, 1.0),  # TODO objective
+                                       "symmetric": (0.5, 0.5)}[kl_direction],
+                           value_head=self.value_head, wanted=scored)
         return s.logprobs, s.entropy, s.kl, s.values
 
 
@@ -122,7 +125,7 @@ class Models:
             w = o.tokens.shape[1]
             tokens[index, :w], mask[index, :w], logprobs[index, :w] = o.tokens, o.mask, o.logprobs
             lengths[index], stopped[index] = o.lengths, o.stopped
-        return GenerationOutput(tokens, mask, logprobs, None, lengths, stopped)
+        return GenerationOutput(tokens, mask, logprobs, lengths, stopped)
 
     @torch.no_grad()
     def rollout_scores(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,

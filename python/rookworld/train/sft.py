@@ -105,7 +105,7 @@ class SFTTrainer:
 
     def _loss(self, batch, normalizer: float, backward: bool) -> tuple[torch.Tensor, float]:
         """Summed NLL / normalizer of one micro-batch of rows, and how many tokens it counted."""
-        from rookworld.policy.sampling import token_logprobs
+        from rookworld.policy.logprobs import token_logprobs
 
         dev = self.run.device
         ids, loss = (torch.from_numpy(a).to(dev) for a in collate(batch))
@@ -116,7 +116,7 @@ class SFTTrainer:
             if backward:
                 lp = self.scores(ids, None, 1, 1.0, scored=counted)[0]
             else:
-                lp = token_logprobs(self.policy, ids, None, start=1, compile=self.run.compile, scored=counted).logprobs
+                lp = token_logprobs(self.policy, ids, None, start=1, compile=self.run.compile, wanted=counted).logprobs
         nll = -(lp.float() * counted).sum() / normalizer
         if backward:
             nll.backward()

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from rookworld.data import assign_moves, finished_message, playable, read_records
-from rookworld.policy.sampling import release_caches
+from rookworld.policy.decoding import release_caches
 from rookworld.policy.tokenizer import Tokenizer
 from rookworld.train.config import ConfigError, TrainConfig
 from rookworld.train.metrics import peak_memory_gb, reward_metrics, sampling_metrics, update_metrics
