@@ -7,8 +7,8 @@ in the style of nanoGPT's model.py. Attention goes through `F.scaled_dot_product
 Two things differ from a textbook GPT-2, both for RL:
 - Left-padded batches are first-class: position ids come from the attention mask, and padded keys are masked,
   so a prompt's logits do not depend on the padding around it.
-- `trunk()` can read and write a preallocated `KVCache` at an index tensor. The decode loop in
-  `rookworld.policy.sampling` relies on that to keep shapes static (needed for CUDA graphs).
+- `trunk()` can read and write a preallocated `KVCache` at an index tensor. The decoder in
+  `rookworld.policy.decoding` relies on that to keep shapes static (needed for CUDA graphs).
 """
 
 from __future__ import annotations
@@ -130,16 +130,8 @@ class KVCache:
         self.valid = torch.zeros(batch_size, max_len, device=device, dtype=torch.bool)
 
     @property
-    def batch_size(self) -> int:
-        return self.kv.shape[2]
-
-    @property
     def max_len(self) -> int:
         return self.kv.shape[4]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.kv.dtype
 
     def reset(self) -> None:
         # Stale keys/values are harmless (finite, and masked); only the mask must be cleared.
@@ -341,14 +333,9 @@ class GPT(nn.Module):
             x = block(x, attn_mask, kv_cache, write_pos)
         return self.transformer.ln_f(x)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Logits [B, T, vocab_size]. For large batches prefer `rookworld.policy.sampling.token_logprobs`."""
-        return self.lm_head(self.trunk(input_ids, attention_mask, position_ids))
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab_size]. For large batches prefer `rookworld.policy.logprobs.token_logprobs`."""
+        return self.lm_head(self.trunk(input_ids, attention_mask))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike = DEFAULT_REPO, **kwargs: Any) -> GPT:
