@@ -30,8 +30,10 @@ _SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"  # beside
 if _SHARED_VOCABULARY.is_file():
     os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
 
-from rookworld.train.config import TrainConfig  # noqa: E402
 from rookworld.policy.model import GPT, GPTConfig  # noqa: E402
+from rookworld.policy.sampling import generate  # noqa: E402
+from rookworld.train.config import TrainConfig  # noqa: E402
+from rookworld.train.models import Sampler  # noqa: E402
 from rookworld.train.trainer import Trainer  # noqa: E402
 
 #: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation.
@@ -42,6 +44,18 @@ def model_config(tiny: bool) -> GPTConfig:
     if tiny:
         return GPTConfig(block_size=512, vocab_size=50257, n_layer=2, n_head=2, n_embd=64)
     return GPTConfig()  # GPT-2 small: 12 layers, 12 heads, 768 wide, 1024 positions
+
+
+class FixedLengths(Sampler):
+    """Every completion exactly `lengths[task]` tokens, EOS or not: the same work whatever random weights write."""
+
+    def __init__(self, models, cfg, lengths: dict[str, int]):
+        super().__init__(models, cfg)
+        self.lengths = lengths
+
+    def generate(self, model, ids, mask, task, generator):
+        return generate(model, ids, mask, max_new_tokens=self.lengths[task], stop_at_eos=False, generator=generator,
+                        **self.settings)
 
 
 def step_flops(cfg: GPTConfig, n_params: int, rows: list[tuple[int, int]], mu: int, old_pass: bool,
@@ -99,8 +113,8 @@ def main() -> int:
         mcfg = model_config(args.tiny)
         policy = GPT(mcfg).to(args.device)
         reference = copy.deepcopy(policy) if args.beta > 0 else None
-        trainer = Trainer(cfg, policy=policy, reference=reference, completion_lengths=lengths,
-                          stream=open(os.devnull, "w"))
+        trainer = Trainer(cfg, policy=policy, reference=reference, stream=open(os.devnull, "w"))
+        trainer.sampler = FixedLengths(trainer.models, cfg, lengths)
         n_params = sum(p.numel() for p in policy.parameters())
         print(f"model: {n_params / 1e6:.1f}M parameters on {args.device}; {args.prompts} prompts x group "
               f"{args.group}; completions P:{lengths['P']} A:{lengths['A']} tokens; mix {args.task_mix}",
@@ -117,7 +131,7 @@ def main() -> int:
             rows_of_steps = []  # (prompt tokens, completion tokens) of every sample of each measured step
             for i in range(args.warmup, args.warmup + args.steps):
                 prompts = trainer.prompts.batch(i)
-                _, mask = trainer.tokenizer.encode_batch([p.text for p in prompts], bos=True)
+                _, mask = trainer.run.tokenizer.encode_batch([p.text for p in prompts], bos=True)
                 rows_of_steps.append([(int(n), lengths[p.task]) for p, n in zip(prompts, mask.sum(1))
                                       for _ in range(args.group)])
         finally:

@@ -66,6 +66,21 @@ def constant_gpt(logits: torch.Tensor):
     return model
 
 
+def fixed_lengths(trainer, lengths: dict[str, int]):
+    """Makes `trainer` write exactly lengths[task] tokens a completion, EOS or not, so that a step's shapes do not
+    depend on what random weights write (benches/grpo_step.py does the same)."""
+    from rookworld.policy.sampling import generate
+    from rookworld.train.models import Sampler
+
+    class FixedLengths(Sampler):
+        def generate(self, model, ids, mask, task, generator):
+            return generate(model, ids, mask, max_new_tokens=lengths[task], stop_at_eos=False, generator=generator,
+                            **self.settings)
+
+    trainer.sampler = FixedLengths(trainer.models, trainer.cfg)
+    return trainer
+
+
 @pytest.fixture
 def tiny_model():
     return tiny_gpt(scale=4.0)

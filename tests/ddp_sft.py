@@ -30,7 +30,7 @@ def main() -> int:
         trainer = SFTTrainer(cfg, stream=open(os.devnull, "w"))
         m = trainer.train_step()
         if int(os.environ.get("RANK", 0)) == 0:
-            torch.save({k: p.grad for k, p in trainer.policy.named_parameters()}, out / "grads.pt")
+            torch.save({k: p.grad for k, p in trainer.run.policy.named_parameters()}, out / "grads.pt")
             (out / "metrics.json").write_text(json.dumps(m))
         trainer.close()
     return 0

@@ -19,11 +19,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import tiny_gpt  # noqa: E402
+from conftest import fixed_lengths, tiny_gpt  # noqa: E402
 from rookworld.train.config import TrainConfig  # noqa: E402
 from rookworld.policy.tokenizer import get_tokenizer  # noqa: E402
+from rookworld.rewards import Scores  # noqa: E402
 from rookworld.train.prompts import Prompt  # noqa: E402
-from rookworld.train.rollout import RewardResult  # noqa: E402
 from rookworld.train.trainer import Trainer  # noqa: E402
 
 # Rank 0 of 2 gets the P: prompts (3-token completions), rank 1 the A: prompts (9 tokens): the ranks hold very
@@ -64,7 +64,7 @@ class ByPlace:
 
     def __call__(self, prompts, completions):
         r = np.array([((i % GROUP) * 0.37 + len(p.text) * 0.013) % 1.0 for i, p in enumerate(prompts)])
-        return RewardResult(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool))
+        return Scores(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool))
 
 
 def main() -> int:
@@ -81,13 +81,13 @@ def main() -> int:
                               **extra).validate()
             trainer = Trainer(cfg, policy=tiny_gpt(seed=2, scale=3.0),
                               reference=tiny_gpt(seed=3, scale=3.0).requires_grad_(False), tokenizer=get_tokenizer(),
-                              reward_fn=ByPlace(), prompt_source=Shard(rank, world), stream=open(os.devnull, "w"),
-                              completion_lengths={"P": 3, "A": 9})
+                              reward_fn=ByPlace(), prompts=Shard(rank, world), stream=open(os.devnull, "w"))
+            fixed_lengths(trainer, {"P": 3, "A": 9})
             m = trainer.train_step()
             if rank == 0:
-                grads = {f"policy.{k}": p.grad for k, p in trainer.policy.named_parameters()}
-                if trainer.value_head is not None:
-                    grads.update({f"value.{k}": p.grad for k, p in trainer.value_head.named_parameters()})
+                grads = {f"policy.{k}": p.grad for k, p in trainer.run.policy.named_parameters()}
+                if trainer.models.value_head is not None:
+                    grads.update({f"value.{k}": p.grad for k, p in trainer.models.value_head.named_parameters()})
                 torch.save(grads, out / f"{name}.pt")
                 (out / f"{name}.json").write_text(json.dumps(m))
     if trainer is not None:

@@ -22,7 +22,7 @@ def main() -> int:
 
     def close_with_digest(self: Trainer) -> None:
         h = hashlib.sha256()
-        for name, p in sorted(self.policy.state_dict().items()):
+        for name, p in sorted(self.run.policy.state_dict().items()):
             h.update(name.encode())
             h.update(p.detach().float().cpu().numpy().tobytes())
         (digest_dir / f"rank{os.environ.get('RANK', '0')}.txt").write_text(h.hexdigest())

@@ -7,51 +7,47 @@ import pytest
 import torch
 
 from rookworld.policy.logprobs import full_kl
-from rookworld.train.grpo import (aggregate, clipped_surrogate, ema, gae, group_advantages, group_has_spread,
-                                  kl_estimate, penalty_to_go, value_loss)
+from rookworld.train.grpo import (clipped_surrogate, constant_mean, ema, gae, group_advantages, group_has_spread,
+                                  group_std, kl_k1, kl_k2, kl_k3, penalty_to_go, sequence_mean, token_mean, value_loss)
 
 
 def close(a, b, tol=1e-6):
     return torch.allclose(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol)
 
 
-def test_advantages_with_each_std_scaling():
+def test_advantages_with_each_std():
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.2, 0.2])  # groups of 2: [1, 0], [.5, .5], [.2, .2]
     # Group means 0.5, 0.5, 0.2; group stds (population) 0.5, 0, 0.
-    assert close(group_advantages(rewards, 2, "none"), [0.5, -0.5, 0, 0, 0, 0])
-    assert close(group_advantages(rewards, 2, "group"), [1.0, -1.0, 0, 0, 0, 0], tol=1e-5)
-    batch_std = rewards.std(unbiased=False).item()  # of all six rewards
-    assert close(group_advantages(rewards, 2, "batch"), [0.5 / batch_std, -0.5 / batch_std, 0, 0, 0, 0], tol=1e-5)
+    assert close(group_std(rewards, 2), [[0.5], [0.0], [0.0]])
+    assert close(group_advantages(rewards, 2), [0.5, -0.5, 0, 0, 0, 0])
+    assert close(group_advantages(rewards, 2, std=group_std(rewards, 2)), [1.0, -1.0, 0, 0, 0, 0], tol=1e-5)
+    assert close(group_advantages(rewards, 2, std=0.25), [0.5 / 0.250001, -0.5 / 0.250001, 0, 0, 0, 0])
     # Groups of 3: [1, 0, .5] mean .5, std sqrt(1/6).
-    g3 = group_advantages(rewards, 3, "group")
+    g3 = group_advantages(rewards, 3, std=group_std(rewards, 3))
     assert close(g3[:3], [0.5 / math.sqrt(1 / 6), -0.5 / math.sqrt(1 / 6), 0.0], tol=1e-5)
 
 
 def test_zero_spread_groups_have_zero_advantage_and_are_flagged():
     rewards = torch.tensor([0.3, 0.3, 0.3, 0.3, -0.3, 1.0, 0.2, 0.2])
-    for scale in ("group", "batch", "none"):
-        adv = group_advantages(rewards, 4, scale)
-        assert torch.equal(adv[:4], torch.zeros(4)), scale
+    for std in (group_std(rewards, 4), 0.5, None):
+        adv = group_advantages(rewards, 4, std=std)
+        assert torch.equal(adv[:4], torch.zeros(4)), std
         assert torch.isfinite(adv).all()
     assert group_has_spread(rewards, 4).tolist() == [False] * 4 + [True] * 4
     with pytest.raises(ValueError):
         group_advantages(rewards, 3)
-    with pytest.raises(ValueError):
-        group_advantages(rewards, 4, "median")
 
 
 def test_kl_estimators():
     logp = torch.tensor([math.log(0.5), math.log(0.2)])
     ref = torch.tensor([math.log(0.25), math.log(0.4)])
     # r = ref - logp = log(0.5), log(2)
-    assert close(kl_estimate(logp, ref, "k1"), [math.log(2), -math.log(2)])
-    assert close(kl_estimate(logp, ref, "k2"), [0.5 * math.log(2) ** 2] * 2)
+    assert close(kl_k1(logp, ref), [math.log(2), -math.log(2)])
+    assert close(kl_k2(logp, ref), [0.5 * math.log(2) ** 2] * 2)
     # k3 = e^r - 1 - r: 0.5 - 1 - log 0.5, 2 - 1 - log 2
-    assert close(kl_estimate(logp, ref, "k3"), [0.5 - 1 + math.log(2), 1 - math.log(2)])
-    assert (kl_estimate(logp, ref, "k3") >= 0).all()
-    assert close(kl_estimate(logp, logp, "k3"), [0.0, 0.0])
-    with pytest.raises(ValueError):
-        kl_estimate(logp, ref, "k4")
+    assert close(kl_k3(logp, ref), [0.5 - 1 + math.log(2), 1 - math.log(2)])
+    assert (kl_k3(logp, ref) >= 0).all()
+    assert close(kl_k3(logp, logp), [0.0, 0.0])
 
 
 def test_clipping_on_both_sides_with_clip_higher():
@@ -83,26 +79,31 @@ def test_three_aggregations():
     per_token = torch.tensor([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
     # token: (1+2+3+4+10+20) / 6
-    assert close(aggregate(per_token, mask, "token"), 40 / 6)
+    assert close(token_mean(per_token, mask), 40 / 6)
     # sequence: mean(2.5, 15)
-    assert close(aggregate(per_token, mask, "sequence"), 8.75)
+    assert close(sequence_mean(per_token, mask), 8.75)
     # constant: 40 / (2 sequences x 8 max tokens)
-    assert close(aggregate(per_token, mask, "constant", max_tokens=8), 2.5)
-    with pytest.raises(ValueError):
-        aggregate(per_token, mask, "constant")
-    with pytest.raises(ValueError):
-        aggregate(per_token, mask, "mean")
+    assert close(constant_mean(per_token, mask, 8), 2.5)
+    # Their gradients: each token weighs 1/6; a token of row 0 1/8 and of row 1 1/4; every token 1/16. Masked: 0.
+    for aggregate, weights in ((token_mean, [[1 / 6] * 4, [1 / 6] * 2 + [0] * 2]),
+                               (sequence_mean, [[1 / 8] * 4, [1 / 4] * 2 + [0] * 2]),
+                               (lambda x, m: constant_mean(x, m, 8), [[1 / 16] * 4, [1 / 16] * 2 + [0] * 2])):
+        x = per_token.clone().requires_grad_(True)
+        aggregate(x, mask).backward()
+        assert close(x.grad, weights)
 
 
 def test_micro_batches_add_up_to_the_minibatch_loss():
     torch.manual_seed(0)
     per_token = torch.randn(6, 5)
     mask = torch.rand(6, 5) > 0.3
-    for how in ("token", "sequence", "constant"):
-        whole = aggregate(per_token, mask, how, max_tokens=5)
-        parts = sum(aggregate(per_token[i : i + 2], mask[i : i + 2], how, max_tokens=5,
-                              total_tokens=float(mask.sum()), total_sequences=6.0) for i in range(0, 6, 2))
-        assert close(whole, parts), how
+    whole = token_mean(per_token, mask)
+    assert close(whole, sum(token_mean(per_token[i : i + 2], mask[i : i + 2], float(mask.sum()))
+                            for i in range(0, 6, 2)))
+    whole = sequence_mean(per_token, mask)
+    assert close(whole, sum(sequence_mean(per_token[i : i + 2], mask[i : i + 2], 6.0) for i in range(0, 6, 2)))
+    whole = constant_mean(per_token, mask, 5)
+    assert close(whole, sum(constant_mean(per_token[i : i + 2], mask[i : i + 2], 5, 6.0) for i in range(0, 6, 2)))
 
 
 # -- groups without spread ------------------------------------------------------------------------------------
@@ -131,7 +132,9 @@ def test_groups_without_spread_get_exactly_zero_advantage(group_size, shaping):
     assert 0.5 < flat.float().mean() < 0.9
     for rewards in (rewards64, rewards64.float()):  # the trainer used to hand float32 rewards over
         for scale in ("group", "batch", "none"):
-            adv = group_advantages(rewards, group_size, scale)
+            std = {"group": group_std(rewards, group_size), "batch": float(rewards.double().std(unbiased=False)),
+                   "none": None}[scale]
+            adv = group_advantages(rewards, group_size, std=std)
             assert (adv[flat] == 0).all(), (scale, rewards.dtype, adv[flat].abs().max())
             # Groups with spread: (r - mean) / std, worked out here in float64.
             groups = rewards.double().view(-1, group_size)
@@ -148,13 +151,9 @@ def test_advantages_with_an_ema_baseline_and_a_given_batch_std():
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
     baseline = torch.tensor([0.3, 0.3, 0.6, 0.6])  # e.g. P: rows and A: rows with their tasks' averages
     # An equal group is not zero here: it is compared with the running average, not with itself.
-    assert close(group_advantages(rewards, 2, "none", baseline=baseline), [0.7, -0.3, -0.1, -0.1])
-    assert close(group_advantages(rewards, 2, "batch", baseline=baseline, batch_std=0.5),
+    assert close(group_advantages(rewards, 2, baseline=baseline), [0.7, -0.3, -0.1, -0.1])
+    assert close(group_advantages(rewards, 2, baseline=baseline, std=0.5),
                  [0.7 / (0.5 + 1e-6), -0.3 / (0.5 + 1e-6), -0.1 / (0.5 + 1e-6), -0.1 / (0.5 + 1e-6)])
-    with pytest.raises(ValueError, match="group-mean baseline"):
-        group_advantages(rewards, 2, "group", baseline=baseline)
-    # A batch std given by the caller (all ranks' rewards) replaces this batch's own.
-    assert close(group_advantages(rewards, 2, "batch", batch_std=0.25), [0.5 / 0.250001, -0.5 / 0.250001, 0, 0])
     assert ema(None, 0.4, 0.9) == 0.4
     assert ema(0.4, 1.0, 0.9) == pytest.approx(0.9 * 0.4 + 0.1 * 1.0)
 
@@ -188,9 +187,9 @@ def test_k2_and_k3_loss_terms_have_the_gradients_of_forward_and_reverse_kl():
     forward = lambda logp: (logp.exp() * (logp - ref)).sum()  # KL(pi || ref)  # noqa: E731
     reverse = lambda logp: (ref.exp() * (ref - logp)).sum()  # KL(ref || pi)  # noqa: E731
     refs = ref.expand(V)
-    g_k2 = _expected_grad(theta, lambda logp: kl_estimate(logp, refs, "k2"))
-    g_k3 = _expected_grad(theta, lambda logp: kl_estimate(logp, refs, "k3"))
-    g_k1 = _expected_grad(theta, lambda logp: kl_estimate(logp, refs, "k1"))
+    g_k2 = _expected_grad(theta, lambda logp: kl_k2(logp, refs))
+    g_k3 = _expected_grad(theta, lambda logp: kl_k3(logp, refs))
+    g_k1 = _expected_grad(theta, lambda logp: kl_k1(logp, refs))
     torch.testing.assert_close(g_k2, _grad(theta, forward))
     torch.testing.assert_close(g_k3, _grad(theta, reverse))
     assert not torch.allclose(g_k3, _grad(theta, forward), atol=1e-3)  # the two directions do differ here
@@ -198,8 +197,8 @@ def test_k2_and_k3_loss_terms_have_the_gradients_of_forward_and_reverse_kl():
     torch.testing.assert_close(g_k1, torch.zeros(V, dtype=torch.float64))
     # Each estimator's value is unbiased for KL(pi || ref) (k1, k3) or close to it (k2).
     logp = theta.log_softmax(-1).detach()
-    for est in ("k1", "k3"):
-        assert float((logp.exp() * kl_estimate(logp, refs, est)).sum()) == pytest.approx(float(forward(logp)))
+    for estimate in (kl_k1, kl_k3):
+        assert float((logp.exp() * estimate(logp, refs)).sum()) == pytest.approx(float(forward(logp)))
 
 
 def test_full_kl_values_and_gradients_for_each_weighting():
@@ -239,7 +238,7 @@ def test_k1_in_the_advantages_gives_the_gradient_of_the_sequence_kl():
                 logp = torch.stack([lp1[a], lp2[a, b]])[None]  # [1 sequence, 2 tokens]
                 ref = torch.stack([r1[a], r2[a, b]])[None]
                 mask = torch.ones(1, 2, dtype=torch.bool)
-                k1 = kl_estimate(logp.detach(), ref, "k1")
+                k1 = kl_k1(logp.detach(), ref)
                 adv = -beta * (penalty_to_go(k1, mask) if to_go else k1)
                 loss, _ = clipped_surrogate(logp, logp.detach(), adv)
                 total = total + (lp1[a] + lp2[a, b]).exp().detach() * loss.sum()
@@ -318,23 +317,21 @@ def test_explained_variance_of_the_critic_by_hand():
 def test_gae_advantages_take_the_k1_penalty_as_a_per_token_reward():
     """--advantage gae --kl-estimator k1: the reward at the last token, minus beta x k1 at every token, through
     GAE (PPO-RLHF), worked out by hand."""
-    from rookworld.policy.sampling import GenerationOutput
     from rookworld.train.config import TrainConfig
     from rookworld.train.distributed import Comm, DistInfo
-    from rookworld.train.rollout import token_advantages
+    from rookworld.train.objective import Objective
 
     gamma, lam, beta = 0.9, 0.5, 0.1
     cfg = TrainConfig(advantage="gae", kl_estimator="k1", gamma=gamma, gae_lambda=lam, std_scaling="none",
-                      beta=beta)
+                      beta=beta, group_size=2).validate()
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
-    out = GenerationOutput(tokens=torch.zeros(2, 3, dtype=torch.long), mask=mask, logprobs=torch.zeros(2, 3),
-                           policy_logprobs=None, lengths=mask.sum(1), stopped=torch.tensor([True, True]))
     old_lp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.2, 0.0]])
     ref_lp = torch.tensor([[-1.5, -1.0, -0.5], [-1.0, -0.7, 0.0]])
     values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 5.0]])
-    rewards = torch.tensor([1.0, -0.5])
-    adv, ret = token_advantages(cfg, Comm(DistInfo(), torch.device("cpu")), None, rewards, out, mask, beta, ref_lp,
-                                old_lp, values)
+    rewards = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    adv, ret, _ = Objective(cfg).advantages(rewards, torch.ones(2, dtype=torch.bool), np.array(["P", "P"]), mask, mask,
+                                            Comm(DistInfo(), torch.device("cpu")), beta=beta, ref_logprobs=ref_lp,
+                                            old_logprobs=old_lp, old_values=values)
     # k1 = old - ref: row 0 (0.5, -1.0, 0.0), row 1 (-0.5, 0.5). Per-token rewards r = -beta k1 (+ the reward last):
     r0 = [-0.05, 0.1, 1.0]
     r1 = [0.05, -0.05 - 0.5]

@@ -19,7 +19,7 @@ import torch
 from rookworld.train.config import ConfigError, TrainConfig
 from rookworld.policy.tokenizer import get_tokenizer
 from rookworld.train.prompts import Prompt
-from rookworld.train.rollout import RewardResult
+from rookworld.rewards import Scores
 from rookworld.train.trainer import Trainer
 
 from conftest import constant_gpt, tiny_gpt
@@ -52,7 +52,7 @@ class Scripted:
         r = np.asarray(self.table[min(self.step, len(self.table) - 1)], dtype=float)
         valid = None if self.valid is None else np.asarray(self.valid, dtype=bool)
         self.step += 1
-        return RewardResult(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool), valid)
+        return Scores(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool), valid)
 
 
 # -- DDP: the same batch on 1 and on 2 ranks gives the same gradient --------------------------------------------
@@ -108,10 +108,12 @@ def test_settings_that_cannot_work_are_one_clear_error(settings, message):
 
 
 def test_auto_std_scaling_follows_the_baseline():
-    assert TrainConfig().advantage_scaling == "group"
-    assert TrainConfig(baseline="ema").validate().advantage_scaling == "batch"
-    assert TrainConfig(advantage="gae").validate().advantage_scaling == "batch"
-    assert TrainConfig(advantage="gae", std_scaling="none").validate().advantage_scaling == "none"
+    from rookworld.train.objective import std_scaling
+
+    assert std_scaling(TrainConfig()) == "group"
+    assert std_scaling(TrainConfig(baseline="ema").validate()) == "batch"
+    assert std_scaling(TrainConfig(advantage="gae").validate()) == "batch"
+    assert std_scaling(TrainConfig(advantage="gae", std_scaling="none").validate()) == "none"
 
 
 def test_temperature_zero_is_refused_on_the_command_line(tiny_dir, tmp_path):
@@ -129,16 +131,16 @@ def test_a_minibatch_without_usable_tokens_takes_no_optimizer_step_and_leaves_be
     lines = Lines()
     policy = tiny_gpt(seed=1, scale=3.0)
     t = Trainer(cfg, policy=policy, reference=copy.deepcopy(policy).requires_grad_(False),
-                tokenizer=get_tokenizer(), reward_fn=Scripted([spread, flat]), prompt_source=FixedPrompts("P: x", 2),
+                tokenizer=get_tokenizer(), reward_fn=Scripted([spread, flat]), prompts=FixedPrompts("P: x", 2),
                 stream=lines)
     first = t.train_step()
     assert first["updates/skipped"] == 0 and first["kl/mean"] is not None
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    beta = t.beta
+    beta = t.objective.beta
     second = t.train_step()
     assert second["updates/skipped"] == 1
     assert second["kl/mean"] is None and second["loss"] is None and second["grad_norm"] is None
-    assert t.beta == beta, "no KL was measured: beta must stay"
+    assert t.objective.beta == beta, "no KL was measured: beta must stay"
     for k, v in policy.state_dict().items():
         assert torch.equal(v, before[k]), f"{k} moved in a step without usable tokens"
     assert "had no usable token" in str(lines)
@@ -151,7 +153,7 @@ def test_zero_spread_counts_only_groups_that_were_scored(tmp_path):
     rewards = [0.0] * 4 + [0.1, 0.9, 0.5, 0.5] + [0.7] * 4
     valid = [False] * 4 + [True] * 8
     t = Trainer(cfg, policy=tiny_gpt(seed=1), tokenizer=get_tokenizer(), reward_fn=Scripted([rewards], valid),
-                prompt_source=FixedPrompts("P: x", 3), stream=Lines())
+                prompts=FixedPrompts("P: x", 3), stream=Lines())
     m = t.train_step()
     assert m["groups/zero_spread"] == 0.5 and m["unscored"] == pytest.approx(1 / 3)
 
@@ -162,7 +164,7 @@ def test_kl_statistics_cover_every_epoch(tmp_path):
     cfg = small_config(tmp_path, steps=1, mu=2, beta=0.1, lr=5e-2, kl_estimator="k2")
     policy = tiny_gpt(seed=1, scale=3.0)
     t = Trainer(cfg, policy=policy, reference=copy.deepcopy(policy).requires_grad_(False), tokenizer=get_tokenizer(),
-                reward_fn=Scripted([[0.0, 1.0, 0.5, 0.2] * 2]), prompt_source=FixedPrompts("P: x", 2), stream=Lines())
+                reward_fn=Scripted([[0.0, 1.0, 0.5, 0.2] * 2]), prompts=FixedPrompts("P: x", 2), stream=Lines())
     m = t.train_step()
     assert m["kl/mean"] > 0 and m["kl/p95"] > 0
 
@@ -189,7 +191,7 @@ def test_each_kl_option_pulls_the_policy_toward_the_reference(tmp_path, estimato
     policy = _on_six_tokens([0.6, 0.2, 0.1, 0.05, 0.03, 0.02])
     reference = _on_six_tokens([0.1, 0.1, 0.2, 0.2, 0.2, 0.2]).requires_grad_(False)
     t = Trainer(cfg, policy=policy, reference=reference, tokenizer=get_tokenizer(),
-                reward_fn=Scripted([[0.5] * 64]), prompt_source=FixedPrompts("P: x", 4), stream=_quiet())
+                reward_fn=Scripted([[0.5] * 64]), prompts=FixedPrompts("P: x", 4), stream=_quiet())
 
     def exact_kl():  # KL(policy || reference) of the (position-independent) next-token distribution
         ids = torch.tensor([[50256, 47, 25]])
@@ -210,7 +212,7 @@ def test_ema_baseline_by_hand_and_across_resume(tmp_path):
     table = [[0.2, 0.4, 0.6, 0.8] * 2, [1.0, 1.0, 1.0, 1.0] * 2, [0.0, 0.5, 0.5, 0.5] * 2]
     cfg = small_config(tmp_path, steps=3, baseline="ema", ema_decay=0.75, std_scaling="none")
     t = Trainer(cfg, policy=tiny_gpt(seed=1), tokenizer=get_tokenizer(), reward_fn=Scripted(table),
-                prompt_source=FixedPrompts("P: x", 2), stream=_quiet())
+                prompts=FixedPrompts("P: x", 2), stream=_quiet())
     rows = [t.train_step() for _ in range(3)]
     means = [np.mean(r) for r in table]
     assert [r["reward/mean"] for r in rows] == pytest.approx(means)
@@ -219,7 +221,7 @@ def test_ema_baseline_by_hand_and_across_resume(tmp_path):
     assert rows[1]["baseline/other"] == pytest.approx(means[0])
     assert rows[2]["baseline/other"] == pytest.approx(0.75 * means[0] + 0.25 * means[1])
     # An all-equal group (step 2: every reward 1.0) above the average gets a positive advantage.
-    assert t.baselines["other"] == pytest.approx(0.75 * (0.75 * means[0] + 0.25 * means[1]) + 0.25 * means[2])
+    assert t.objective.baselines["other"] == pytest.approx(0.75 * (0.75 * means[0] + 0.25 * means[1]) + 0.25 * means[2])
 
 
 # -- GAE: a critic beside the policy ---------------------------------------------------------------------------
@@ -235,7 +237,7 @@ def test_gae_critic_learns_the_value_of_each_prompt(tmp_path):
         def __call__(self, prompts, completions):
             r = np.array([0.9 if "white" in p.text else 0.1 for p in prompts])
             r = r + np.tile([0.0, 0.01, 0.02, 0.03], len(r) // 4)  # a little spread within each group
-            return RewardResult(r, np.array(["P"] * len(r)), np.ones(len(r), dtype=bool))
+            return Scores(r, np.array(["P"] * len(r)), np.ones(len(r), dtype=bool))
 
     class TwoPrompts:
         def batch(self, step):
@@ -243,7 +245,7 @@ def test_gae_critic_learns_the_value_of_each_prompt(tmp_path):
 
     cfg = small_config(tmp_path, steps=30, advantage="gae", value_lr=1e-2, vf_coef=1.0, lr=1e-4, max_new_tokens=3)
     t = Trainer(cfg, policy=tiny_gpt(seed=1, scale=2.0), tokenizer=get_tokenizer(), reward_fn=PerPrompt(),
-                prompt_source=TwoPrompts(), stream=_quiet())
+                prompts=TwoPrompts(), stream=_quiet())
     rows = [t.train_step() for _ in range(cfg.steps)]
     assert rows[0]["value/explained_variance"] == pytest.approx(0.0, abs=1e-9)  # V = 0: nothing explained
     assert rows[0]["value/mean"] == 0.0

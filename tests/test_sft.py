@@ -156,7 +156,7 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
     t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
     import copy
 
-    model = copy.deepcopy(t.policy).double()
+    model = copy.deepcopy(t.run.policy).double()
     rows = [t.rows.row(i) for i in range(5)]
     m = t.train_step()
     ids, loss = (torch.from_numpy(a) for a in collate(rows))
@@ -166,7 +166,7 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
     want = -(logp * counted).sum() / counted.sum()
     assert m["loss"] == pytest.approx(float(want.detach()), rel=1e-5)
     want.backward()
-    for (name, p), (_, q) in zip(t.policy.named_parameters(), model.named_parameters()):
+    for (name, p), (_, q) in zip(t.run.policy.named_parameters(), model.named_parameters()):
         torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-7, msg=name)
     t.close()
 

@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-import rookworld.train.models as models_module
 from rookworld.train.config import TrainConfig
 from rookworld.train.prompts import Prompt
-from rookworld.train.rollout import RewardResult
+from rookworld.rewards import Scores
 from rookworld.train.trainer import Trainer
 from rookworld.policy.tokenizer import get_tokenizer
 
-from conftest import tiny_gpt
+from conftest import fixed_lengths, tiny_gpt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +62,7 @@ class StartsWith:
 
     def __call__(self, prompts, completions):
         r = np.array([float(c.startswith(self.prefix)) for c in completions])
-        return RewardResult(r, np.array(["X"] * len(r)), np.ones(len(r), dtype=bool))
+        return Scores(r, np.array(["X"] * len(r)), np.ones(len(r), dtype=bool))
 
 
 def _learning_run(tmp_path, steps=12):
@@ -81,7 +80,7 @@ def _learning_run(tmp_path, steps=12):
                       warmup_steps=0, eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path),
                       compile=False, log_every=100).validate()
     t = Trainer(cfg, policy=policy, tokenizer=tok, reward_fn=StartsWith(tok.decode([target])),
-                prompt_source=FixedPrompts(prompt, 8), stream=open(os.devnull, "w"))
+                prompts=FixedPrompts(prompt, 8), stream=open(os.devnull, "w"))
     t.train()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return chance, [r["reward/mean"] for r in rows]
@@ -196,7 +195,7 @@ def test_torchrun_two_processes_on_gloo(tiny_dir, tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--loss-aggregation", "mean"], "invalid choice"),
+    (["--loss-aggregation", "mean"], "--loss-aggregation must be one of token, sequence, constant, got 'mean'"),
     (["--group-size", "1"], "--group-size must be >= 2"),
     (["--task-mix", "1.5"], "--task-mix must lie in [0, 1]"),
     (["--prompts-per-step", "3", "--group-size", "3", "--minibatches", "2"], "must split into --minibatches"),
@@ -243,33 +242,38 @@ def test_config_file_and_flags(tiny_dir, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
-def test_auto_batch_keeps_the_largest_batch_under_the_target_and_restores_the_model(tmp_path):
+def test_auto_batch_keeps_the_largest_batch_under_the_target_and_a_trial_step_restores_the_model(tmp_path):
     from rookworld.train.prompts import PromptSource
+    from rookworld.train.trainer import largest_batch
+
+    # Peak memory modelled as proportional to the batch: 2 -> 5%, 4 -> 10%, ..., 32 -> 80%, 64 -> 160%.
+    tried = []
+
+    def fits(p):
+        tried.append(p)
+        return p / 40 <= 0.85
+
+    assert largest_batch(2, 1024, lambda p: True, fits) == 32 and tried == [2, 4, 8, 16, 32, 64]
+    tried.clear()
+    assert largest_batch(2, 1024, lambda p: p != 8, fits) == 32 and 8 not in tried  # sizes that cannot split
+    assert largest_batch(2, 16, lambda p: True, fits) == 16  # the limit holds
+    assert largest_batch(2, 1024, lambda p: True, lambda p: False) is None
 
     tok = get_tokenizer()
     policy = tiny_gpt(seed=1)
     cfg = TrainConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=2, beta=0.0, warmup_steps=0,
                       eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False,
-                      lr=1e-2, entropy_coef=0.1, memory_target=0.85).validate()
-    lines = Lines()
-
-    t = Trainer(cfg, policy=policy, tokenizer=tok, reward_fn=StartsWith(" M"),
-                prompt_source=PromptSource(cfg), stream=lines)
+                      lr=1e-2, entropy_coef=0.1).validate()
+    t = Trainer(cfg, policy=policy, tokenizer=tok, reward_fn=StartsWith(" M"), prompts=PromptSource(cfg),
+                stream=Lines())
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    # Peak memory modelled as proportional to the batch: 2 -> 5%, 4 -> 10%, ..., 32 -> 80%, 64 -> 160%.
-    chosen = t.auto_batch(memory_fraction=lambda: t.cfg.prompts_per_step / 40)
-    assert chosen == 32 and t.cfg.prompts_per_step == 32 and t.prompts.per_rank == 32
-    text = str(lines)
-    for p in (2, 4, 8, 16, 32, 64):
-        assert f"auto-batch: {p} prompts x 2" in text
-    assert "over the target" in text and "training with 32 prompts per step" in text
-    assert t.step == 0
+    m = t.trial_step(8)
+    assert m["step"] == 1 and m["grad_norm"] > 0, "a real step was taken"
+    assert t.run.step == 0 and t.best_reward == -math.inf and t.run.scheduler.last_epoch == 0
+    assert not t.run.optimizer.state, "AdamW's moments are as before the step"
     for k, v in policy.state_dict().items():
-        assert torch.equal(v, before[k]), f"probing changed {k}"
-    assert len(t.prompts.batch(0)) == 32
-    with pytest.raises(Exception, match="exceed --memory-target"):
-        t.cfg.prompts_per_step = 2
-        t.auto_batch(memory_fraction=lambda: 0.9)
+        assert torch.equal(v, before[k]), f"the trial step changed {k}"
+    assert t.cfg.prompts_per_step == 8 and len(t.prompts.batch(0)) == 8
 
 
 def test_auto_batch_needs_cuda(tmp_path):
@@ -278,7 +282,7 @@ def test_auto_batch_needs_cuda(tmp_path):
     cfg = TrainConfig(auto_batch=True, device="cpu", output_dir=str(tmp_path)).validate()
     with pytest.raises(ConfigError, match="needs a CUDA device"):
         Trainer(cfg, policy=tiny_gpt(), tokenizer=get_tokenizer(), reward_fn=StartsWith("x"),
-                prompt_source=FixedPrompts("x", 2))
+                prompts=FixedPrompts("x", 2))
 
 
 def test_ctrl_c_finishes_the_step_saves_and_exits(tiny_dir, tmp_path):
@@ -361,7 +365,7 @@ def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fa
         result = reward([Prompt("P", f"P: {crashing}")] * 2 + [Prompt("P", f"P: {fine}")] * 2, ["x"] * 4)
         assert result.valid.tolist() == [False, False, True, True]
         assert result.rewards.tolist()[2:] == [-0.3, -0.3]
-        t = Trainer(cfg, policy=tiny_gpt(), tokenizer=get_tokenizer(), reward_fn=reward, prompt_source=Prompts(),
+        t = Trainer(cfg, policy=tiny_gpt(), tokenizer=get_tokenizer(), reward_fn=reward, prompts=Prompts(),
                     stream=lines)
         t.train()
     rows = metrics(tmp_path)
@@ -380,7 +384,7 @@ class ByteSum:
 
     def __call__(self, prompts, completions):
         r = np.array([float(sum(c.encode("utf-8", "surrogatepass")) % 7) for c in completions])
-        return RewardResult(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool))
+        return Scores(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool))
 
 
 def test_micro_batches_cover_every_row_once_and_cut_only_padding():
@@ -415,11 +419,11 @@ def _cut_step(tmp_path, micro_batch_size, reference):
                       minibatches=2, micro_batch_size=micro_batch_size, warmup_steps=0, eval_every=0,
                       save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False, seed=5,
                       task_mix=0.5).validate()
-    t = Trainer(cfg, policy=tiny_gpt(seed=2, scale=3.0), reference=reference, tokenizer=get_tokenizer(),
-                reward_fn=ByteSum(), prompt_source=PromptSource(cfg), stream=open(os.devnull, "w"),
-                completion_lengths={"P": 4, "A": 9})
+    t = fixed_lengths(Trainer(cfg, policy=tiny_gpt(seed=2, scale=3.0), reference=reference, tokenizer=get_tokenizer(),
+                              reward_fn=ByteSum(), prompts=PromptSource(cfg), stream=open(os.devnull, "w")),
+                      {"P": 4, "A": 9})
     m = t.train_step()
-    grads = {k: p.grad.clone() for k, p in t.policy.named_parameters()}
+    grads = {k: p.grad.clone() for k, p in t.run.policy.named_parameters()}
     return m, grads, t
 
 
@@ -438,11 +442,11 @@ def test_cut_micro_batches_give_the_same_losses_and_gradients_as_one_padded_bloc
 
 
 def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
-    from rookworld.policy.sampling import token_logprobs
+    from rookworld.policy.logprobs import token_logprobs
     from rookworld.train.models import micro_batches
 
     _, _, t = _cut_step(tmp_path, 4, tiny_gpt(seed=3))
-    tok = t.tokenizer
+    tok = t.run.tokenizer
     texts = [p.text for p in t.prompts.batch(0)]
     ids, pmask = tok.encode_batch(texts, bos=True)
     torch.manual_seed(0)
@@ -451,10 +455,10 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
     cmask = torch.arange(9)[None, :] < comp_lens[:, None]
     full_ids, full_mask, P = torch.cat([ids, comp], 1), torch.cat([pmask, cmask], 1), ids.shape[1]
     with torch.no_grad():
-        expected = token_logprobs(t.policy, full_ids, full_mask, start=P).logprobs * cmask
+        expected = token_logprobs(t.run.policy, full_ids, full_mask, start=P).logprobs * cmask
         for size in (1, 2, 6):
             batches = micro_batches(np.arange(len(texts)), pmask.sum(1).numpy(), comp_lens.numpy(), P, size)
-            got = t.models.rollout_scores(t.policy, full_ids, full_mask, P, batches, t.cfg.temperature)[0]
+            got = t.models.rollout_logprobs(t.run.policy, full_ids, full_mask, P, batches, t.cfg.temperature)[0]
             torch.testing.assert_close(got * cmask, expected, rtol=1e-5, atol=1e-5)  # the loss masks the rest
 
 
@@ -475,27 +479,29 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
     """P: rows are not padded to A: prompts' width nor decoded for A:'s length; rows come back where they were."""
     from rookworld.train.prompts import PromptSource
 
-    calls = []
-    real_generate = models_module.generate
-
-    def spy(model, ids, mask, **kwargs):
-        out = real_generate(model, ids, mask, **kwargs)
-        calls.append((ids.clone(), mask.clone(), kwargs["max_new_tokens"], out))
-        return out
-
-    monkeypatch.setattr(models_module, "generate", spy)
     cfg = TrainConfig(steps=1, prompts_per_step=5, group_size=2, max_new_tokens=9, task_mix=0.6, beta=0.0,
                       warmup_steps=0, eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path),
                       compile=False).validate()
     t = Trainer(cfg, policy=tiny_gpt(seed=4, scale=3.0), tokenizer=get_tokenizer(), reward_fn=ByteSum(),
-                prompt_source=PromptSource(cfg), stream=open(os.devnull, "w"), completion_lengths={"P": 3, "A": 7})
+                prompts=PromptSource(cfg), stream=open(os.devnull, "w"))
+    limits = {"P": 3, "A": 7}
+    fixed_lengths(t, limits)
+    calls = []
+    real_generate = t.sampler.generate
+
+    def spy(model, ids, mask, task, generator):
+        out = real_generate(model, ids, mask, task, generator)
+        calls.append((ids.clone(), mask.clone(), limits[task], out))
+        return out
+
+    monkeypatch.setattr(t.sampler, "generate", spy)
     prompts = t.prompts.batch(0)
-    ids, pmask = t.tokenizer.encode_batch([p.text for p in prompts], bos=True)
+    ids, pmask = t.run.tokenizer.encode_batch([p.text for p in prompts], bos=True)
     tasks = np.repeat([p.task for p in prompts], 2)
     assert (tasks == "P").sum() == 6 and (tasks == "A").sum() == 4  # 3 P: and 2 A: prompts: the exact mix
     gen = torch.Generator().manual_seed(0)
     ids, pmask = ids.repeat_interleave(2, 0), pmask.repeat_interleave(2, 0)
-    out = t.models.sample(ids, pmask, pmask.sum(1).numpy(), tasks, gen, t.cfg, t.completion_lengths)
+    out = t.sampler(ids, pmask, tasks, gen)
     assert [len(c[0]) for c in calls] == [6, 4] and [c[2] for c in calls] == [3, 7]
     for (c_ids, c_mask, limit, c_out), task in zip(calls, ("P", "A")):
         rows = np.flatnonzero(tasks == task)
@@ -519,22 +525,22 @@ def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_cop
     reference = tiny_gpt(seed=3, scale=3.0).requires_grad_(False)
     before = {k: v.clone() for k, v in reference.state_dict().items()}
     t = Trainer(cfg, policy=tiny_gpt(seed=2, scale=3.0), reference=reference, tokenizer=get_tokenizer(),
-                reward_fn=ByteSum(), prompt_source=PromptSource(cfg), stream=open(os.devnull, "w"))
+                reward_fn=ByteSum(), prompts=PromptSource(cfg), stream=open(os.devnull, "w"))
     assert t.models.amp_dtype == torch.bfloat16
-    assert t.reference is not reference and t.reference.lm_head.weight.dtype == torch.bfloat16
+    assert t.models.reference is not reference and t.models.reference.lm_head.weight.dtype == torch.bfloat16
     t.train_step()
     t.train_step()
     assert all(torch.equal(v, before[k]) for k, v in reference.state_dict().items())  # the caller's is untouched
 
-    ids, mask = t.tokenizer.encode_batch([p.text for p in t.prompts.batch(0)], bos=True)
+    ids, mask = t.run.tokenizer.encode_batch([p.text for p in t.prompts.batch(0)], bos=True)
     kw = dict(max_new_tokens=8, temperature=1.0, seed=1, stop_at_eos=False, dtype=torch.bfloat16)
-    sampled = generate(t.models.sampler(), ids, mask, **kw)  # the copy, brought up to the updated weights
-    expected = generate(t.policy, ids, mask, **kw)
+    sampled = generate(t.models.sampling_model(), ids, mask, **kw)  # the copy, brought up to the updated weights
+    expected = generate(t.run.policy, ids, mask, **kw)
     assert torch.equal(sampled.tokens, expected.tokens) and torch.equal(sampled.logprobs, expected.logprobs)
 
     full_ids, full_mask = torch.cat([ids, sampled.tokens], 1), torch.cat([mask, sampled.mask], 1)
     P, n = ids.shape[1], len(ids)
     batches = micro_batches(np.arange(n), mask.sum(1).numpy(), np.full(n, 8), P, 3)
-    got, _ = t.models.rollout_scores(t.reference, full_ids, full_mask, P, batches, 1.0)
-    want, _ = t.models.rollout_scores(reference, full_ids, full_mask, P, batches, 1.0)
+    got, _ = t.models.rollout_logprobs(t.models.reference, full_ids, full_mask, P, batches, 1.0)
+    want, _ = t.models.rollout_logprobs(reference, full_ids, full_mask, P, batches, 1.0)
     assert torch.equal(got, want)

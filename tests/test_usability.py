@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -228,8 +229,10 @@ def test_vocabulary_files_that_are_not_gpt2s_are_refused(tmp_path):
 
 # -- the README -------------------------------------------------------------------------------------------------------
 
-def test_every_python_snippet_of_the_readme_runs_as_written():
+def test_every_python_snippet_of_the_readme_runs_as_written(tiny_dir, tmp_path, monkeypatch):
     snippets = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    assert len(snippets) >= 2
+    assert len(snippets) >= 3
+    monkeypatch.chdir(tmp_path)  # where a user who ran `rookworld sft --output-dir runs/sft` stands
+    shutil.copytree(tiny_dir, tmp_path / "runs" / "sft")
     for snippet in snippets:
         exec(compile(snippet, "README.md", "exec"), {})

@@ -304,6 +304,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "train",
+        usage="%(prog)s [--config FILE.toml] [--model DIR] [--output-dir DIR] [options]",
         help="fine-tune RookWorld-LM with GRPO on P: and A: tasks",
         description="GRPO on mixed P:/A: chess tasks with verifiable rewards (Stockfish for P:, the rules for A:). "
         "Settings come from the defaults, then --config FILE.toml, then flags; --resume DIR continues a run with "
@@ -318,6 +319,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "sft",
+        usage="%(prog)s (--init SIZE | --model DIR) --data FILE [--output-dir DIR] [options]",
         help="supervised training on P:/A: text (RookWorld datasets, or rookworld positions --annotate)",
         description="Supervised training of a GPT-2 policy on RookWorld P:/A: samples, as RookWorld-LM was made: "
         "documents are [EOS] + text, packed into rows; continue a checkpoint (--model) or start a fresh GPT-2 "
@@ -378,8 +380,8 @@ def _run_training(args: argparse.Namespace, command: str) -> int:
         raise CliError(str(e)) from None
     finally:
         trainer.close()
-    if trainer.interrupted:
-        print(f"rookworld {command}: interrupted at step {trainer.step}; continue with "
+    if trainer.run.interrupted:
+        print(f"rookworld {command}: interrupted at step {trainer.run.step}; continue with "
               f"rookworld {command} --resume {cfg.output_dir}", file=sys.stderr)
         return 130
     return 0

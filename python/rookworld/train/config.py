@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rookworld.policy.sampling import KL_DIRECTIONS
 from rookworld.rewards import SHAPINGS
-from rookworld.train.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, BASELINES, KL_ESTIMATORS, STD_SCALINGS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,29 +28,37 @@ class ConfigError(ValueError):
     """A setting that cannot work, said in one line."""
 
 
-def _f(default: Any, help: str, section: str, **kw: Any) -> Any:
+def _f(default: Any, help: str, section: str, *, main: bool = False, **kw: Any) -> Any:
+    """A setting: its default, its help, its section of `--help`; `main` lists it first, among the few that
+    matter most."""
+    meta = {"help": help, "section": section, "main": main, **kw}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, "section": section, **kw})
-    return field(default=default, metadata={"help": help, "section": section, **kw})
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
-RUN, DATA, SAMPLING, REWARDS, OBJECTIVE, OPTIM, LOGGING = (
-    "what to train, where, for how long", "prompts", "sampling", "rewards", "GRPO objective", "optimisation",
+# The sections of `--help`, in order (the main settings come before them all).
+RUN, DATA, SAMPLING, REWARDS, ADVANTAGES, KL, LOSS, CRITIC, OPTIM, LOGGING = (
+    "run: device, precision, seed", "data", "sampling", "rewards", "advantages",
+    "the KL leash to the frozen reference", "the loss", "the critic (--advantage gae only)", "optimisation",
     "logging, evaluation, checkpoints")
+_SECTIONS = [RUN, DATA, SAMPLING, REWARDS, ADVANTAGES, KL, LOSS, CRITIC, OPTIM, LOGGING]
 
 
 @dataclass
 class RunConfig:
     """What every training command shares."""
 
-    model: str = _f("jrahn/RookWorld-LM-124M", "policy to start from: hub repo id or local directory", RUN)
+    model: str = _f("jrahn/RookWorld-LM-124M", "policy to start from: hub repo id or local directory", RUN,
+                    main=True)
     revision: str | None = _f(None, "hub revision of --model (branch, tag or commit)", RUN)
-    steps: int = _f(500, "optimizer steps", RUN)
-    output_dir: str = _f("runs/rookworld", "directory for checkpoints, metrics.jsonl, samples and TensorBoard", RUN)
+    steps: int = _f(500, "optimizer steps", RUN, main=True)
+    output_dir: str = _f("runs/rookworld", "directory for checkpoints, metrics.jsonl, samples and TensorBoard", RUN,
+                         main=True)
     overwrite: bool = _f(False, "start afresh in an --output-dir that holds a run, deleting its metrics, samples "
                                 "and checkpoints", RUN)
     resume: str | None = _f(None, "continue from a checkpoint directory, or an output directory's latest checkpoint",
-                            RUN)
+                            RUN, main=True)
     seed: int = _f(0, "seed for data, sampling and initialisation", RUN)
     device: str = _f("auto", "cpu, cuda, cuda:N or auto (CUDA when available; under torchrun, the local rank's "
                              "GPU)", RUN)
@@ -62,7 +68,7 @@ class RunConfig:
 
     micro_batch_size: int = _f(64, "rows per forward/backward (gradient accumulation within an optimizer step)",
                                OPTIM)
-    lr: float = _f(3e-6, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM)
+    lr: float = _f(3e-6, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM, main=True)
     min_lr_ratio: float = _f(0.1, "cosine decay ends at lr x this", OPTIM)
     warmup_steps: int = _f(10, "linear learning-rate warm-up steps", OPTIM)
     weight_decay: float = _f(0.0, "AdamW weight decay", OPTIM)
@@ -70,9 +76,9 @@ class RunConfig:
 
     log_every: int = _f(1, "print a summary line every N steps", LOGGING)
     eval_every: int = _f(50, "greedy evaluation on held-out positions every N steps (0: never)", LOGGING)
-    eval_data: str | None = _f(None, "held-out positions for evaluation (default: generated, disjoint seed)",
-                               LOGGING)
-    eval_size: int = _f(128, "positions in the held-out evaluation", LOGGING)
+    eval_data: str | None = _f(None, "held-out positions for --eval-every's evaluation (default: generated, of a "
+                                     "seed training never draws from)", LOGGING)
+    eval_size: int = _f(128, "positions in --eval-every's evaluation", LOGGING)
     save_every: int = _f(50, "checkpoint every N steps (and always at the end)", LOGGING)
     keep_checkpoints: int = _f(3, "checkpoints kept (oldest deleted)", LOGGING)
     max_new_tokens: int = _f(144, "completion length limit", SAMPLING)
@@ -86,22 +92,25 @@ class RunConfig:
         self.check(_need)
         return self
 
+    def check_world(self, world: int) -> None:
+        """What can only be checked once the number of ranks is known (before any model is loaded)."""
+
     def check(self, need) -> None:
         for name in ("steps", "micro_batch_size", "stockfish_depth", "log_every", "eval_size", "keep_checkpoints",
                      "max_new_tokens"):
-            need(getattr(self, name) >= 1, f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+            need(getattr(self, name) >= 1, f"--{flag(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("seed", "warmup_steps", "eval_every", "save_every"):
-            need(getattr(self, name) >= 0, f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+            need(getattr(self, name) >= 0, f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"--min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio}")
         for name in ("lr", "weight_decay", "max_grad_norm"):
             v = getattr(self, name)
-            need(v >= 0.0 and v == v, f"--{_flag(name)} must be >= 0, got {v}")
+            need(v >= 0.0 and v == v, f"--{flag(name)} must be >= 0, got {v}")
         need(self.lr > 0, "--lr must be > 0")
         need(self.stockfish_workers is None or self.stockfish_workers >= 1, "--stockfish-workers must be >= 1")
         need(not (self.overwrite and self.resume), "--overwrite starts afresh and --resume continues: give one")
         for name, choices in (("dtype", ("auto", "bf16", "fp32")),):
             v = getattr(self, name)
-            need(v in choices, f"--{_flag(name)} must be one of {', '.join(choices)}, got {v!r}")
+            need(v in choices, f"--{flag(name)} must be one of {', '.join(choices)}, got {v!r}")
         need(bool(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device)),
              f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         need(self.eval_data is None or Path(self.eval_data).is_file(), f"--eval-data: no such file: {self.eval_data}")
@@ -137,13 +146,14 @@ class RunConfig:
 class TrainConfig(RunConfig):
     """`rookworld train`: GRPO."""
 
-    steps: int = _f(500, "GRPO steps", RUN)
+    steps: int = _f(500, "GRPO steps", RUN, main=True)
 
-    data: str | None = _f(None, "positions file (JSONL, FEN or EPD a line); default: the built-in generator", DATA)
+    data: str | None = _f(None, "positions file (JSONL, FEN or EPD a line); default: the built-in generator", DATA,
+                          main=True)
+    prompts_per_step: int = _f(32, "prompts per GRPO step (over all ranks)", DATA, main=True)
+    group_size: int = _f(16, "completions sampled per prompt (at least 2: GRPO compares them)", DATA, main=True)
     task_mix: float = _f(0.8, "share of P: prompts, exact in every step (one prompt either way); the rest are A:",
                          DATA)
-    prompts_per_step: int = _f(32, "prompts per GRPO step (over all ranks)", DATA)
-    group_size: int = _f(16, "completions sampled per prompt (at least 2: GRPO compares them)", DATA)
     auto_batch: bool = _f(False, "on CUDA, probe real steps at doubling --prompts-per-step (from "
                                  "--prompts-per-step) and keep the largest whose peak memory stays under "
                                  "--memory-target", DATA)
@@ -160,36 +170,35 @@ class TrainConfig(RunConfig):
                              choices=SHAPINGS)
 
     advantage: str = _f("grpo", "grpo (group-relative, no critic) or gae (PPO: a value head on the policy's trunk, "
-                                "per-token advantages by GAE)", OBJECTIVE, choices=ADVANTAGE_ESTIMATORS)
+                                "per-token advantages by GAE; see the critic's settings)", ADVANTAGES)
     baseline: str = _f("group", "what a reward is compared with (grpo): its group's mean, or ema, a moving average "
-                                "of its task's reward over steps", OBJECTIVE, choices=BASELINES)
-    ema_decay: float = _f(0.9, "decay of the --baseline ema average per step", OBJECTIVE)
+                                "of its task's reward over steps", ADVANTAGES)
+    ema_decay: float = _f(0.9, "decay of the --baseline ema average per step (--baseline ema only)", ADVANTAGES)
     std_scaling: str = _f("auto", "advantage scaling: group std, batch std over all ranks (with gae: whitening), "
-                                  "none (Dr. GRPO), or auto (group with the group baseline, else batch)", OBJECTIVE,
-                          choices=("auto", *STD_SCALINGS))
-    gamma: float = _f(1.0, "discount per token (--advantage gae)", OBJECTIVE)
-    gae_lambda: float = _f(0.95, "GAE lambda (--advantage gae)", OBJECTIVE)
-    vf_coef: float = _f(0.1, "weight of the value loss beside the policy loss (--advantage gae)", OBJECTIVE)
-    value_clip: float = _f(0.2, "clip range of the value loss around the rollout's values (--advantage gae)",
-                           OBJECTIVE)
-    value_lr: float = _f(1e-4, "peak learning rate of the value head (--advantage gae)", OBJECTIVE)
-    loss_aggregation: str = _f("token", "token (DAPO), sequence (GRPO) or constant (Dr. GRPO)", OBJECTIVE,
-                               choices=AGGREGATIONS)
-    clip_low: float = _f(0.2, "lower clip range of the importance ratio (1 - clip_low)", OBJECTIVE)
-    clip_high: float = _f(0.28, "upper clip range (1 + clip_high); above clip_low is clip-higher (DAPO)", OBJECTIVE)
-    beta: float = _f(0.04, "weight of the KL penalty to the frozen reference (0: no reference pass)", OBJECTIVE)
+                                  "none (Dr. GRPO), or auto (group with the group baseline, else batch)", ADVANTAGES)
+
+    beta: float = _f(0.04, "weight of the KL penalty to the frozen reference (0: no reference pass)", KL, main=True)
     kl_estimator: str = _f("k3", "KL to the reference: k1 (a per-token penalty folded into the advantages), k2 or "
                                  "k3 (loss terms with the gradient of KL(policy||ref), resp. KL(ref||policy)), "
-                                 "full (exact over the vocabulary, see --kl-direction)", OBJECTIVE,
-                           choices=KL_ESTIMATORS)
-    kl_direction: str = _f("forward", "direction of --kl-estimator full: forward KL(policy||ref), reverse "
-                                      "KL(ref||policy) or symmetric (their mean)", OBJECTIVE, choices=KL_DIRECTIONS)
-    beta_warmup_steps: int = _f(0, "ramp beta linearly from 0 over this many steps", OBJECTIVE)
-    kl_target: float | None = _f(None, "adapt beta toward this KL per token (default: fixed beta)", OBJECTIVE)
-    kl_horizon: int = _f(10, "steps over which the adaptive beta reacts", OBJECTIVE)
-    entropy_coef: float = _f(0.0, "weight of an entropy bonus", OBJECTIVE)
-    drop_zero_spread: bool = _f(False, "leave out groups whose rewards do not vary", OBJECTIVE)
-    mask_truncated: bool = _f(False, "leave out completions cut off at max_new_tokens", OBJECTIVE)
+                                 "full (exact over the vocabulary, see --kl-direction)", KL)
+    kl_direction: str = _f("forward", "direction of --kl-estimator full (only): forward KL(policy||ref), reverse "
+                                      "KL(ref||policy) or symmetric (their mean)", KL)
+    beta_warmup_steps: int = _f(0, "ramp beta linearly from 0 over this many steps", KL)
+    kl_target: float | None = _f(None, "adapt beta toward this KL per token (default: fixed beta)", KL)
+    kl_horizon: int = _f(10, "steps over which the adaptive beta reacts (with --kl-target)", KL)
+
+    loss_aggregation: str = _f("token", "token (DAPO), sequence (GRPO) or constant (Dr. GRPO)", LOSS)
+    clip_low: float = _f(0.2, "lower clip range of the importance ratio (1 - clip_low)", LOSS)
+    clip_high: float = _f(0.28, "upper clip range (1 + clip_high); above clip_low is clip-higher (DAPO)", LOSS)
+    entropy_coef: float = _f(0.0, "weight of an entropy bonus", LOSS)
+    drop_zero_spread: bool = _f(False, "leave out groups whose rewards do not vary", LOSS)
+    mask_truncated: bool = _f(False, "leave out completions cut off at max_new_tokens", LOSS)
+
+    gamma: float = _f(1.0, "discount per token", CRITIC)
+    gae_lambda: float = _f(0.95, "GAE lambda", CRITIC)
+    vf_coef: float = _f(0.1, "weight of the value loss beside the policy loss", CRITIC)
+    value_clip: float = _f(0.2, "clip range of the value loss around the rollout's values", CRITIC)
+    value_lr: float = _f(1e-4, "peak learning rate of the value head", CRITIC)
 
     mu: int = _f(1, "update epochs over each rollout", OPTIM)
     minibatches: int = _f(1, "optimizer steps per epoch (the rollout is split into this many minibatches)", OPTIM)
@@ -202,67 +211,37 @@ class TrainConfig(RunConfig):
         need(self.group_size >= 2, f"--group-size must be >= 2 (GRPO compares completions), got {self.group_size}")
         super().check(need)
         for name in ("prompts_per_step", "mu", "minibatches", "kl_horizon"):
-            need(getattr(self, name) >= 1, f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+            need(getattr(self, name) >= 1, f"--{flag(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("beta_warmup_steps", "sample_every", "top_k"):
-            need(getattr(self, name) >= 0, f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+            need(getattr(self, name) >= 0, f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
         need(0.0 < self.memory_target <= 1.0, f"--memory-target must lie in (0, 1], got {self.memory_target}")
         need(self.auto_batch_max >= 1, f"--auto-batch-max must be >= 1, got {self.auto_batch_max}")
         for name in ("task_mix", "illegal_share"):
             v = getattr(self, name)
-            need(0.0 <= v <= 1.0, f"--{_flag(name)} must lie in [0, 1], got {v}")
+            need(0.0 <= v <= 1.0, f"--{flag(name)} must lie in [0, 1], got {v}")
         for name in ("beta", "clip_low", "clip_high", "entropy_coef", "temperature", "kl_warn", "clip_warn"):
             v = getattr(self, name)
-            need(v >= 0.0 and v == v, f"--{_flag(name)} must be >= 0, got {v}")
+            need(v >= 0.0 and v == v, f"--{flag(name)} must be >= 0, got {v}")
         need(self.temperature > 0, "--temperature must be > 0 for training (the update's log-probs are taken at "
                                    "the sampling temperature); greedy decoding is for evaluation")
         need(0.0 < self.top_p <= 1.0, f"--top-p must lie in (0, 1], got {self.top_p}")
         need(self.clip_low < 1.0, f"--clip-low must be < 1, got {self.clip_low}")
         need(self.kl_target is None or self.kl_target > 0, "--kl-target must be > 0")
-        samples = self.prompts_per_step * self.group_size
-        need(samples % self.minibatches == 0,
-             f"prompts-per-step x group-size ({samples}) must split into --minibatches ({self.minibatches})")
-        for name, choices in (("reward_shaping", SHAPINGS), ("std_scaling", ("auto", *STD_SCALINGS)),
-                              ("loss_aggregation", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS),
-                              ("kl_direction", KL_DIRECTIONS), ("baseline", BASELINES),
-                              ("advantage", ADVANTAGE_ESTIMATORS)):
-            v = getattr(self, name)
-            need(v in choices, f"--{_flag(name)} must be one of {', '.join(choices)}, got {v!r}")
+        need(self.reward_shaping in SHAPINGS,
+             f"--reward-shaping must be one of {', '.join(SHAPINGS)}, got {self.reward_shaping!r}")
         need(self.data is None or Path(self.data).is_file(), f"--data: no such file: {self.data}")
-        self._check_objective(need)
+        # The objective's own settings are checked where they are decided. Imported here, not at the top: it
+        # needs torch, and parsing flags must not load it.
+        from rookworld.train import objective
 
-    def _check_objective(self, need) -> None:
-        if self.kl_target is not None:
-            need(self.beta > 0, "--kl-target adapts --beta from its starting value: give --beta > 0")
-            need(self.beta_warmup_steps == 0, "--kl-target and --beta-warmup-steps both set beta: use one of them")
-        need(self.kl_direction == "forward" or self.kl_estimator == "full",
-             "--kl-direction applies to --kl-estimator full only")
-        for name in ("gamma", "gae_lambda"):
-            v = getattr(self, name)
-            need(0.0 <= v <= 1.0, f"--{_flag(name)} must lie in [0, 1], got {v}")
-        need(0.0 <= self.ema_decay < 1.0, f"--ema-decay must lie in [0, 1), got {self.ema_decay}")
-        need(self.vf_coef >= 0, f"--vf-coef must be >= 0, got {self.vf_coef}")
-        need(self.value_clip > 0, f"--value-clip must be > 0, got {self.value_clip}")
-        need(self.value_lr > 0, f"--value-lr must be > 0, got {self.value_lr}")
-        if self.advantage == "gae":
-            need(self.baseline == "group", "--advantage gae has its own baseline (the value head): drop --baseline")
-            need(self.std_scaling != "group", "--std-scaling group has no meaning for per-token GAE advantages: "
-                                              "use batch (whitening) or none")
-        else:
-            for name in ("gamma", "gae_lambda", "vf_coef", "value_clip", "value_lr"):
-                need(getattr(self, name) == _default(TrainConfig, name),
-                     f"--{_flag(name)} applies to --advantage gae only")
-        if self.baseline != "group":
-            need(self.std_scaling != "group", "--std-scaling group divides by each group's std, which is 0 for a "
-                                              "group without spread: use batch or none with --baseline ema")
-        else:
-            need(self.ema_decay == _default(TrainConfig, "ema_decay"), "--ema-decay applies to --baseline ema only")
+        objective.check(self, need)
 
-    @property
-    def advantage_scaling(self) -> str:
-        """--std-scaling with auto resolved: group for GRPO's group baseline, batch otherwise."""
-        if self.std_scaling != "auto":
-            return self.std_scaling
-        return "group" if self.advantage == "grpo" and self.baseline == "group" else "batch"
+    def check_world(self, world: int) -> None:
+        _need(self.prompts_per_step % world == 0,
+              f"--prompts-per-step ({self.prompts_per_step}) must divide over {world} ranks")
+        rows = self.prompts_per_step // world * self.group_size
+        _need(rows % self.minibatches == 0, f"each rank's {rows} completions (--prompts-per-step x --group-size / "
+                                            f"ranks) must split into --minibatches ({self.minibatches})")
 
 
 #: Fresh GPT-2 sizes for `rookworld sft --init`: (layers, heads, width).
@@ -274,19 +253,19 @@ class SFTConfig(RunConfig):
     """`rookworld sft`: supervised training on P:/A: text, as RookWorld-LM itself was made."""
 
     model: str | None = _f(None, "continue this GPT-2 checkpoint (hub repo id or directory); or start fresh with "
-                                 "--init", RUN)
+                                 "--init", RUN, main=True)
     init: str | None = _f(None, "start from a fresh random GPT-2 of this size: tiny (2 layers, 128 wide), mini "
                                 "(4, 256) or small (12, 768: GPT-2 small); --n-layer/--n-head/--n-embd override",
-                          RUN, choices=tuple(MODEL_SIZES))
+                          RUN, main=True, choices=tuple(MODEL_SIZES))
     n_layer: int | None = _f(None, "layers of a fresh model (with --init)", RUN)
     n_head: int | None = _f(None, "attention heads of a fresh model (with --init)", RUN)
     n_embd: int | None = _f(None, "width of a fresh model (with --init)", RUN)
-    steps: int = _f(1000, "optimizer steps", RUN)
+    steps: int = _f(1000, "optimizer steps", RUN, main=True)
     output_dir: str = _f("runs/sft", "directory for checkpoints, metrics.jsonl, TensorBoard, and the latest model "
-                                     "itself (a --model for rookworld train)", RUN)
+                                     "itself (a --model for rookworld train)", RUN, main=True)
 
     data: list = _f([], "training samples: RookWorld text (one P: or A: sample a line) or the JSONL of rookworld "
-                        "positions --annotate; repeat for several files", DATA)
+                        "positions --annotate; repeat for several files", DATA, main=True)
     skip_bad: bool = _f(False, "skip (and count) malformed lines instead of stopping at the first", DATA)
     seq_len: int = _f(512, "tokens per training row: the longest document it takes, or with --pack the length of "
                            "the packed rows", DATA)
@@ -300,7 +279,7 @@ class SFTConfig(RunConfig):
 
     micro_batch_size: int = _f(16, "rows per forward/backward (gradient accumulation within an optimizer step)",
                                OPTIM)
-    lr: float = _f(3e-4, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM)
+    lr: float = _f(3e-4, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM, main=True)
     warmup_steps: int = _f(50, "linear learning-rate warm-up steps", OPTIM)
     weight_decay: float = _f(0.1, "AdamW weight decay (matrices only)", OPTIM)
 
@@ -318,8 +297,8 @@ class SFTConfig(RunConfig):
                                                               "tiny|mini|small (a fresh GPT-2)")
         for name in ("n_layer", "n_head", "n_embd"):
             v = getattr(self, name)
-            need(v is None or self.init is not None, f"--{_flag(name)} shapes a fresh model: use it with --init")
-            need(v is None or v >= 1, f"--{_flag(name)} must be >= 1, got {v}")
+            need(v is None or self.init is not None, f"--{flag(name)} shapes a fresh model: use it with --init")
+            need(v is None or v >= 1, f"--{flag(name)} must be >= 1, got {v}")
         if self.init is not None:
             need(self.init in MODEL_SIZES, f"--init must be one of {', '.join(MODEL_SIZES)}, got {self.init!r}")
             _, heads, width = self.model_shape
@@ -329,9 +308,12 @@ class SFTConfig(RunConfig):
         for path in self.data:
             need(Path(path).is_file(), f"--data: no such file: {path}")
         for name in ("seq_len", "rows_per_step"):
-            need(getattr(self, name) >= 1, f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+            need(getattr(self, name) >= 1, f"--{flag(name)} must be >= 1, got {getattr(self, name)}")
         need(self.seq_len >= 2, f"--seq-len must be >= 2, got {self.seq_len}")
         need(self.loss_on in ("all", "target"), f"--loss-on must be all or target, got {self.loss_on!r}")
+
+    def check_world(self, world: int) -> None:
+        _need(self.rows_per_step % world == 0, f"--rows-per-step ({self.rows_per_step}) must divide over {world} ranks")
 
     @property
     def model_shape(self) -> tuple[int, int, int]:
@@ -345,11 +327,13 @@ def _need(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _default(cls: type, name: str) -> Any:
+def default(cls: type, name: str) -> Any:
+    """The default of setting `name` of a config class."""
     return cls.__dataclass_fields__[name].default
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
+    """The command-line flag of setting `name`, without its dashes."""
     return name.replace("_", "-")
 
 
@@ -377,14 +361,16 @@ def _type_ok(f: dataclasses.Field, v: Any) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type[RunConfig] = TrainConfig) -> None:
-    """One flag per field, grouped by section; defaults are SUPPRESSed so that only flags actually given override
-    the file."""
-    parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file; flags override it")
+    """One flag per field: the main settings first, then the rest section by section. Defaults are SUPPRESSed so
+    that only flags actually given override the file."""
+    main = parser.add_argument_group("main settings (the rest below, by section)")
+    main.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file; flags override it")
     groups: dict[str, argparse._ArgumentGroup] = {}
-    fields = sorted(dataclasses.fields(cls), key=lambda f: _SECTIONS.index(f.metadata["section"]))
+    fields = sorted(dataclasses.fields(cls), key=lambda f: (not f.metadata["main"],
+                                                            _SECTIONS.index(f.metadata["section"])))
     for f in fields:
         section = f.metadata["section"]
-        group = groups.get(section) or groups.setdefault(section, parser.add_argument_group(section))
+        group = main if f.metadata["main"] else groups.setdefault(section, parser.add_argument_group(section))
         help_text = f.metadata["help"]
         typ = _base_type(f)
         kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name}
@@ -399,10 +385,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[RunConfig] = TrainC
         # A default of None is said in the help text itself ("default: the built-in generator").
         shown = f.default is not None and f.default is not dataclasses.MISSING and "default" not in help_text
         kwargs["help"] = f"{help_text} (default: {_shown(f.default)})" if shown else help_text
-        group.add_argument(f"--{_flag(f.name)}", **kwargs)
-
-
-_SECTIONS = [RUN, DATA, SAMPLING, REWARDS, OBJECTIVE, OPTIM, LOGGING]
+        group.add_argument(f"--{flag(f.name)}", **kwargs)
 
 
 def _shown(value: Any) -> str:
@@ -429,7 +412,7 @@ def from_args(args: argparse.Namespace, cls: type[RunConfig] = TrainConfig):
     names = {f.name for f in dataclasses.fields(cls)}
     for name in names:
         if hasattr(args, name):
-            if _flag(name) != name:
-                values.pop(_flag(name), None)
+            if flag(name) != name:
+                values.pop(flag(name), None)
             values[name] = getattr(args, name)
     return cls.from_dict(values, source).validate()

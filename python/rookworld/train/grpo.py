@@ -1,7 +1,8 @@
-"""The GRPO objective, as pure tensor functions (no model, no I/O), so each piece is testable by hand.
+"""The GRPO objective's formulas, as pure tensor functions (no model, no I/O, no option names), so each piece
+is testable by hand. Which of them a run uses, and with which settings, is decided in `objective`.
 
 Shapes: rewards are per completion [N]; log-probs, masks, advantages, values and losses per token [N, T].
-Completions of one prompt are consecutive (a group). Which gradient each KL option gives is worked out in
+Completions of one prompt are consecutive (a group). Which gradient each KL estimator gives is worked out in
 the README ("The KL leash"); the tests check it exactly on a small vocabulary.
 """
 
@@ -9,36 +10,33 @@ from __future__ import annotations
 
 import torch
 
-STD_SCALINGS = ("group", "batch", "none")
-BASELINES = ("group", "ema")
-ADVANTAGE_ESTIMATORS = ("grpo", "gae")
-KL_ESTIMATORS = ("k1", "k2", "k3", "full")
-AGGREGATIONS = ("token", "sequence", "constant")
-
 #: Rewards closer than this are equal: a group whose rewards all lie within it has no spread. The scorer's
 #: rewards are sums of a few weighted terms in [-0.3, 1]; differences below this are rounding, not signal.
 SPREAD_TOL = 1e-6
 
 
-def group_has_spread(rewards: torch.Tensor, group_size: int, tol: float = SPREAD_TOL) -> torch.Tensor:
-    """Per completion: whether its group's rewards differ at all (a group without spread teaches nothing)."""
+def group_has_spread(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per completion: whether its group's rewards differ by more than `SPREAD_TOL` (a group without spread teaches
+    nothing)."""
     groups = rewards.double().view(-1, group_size)
-    spread = (groups.max(dim=1).values - groups.min(dim=1).values) > tol
+    spread = (groups.max(dim=1).values - groups.min(dim=1).values) > SPREAD_TOL
     return spread.repeat_interleave(group_size)
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-6, *,
-                     baseline: torch.Tensor | None = None, batch_std: float | None = None) -> torch.Tensor:
-    """Per-completion advantages [N]: reward minus a baseline, divided by a std.
+def group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Each group's (population) std [groups, 1], in float64."""
+    return rewards.double().view(-1, group_size).std(dim=1, keepdim=True, unbiased=False)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, *, baseline: torch.Tensor | None = None,
+                     std: torch.Tensor | float | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """Per-completion advantages [N]: reward minus a baseline, divided by ``std + eps`` when a std is given.
 
     The baseline is the group's mean (GRPO) or, when given, ``baseline`` [N] (e.g. a running mean of each
-    task's reward). The std is the group's (``group``), the whole batch's (``batch``; ``batch_std`` when the
-    batch spans several ranks) or none (``none``, Dr. GRPO). With the group mean, a group without spread gets
-    exactly zero: in float32 its mean can differ from its equal rewards by ~1e-8, and divided by a std that is
-    as tiny that becomes random-sign noise of order 0.1.
+    task's reward). ``std`` is one number (the batch's) or one per group [groups, 1] (`group_std`). With the
+    group mean, a group without spread gets exactly zero: in float32 its mean can differ from its equal rewards
+    by ~1e-8, and divided by a std that is as tiny that becomes random-sign noise of order 0.1.
     """
-    if scale not in STD_SCALINGS:
-        raise ValueError(f"std scaling must be one of {STD_SCALINGS}, got {scale!r}")
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     r = rewards.double()
@@ -47,13 +45,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
         spread = group_has_spread(r, group_size).view(-1, group_size)
         centred = torch.where(spread, groups - groups.mean(dim=1, keepdim=True), 0.0)
     else:
-        if scale == "group":
-            raise ValueError("group std scaling needs the group-mean baseline (a group without spread has std 0)")
         centred = (r - baseline.double().view(-1)).view(-1, group_size)
-    if scale == "group":
-        centred = centred / (groups.std(dim=1, keepdim=True, unbiased=False) + eps)
-    elif scale == "batch":
-        std = float(r.std(unbiased=False)) if batch_std is None else batch_std
+    if std is not None:
         centred = centred / (std + eps)
     return centred.view(-1).float()
 
@@ -63,23 +56,26 @@ def ema(previous: float | None, value: float, decay: float) -> float:
     return value if previous is None else decay * previous + (1.0 - decay) * value
 
 
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(policy || reference) from samples of the policy (Schulman's k1, k2, k3).
+def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Schulman's k1 per token, log pi - log ref: an unbiased estimate of KL(policy || reference) from samples of
+    the policy, which can be negative. As a loss term its gradient is zero in expectation, which is why the
+    objective folds it into the advantages instead (`penalty_to_go`)."""
+    return logprobs - ref_logprobs
 
-    With r = ref - policy log-probs: k1 = -r (unbiased, can be negative), k2 = r^2 / 2, k3 = e^r - 1 - r
-    (unbiased and never negative). As loss terms their gradients differ (README): k2's is that of
-    KL(policy || reference), k3's that of KL(reference || policy), and k1's is zero in expectation, which is
-    why the trainer folds k1 into the advantages instead (`penalty_to_go`).
-    """
+
+def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Schulman's k2 per token, r^2 / 2 with r = log ref - log pi: as a loss term, the gradient of
+    KL(policy || reference)."""
     r = ref_logprobs - logprobs
-    if estimator == "k1":
-        return -r
-    if estimator == "k2":
-        return 0.5 * r * r
-    if estimator == "k3":
-        # Clamped so a token the reference finds impossible cannot overflow the exponential.
-        return torch.exp(r.clamp(max=20.0)) - 1.0 - r
-    raise ValueError(f"sampled KL estimator must be one of k1, k2, k3, got {estimator!r}")
+    return 0.5 * r * r
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 per token, e^r - 1 - r with r = log ref - log pi: unbiased for KL(policy || reference) and
+    never negative; as a loss term, the gradient of KL(reference || policy)."""
+    r = ref_logprobs - logprobs
+    # Clamped so a token the reference finds impossible cannot overflow the exponential.
+    return torch.exp(r.clamp(max=20.0)) - 1.0 - r
 
 
 def penalty_to_go(penalty: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -129,34 +125,25 @@ def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advant
     return loss, was_clipped
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token", *, max_tokens: int | None = None,
-              total_tokens: float | None = None, total_sequences: float | None = None) -> torch.Tensor:
-    """Reduces a per-token loss to a scalar.
-
-    ``token`` (DAPO): sum over all tokens / their count, so long completions weigh more in total.
-    ``sequence`` (GRPO): mean over sequences of each sequence's token mean.
-    ``constant`` (Dr. GRPO): sum / (sequences x max_tokens), free of length bias.
-
-    When a minibatch is split into micro-batches, pass the whole minibatch's ``total_tokens`` /
-    ``total_sequences`` so that the micro-batch losses add up to the minibatch loss (under DDP, which averages
-    the ranks' gradients, the global token count divided by the number of ranks).
-    """
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor, total_tokens: float | None = None) -> torch.Tensor:
+    """DAPO's aggregation: the sum over all tokens / their count (``total_tokens``, the whole minibatch's, when a
+    minibatch is split into micro-batches), so long completions weigh more in total."""
     mask = mask.to(per_token.dtype)
-    masked = per_token * mask
+    denom = total_tokens if total_tokens is not None else mask.sum().clamp(min=1.0)
+    return (per_token * mask).sum() / denom
+
+
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, total_sequences: float | None = None
+                  ) -> torch.Tensor:
+    """GRPO's aggregation: the mean over sequences (``total_sequences`` of the minibatch) of each one's token
+    mean."""
+    mask = mask.to(per_token.dtype)
+    per_seq = (per_token * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
+    return per_seq.sum() / (total_sequences if total_sequences is not None else per_token.shape[0])
+
+
+def constant_mean(per_token: torch.Tensor, mask: torch.Tensor, max_tokens: int,
+                  total_sequences: float | None = None) -> torch.Tensor:
+    """Dr. GRPO's aggregation: the sum / (sequences x max_tokens), free of length bias."""
     n_seq = total_sequences if total_sequences is not None else per_token.shape[0]
-    if how == "token":
-        denom = total_tokens if total_tokens is not None else mask.sum().clamp(min=1.0)
-        return masked.sum() / denom
-    if how == "sequence":
-        per_seq = masked.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
-        return per_seq.sum() / n_seq
-    if how == "constant":
-        if max_tokens is None:
-            raise ValueError("constant aggregation needs max_tokens")
-        return masked.sum() / (n_seq * max_tokens)
-    raise ValueError(f"loss aggregation must be one of {AGGREGATIONS}, got {how!r}")
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(x.dtype)
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    return (per_token * mask.to(per_token.dtype)).sum() / (n_seq * max_tokens)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rookworld.train import grpo
 from rookworld.train.distributed import Comm
 from rookworld.train.rollout import Rollout
 from rookworld.train.update import UpdateSums
@@ -24,14 +25,28 @@ def _mean(x: np.ndarray) -> float | None:
     return float(np.mean(x)) if len(x) else None
 
 
+def step_metrics(comm: Comm, rollout: Rollout, sums: UpdateSums, *, measured_kl: bool, step_time: float,
+                 update_time: float) -> dict[str, Any]:
+    """What one GRPO step did, over every rank (metrics.jsonl's row, less what the trainer adds)."""
+    m = {**reward_metrics(comm, rollout), **update_metrics(comm, rollout, sums, measured_kl=measured_kl)}
+    sampled = sampling_metrics(comm, rollout)
+    samples, tokens = sampled.pop("samples"), sampled.pop("generated_tokens")
+    m.update(sampled)
+    m.update(rollout.info)
+    m.update({"beta": rollout.beta, "samples_per_s": samples / step_time, "tokens_per_s": tokens / step_time,
+              "time/step": step_time, "time/update": update_time, **{f"time/{k}": v for k, v in rollout.times.items()},
+              "peak_memory_gb": peak_memory_gb(rollout.ids.device)})
+    return m
+
+
 def reward_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
     """Rewards, format validity and task shares, per task, over every rank's rows."""
-    device, scored = rollout.rewards.device, rollout.scored
+    device, scores = rollout.rewards.device, rollout.scores
     rewards = comm.gather(rollout.rewards).cpu().numpy()
     codes = torch.as_tensor([_TASK_CODES.get(str(t), 2) if ok else _UNSCORED
-                             for t, ok in zip(scored.tasks, rollout.valid)], device=device)
+                             for t, ok in zip(scores.tasks, scores.valid)], device=device)
     tasks = comm.gather(codes).cpu().numpy()
-    well = comm.gather(torch.tensor(np.asarray(scored.well_formed), device=device)).cpu().numpy()
+    well = comm.gather(torch.tensor(np.asarray(scores.well_formed), device=device)).cpu().numpy()
     kept = rewards[tasks != _UNSCORED]
     m: dict[str, Any] = {"reward/mean": float(kept.mean()) if len(kept) else None,
                          "reward/std": float(kept.std()) if len(kept) else None,
@@ -80,14 +95,14 @@ def value_metrics(comm: Comm, values: torch.Tensor, returns: torch.Tensor, mask:
             "value/mean": comm.moments(values, mask)[1]}
 
 
-def sampling_metrics(cfg, comm: Comm, rollout: Rollout) -> dict[str, Any]:
+def sampling_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
     """Completion lengths, truncation and reward spread of the sampled groups."""
-    G, out = cfg.group_size, rollout.out
-    scored_groups = rollout.valid[::G]
-    flat_groups = (~rollout.spread.cpu().numpy()[::G]) & scored_groups
+    G = rollout.group_size
+    scored_groups = rollout.scores.valid[::G]
+    flat_groups = (~grpo.group_has_spread(rollout.rewards, G).cpu().numpy()[::G]) & scored_groups
     gen_tokens, truncated, zero_spread, n_groups, rows = comm.sum(
-        [float(out.mask.sum()), float((~out.stopped).sum()), float(flat_groups.sum()), float(scored_groups.sum()),
-         float(len(rollout.completions))])
+        [float(rollout.completion_mask.sum()), float((~rollout.stopped).sum()), float(flat_groups.sum()),
+         float(scored_groups.sum()), float(len(rollout.completions))])
     return {"completion_len": gen_tokens / rows, "truncated": truncated / rows,
             # Among the groups that were scored: an unscored group has no rewards to spread.
             "groups/zero_spread": zero_spread / n_groups if n_groups else None,

@@ -1,6 +1,6 @@
 """The networks of a GRPO run and how they are run: the policy (with its value head, for GAE), the frozen
-reference, the device, autocast and compilation. Sampling and the no-grad log-prob passes of a rollout live
-here; the update's differentiable pass goes through `scores`, which DDP wraps."""
+reference, the device, autocast and compilation. Sampling (`Sampler`) and the no-grad log-prob passes of a rollout
+live here; the update's differentiable pass goes through `LogProbs`, which DDP wraps."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from rookworld.policy.model import autocast_copy, refresh_copy
 from rookworld.policy.logprobs import token_logprobs
+from rookworld.policy.model import autocast_copy, refresh_copy
 from rookworld.policy.sampling import PAD_ID, GenerationOutput, generate
 
 
-class Scores(nn.Module):
+class LogProbs(nn.Module):
     """`token_logprobs` (and the value head, if any) behind a forward(), so DDP's hooks see every parameter
     the update uses. The frozen reference comes as an argument: it is not trained, so DDP must not own it."""
 
@@ -26,13 +26,12 @@ class Scores(nn.Module):
         super().__init__()
         self.model, self.value_head, self.compile, self.entropy = model, value_head, compile, entropy
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, temperature: float,
-                reference: nn.Module | None = None, kl_direction: str = "forward", scored: torch.Tensor | None = None):
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, start: int, temperature: float,
+                reference: nn.Module | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
+                wanted: torch.Tensor | None = None):
         s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
-                           compile=self.compile, reference=reference,
-                           kl_weights={"forward": (1.0, 0.0), "reverse": (0.0, 1.0),  # TODO objective
-                                       "symmetric": (0.5, 0.5)}[kl_direction],
-                           value_head=self.value_head, wanted=scored)
+                           compile=self.compile, reference=reference, kl_weights=kl_weights,
+                           value_head=self.value_head, wanted=wanted)
         return s.logprobs, s.entropy, s.kl, s.values
 
 
@@ -70,67 +69,31 @@ class Models:
         # Under autocast, sampling and the frozen reference read weights stored in the compute dtype: the same
         # bits, without every decode step and every log-prob pass casting every weight again.
         casts = amp_dtype is not None and policy.dtype != amp_dtype
-        self._sampler = autocast_copy(policy, amp_dtype) if casts else None
+        self._sampling_copy = autocast_copy(policy, amp_dtype) if casts else None
         if casts and reference is not None:
             reference = autocast_copy(reference, amp_dtype)
         self.policy, self.reference, self.value_head = policy, reference, value_head
         self.device, self.amp_dtype, self.compile, self.autocast = device, amp_dtype, compile, autocast
-        self.scores: nn.Module = Scores(policy, value_head, compile)
+        self.logprobs: nn.Module = LogProbs(policy, value_head, compile)
         if ddp:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            self.scores = DDP(self.scores, device_ids=[device.index] if device.type == "cuda" else None)
+            self.logprobs = DDP(self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
 
-    def sampler(self) -> nn.Module:
+    def sampling_model(self) -> nn.Module:
         """The policy as sampling runs it (under `amp_dtype` autocast only): its autocast copy, brought up to the
         current weights, or the policy itself where nothing is cast."""
-        return self.policy if self._sampler is None else refresh_copy(self._sampler, self.policy)
+        return self.policy if self._sampling_copy is None else refresh_copy(self._sampling_copy, self.policy)
 
     @property
     def trained(self) -> nn.Module:
         """Every trained parameter (policy and value head), as one module."""
-        return getattr(self.scores, "module", self.scores)
-
-    def sample(self, ids: torch.Tensor, pmask: torch.Tensor, prompt_lens: np.ndarray, tasks: np.ndarray,
-               generator: torch.Generator, cfg, completion_lengths: dict[str, int] | None = None
-               ) -> GenerationOutput:
-        """Completions for left-padded prompts [n, P] (real lengths `prompt_lens`), one `generate` call per task.
-
-        A: prompts are about twice as wide as P: prompts and their completions about twice as long, and a batch
-        decodes until its longest row is done: sampled together, every P: row would ride along for the A: rows'
-        extra steps, in a KV cache sized for them. Apart, each task's batch stops and sizes its cache on its own.
-        ``completion_lengths`` ({task: n}) makes every completion exactly n tokens, EOS or not: for benchmarks,
-        which must measure the same work whatever the (random) weights write.
-        """
-        n, P = ids.shape
-        fixed = completion_lengths is not None
-        model = self.sampler()
-        parts = []
-        for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
-            rows = np.flatnonzero(tasks == task)
-            index, left = torch.from_numpy(rows).to(self.device), P - int(prompt_lens[rows].max())
-            limit = completion_lengths.get(task, cfg.max_new_tokens) if fixed else cfg.max_new_tokens
-            with torch.no_grad():
-                parts.append((index, generate(
-                    model, ids[index, left:], pmask[index, left:], max_new_tokens=limit, stop_at_eos=not fixed,
-                    temperature=cfg.temperature, top_k=cfg.top_k or None, top_p=cfg.top_p if cfg.top_p < 1.0 else None,
-                    generator=generator, compile=self.compile, dtype=self.amp_dtype)))
-        width = max((o.tokens.shape[1] for _, o in parts), default=0)
-        tokens = torch.full((n, width), PAD_ID, dtype=torch.long, device=self.device)
-        mask = torch.zeros((n, width), dtype=torch.bool, device=self.device)
-        logprobs = torch.zeros((n, width), device=self.device)
-        lengths = torch.zeros(n, dtype=torch.long, device=self.device)
-        stopped = torch.zeros(n, dtype=torch.bool, device=self.device)
-        for index, o in parts:
-            w = o.tokens.shape[1]
-            tokens[index, :w], mask[index, :w], logprobs[index, :w] = o.tokens, o.mask, o.logprobs
-            lengths[index], stopped[index] = o.lengths, o.stopped
-        return GenerationOutput(tokens, mask, logprobs, lengths, stopped)
+        return getattr(self.logprobs, "module", self.logprobs)
 
     @torch.no_grad()
-    def rollout_scores(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,
-                       batches: list[MicroBatch], temperature: float, values: bool = False
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def rollout_logprobs(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,
+                         batches: list[MicroBatch], temperature: float, values: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Completion log-probs [n, N] of every row under `model` and, with `values`, the value head's values
         [n, N], without gradients (0 past each micro-batch's width)."""
         lp = torch.zeros(ids.shape[0], ids.shape[1] - prompt_width, device=ids.device)
@@ -145,3 +108,48 @@ class Models:
             if vals is not None:
                 vals[rows, : b.width] = s.values.float()
         return lp, vals
+
+
+class Sampler:
+    """A rollout's completions for left-padded prompts [n, P], with the run's sampling settings, one `generate`
+    call per task.
+
+    A: prompts are about twice as wide as P: prompts and their completions about twice as long, and a batch
+    decodes until its longest row is done: sampled together, every P: row would ride along for the A: rows'
+    extra steps, in a KV cache sized for them. Apart, each task's batch stops and sizes its cache on its own.
+    """
+
+    def __init__(self, models: Models, cfg):
+        self.models, self.max_new_tokens = models, cfg.max_new_tokens
+        #: `generate`'s settings beside the prompts, the length and the generator.
+        self.settings = dict(temperature=cfg.temperature, top_k=cfg.top_k or None,
+                             top_p=cfg.top_p if cfg.top_p < 1.0 else None, compile=models.compile,
+                             dtype=models.amp_dtype)
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray, generator: torch.Generator
+                 ) -> GenerationOutput:
+        n, P = ids.shape
+        model, device = self.models.sampling_model(), self.models.device
+        prompt_lens = mask.sum(1).cpu().numpy()
+        parts = []
+        for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
+            rows = np.flatnonzero(tasks == task)
+            index, left = torch.from_numpy(rows).to(device), P - int(prompt_lens[rows].max())
+            parts.append((index, self.generate(model, ids[index, left:], mask[index, left:], task, generator)))
+        width = max((o.tokens.shape[1] for _, o in parts), default=0)
+        out = GenerationOutput(tokens=torch.full((n, width), PAD_ID, dtype=torch.long, device=device),
+                               mask=torch.zeros((n, width), dtype=torch.bool, device=device),
+                               logprobs=torch.zeros((n, width), device=device),
+                               lengths=torch.zeros(n, dtype=torch.long, device=device),
+                               stopped=torch.zeros(n, dtype=torch.bool, device=device))
+        for index, o in parts:
+            w = o.tokens.shape[1]
+            out.tokens[index, :w], out.mask[index, :w], out.logprobs[index, :w] = o.tokens, o.mask, o.logprobs
+            out.lengths[index], out.stopped[index] = o.lengths, o.stopped
+        return out
+
+    def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, task: str,
+                 generator: torch.Generator) -> GenerationOutput:
+        """The completions of one task's rows."""
+        return generate(model, ids, mask, max_new_tokens=self.max_new_tokens, generator=generator, **self.settings)

@@ -94,6 +94,7 @@ class Run:
         self.cfg, self.command, self.export = cfg, command, export
         kind = resolve_device(cfg.device).type
         self.dist = init_distributed(kind)
+        cfg.check_world(self.dist.world)
         self.device = resolve_device(cfg.device, self.dist.local_rank)
         self.comm = Comm(self.dist, self.device)
         if kind == "cuda":

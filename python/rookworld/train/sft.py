@@ -18,7 +18,7 @@ from torch import nn
 
 from rookworld.train.config import SFTConfig
 from rookworld.train.metrics import peak_memory_gb
-from rookworld.train.models import Scores
+from rookworld.train.models import LogProbs
 from rookworld.train.run import Run
 from rookworld.train.runlog import fmt
 from rookworld.train.samples import Rows, collate, eval_rows, positions, read_samples, tokenize
@@ -76,32 +76,15 @@ class SFTTrainer:
         run.log.say(f"data: {len(tasks)} samples ({tasks.count('P')} P:, {tasks.count('A')} A:), {n_tokens:,} "
                     f"tokens, {self.rows.per_pass} {rows} a pass; {cfg.rows_per_step} rows a step, "
                     f"loss on {cfg.loss_on} tokens")
-        world = run.dist.world
-        if cfg.rows_per_step % world:
-            from rookworld.train.config import ConfigError
-
-            raise ConfigError(f"--rows-per-step ({cfg.rows_per_step}) must divide over {world} ranks")
-        self.scores = Scores(run.policy, compile=run.compile, entropy=False)
+        self.logprobs = LogProbs(run.policy, compile=run.compile, entropy=False)
         if run.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            self.scores = DDP(self.scores, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+            self.logprobs = DDP(self.logprobs, device_ids=[run.device.index] if run.device.type == "cuda" else None)
         run.build_optimizer()
         self.eval_docs = tokenize(held_out.samples, run.tokenizer, cfg.loss_on) if held_out else None
         self.eval_records = positions(held_out.samples, cfg.eval_size) if held_out else None
         self.pool = None
-
-    @property
-    def policy(self) -> nn.Module:
-        return self.run.policy
-
-    @property
-    def step(self) -> int:
-        return self.run.step
-
-    @property
-    def interrupted(self) -> bool:
-        return self.run.interrupted
 
     def _loss(self, batch, normalizer: float, backward: bool) -> tuple[torch.Tensor, float]:
         """Summed NLL / normalizer of one micro-batch of rows, and how many tokens it counted."""
@@ -114,9 +97,10 @@ class SFTTrainer:
         # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
         with self.run.autocast():
             if backward:
-                lp = self.scores(ids, None, 1, 1.0, scored=counted)[0]
+                lp = self.logprobs(ids, None, 1, 1.0, wanted=counted)[0]
             else:
-                lp = token_logprobs(self.policy, ids, None, start=1, compile=self.run.compile, wanted=counted).logprobs
+                lp = token_logprobs(self.run.policy, ids, None, start=1, compile=self.run.compile,
+                                    wanted=counted).logprobs
         nll = -(lp.float() * counted).sum() / normalizer
         if backward:
             nll.backward()
@@ -137,7 +121,7 @@ class SFTTrainer:
         micro = [rows[i : i + cfg.micro_batch_size] for i in range(0, len(rows), cfg.micro_batch_size)]
         for j, batch in enumerate(micro):
             last = j == len(micro) - 1
-            no_sync = self.scores.no_sync() if run.dist.enabled and not last else contextlib.nullcontext()
+            no_sync = self.logprobs.no_sync() if run.dist.enabled and not last else contextlib.nullcontext()
             with no_sync:
                 nll, _ = self._loss(batch, max(tokens, 1.0) / run.dist.world, backward=True)
             total += nll
@@ -158,7 +142,7 @@ class SFTTrainer:
         m = {"step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": all_tokens / step_time,
              "time/step": step_time, "peak_memory_gb": peak_memory_gb(run.device)}
         if run.device.type == "cuda":
-            flops = step_flops(self.policy, all_tokens, tokens, context)
+            flops = step_flops(self.run.policy, all_tokens, tokens, context)
             m["mfu"] = flops / step_time / (run.dist.world * PEAK_TFLOPS * 1e12)
         return m
 
@@ -183,7 +167,7 @@ class SFTTrainer:
 
             self.pool = StockfishPool(path=cfg.stockfish_path, workers=cfg.stockfish_workers,
                                       depth=cfg.stockfish_depth, cache_path=cfg.stockfish_cache)
-        result = evaluate(self.policy, self.run.tokenizer, records, RewardScorer(self.pool),
+        result = evaluate(self.run.policy, self.run.tokenizer, records, RewardScorer(self.pool),
                           batch_size=cfg.micro_batch_size, max_new_tokens=cfg.max_new_tokens, compile=self.run.compile)
         m.update({f"eval/{task}/{k}": v for task in ("P", "A") for k, v in result.get(task, {}).items()})
         return m

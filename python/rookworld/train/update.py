@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rookworld.train import grpo
 from rookworld.train.distributed import Comm
 from rookworld.train.models import MicroBatch, Models
+from rookworld.train.objective import Objective
 from rookworld.train.rollout import Rollout, seed_of
 
 _SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss")
@@ -30,8 +30,8 @@ class UpdateSums:
     done: int = 0  # optimizer steps taken
 
 
-def update(cfg, models: Models, optimizer: torch.optim.Optimizer, comm: Comm, rollout: Rollout, step: int
-           ) -> UpdateSums:
+def update(cfg, objective: Objective, models: Models, optimizer: torch.optim.Optimizer, comm: Comm, rollout: Rollout,
+           step: int) -> UpdateSums:
     n = rollout.ids.shape[0]
     # Running sums stay on the device: a host sync per micro-batch would stall the GPU between them.
     acc = UpdateSums({k: torch.zeros((), dtype=torch.float64, device=models.device) for k in _SUMS})
@@ -50,10 +50,10 @@ def update(cfg, models: Models, optimizer: torch.optim.Optimizer, comm: Comm, ro
             micro = rollout.micro_batches(mb.numpy(), cfg.micro_batch_size)
             for j, b in enumerate(micro):
                 last = j == len(micro) - 1
-                no_sync = models.scores.no_sync() if comm.info.enabled and not last else contextlib.nullcontext()
+                no_sync = models.logprobs.no_sync() if comm.info.enabled and not last else contextlib.nullcontext()
                 with no_sync:
-                    micro_batch_loss(cfg, models, rollout, b, acc, total_tokens=mb_tokens / comm.info.world,
-                                     total_sequences=float(len(mb)))
+                    micro_batch_loss(cfg, objective, models, rollout, b, acc,
+                                     total_tokens=mb_tokens / comm.info.world, total_sequences=float(len(mb)))
             grads = [p for p in params if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(grads, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
             acc.grad_norms.append(norm.detach())
@@ -62,32 +62,19 @@ def update(cfg, models: Models, optimizer: torch.optim.Optimizer, comm: Comm, ro
     return acc
 
 
-def micro_batch_loss(cfg, models: Models, rollout: Rollout, b: MicroBatch, acc: UpdateSums, *, total_tokens: float,
-                     total_sequences: float) -> None:
-    """Forward and backward of one micro-batch: clipped surrogate, KL term, entropy bonus, value loss."""
-    P, W, r = rollout.prompt_width, b.width, rollout
-    mi, cols = torch.from_numpy(b.rows).to(models.device), slice(b.left, P + W)
-    exact_kl = cfg.kl_estimator == "full" and models.reference is not None
+def micro_batch_loss(cfg, objective: Objective, models: Models, r: Rollout, b: MicroBatch, acc: UpdateSums, *,
+                     total_tokens: float, total_sequences: float) -> None:
+    """Forward and backward of one micro-batch: the objective's loss of each of its tokens, aggregated."""
+    P, W = r.prompt_width, b.width
+    rows, cols = torch.from_numpy(b.rows).to(models.device), slice(b.left, P + W)
     with models.autocast():
-        lp, entropy, kl, values = models.scores(r.ids[mi, cols], r.mask[mi, cols], P - b.left, cfg.temperature,
-                                                models.reference if exact_kl else None, cfg.kl_direction)
+        lp, entropy, kl, values = models.logprobs(r.ids[rows, cols], r.mask[rows, cols], P - b.left, cfg.temperature,
+                                                  models.reference if objective.exact_kl else None,
+                                                  objective.kl_weights)
     lp, entropy = lp.float(), entropy.float()
-    m = r.loss_mask[mi, :W]
-    old = r.old_logprobs[mi, :W] if r.old_logprobs is not None else lp.detach()
-    per_token, clipped = grpo.clipped_surrogate(lp, old, r.advantages[mi, :W], cfg.clip_low, cfg.clip_high)
-    if r.ref_logprobs is not None:
-        kl = grpo.kl_estimate(lp, r.ref_logprobs[mi, :W], cfg.kl_estimator)
-    if kl is not None:
-        kl = kl.float()
-        if r.beta > 0 and cfg.kl_estimator != "k1":  # k1 is in the advantages already
-            per_token = per_token + r.beta * kl
-    if cfg.entropy_coef > 0:
-        per_token = per_token - cfg.entropy_coef * entropy
-    if values is not None:
-        v_loss = grpo.value_loss(values.float(), r.old_values[mi, :W], r.returns[mi, :W], cfg.value_clip)
-        per_token = per_token + cfg.vf_coef * v_loss
-    loss = grpo.aggregate(per_token, m, cfg.loss_aggregation, max_tokens=cfg.max_new_tokens,
-                          total_tokens=total_tokens, total_sequences=total_sequences)
+    per_token, clipped, kl, v_loss = objective.token_loss(lp, entropy, kl, values, beta=r.beta, **r.rows(rows, W))
+    m = r.loss_mask[rows, :W]
+    loss = objective.aggregate(per_token, m, total_tokens=total_tokens, total_sequences=total_sequences)
     loss.backward()
     with torch.no_grad():
         mf, s = m.float(), acc.sums
@@ -98,7 +85,7 @@ def micro_batch_loss(cfg, models: Models, rollout: Rollout, b: MicroBatch, acc: 
         if kl is not None:
             s["kl"] += (kl * mf).sum()
             acc.kl_parts.append((kl.detach(), m))
-        if values is not None:
+        if v_loss is not None:
             s["value_loss"] += (v_loss.detach() * mf).sum()
     acc.slots += len(b.rows) * (P - b.left + W)
     acc.real += int(r.prompt_lens[b.rows].sum() + r.completion_lens[b.rows].sum())

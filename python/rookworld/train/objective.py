@@ -1,0 +1,247 @@
+"""The GRPO objective, decided once from the config: which log-prob passes a rollout runs, how advantages are
+formed, which terms each token's loss has, and beta. `collect_rollout` and `update` ask it rather than the config;
+the formulas themselves are `grpo`'s pure functions.
+
+The option names a user gives (`--kl-estimator`, `--kl-direction`, `--advantage`, `--baseline`, `--std-scaling`,
+`--loss-aggregation`) and the checks of how they combine live here too: `TrainConfig.validate` calls `check`.
+"""
+
+from __future__ import annotations
+
+import math
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from rookworld.train import grpo
+from rookworld.train.distributed import Comm
+
+#: KL to the reference: sampled per token (Schulman's k1, k2, k3), or exact over the vocabulary.
+KL_ESTIMATORS = ("k1", "k2", "k3", "full")
+_SAMPLED_KL = {"k1": grpo.kl_k1, "k2": grpo.kl_k2, "k3": grpo.kl_k3}
+#: The exact KL's direction, as the weights of KL(policy || reference) and KL(reference || policy).
+KL_DIRECTIONS = {"forward": (1.0, 0.0), "reverse": (0.0, 1.0), "symmetric": (0.5, 0.5)}
+ADVANTAGE_ESTIMATORS = ("grpo", "gae")
+BASELINES = ("group", "ema")
+STD_SCALINGS = ("group", "batch", "none")
+AGGREGATIONS = ("token", "sequence", "constant")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def check(cfg, need) -> None:
+    """Each objective setting of a `TrainConfig` and how they combine: `need(ok, message)` for each, so a setting
+    that cannot work is one clear line."""
+    default = {f.name: f.default for f in dataclasses.fields(cfg)}
+    for name, choices in (("kl_estimator", KL_ESTIMATORS), ("kl_direction", tuple(KL_DIRECTIONS)),
+                          ("advantage", ADVANTAGE_ESTIMATORS), ("baseline", BASELINES),
+                          ("std_scaling", ("auto", *STD_SCALINGS)), ("loss_aggregation", AGGREGATIONS)):
+        v = getattr(cfg, name)
+        need(v in choices, f"--{_flag(name)} must be one of {', '.join(choices)}, got {v!r}")
+    if cfg.kl_target is not None:
+        need(cfg.beta > 0, "--kl-target adapts --beta from its starting value: give --beta > 0")
+        need(cfg.beta_warmup_steps == 0, "--kl-target and --beta-warmup-steps both set beta: use one of them")
+    need(cfg.kl_direction == "forward" or cfg.kl_estimator == "full",
+         "--kl-direction applies to --kl-estimator full only")
+    for name in ("gamma", "gae_lambda"):
+        v = getattr(cfg, name)
+        need(0.0 <= v <= 1.0, f"--{_flag(name)} must lie in [0, 1], got {v}")
+    need(0.0 <= cfg.ema_decay < 1.0, f"--ema-decay must lie in [0, 1), got {cfg.ema_decay}")
+    need(cfg.vf_coef >= 0, f"--vf-coef must be >= 0, got {cfg.vf_coef}")
+    need(cfg.value_clip > 0, f"--value-clip must be > 0, got {cfg.value_clip}")
+    need(cfg.value_lr > 0, f"--value-lr must be > 0, got {cfg.value_lr}")
+    if cfg.advantage == "gae":
+        need(cfg.baseline == "group", "--advantage gae has its own baseline (the value head): drop --baseline")
+        need(cfg.std_scaling != "group", "--std-scaling group has no meaning for per-token GAE advantages: "
+                                         "use batch (whitening) or none")
+    else:
+        for name in ("gamma", "gae_lambda", "vf_coef", "value_clip", "value_lr"):
+            need(getattr(cfg, name) == default[name], f"--{_flag(name)} applies to --advantage gae only")
+    if cfg.baseline != "group":
+        need(cfg.std_scaling != "group", "--std-scaling group divides by each group's std, which is 0 for a "
+                                         "group without spread: use batch or none with --baseline ema")
+    else:
+        need(cfg.ema_decay == default["ema_decay"], "--ema-decay applies to --baseline ema only")
+
+
+def std_scaling(cfg) -> str:
+    """--std-scaling with auto resolved: group for GRPO's group baseline, batch otherwise."""
+    if cfg.std_scaling != "auto":
+        return cfg.std_scaling
+    return "group" if cfg.advantage == "grpo" and cfg.baseline == "group" else "batch"
+
+
+class Objective:
+    """What a GRPO step optimises, from a `TrainConfig`. ``reference_given``: the caller brought a frozen
+    reference (otherwise one is loaded when beta > 0). Its state, beta and the EMA baselines, goes into every
+    checkpoint (`state()`)."""
+
+    def __init__(self, cfg, *, reference_given: bool = False):
+        self.cfg = cfg
+        #: A frozen reference is there, so the KL to it is measured (and, with beta > 0, penalised).
+        self.measures_kl = reference_given or cfg.beta > 0
+        #: The exact KL runs the reference inside the update's pass, over the whole vocabulary.
+        self.exact_kl = self.measures_kl and cfg.kl_estimator == "full"
+        self.kl_weights = KL_DIRECTIONS[cfg.kl_direction]
+        # As a loss term k1's gradient is zero in expectation: it enters as a per-token reward instead.
+        self.kl_in_advantages = self.measures_kl and cfg.kl_estimator == "k1" and cfg.beta > 0
+        self.kl_in_loss = self.measures_kl and cfg.kl_estimator != "k1"
+        #: GAE: a value head on the policy's trunk, trained beside it.
+        self.critic = cfg.advantage == "gae"
+        self.std_scaling = std_scaling(cfg)
+        #: beta before warm-up, moved by the --kl-target controller.
+        self.beta = cfg.beta
+        #: --baseline ema: each task's moving average reward, by task name.
+        self.baselines: dict[str, float] = {}
+
+    def state(self) -> dict[str, Any]:
+        return {"beta": self.beta, "baselines": dict(self.baselines)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.beta = state.get("beta", self.cfg.beta)
+        self.baselines = dict(state.get("baselines", {}))
+
+    # -- which passes a rollout runs ---------------------------------------------------------------------------
+
+    @property
+    def reference_pass(self) -> bool:
+        """The reference's log-probs of the completions, once per rollout (the exact KL needs them per token of the
+        vocabulary, so it runs the reference in the update instead)."""
+        return self.measures_kl and not self.exact_kl
+
+    @property
+    def sampler_pass(self) -> bool:
+        """The sampling policy's log-probs (and the critic's values), once per rollout: the importance ratio's
+        denominator when the policy moves within a step, k1's penalty, and GAE's values."""
+        return self.cfg.mu > 1 or self.cfg.minibatches > 1 or self.kl_in_advantages or self.critic
+
+    # -- beta ----------------------------------------------------------------------------------------------------
+
+    def beta_at(self, step: int) -> float:
+        """beta in step `step` (from 0): ramped up linearly over --beta-warmup-steps."""
+        if self.cfg.beta_warmup_steps:
+            return self.beta * min(1.0, (step + 1) / self.cfg.beta_warmup_steps)
+        return self.beta
+
+    def observe_kl(self, kl: float | None) -> None:
+        """Proportional control toward --kl-target (Ziegler et al.): beta grows when the KL overshoots, shrinks
+        below it. A step that measured no KL is no evidence to move beta on."""
+        if self.cfg.kl_target is None or kl is None:
+            return
+        error = max(-0.2, min(0.2, kl / self.cfg.kl_target - 1.0))
+        self.beta = max(1e-6, self.beta * (1.0 + error / self.cfg.kl_horizon))
+
+    # -- advantages ----------------------------------------------------------------------------------------------
+
+    def loss_mask(self, completion_mask: torch.Tensor, valid: torch.Tensor, stopped: torch.Tensor,
+                  rewards: torch.Tensor) -> torch.Tensor:
+        """The completion tokens [n, N] the loss counts: none of a group without ground truth (`valid` [n]), and
+        per the options none of a completion cut off at its limit (`stopped` [n]: it ended with EOS) or of a group
+        whose `rewards` [n] do not vary."""
+        mask = completion_mask & valid.unsqueeze(1)
+        if self.cfg.mask_truncated:
+            mask &= stopped.unsqueeze(1)
+        if self.cfg.drop_zero_spread:
+            mask &= grpo.group_has_spread(rewards, self.cfg.group_size).unsqueeze(1)
+        return mask
+
+    def advantages(self, rewards: torch.Tensor, valid: torch.Tensor, tasks: np.ndarray, completion_mask: torch.Tensor,
+                   loss_mask: torch.Tensor, comm: Comm, *, beta: float, ref_logprobs: torch.Tensor | None,
+                   old_logprobs: torch.Tensor | None, old_values: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """Per-token advantages [n, N], the value targets (GAE; else None) and the baselines' metrics, from each
+        completion's reward, validity and task [n] and the rollout's log-prob passes [n, N].
+
+        k1's KL is a per-token reward -beta k1 (the sampling policy's log-probs against the reference's): its
+        return-to-go is subtracted from GRPO's advantages, or enters GAE with the task reward (PPO-RLHF)."""
+        cm = completion_mask.float()
+        penalty = beta * grpo.kl_k1(old_logprobs, ref_logprobs) * cm if self.kl_in_advantages else None
+        if self.critic:
+            return *self._gae(rewards, cm, loss_mask, penalty, old_values, comm), {}
+        advantages, info = self._completion_advantages(rewards, valid, tasks, comm)
+        per_token = advantages[:, None] * cm
+        return (per_token if penalty is None else per_token - grpo.penalty_to_go(penalty, cm)), None, info
+
+    def _completion_advantages(self, rewards: torch.Tensor, valid: torch.Tensor, tasks: np.ndarray, comm: Comm
+                               ) -> tuple[torch.Tensor, dict[str, float]]:
+        """GRPO's per-completion advantages [n]; the batch std and the EMA baselines span every rank. The EMA
+        baseline is the average of earlier steps (a first step has only its own mean), so it does not depend on
+        this step's samples; this step's mean updates it afterwards."""
+        G = self.cfg.group_size
+        std = None
+        if self.std_scaling == "group":
+            std = grpo.group_std(rewards, G)
+        elif self.std_scaling == "batch":
+            std = math.sqrt(comm.moments(rewards, valid)[2])
+        if self.cfg.baseline == "group":
+            return grpo.group_advantages(rewards, G, std=std), {}
+        keys = np.array([t if t in ("P", "A") else "other" for t in tasks])
+        baseline = torch.zeros_like(rewards, dtype=torch.float64)
+        info = {}
+        for key in ("P", "A", "other"):
+            rows = torch.from_numpy(keys == key).to(rewards.device) & valid
+            n, total = comm.sum([float(rows.sum()), float(rewards[rows].double().sum())])
+            if n == 0:
+                continue
+            value = self.baselines.get(key, total / n)
+            baseline[rows] = value
+            info[f"baseline/{key}"] = value
+            self.baselines[key] = grpo.ema(self.baselines.get(key), total / n, self.cfg.ema_decay)
+        return grpo.group_advantages(rewards, G, baseline=baseline, std=std), info
+
+    def _gae(self, rewards: torch.Tensor, cm: torch.Tensor, loss_mask: torch.Tensor, penalty: torch.Tensor | None,
+             old_values: torch.Tensor, comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE over each completion's tokens, the task reward coming with its last token; with batch scaling,
+        whitened over every rank's counted tokens (PPO)."""
+        token_rewards = torch.zeros_like(cm)
+        last = cm.sum(1).long().clamp(min=1) - 1
+        token_rewards[torch.arange(len(last), device=cm.device), last] = rewards.float()
+        if penalty is not None:
+            token_rewards = token_rewards - penalty
+        per_token, returns = grpo.gae(token_rewards * cm, old_values, cm, self.cfg.gamma, self.cfg.gae_lambda)
+        if self.std_scaling == "batch":
+            _, mean, var = comm.moments(per_token, loss_mask)
+            per_token = (per_token - mean) / (math.sqrt(var) + 1e-6) * cm
+        return per_token, returns
+
+    # -- the loss ------------------------------------------------------------------------------------------------
+
+    def token_loss(self, logprobs: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor | None,
+                   values: torch.Tensor | None, *, beta: float, advantages: torch.Tensor,
+                   old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
+                   old_values: torch.Tensor | None, returns: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The loss of each completion token of a micro-batch [b, W], from the update's pass (log-probs, entropy,
+        the exact KL if it ran, the critic's values) and the rollout's rows; with what the metrics count of it:
+        (loss, clipped, KL, value loss)."""
+        cfg = self.cfg
+        old = old_logprobs if old_logprobs is not None else logprobs.detach()
+        per_token, clipped = grpo.clipped_surrogate(logprobs, old, advantages, cfg.clip_low, cfg.clip_high)
+        if ref_logprobs is not None:
+            kl = _SAMPLED_KL[cfg.kl_estimator](logprobs, ref_logprobs)
+        if kl is not None:
+            kl = kl.float()
+            if beta > 0 and self.kl_in_loss:
+                per_token = per_token + beta * kl
+        if cfg.entropy_coef > 0:
+            per_token = per_token - cfg.entropy_coef * entropy
+        v_loss = None
+        if values is not None:
+            v_loss = grpo.value_loss(values.float(), old_values, returns, cfg.value_clip)
+            per_token = per_token + cfg.vf_coef * v_loss
+        return per_token, clipped, kl, v_loss
+
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, *, total_tokens: float,
+                  total_sequences: float) -> torch.Tensor:
+        """A micro-batch's share of its minibatch's loss: with the minibatch's token and sequence counts, the
+        micro-batches' losses add up to the minibatch's."""
+        how = self.cfg.loss_aggregation
+        if how == "token":
+            return grpo.token_mean(per_token, mask, total_tokens)
+        if how == "sequence":
+            return grpo.sequence_mean(per_token, mask, total_sequences)
+        return grpo.constant_mean(per_token, mask, self.cfg.max_new_tokens, total_sequences)
