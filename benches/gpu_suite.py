@@ -296,7 +296,7 @@ def stage_sft(s: Suite) -> tuple[str, dict, str]:
     data = s.work / "sft_data.jsonl"
     count, depth = ("16", "2") if s.tiny else ("4000", "4")
     code, text = s.run(python() + ["-m", "rookworld", "positions", "--count", count, "--seed", "7", "--annotate",
-                                   "--depth", depth, "--out", str(data), "--quiet"], cap=90)
+                                   "--stockfish-depth", depth, "--out", str(data), "--quiet"], cap=90)
     if code != 0:
         return "positions " + _failed(code, text), {}, ""
     return _sft(s, "sft", data, [], steps=30)

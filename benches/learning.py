@@ -137,7 +137,7 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    common = ["--depth", str(args.depth)]
+    common = ["--stockfish-depth", str(args.depth)]
     limit = ["--max-new-tokens", str(args.max_new_tokens)]
     t0 = time.perf_counter()
     print(f"learning chain into {out}", file=sys.stderr)
@@ -166,7 +166,7 @@ def main() -> int:
     def evaluate(model: Path, name: str) -> dict:
         result = out / f"eval_{name}.json"
         rookworld("eval", "--model", str(model), "--data", str(held_out), "--out", str(result), "--device",
-                  args.device, "--limit", str(n_eval), *common, *limit, log=out / f"eval_{name}.log")
+                  args.device, "--eval-size", str(n_eval), *common, *limit, log=out / f"eval_{name}.log")
         return json.loads(result.read_text())
 
     before = evaluate(sft, "sft")

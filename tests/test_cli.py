@@ -26,6 +26,30 @@ def test_version_and_help():
     assert "--count" in run("positions", "--help").stdout
 
 
+@pytest.mark.parametrize("args, old, new", [
+    (["positions", "--count", "2", "--out", "x", "--depth", "4"], "--depth", "--stockfish-depth"),
+    (["positions", "--count", "2", "--out", "x", "--nodes=100"], "--nodes", "--stockfish-nodes"),
+    (["eval", "--limit", "3"], "--limit", "--eval-size"),
+    (["eval", "--batch-size", "8"], "--batch-size", "--micro-batch-size"),
+    (["eval", "--depth"], "--depth", "--stockfish-depth"),
+])
+def test_a_renamed_flag_is_one_line_naming_the_new_one(args, old, new):
+    proc = run(*args, check=False)
+    assert proc.returncode == 2 and f"{old} is now {new}" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["positions", "--help"], ["train", "--help"], ["sft", "--help"],
+                                  ["eval", "--help"], ["train", "--no-such-flag"], ["positions", "--count", "x"]])
+def test_parsing_flags_does_not_load_torch(args):
+    """Help and flag errors answer at once: torch takes seconds to import. (--help exits 0, a bad flag 2.)"""
+    code = ("import sys; from rookworld.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_positions_writes_the_same_file_for_the_same_seed(tmp_path):
     a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
     run("positions", "--count", "300", "--seed", "9", "--out", str(a))
@@ -72,7 +96,8 @@ def test_annotate_user_file_names_the_bad_line(tmp_path):
 def test_annotate_writes_targets_that_score_one(tmp_path):
     find_stockfish()  # real Stockfish, as .ci/run installs it
     out = tmp_path / "annotated.jsonl"
-    run("positions", "--count", "12", "--seed", "4", "--annotate", "--depth", "6", "--out", str(out), "--quiet")
+    run("positions", "--count", "12", "--seed", "4", "--annotate", "--stockfish-depth", "6", "--out", str(out),
+        "--quiet")
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 12
     for line in lines:

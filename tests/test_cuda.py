@@ -251,8 +251,8 @@ def test_auto_batch_chooses_a_size_on_cuda(tiny_dir, tmp_path):
 
 def test_sft_on_cuda_reports_mfu_and_writes_a_model(tmp_path):
     data = tmp_path / "train.jsonl"
-    proc = run_cli(["positions", "--count", "24", "--seed", "4", "--out", str(data), "--annotate", "--depth", "4",
-                    "--quiet"])
+    proc = run_cli(["positions", "--count", "24", "--seed", "4", "--out", str(data), "--annotate",
+                    "--stockfish-depth", "4", "--quiet"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "sft"
     proc = run_cli(["sft", "--init", "tiny", "--data", str(data), "--output-dir", str(out), "--device", "cuda",

@@ -57,7 +57,7 @@ def test_eval_command_end_to_end(tiny_dir, tmp_path):
     data.write_text("\n".join(p.fen for p in chess.generate_positions(6, 11)) + "\n")
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--data", str(data),
-                           "--depth", "4", "--max-new-tokens", "16", "--device", "cpu", "--out", str(out),
+                           "--stockfish-depth", "4", "--max-new-tokens", "16", "--device", "cpu", "--out", str(out),
                            "--samples", "2"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "P: policy (6 positions)" in proc.stdout and "A: environment (6 positions)" in proc.stdout

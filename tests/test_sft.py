@@ -80,8 +80,8 @@ def test_a_malformed_line_names_file_and_line_or_is_skipped_and_counted(tmp_path
 
 def test_the_jsonl_of_positions_annotate_gives_p_and_a_samples(tmp_path):
     out = tmp_path / "annotated.jsonl"
-    proc = run_cli(["positions", "--count", "5", "--seed", "4", "--annotate", "--depth", "4", "--out", str(out),
-                    "--quiet"])
+    proc = run_cli(["positions", "--count", "5", "--seed", "4", "--annotate", "--stockfish-depth", "4", "--out",
+                    str(out), "--quiet"])
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     got = read_samples([str(out)])

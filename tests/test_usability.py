@@ -102,7 +102,7 @@ def test_a_cuda_device_without_a_gpu_is_one_line_for_every_command(tiny_dir, tmp
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     for args in (train_args(tiny_dir, tmp_path / "x", "--steps", "1")[:-6] + ["--device", "cuda"],
-                 ["eval", "--model", str(tiny_dir), "--device", "cuda", "--limit", "1"]):
+                 ["eval", "--model", str(tiny_dir), "--device", "cuda", "--eval-size", "1"]):
         proc = run_cli(args)
         assert proc.returncode == 2, proc.stderr
         assert "CUDA is not available" in proc.stderr and len(lines_of(proc.stderr)) == 1, proc.stderr
@@ -145,8 +145,8 @@ def test_finished_games_in_a_positions_file_are_left_out_with_a_warning(tiny_dir
     data.write_text("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1\n"
                     "rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3\n"  # fool's mate: mated
                     "7k/5Q2/6K1/8/8/8/8/8 b - - 0 1\n")  # stalemate
-    proc = run_cli(["eval", "--model", str(tiny_dir), "--data", str(data), "--device", "cpu", "--depth", "4",
-                    "--max-new-tokens", "4"])
+    proc = run_cli(["eval", "--model", str(tiny_dir), "--data", str(data), "--device", "cpu",
+                    "--stockfish-depth", "4", "--max-new-tokens", "4"])
     assert proc.returncode == 0, proc.stderr
     assert f"left out 2 of 3 positions that are finished games (checkmate or stalemate, no legal move): {data}:2, " \
            f"{data}:3" in proc.stderr
@@ -159,8 +159,8 @@ def test_eval_takes_a_run_directory_and_defaults_to_the_training_held_out_positi
     out = tmp_path / "run"
     assert run_cli(train_args(tiny_dir, out, "--steps", "1", "--eval-every", "1", "--eval-size", "3")).returncode == 0
     result = tmp_path / "eval.json"
-    proc = run_cli(["eval", "--model", str(out), "--device", "cpu", "--limit", "3", "--depth", "4", "--seed", "3",
-                    "--max-new-tokens", "12", "--batch-size", "64", "--out", str(result)])
+    proc = run_cli(["eval", "--model", str(out), "--device", "cpu", "--eval-size", "3", "--stockfish-depth", "4",
+                    "--seed", "3", "--max-new-tokens", "12", "--micro-batch-size", "64", "--out", str(result)])
     assert proc.returncode == 0, proc.stderr
     got = json.loads(result.read_text())
     assert got["model"] == str(out / "checkpoints" / "step-000001")
@@ -202,12 +202,12 @@ def test_a_checkpoint_carries_its_vocabulary_and_loads_offline(tiny_dir, tmp_pat
     # Offline, with no vocabulary file named and none cached, the checkpoint alone is enough.
     env = offline_env(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(ckpt), "--device", "cpu",
-                           "--limit", "2", "--tasks", "A", "--max-new-tokens", "8"], capture_output=True, text=True,
+                           "--eval-size", "2", "--tasks", "A", "--max-new-tokens", "8"], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     # A model directory without the files: one clear line, naming no path of the development machine.
     proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--device", "cpu",
-                           "--limit", "2", "--tasks", "A"], capture_output=True, text=True, env=env, timeout=600)
+                           "--eval-size", "2", "--tasks", "A"], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 2 and "vocab.json and merges.txt" in proc.stderr and "ROOKWORLD_TIKTOKEN_FILE" in \
         proc.stderr
     assert "shared" not in proc.stderr and "Traceback" not in proc.stderr

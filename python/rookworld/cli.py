@@ -21,6 +21,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _Renamed(argparse.Action):
+    """The old spelling of a renamed flag: one line naming the new one."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now {self.new}")
+
+
+def _renamed(p: argparse.ArgumentParser, **renames: str) -> None:
+    """Flags renamed so that every command spells a setting alike: old=new, without the dashes."""
+    for old, new in renames.items():
+        p.add_argument(f"--{old.replace('_', '-')}", action=_Renamed, new=f"--{new.replace('_', '-')}",
+                       dest=f"_renamed_{old}", default=argparse.SUPPRESS)
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -71,8 +89,10 @@ def _add_positions(sub: argparse._SubParsersAction) -> None:
 def _add_stockfish_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Stockfish")
     g.add_argument("--stockfish-path", help="Stockfish binary (default: stockfish on PATH, then /usr/games/stockfish)")
-    g.add_argument("--depth", type=_positive, default=10, help="analysis depth (default 10)")
-    g.add_argument("--nodes", type=_positive, default=None, help="analyse to a node count instead of a depth")
+    g.add_argument("--stockfish-depth", type=_positive, default=10, help="analysis depth (default 10)")
+    g.add_argument("--stockfish-nodes", type=_positive, default=None,
+                   help="analyse to a node count instead of a depth")
+    _renamed(p, depth="stockfish_depth", nodes="stockfish_nodes")
     g.add_argument("--stockfish-workers", type=_positive, default=None,
                    help="engine processes (default: one per spare core)")
     g.add_argument("--stockfish-cache", metavar="FILE", default=None,
@@ -84,8 +104,8 @@ def stockfish_pool(args: argparse.Namespace):
     from rookworld.stockfish import StockfishError, StockfishNotFoundError, StockfishPool
 
     try:
-        return StockfishPool(path=args.stockfish_path, workers=args.stockfish_workers, depth=args.depth,
-                             nodes=args.nodes, cache_path=args.stockfish_cache)
+        return StockfishPool(path=args.stockfish_path, workers=args.stockfish_workers, depth=args.stockfish_depth,
+                             nodes=args.stockfish_nodes, cache_path=args.stockfish_cache)
     except StockfishNotFoundError as e:
         raise CliError(str(e)) from None
     except (StockfishError, OSError) as e:
@@ -121,7 +141,6 @@ def _run_positions(args: argparse.Namespace) -> int:
 
     from rookworld import data
 
-    _check_out_dir(args.out)
     with Progress(args.count, "positions", "pos", enabled=not args.quiet) as bar:
         def lines():
             for chunk in chunks():
@@ -212,9 +231,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=None, help="positions file (JSONL from `rookworld positions`, FEN or EPD); "
                    "default: the generated held-out positions that training evaluates on (seed --seed)")
     p.add_argument("--tasks", default="P,A", help="tasks to evaluate: P, A or P,A (default)")
-    p.add_argument("--limit", type=_positive, default=None,
+    p.add_argument("--eval-size", type=_positive, default=None,
                    help="evaluate only the first N positions (without --data: N generated, default 128)")
-    p.add_argument("--batch-size", type=_positive, default=64, help="prompts decoded at once (default 64)")
+    p.add_argument("--micro-batch-size", type=_positive, default=64, help="prompts decoded at once (default 64)")
     p.add_argument("--max-new-tokens", type=_positive, default=144, help="completion length limit (default 144)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--out", default=None, help="also write the results as JSON to this file")
@@ -223,6 +242,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=_non_negative, default=0,
                    help="seed of the generated positions, and of A: moves for positions without one (default 0)")
     _add_stockfish_options(p)
+    _renamed(p, limit="eval_size", batch_size="micro_batch_size")
     p.set_defaults(run=_run_eval)
 
 
@@ -271,11 +291,11 @@ def _run_eval(args: argparse.Namespace) -> int:
     if not tasks or any(t not in ("P", "A") for t in tasks):
         raise CliError(f"--tasks must be P, A or P,A, got {args.tasks!r}")
     if args.data:
-        records = data.assign_moves(read_positions(args.data, args.skip_bad)[: args.limit], args.seed)
+        records = data.assign_moves(read_positions(args.data, args.skip_bad)[: args.eval_size], args.seed)
     else:
         from rookworld.evaluate import heldout_records
 
-        records = heldout_records(args.limit or 128, args.seed)
+        records = heldout_records(args.eval_size or 128, args.seed)
     need_stockfish = "P" in tasks and any(r.analysis is None for r in records)
     pool = stockfish_pool(args) if need_stockfish else None
     try:
@@ -285,7 +305,7 @@ def _run_eval(args: argparse.Namespace) -> int:
             tokenizer = get_tokenizer(directory)
         except TokenizerUnavailableError as e:
             raise CliError(str(e)) from None
-        result = evaluate(model, tokenizer, records, RewardScorer(pool), tasks=tasks, batch_size=args.batch_size,
+        result = evaluate(model, tokenizer, records, RewardScorer(pool), tasks=tasks, batch_size=args.micro_batch_size,
                           max_new_tokens=args.max_new_tokens, samples=args.samples)
     finally:
         if pool is not None:
