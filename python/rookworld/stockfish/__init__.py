@@ -5,7 +5,7 @@
         ...                                  # GPU work overlaps the analysis
         analyses = [f.result() for f in futures]
 
-An `Analysis` holds up to ``multipv`` (5) `Candidate` moves ranked best first, with scores from the side to
+An `Analysis` holds up to ``multipv`` (5) `Candidate` moves ranked best first, with evals from the side to
 move's view, as the RookWorld ``P:`` task prints them (``Candidate.eval_text``). Positions without legal moves
 (checkmate, stalemate) get no candidates and never reach an engine.
 

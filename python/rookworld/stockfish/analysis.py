@@ -1,4 +1,4 @@
-"""What Stockfish says about a position: ranked candidate moves with their scores."""
+"""What Stockfish says about a position: ranked candidate moves with their evals."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ MATE_SCORE = 100_000
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One MultiPV line: a move and its score from the side to move's view (exactly one of cp/mate set)."""
+    """One MultiPV line: a move and its eval from the side to move's view (exactly one of cp/mate set)."""
 
     move: str
     cp: int | None
@@ -20,17 +20,17 @@ class Candidate:
 
     @property
     def pawns(self) -> float:
-        """The score in pawns; mates as python-chess ``score(mate_score=100000) / 100`` (mate in 3: 999.97)."""
+        """The eval in pawns; mates as python-chess ``score(mate_score=100000) / 100`` (mate in 3: 999.97)."""
         if self.mate is not None:
             centipawns = MATE_SCORE - self.mate if self.mate > 0 else -MATE_SCORE - self.mate
             return centipawns / 100
         if self.cp is None:
-            raise ValueError(f"candidate {self.move} has no score")
+            raise ValueError(f"candidate {self.move} has no eval")
         return self.cp / 100
 
     @property
     def eval_text(self) -> str:
-        """The score as the RookWorld data prints it: a Python float, ``-2.3``, ``0.0``, ``999.97``."""
+        """The eval as the RookWorld data prints it: a Python float, ``-2.3``, ``0.0``, ``999.97``."""
         return repr(round(self.pawns, 2))
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,7 +63,7 @@ class Analysis:
 
     @property
     def evals(self) -> tuple[float, ...]:
-        """Each candidate's score in pawns, side to move's view."""
+        """Each candidate's eval in pawns, side to move's view."""
         return tuple(c.pawns for c in self.candidates)
 
     def candidate(self, move: str) -> Candidate | None:

@@ -10,6 +10,7 @@ from fractions import Fraction
 
 from rookworld import chess
 from rookworld.data import Record
+from rookworld.rewards import GroundTruth
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class Prompt:
     task: str
     text: str
     #: Stockfish's analysis when the data file already has it: (moves best first, evals in pawns).
-    truth: tuple[list[str], list[float]] | None = None
+    truth: GroundTruth | None = None
 
 
 def is_env_task(index: int, task_mix: float) -> bool:
