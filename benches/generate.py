@@ -3,7 +3,8 @@
 - generation: tokens/s of `rookworld.policy.sampling.generate` with a fixed number of new tokens per row
   (stop_at_eos=False): 48 for P: (policy) prompts, 96 for A: (environment) prompts;
 - log-prob pass: completion tokens/s of `rookworld.policy.logprobs.token_logprobs` over prompt + completion, without
-  gradients, and (with --backward) forward + backward as in the GRPO loss.
+  gradients, and (with --backward) forward + backward as in the GRPO loss: the fused pass that makes the loss's
+  gradients in its forward (as the trainer runs it), and beside it the plain pass's checkpointed chunks.
 
 - with --mixed: a batch of both tasks (--task-mix of P:) sampled as one batch, each row to its own length, against
   one batch per task as the trainer does it.
@@ -89,8 +90,13 @@ def _autocast_logprobs(model: GPT, ids: torch.Tensor, attention_mask: torch.Tens
         return token_logprobs(model, ids, attention_mask, **kwargs)
 
 
-def _forward_backward(model: GPT, logprobs: Callable[[], TokenLogProbs]) -> None:
-    logprobs().logprobs.sum().backward()
+def _forward_backward(model: GPT, logprobs: Callable[..., TokenLogProbs], fused: bool) -> None:
+    """Forward and backward of the mean log-prob: made in one pass over the vocabulary (`fused`, as the trainer
+    does), or through autograd over checkpointed chunks (the plain pass)."""
+    if fused:
+        logprobs(loss=lambda lp, entropy, kl, at: lp).loss.backward()
+    else:
+        logprobs().logprobs.sum().backward()
     model.zero_grad(set_to_none=True)
 
 
@@ -154,7 +160,8 @@ def main() -> None:
                         help="prompt tokens for P: and A: (default 48 91)")
     parser.add_argument("--new-tokens", type=int, nargs=2, default=[48, 96], metavar=("P", "A"),
                         help="generated tokens for P: and A: (default 48 96)")
-    parser.add_argument("--chunk-size", type=int, default=2048, help="rows per lm_head chunk in the log-prob pass")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="positions per lm_head chunk in the log-prob pass (default: by bytes, as the trainer)")
     parser.add_argument("--backward", action="store_true", help="also time forward + backward of the log-prob pass")
     parser.add_argument("--no-logprobs", action="store_true", help="skip the log-prob pass")
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 3 on CUDA, 1 on CPU)")
@@ -219,7 +226,7 @@ def main() -> None:
     if not args.no_logprobs:
         header += f" {'logp tok/s':>11}"
         if args.backward:
-            header += f" {'fwd+bwd tok/s':>14}"
+            header += f" {'fwd+bwd tok/s':>14} {'checkpointed':>13}"
     if device.type == "cuda":
         header += f" {'floor tok/s':>12} {'% floor':>8} {'peak GiB':>9}"
     print(header)
@@ -265,10 +272,13 @@ def main() -> None:
                     figures["logprob_tokens_per_s"] = batch * new / logprobs_s
                     row += f" {batch * new / logprobs_s:>11,.0f}"
                     if args.backward:
-                        backward = functools.partial(_forward_backward, trained, functools.partial(logprobs, trained))
-                        backward_s, _ = _time(backward, device, 1, args.repeats)
-                        figures["forward_backward_tokens_per_s"] = batch * new / backward_s
-                        row += f" {batch * new / backward_s:>14,.0f}"
+                        for fused, key in ((True, "forward_backward_tokens_per_s"),
+                                           (False, "checkpointed_forward_backward_tokens_per_s")):
+                            backward = functools.partial(_forward_backward, trained, functools.partial(logprobs, trained),
+                                                         fused)
+                            backward_s, _ = _time(backward, device, 1, args.repeats)
+                            figures[key] = batch * new / backward_s
+                            row += f" {batch * new / backward_s:>{14 if fused else 13},.0f}"
                 if device.type == "cuda":
                     floor = decode_floor(trained.config, trained.num_params(), batch, prompt_len, new, dtype.itemsize,
                                          bandwidth)

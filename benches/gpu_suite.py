@@ -187,6 +187,31 @@ def stage_grpo_step_u64(s: Suite) -> tuple[str, dict, str]:
     return _grpo_step(s, "grpo_step_u64", ["--uniform-length", "4" if s.tiny else "64"], cap=150)
 
 
+def stage_every_prompt(s: Suite) -> tuple[str, dict, str]:
+    """The default GRPO step with every row's prompt computed (--no-shared-prompt), beside grpo-step's shared one."""
+    status, f, summary = _grpo_step(s, "grpo_step_every_prompt", ["--no-shared-prompt"], cap=200)
+    shared = s.results["stages"].get("grpo-step", {}).get("figures", {}).get("samples_per_s")
+    if shared and f.get("samples_per_s"):
+        summary += f"; each prompt once is {shared / f['samples_per_s']:.2f}x"
+    return status, f, summary
+
+
+def stage_fused_head(s: Suite) -> tuple[str, dict, str]:
+    """Forward + backward of the log-prob pass: the fused pass over the vocabulary against checkpointed chunks."""
+    path = s.work / "fused_head.json"
+    sizes = ["--device", "cpu", "--batch-sizes", "3", "--prompt-len", "3", "5", "--new-tokens", "2", "4",
+             "--repeats", "1", "--warmup", "0", "--threads", "1"] if s.tiny else ["--batch-sizes", "64", "256"]
+    code, text = s.run(python() + [str(BENCHES / "generate.py"), *sizes, "--backward", "--json", str(path)], cap=200)
+    f = _json(path) or {}
+    rows = [r for r in f.get("rows", []) if "checkpointed_forward_backward_tokens_per_s" in r]
+    if not rows:
+        return _failed(code, text), f, ""
+    r = rows[-1]
+    fused, plain = r["forward_backward_tokens_per_s"], r["checkpointed_forward_backward_tokens_per_s"]
+    return "ok", f, (f"{r['task']} batch {r['batch']}: fused {fused:,.0f} tok/s, checkpointed {plain:,.0f} "
+                     f"({fused / plain:.2f}x)")
+
+
 def stage_generate(s: Suite) -> tuple[str, dict, str]:
     path = s.work / "generate.json"
     sizes = ["--device", "cpu", "--batch-sizes", "3", "--prompt-len", "3", "5", "--new-tokens", "2", "4",
@@ -361,11 +386,12 @@ STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
     "env": stage_env, "cuda-tests": stage_cuda_tests, "grpo-step": stage_grpo_step, "generate": stage_generate,
     "sampler": stage_sampler, "decode-cache": stage_decode_cache, "grpo-step-u64": stage_grpo_step_u64,
     "trl": stage_trl, "sft": stage_sft, "sft-eager": stage_sft_eager, "auto-batch": stage_auto_batch,
-    "weights": stage_weights, "learning": stage_learning,
+    "weights": stage_weights, "learning": stage_learning, "every-prompt": stage_every_prompt,
+    "fused-head": stage_fused_head,
 }
 #: The stages a plain call runs, most important first; `learning` needs a call of its own.
-DEFAULT = ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "trl", "sft",
-           "sft-eager", "auto-batch", "weights"]
+DEFAULT = ["env", "cuda-tests", "grpo-step", "every-prompt", "fused-head", "generate", "sampler", "decode-cache",
+           "grpo-step-u64", "trl", "sft", "sft-eager", "auto-batch", "weights"]
 
 
 def unpack(pack: Path) -> None:

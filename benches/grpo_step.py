@@ -53,23 +53,26 @@ class FixedLengths(Sampler):
         super().__init__(models, cfg)
         self.lengths = lengths
 
-    def generate(self, model, ids, mask, task, generator):
+    def generate(self, model, ids, mask, task, generator, samples_per_prompt):
         return generate(model, ids, mask, max_new_tokens=self.lengths[task], stop_at_eos=False, generator=generator,
-                        **self.settings)
+                        samples_per_prompt=samples_per_prompt, **self.settings)
 
 
-def step_flops(cfg: GPTConfig, n_params: int, rows: list[tuple[int, int]], mu: int, old_pass: bool,
-               reference_passes: int) -> float:
-    """Model FLOPs of one GRPO step over its (prompt tokens, completion tokens) rows: the work the model must
-    do, whatever padding the implementation adds (2 per multiply-add; attention included; embedding lookups
-    excluded). The reference runs once per rollout, or once per epoch for the exact KL."""
-    dense = n_params - cfg.block_size * cfg.n_embd  # the position table is a lookup; wte counts once, as lm_head
+def step_flops(cfg: GPTConfig, n_params: int, groups: list[tuple[int, list[int]]], mu: int, old_pass: bool,
+               reference_passes: int, shared: bool) -> float:
+    """Model FLOPs of one GRPO step over its groups (prompt tokens, each completion's tokens): the work the model
+    must do, whatever padding the implementation adds (2 per multiply-add; attention included; embedding lookups
+    excluded; the lm_head only where a token is predicted). The reference runs once per rollout, or once per
+    epoch for the exact KL. With `shared`, each group's prompt goes through the trunk once, else once per row."""
+    head = cfg.vocab_size * cfg.n_embd
+    trunk = n_params - cfg.block_size * cfg.n_embd - head  # the position table is a lookup; wte counts as lm_head
     attn = lambda ctx: 4 * cfg.n_layer * ctx * cfg.n_embd  # QK^T and AV per token at context ctx  # noqa: E731
     total = 0.0
-    for prompt_len, n in rows:
-        seq = prompt_len + n
-        gen = 2 * dense * seq + sum(attn(prompt_len + i) for i in range(n))
-        fwd = 2 * dense * seq + attn(seq / 2) * seq
+    for prompt_len, lengths in groups:
+        prompts = 1 if shared else len(lengths)
+        prompt = prompts * (2 * trunk * prompt_len + attn(prompt_len / 2) * prompt_len)
+        gen = prompt + sum(2 * (trunk + head) * n + sum(attn(prompt_len + i) for i in range(n)) for n in lengths)
+        fwd = prompt + sum(2 * (trunk + head) * n + attn(prompt_len + n / 2) * n for n in lengths)
         total += gen + reference_passes * fwd + (fwd if old_pass else 0) + mu * 3 * fwd
     return total
 
@@ -92,6 +95,8 @@ def main() -> int:
     ap.add_argument("--kl-estimator", default="k3", choices=("k1", "k2", "k3", "full"))
     ap.add_argument("--advantage", default="grpo", choices=("grpo", "gae"))
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--no-shared-prompt", action="store_true", help="compute every row's prompt (today's default "
+                    "computes each group's once)")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"))
     ap.add_argument("--stockfish-depth", type=int, default=10)
     ap.add_argument("--stockfish-workers", type=int, default=None)
@@ -106,7 +111,7 @@ def main() -> int:
             max_new_tokens=max(lengths.values()), task_mix=args.task_mix, device=args.device, dtype=args.dtype,
             compile=not args.no_compile, micro_batch_size=args.micro_batch_size, mu=args.mu, beta=args.beta,
             stockfish_depth=args.stockfish_depth, stockfish_workers=args.stockfish_workers, output_dir=out,
-            kl_estimator=args.kl_estimator, advantage=args.advantage,
+            kl_estimator=args.kl_estimator, advantage=args.advantage, shared_prompt=not args.no_shared_prompt,
             eval_every=0, save_every=0, sample_every=0, log_every=1000, warmup_steps=0,
         ).validate()
         torch.manual_seed(0)
@@ -128,21 +133,21 @@ def main() -> int:
                       file=sys.stderr)
                 if i >= args.warmup:
                     rows.append(m)
-            rows_of_steps = []  # (prompt tokens, completion tokens) of every sample of each measured step
+            groups_of_steps = []  # (prompt tokens, [completion tokens]) of every group of each measured step
             for i in range(args.warmup, args.warmup + args.steps):
                 prompts = trainer.prompts.batch(i)
                 _, mask = trainer.run.tokenizer.encode_batch([p.text for p in prompts], bos=True)
-                rows_of_steps.append([(int(n), lengths[p.task]) for p, n in zip(prompts, mask.sum(1))
-                                      for _ in range(args.group)])
+                groups_of_steps.append([(int(n), [lengths[p.task]] * args.group) for p, n in zip(prompts, mask.sum(1))])
         finally:
             trainer.close()
 
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
     samples = args.prompts * args.group
-    old_pass = args.mu > 1 or args.advantage == "gae" or (args.kl_estimator == "k1" and args.beta > 0)
-    reference_passes = 0 if args.beta == 0 else args.mu if args.kl_estimator == "full" else 1
-    flops = statistics.mean(step_flops(mcfg, n_params, r, args.mu, old_pass, reference_passes)
-                            for r in rows_of_steps)
+    objective = trainer.objective  # which passes a step runs is the objective's to say
+    old_pass = objective.sampler_pass
+    reference_passes = 0 if not objective.measures_kl else args.mu if objective.exact_kl else 1
+    flops = statistics.mean(step_flops(mcfg, n_params, g, args.mu, old_pass, reference_passes,
+                                       not args.no_shared_prompt) for g in groups_of_steps)
     step_time = med("time/step")
     figures = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -153,6 +158,7 @@ def main() -> int:
         "mfu": flops / step_time / (args.peak_tflops * 1e12) if args.device.startswith("cuda") else None,
         "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "compile": not args.no_compile,
         "update_padding": med("padding"), "kl_estimator": args.kl_estimator, "advantage": args.advantage,
+        "shared_prompt": not args.no_shared_prompt,
     }
     print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.2f}")
     print(f"{'generated tokens/s':<22}{figures['generated_tokens_per_s']:>12,.0f}")

@@ -42,7 +42,7 @@ def test_generate_benchmark_smoke(mode):
     rows = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("P ", "A ", "3 "))]
     if "--weights" in mode:  # the trainer's way: fp32 weights, sampled and scored through their bf16 copy
         assert "fp32 weights read through their autocast copy" in proc.stdout
-        assert [len(r) for r in rows] == [9, 9]  # generation, log-prob pass, forward + backward
+        assert [len(r) for r in rows] == [10, 10]  # generation, log-prob pass, forward + backward fused and not
     if "--mixed" in mode:  # 3 rows: 2 P: (2 new tokens) and 1 A: (4), both ways
         assert len(rows) == 1 and rows[0][:3] == ["3", "2", "eager"] and rows[0][-1].endswith("x")
     else:
@@ -118,14 +118,16 @@ def test_gpu_suite_smoke(tmp_path):
     proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "500")
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
-    assert list(stages) == ["env", "cuda-tests", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64",
-                            "trl", "sft", "sft-eager", "auto-batch", "weights"]
-    for name in ("env", "grpo-step", "generate", "sampler", "decode-cache", "grpo-step-u64", "sft", "sft-eager",
-                 "weights"):
+    assert list(stages) == ["env", "cuda-tests", "grpo-step", "every-prompt", "fused-head", "generate", "sampler",
+                            "decode-cache", "grpo-step-u64", "trl", "sft", "sft-eager", "auto-batch", "weights"]
+    for name in ("env", "grpo-step", "every-prompt", "fused-head", "generate", "sampler", "decode-cache",
+                 "grpo-step-u64", "sft", "sft-eager", "weights"):
         assert stages[name]["status"] == "ok", (name, stages[name])
     assert stages["cuda-tests"]["status"] == "ok" and stages["cuda-tests"]["figures"]["skipped"] >= 5
     assert stages["grpo-step"]["figures"]["samples_per_s"] > 0
     assert stages["generate"]["figures"]["rows"][0]["generated_tokens_per_s"] > 0
+    assert stages["every-prompt"]["figures"]["shared_prompt"] is False and stages["grpo-step"]["figures"]["shared_prompt"]
+    assert stages["fused-head"]["figures"]["rows"][0]["checkpointed_forward_backward_tokens_per_s"] > 0
     assert stages["sft"]["figures"]["tokens_per_s"] > 0
     assert stages["sft-eager"]["figures"]["compiled_over_eager"] > 0
     assert stages["decode-cache"]["figures"]["rows"][0]["bucket_ms"] > 0
@@ -136,7 +138,7 @@ def test_gpu_suite_smoke(tmp_path):
         assert stages["trl"]["figures"]["rookworld_over_trl"] > 0
     assert (out / "suite.log").read_text().count("$ ") >= 6
     tail = proc.stdout.strip().splitlines()
-    assert tail[0].startswith("gpu suite:") and any(line.startswith("grpo-step ") for line in tail[-12:])
+    assert tail[0].startswith("gpu suite:") and any(line.startswith("grpo-step ") for line in tail[-18:])
 
 
 def test_gpu_suite_names_the_commit_without_git(tmp_path):

@@ -192,7 +192,7 @@ def test_token_logprobs_under_bf16_autocast_track_float64(compile):
     (r.logprobs.sum() + r.entropy.sum()).backward()
     assert s.logprobs.dtype == s.entropy.dtype == torch.float32
     if compile:  # the trunk and the chunks' log-softmax both ran compiled, not eagerly after a failure
-        assert "cuda" in logprobs._compiled_trunks and "cuda" in logprobs._compiled_chunks
+        assert "cuda" in logprobs._compiled_states and "cuda" in logprobs._compiled_chunks
         assert "cuda" not in compiling.failed, compiling.failed
     for got, want in ((s.logprobs, r.logprobs), (s.entropy, r.entropy)):
         got, want = got.detach().cpu().double(), want.detach().double()
@@ -204,6 +204,50 @@ def test_token_logprobs_under_bf16_autocast_track_float64(compile):
         want = dict(ref_model.named_parameters())[name].grad
         rel = float((got - want).norm() / want.norm())
         assert rel < 3e-2, f"{name}: gradient relative error {rel:.3g}"
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_each_prompt_once_and_the_fused_pass_under_bf16_track_float64(compile):
+    """Groups of 4 completions sharing a prompt, a loss of each position's log-prob and entropy made in one pass
+    over the vocabulary (its gradients in the forward, the head's matmuls bf16 with float32 outputs), under bf16
+    autocast: the loss, the log-probs and the gradients against the plain pass in float64 on the CPU."""
+    model = _model(n_layer=4, scale=2.0, seed=7).train()
+    ids, mask = _prompts(4, 60, seed=9)
+    completions = torch.randint(0, EOS, (16, 40), device=CUDA)
+    ids = torch.cat([ids.repeat_interleave(4, 0), completions], 1)
+    mask = torch.cat([mask.repeat_interleave(4, 0), torch.ones_like(completions, dtype=torch.bool)], 1)
+    weights = torch.linspace(0.5, 1.5, 16 * 40, device=CUDA).view(16, 40) / 640
+
+    def loss(lp, entropy, kl, at):
+        return -(lp + 0.1 * entropy) * weights.reshape(-1)[at.to(weights.device)]
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        s = token_logprobs(model, ids, mask, start=60, compile=compile, return_entropy=True, group_size=4, loss=loss)
+    s.loss.backward()
+    ref_model = _model(n_layer=4, scale=2.0, seed=7).train().cpu().double()
+    r = token_logprobs(ref_model, ids.cpu(), mask.cpu(), start=60, return_entropy=True)
+    w = weights.cpu().double()
+    want = -((r.logprobs + 0.1 * r.entropy) * w).sum()
+    want.backward()
+    assert abs(float(s.loss.detach()) - float(want.detach())) < 1e-2 * abs(float(want.detach()))
+    got = s.logprobs.cpu().double()
+    assert (got - r.logprobs.detach()).norm() / r.logprobs.norm() < 1e-2
+    for name in ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", "transformer.h.3.mlp.c_proj.weight"):
+        g = dict(model.named_parameters())[name].grad.cpu().double()
+        ref = dict(ref_model.named_parameters())[name].grad
+        rel = float((g - ref).norm() / ref.norm())
+        assert rel < 3e-2, f"{name}: gradient relative error {rel:.3g}"
+
+
+def test_compiled_decoding_from_prompts_computed_once_stays_greedy_in_fp32():
+    """`samples_per_prompt`: the prompt's keys and values copied into the graph's cache in place, then the same
+    replayed decode step: every greedy token of every copy is the fp32 argmax along its own path."""
+    model = _model()
+    ids, mask = _prompts(8, 24, seed=3)
+    out = generate(model, ids, mask, max_new_tokens=30, temperature=0.0, stop_at_eos=False, compile=True,
+                   samples_per_prompt=3)
+    assert out.tokens.shape == (24, 30)
+    _assert_greedy_in_fp32_up_to_bf16(model, ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), out)
 
 
 def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path):

@@ -38,6 +38,25 @@ def test_zero_spread_groups_have_zero_advantage_and_are_flagged():
         group_advantages(rewards, 3)
 
 
+def test_k3_keeps_its_gradient_sign_far_past_its_limit():
+    """k3 = e^r - 1 - r with r = log ref - log pi has gradient 1 - e^r w.r.t. log pi. Past r = 20 (a token the policy
+    made far less likely than the reference) e^r continues as its tangent, so the gradient stays about -e^20
+    and raises the token back; a clamp would give +1 and push it further down. Padded positions (r up to 1e4)
+    stay finite."""
+    ref = torch.zeros(4, dtype=torch.float64)
+    logp = torch.tensor([-5.0, -20.0, -25.0, -1e4], dtype=torch.float64, requires_grad=True)
+    k3 = kl_k3(logp, ref)
+    k3.sum().backward()
+    assert torch.isfinite(k3).all() and torch.isfinite(logp.grad).all()
+    assert float(logp.grad[0]) == pytest.approx(1 - math.exp(5), rel=1e-12)
+    assert float(logp.grad[1]) == pytest.approx(1 - math.exp(20), rel=1e-12)
+    for g in logp.grad[2:]:
+        assert float(g) == pytest.approx(1 - math.exp(20), rel=1e-12) and float(g) < -4e8
+    # The value is continuous at the limit and grows past it.
+    assert float(k3[1]) == pytest.approx(math.exp(20) - 1 - 20, rel=1e-12)
+    assert float(k3[2]) == pytest.approx(math.exp(20) * 6 - 1 - 25, rel=1e-12)
+
+
 def test_kl_estimators():
     logp = torch.tensor([math.log(0.5), math.log(0.2)])
     ref = torch.tensor([math.log(0.25), math.log(0.4)])
@@ -93,6 +112,15 @@ def test_three_aggregations():
         assert close(x.grad, weights)
 
 
+def test_sequence_aggregation_counts_only_rows_with_a_usable_token():
+    """A row without a counted token (unscored, truncated under --mask-truncated, a group without spread under
+    --drop-zero-spread) is no sequence: dividing by it too would shrink the step where token aggregation does not."""
+    per_token = torch.tensor([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 0.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    assert close(sequence_mean(per_token, mask), 8.75)  # mean(2.5, 15), as without the third row
+    assert close(sequence_mean(per_token, torch.zeros_like(mask)), 0.0)
+
+
 def test_micro_batches_add_up_to_the_minibatch_loss():
     torch.manual_seed(0)
     per_token = torch.randn(6, 5)
@@ -101,7 +129,8 @@ def test_micro_batches_add_up_to_the_minibatch_loss():
     assert close(whole, sum(token_mean(per_token[i : i + 2], mask[i : i + 2], float(mask.sum()))
                             for i in range(0, 6, 2)))
     whole = sequence_mean(per_token, mask)
-    assert close(whole, sum(sequence_mean(per_token[i : i + 2], mask[i : i + 2], 6.0) for i in range(0, 6, 2)))
+    rows = float(mask.any(1).sum())
+    assert close(whole, sum(sequence_mean(per_token[i : i + 2], mask[i : i + 2], rows) for i in range(0, 6, 2)))
     whole = constant_mean(per_token, mask, 5)
     assert close(whole, sum(constant_mean(per_token[i : i + 2], mask[i : i + 2], 5, 6.0) for i in range(0, 6, 2)))
 

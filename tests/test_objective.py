@@ -158,6 +158,49 @@ def test_zero_spread_counts_only_groups_that_were_scored(tmp_path):
     assert m["groups/zero_spread"] == 0.5 and m["unscored"] == pytest.approx(1 / 3)
 
 
+def test_sequence_aggregation_is_not_diluted_by_groups_the_loss_leaves_out(tmp_path):
+    """Two groups, one without reward spread under --drop-zero-spread, give the gradient of the other group alone
+    (top-k 1 makes the completions the same in both runs); dividing by every row halved it."""
+
+    def grads(n_prompts, table):
+        cfg = small_config(tmp_path / str(n_prompts), steps=1, prompts_per_step=n_prompts, top_k=1, lr=1e-2,
+                           loss_aggregation="sequence", drop_zero_spread=True, max_grad_norm=0.0)
+        t = Trainer(cfg, policy=tiny_gpt(seed=1, scale=3.0), tokenizer=get_tokenizer(), reward_fn=Scripted([table]),
+                    prompts=FixedPrompts("P: x", n_prompts), stream=_quiet())
+        t.train_step()
+        return {k: p.grad.clone() for k, p in t.run.policy.named_parameters()}
+
+    spread, flat = [0.0, 1.0, 0.5, 0.2], [0.4] * 4
+    both, alone = grads(2, spread + flat), grads(1, spread)
+    assert alone["transformer.wte.weight"].abs().sum() > 0
+    for k in alone:
+        torch.testing.assert_close(both[k], alone[k], msg=k)
+
+
+def test_the_ratio_is_to_the_same_pass_unless_the_policy_moves_within_a_step():
+    """With --mu 1 and one minibatch the policy does not move between the rollout and the update, so the ratio's
+    denominator is the update's own pass, detached: another pass's rounding (a GPU's; exaggerated here) must not
+    read as a ratio away from 1. With --mu 2 it is the rollout's pass."""
+    from rookworld.train.objective import Objective
+
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    rollout_pass = lp.detach() + torch.tensor([[0.3, -0.4, 0.25]])
+    adv = torch.tensor([[1.0, 1.0, -1.0]])
+    for mu in (1, 2):
+        # k1 makes the rollout run the sampling policy's pass even with --mu 1.
+        objective = Objective(TrainConfig(mu=mu, kl_estimator="k1", beta=0.1).validate())
+        assert objective.sampler_pass and objective.policy_moves == (mu > 1)
+        per_token, clipped, _ = objective.token_loss(lp, torch.zeros_like(lp), None, beta=0.1, advantages=adv,
+                                                     old_logprobs=rollout_pass, ref_logprobs=None)
+        grad = torch.autograd.grad(per_token.sum(), lp)[0]
+        if mu == 1:
+            assert not clipped.any()
+            torch.testing.assert_close(grad, -adv)  # the on-policy gradient: -A d log pi
+        else:
+            assert clipped.any()
+            assert not torch.allclose(grad, -adv)
+
+
 def test_kl_statistics_cover_every_epoch(tmp_path):
     """The reference is a copy of the policy, so epoch 0 sees KL exactly 0 and only the second epoch, after an
     update, sees any: the 95th percentile must come from the same tokens as the mean."""

@@ -178,6 +178,26 @@ def test_resume_gives_the_same_weights_as_an_unbroken_run(tiny_dir, tmp_path):
     assert [r["reward/mean"] for r in metrics(broken)] == [r["reward/mean"] for r in metrics(straight)]
 
 
+def test_each_prompt_once_trains_as_computing_every_row_s_prompt_does(tiny_dir, tmp_path):
+    """Two steps with each group's prompt computed once (the default) and with --no-shared-prompt, on P: and A:
+    prompts, two epochs of two minibatches and the exact KL: the same samples, losses and weights within fp32
+    rounding."""
+    common = ["--steps", "2", "--save-every", "2", "--mu", "2", "--minibatches", "2", "--lr", "1e-3",
+              "--entropy-coef", "0.01", "--kl-estimator", "full", "--task-mix", "0.5"]
+    once, each = tmp_path / "once", tmp_path / "each"
+    proc = run_cli(train_args(tiny_dir, once, *common))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli(train_args(tiny_dir, each, *common, "--no-shared-prompt"))
+    assert proc.returncode == 0, proc.stderr
+    for a, b in zip(metrics(once), metrics(each), strict=True):
+        assert a["reward/mean"] == b["reward/mean"] and a["completion_len"] == b["completion_len"]
+        for key in ("loss", "kl/mean", "entropy", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), key
+    wa, wb = final_weights(once), final_weights(each)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
 def test_torchrun_two_processes_on_gloo(tiny_dir, tmp_path):
     out = tmp_path / "ddp"
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -442,22 +462,25 @@ def test_cut_micro_batches_give_the_same_losses_and_gradients_as_one_padded_bloc
 
 
 def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
+    """Groups of 3 completions of 6 prompts of both tasks (different widths), cut into micro-batches of whole
+    groups, each prompt computed once: the log-probs of one padded pass over every row."""
     from rookworld.policy.logprobs import token_logprobs
     from rookworld.train.models import micro_batches
 
     _, _, t = _cut_step(tmp_path, 4, tiny_gpt(seed=3))
-    tok = t.run.tokenizer
-    texts = [p.text for p in t.prompts.batch(0)]
-    ids, pmask = tok.encode_batch(texts, bos=True)
+    assert t.models.prompt_group == 3
+    ids, pmask = t.run.tokenizer.encode_batch([p.text for p in t.prompts.batch(0)], bos=True)
+    ids, pmask = ids.repeat_interleave(3, 0), pmask.repeat_interleave(3, 0)
     torch.manual_seed(0)
-    comp_lens = torch.tensor([1, 7, 3, 9, 2, 5])
-    comp = torch.randint(0, 50000, (len(texts), 9))
+    comp_lens = torch.randint(1, 10, (len(ids),))
+    comp = torch.randint(0, 50000, (len(ids), 9))
     cmask = torch.arange(9)[None, :] < comp_lens[:, None]
     full_ids, full_mask, P = torch.cat([ids, comp], 1), torch.cat([pmask, cmask], 1), ids.shape[1]
     with torch.no_grad():
         expected = token_logprobs(t.run.policy, full_ids, full_mask, start=P).logprobs * cmask
-        for size in (1, 2, 6):
-            batches = micro_batches(np.arange(len(texts)), pmask.sum(1).numpy(), comp_lens.numpy(), P, size)
+        for size in (1, 3, 6, 18):
+            batches = micro_batches(np.arange(len(ids)), pmask.sum(1).numpy(), comp_lens.numpy(), P, size, 3)
+            assert all(len(b.rows) == max(3, size // 3 * 3) or b is batches[-1] for b in batches)
             got = t.models.rollout_logprobs(t.run.policy, full_ids, full_mask, P, batches, t.cfg.temperature)[0]
             torch.testing.assert_close(got * cmask, expected, rtol=1e-5, atol=1e-5)  # the loss masks the rest
 
@@ -489,23 +512,24 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
     calls = []
     real_generate = t.sampler.generate
 
-    def spy(model, ids, mask, task, generator):
-        out = real_generate(model, ids, mask, task, generator)
+    def spy(model, ids, mask, task, generator, samples_per_prompt):
+        out = real_generate(model, ids, mask, task, generator, samples_per_prompt)
         calls.append((ids.clone(), mask.clone(), limits[task], out))
         return out
 
     monkeypatch.setattr(t.sampler, "generate", spy)
     prompts = t.prompts.batch(0)
     ids, pmask = t.run.tokenizer.encode_batch([p.text for p in prompts], bos=True)
-    tasks = np.repeat([p.task for p in prompts], 2)
+    prompt_tasks = np.array([p.task for p in prompts])
+    tasks = np.repeat(prompt_tasks, 2)
     assert (tasks == "P").sum() == 6 and (tasks == "A").sum() == 4  # 3 P: and 2 A: prompts: the exact mix
     gen = torch.Generator().manual_seed(0)
-    ids, pmask = ids.repeat_interleave(2, 0), pmask.repeat_interleave(2, 0)
-    out = t.sampler(ids, pmask, tasks, gen)
-    assert [len(c[0]) for c in calls] == [6, 4] and [c[2] for c in calls] == [3, 7]
+    out = t.sampler(ids, pmask, prompt_tasks, 2, gen)
+    # Each task's prompts go once (the shared prompt), their completions come back in groups of 2.
+    assert [len(c[0]) for c in calls] == [3, 2] and [c[2] for c in calls] == [3, 7]
     for (c_ids, c_mask, limit, c_out), task in zip(calls, ("P", "A")):
         rows = np.flatnonzero(tasks == task)
-        assert c_ids.shape[1] == int(pmask[rows].sum(1).max())
+        assert c_ids.shape[1] == int(pmask[prompt_tasks == task].sum(1).max())
         assert c_mask[:, 0].any()  # no column that is padding in every row
         assert torch.equal(out.tokens[rows, :limit], c_out.tokens) and (out.lengths[rows] == limit).all()
         assert not out.mask[rows, limit:].any()
@@ -533,14 +557,15 @@ def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_cop
     assert all(torch.equal(v, before[k]) for k, v in reference.state_dict().items())  # the caller's is untouched
 
     ids, mask = t.run.tokenizer.encode_batch([p.text for p in t.prompts.batch(0)], bos=True)
-    kw = dict(max_new_tokens=8, temperature=1.0, seed=1, stop_at_eos=False, dtype=torch.bfloat16)
+    kw = dict(max_new_tokens=8, temperature=1.0, seed=1, stop_at_eos=False, dtype=torch.bfloat16, samples_per_prompt=2)
     sampled = generate(t.models.sampling_model(), ids, mask, **kw)  # the copy, brought up to the updated weights
     expected = generate(t.run.policy, ids, mask, **kw)
     assert torch.equal(sampled.tokens, expected.tokens) and torch.equal(sampled.logprobs, expected.logprobs)
 
+    ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)  # groups of 2, as the trainer's rows
     full_ids, full_mask = torch.cat([ids, sampled.tokens], 1), torch.cat([mask, sampled.mask], 1)
     P, n = ids.shape[1], len(ids)
-    batches = micro_batches(np.arange(n), mask.sum(1).numpy(), np.full(n, 8), P, 3)
+    batches = micro_batches(np.arange(n), mask.sum(1).numpy(), np.full(n, 8), P, 3, 2)
     got, _ = t.models.rollout_logprobs(t.models.reference, full_ids, full_mask, P, batches, 1.0)
     want, _ = t.models.rollout_logprobs(reference, full_ids, full_mask, P, batches, 1.0)
     assert torch.equal(got, want)

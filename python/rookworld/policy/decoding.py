@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from rookworld.policy.compiling import maybe_compiled, run_or_fall_back
-from rookworld.policy.model import GPT, KVCache
+from rookworld.policy.model import GPT, KVCache, head_logits
 
 # Round the cache length up to a multiple of this when compiling, so that prompts of slightly different widths
 # reuse one compiled graph (each distinct shape is a recompilation and another CUDA graph).
@@ -39,7 +39,7 @@ def decode_step(
     """One token per row [B, 1] through the model against the cache; next-token logits [B, V] in float32."""
     with torch.autocast(device_type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
         hidden = model.trunk(tokens, None, position_ids, cache, write_pos)
-        return model.lm_head(hidden[:, -1]).float()
+        return head_logits(hidden[:, -1], model.lm_head.weight)
 
 
 def _pooled_cache(model: GPT, batch_size: int, max_len: int, dtype: torch.dtype) -> KVCache:
@@ -97,16 +97,23 @@ class Decoder:
         else:
             self.cache = KVCache(model.config, batch_size, max_len, self.device, compute_dtype)
 
-    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Logits after the prompts [B, P] (mask: bool, False on left padding)."""
+    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+        """Logits [B, V] after the prompts [B / repeats, P] (mask: bool, False on left padding), each prompt computed
+        once and its keys and values copied to its `repeats` consecutive rows of the cache, in place (a CUDA
+        graph's addresses stay valid)."""
         P = input_ids.shape[1]
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
                             enabled=self.amp_dtype is not None):
-            hidden = self.model.trunk(input_ids, mask, None, self.cache, torch.arange(P, device=self.device))
-            logits = self.model.lm_head(hidden[:, -1]).float()
+            hidden, kvs = self.model.prompt_trunk(input_ids, mask)
+            logits = head_logits(hidden[:, -1], self.model.lm_head.weight)
+        for layer, (k, v) in enumerate(kvs):
+            self.cache.kv[layer, 0, :, :, :P] = k.repeat_interleave(repeats, 0)
+            self.cache.kv[layer, 1, :, :, :P] = v.repeat_interleave(repeats, 0)
+        mask = mask.repeat_interleave(repeats, 0)
+        self.cache.valid[:, :P] = mask
         self.write_pos = torch.tensor([P], dtype=torch.long, device=self.device)
         self.position_ids = mask.sum(1, keepdim=True)  # next position of every row: its real prompt length
-        return logits
+        return logits.repeat_interleave(repeats, 0)
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """Logits after appending `token` [B] to every row."""

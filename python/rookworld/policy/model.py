@@ -169,6 +169,32 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The lm_head's logits [..., V] in float32. Under autocast (or with 16-bit weights) the inputs are rounded to
+    the 16-bit type, as autocast's matmul rounds them, but the products are summed and returned in float32: rounded
+    to bf16, GPT-2's logits of -50 to -100 lose 0.1-0.3 each, which the log-softmax keeps (a log-prob error of
+    0.12 on average, against 0.006 for the inputs' rounding alone)."""
+    device_type = hidden.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+    if dtype not in (torch.bfloat16, torch.float16):
+        logits = F.linear(hidden, weight)
+        return logits if logits.dtype == torch.float64 else logits.float()
+    h, w = hidden.to(dtype), weight.to(dtype)
+    with torch.autocast(device_type, enabled=False):
+        if device_type == "cuda" and not (torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)):
+            # bf16 tensor cores, fp32 out (no autograd formula is needed where nothing wants a gradient).
+            return torch.mm(h.reshape(-1, h.shape[-1]), w.t(), torch.float32).view(*h.shape[:-1], w.shape[0])
+        return F.linear(h.float(), w.float())  # the rounded inputs' products are exact in float32
+
+
+def _padded_causal(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T, T] bool: query t sees the real keys at or before it; a padding query also sees itself, which keeps
+    SDPA from writing NaN for a row with no key (its output is never read)."""
+    T = attention_mask.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=attention_mask.device).tril()
+    return (attention_mask.unsqueeze(1) & causal) | torch.eye(T, dtype=torch.bool, device=attention_mask.device)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int) -> None:
         super().__init__()
@@ -186,18 +212,28 @@ class CausalSelfAttention(nn.Module):
         attn_mask: torch.Tensor | None,
         kv_cache: KVCache | None = None,
         write_pos: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The attention's output [B, T, C], and this call's own keys and values [B, nh, T, hd] (a prompt's, which
+        its completions then attend to as their `prefix`).
+
+        prefix: the keys and values [g, nh, P, hd] of g prompts, each shared by B / g consecutive rows: the T
+        positions attend to them before their own, and `attn_mask` covers the P + T keys.
+        """
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # [B, nh, T, hd]
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        own = (k, v)
         if kv_cache is not None:
             # Write this step's keys/values into their slots, then attend over the whole (static-size) cache.
             # Writing at an index *tensor* keeps the step shape-static and capturable in a CUDA graph.
             kv_cache.write(self.layer_idx, k, v, write_pos)
             k, v = kv_cache.layer(self.layer_idx)
             q = q.to(k.dtype)
+        elif prefix is not None:
+            k, v = _after_prefix(prefix[0], k), _after_prefix(prefix[1], v)
         y = F.scaled_dot_product_attention(
             q,
             k,
@@ -207,7 +243,18 @@ class CausalSelfAttention(nn.Module):
             is_causal=attn_mask is None,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(y)), own
+
+
+def _after_prefix(prefix: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """Keys (or values) of g shared prompts [g, nh, P, hd], then each row's own [B, nh, T, hd]: [B, nh, P + T, hd].
+    Written into one new tensor (one copy; the gradient of each prompt is the sum over its rows)."""
+    g, H, P, D = prefix.shape
+    B, _, T, _ = own.shape
+    out = own.new_empty(B, H, P + T, D)
+    out.view(g, B // g, H, P + T, D)[:, :, :, :P] = prefix.unsqueeze(1).to(own.dtype)
+    out[:, :, P:] = own
+    return out
 
 
 class MLP(nn.Module):
@@ -236,9 +283,12 @@ class Block(nn.Module):
         attn_mask: torch.Tensor | None,
         kv_cache: KVCache | None = None,
         write_pos: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), attn_mask, kv_cache, write_pos)
-        return x + self.mlp(self.ln_2(x))
+        prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The block's output, and its attention's own keys and values (see `CausalSelfAttention`)."""
+        a, kv = self.attn(self.ln_1(x), attn_mask, kv_cache, write_pos, prefix)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), kv
 
 
 class GPT(nn.Module):
@@ -321,17 +371,43 @@ class GPT(nn.Module):
             allowed = allowed | (key_pos == query_pos)
             attn_mask: torch.Tensor | None = allowed.unsqueeze(1)  # broadcast over heads
         elif attention_mask is not None:
-            causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-            allowed = (attention_mask.unsqueeze(1) & causal) | torch.eye(T, dtype=torch.bool, device=device)
-            attn_mask = allowed.unsqueeze(1)
+            attn_mask = _padded_causal(attention_mask).unsqueeze(1)
         else:
             attn_mask = None  # plain causal: lets SDPA pick its fastest kernel
+        return self._layers(input_ids, position_ids, attn_mask, kv_cache, write_pos)[0]
 
+    def prompt_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """`trunk` of left-padded prompts [g, P], and every layer's keys and values [g, nh, P, hd]: the `prefix` of
+        `continue_trunk`, so that a group's completions share one pass over their prompt."""
+        attention_mask = attention_mask.to(torch.bool)
+        mask = _padded_causal(attention_mask).unsqueeze(1)
+        return self._layers(input_ids, positions_from_mask(attention_mask), mask, keep=True)
+
+    def continue_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       prefix: list[tuple[torch.Tensor, torch.Tensor]], prefix_mask: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [B, T, n_embd] of right-padded continuations [B, T] of g prompts (`prompt_trunk`'s
+        `prefix` and mask [g, P]), each prompt's B / g continuations consecutive: they attend to their prompt's
+        real tokens, then causally to their own, at the positions that follow the prompt's. The same states as
+        `trunk` over prompt + continuation, with the prompt computed once per group."""
+        B, T = input_ids.shape
+        attention_mask = attention_mask.to(torch.bool)
+        prefix_mask = prefix_mask.to(torch.bool).repeat_interleave(B // prefix_mask.shape[0], 0)
+        position_ids = prefix_mask.sum(1, keepdim=True) + positions_from_mask(attention_mask)
+        seen = prefix_mask.unsqueeze(1).expand(B, T, prefix_mask.shape[1])
+        mask = torch.cat([seen, _padded_causal(attention_mask)], dim=2).unsqueeze(1)
+        return self._layers(input_ids, position_ids, mask, prefix=prefix)[0]
+
+    def _layers(self, input_ids, position_ids, attn_mask, kv_cache=None, write_pos=None, prefix=None, keep=False):
+        """Embeddings, blocks and ln_f: the hidden states, and each layer's own keys and values if `keep`."""
         x = self.transformer.wte(input_ids) + self.transformer.wpe(position_ids)
         x = self.transformer.drop(x)
-        for block in self.transformer.h:
-            x = block(x, attn_mask, kv_cache, write_pos)
-        return self.transformer.ln_f(x)
+        kept = []
+        for i, block in enumerate(self.transformer.h):
+            x, kv = block(x, attn_mask, kv_cache, write_pos, None if prefix is None else prefix[i])
+            if keep:
+                kept.append(kv)
+        return self.transformer.ln_f(x), kept
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, T, vocab_size]. For large batches prefer `rookworld.policy.logprobs.token_logprobs`."""

@@ -51,8 +51,11 @@ def _race(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, to
     Exponential race (Gumbel-max): argmax_i p_i / E_i with E_i = -log(U_i) ~ Exp(1) is a draw from p, and so is
     argmax_i (logit_i - log E_i), since log p_i differs from logit_i by one constant per row: no log-softmax is
     written. U = 0 gives E = inf: that token just cannot win. Compiled, this is one pass over the logits and the
-    uniforms instead of a dozen."""
-    choice = (scaled - uniform.log().neg().log()).argmax(-1, keepdim=True)
+    uniforms instead of a dozen. The uniforms are float64 (the noise float32 again): float32 ones are multiples of
+    2^-24, so E is never below 6e-8 and a token below about 6e-8 of the winner's probability could never win
+    against a winner whose E is near 1: its mass moved to the likelier tokens."""
+    noise = uniform.log().neg().log().to(scaled.dtype)
+    choice = (scaled - noise).argmax(-1, keepdim=True)
     token_logp = scaled.gather(-1, choice).squeeze(-1) - scaled.logsumexp(-1)
     return choice, token_logp
 
@@ -86,7 +89,7 @@ def sample_next(
         scaled = _top_p_filter(scaled, top_p)
     # Uniforms from rand, outside any compiled code, so that `generator` makes runs reproducible (and not from
     # exponential_(), 5x slower on CPU); the race never syncs with the host, unlike torch.multinomial.
-    uniform = torch.rand(scaled.shape, generator=generator, device=scaled.device)
+    uniform = torch.rand(scaled.shape, generator=generator, device=scaled.device, dtype=torch.float64)
     race = maybe_compiled(_race, _compiled_races, scaled.device.type, compile)
     (choice, token_logp), _ = run_or_fall_back(race, _race, scaled.device.type, scaled, uniform)
     token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)
@@ -102,11 +105,13 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
              max_new_tokens: int | torch.Tensor = 144, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, stop_at_eos: bool = True, seed: int | None = None,
              generator: torch.Generator | None = None, compile: bool | None = None,
-             dtype: torch.dtype | None = None) -> GenerationOutput:
+             dtype: torch.dtype | None = None, samples_per_prompt: int = 1) -> GenerationOutput:
     """Sample completions for a left-padded batch of prompts.
 
     input_ids / attention_mask: [B, P], left-padded (see `rookworld.policy.tokenizer`); mask None = no padding.
-    max_new_tokens: one limit, or one per row ([B] tensor). A row stops at its limit or, with stop_at_eos, after
+    samples_per_prompt: completions per prompt, consecutive rows of the output (B x samples_per_prompt rows), the
+        prompt computed once for all of them.
+    max_new_tokens: one limit, or one per output row (a tensor). A row stops at its limit or, with stop_at_eos, after
         emitting EOS_ID (the EOS is part of the completion and of its mask). stop_at_eos=False generates
         exactly max_new_tokens per row (fixed-length sampling, benchmarks).
     temperature <= 0 is greedy; top_k / top_p restrict the support (applied after temperature, top-k first).
@@ -121,11 +126,11 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     """
     device = model.device
     input_ids = input_ids.to(device)
-    B, P = input_ids.shape
+    P, B = input_ids.shape[1], input_ids.shape[0] * samples_per_prompt
     mask = (
         attention_mask.to(device=device, dtype=torch.bool)
         if attention_mask is not None
-        else torch.ones(B, P, dtype=torch.bool, device=device)
+        else torch.ones(input_ids.shape, dtype=torch.bool, device=device)
     )
     limits, N = _row_limits(max_new_tokens, B, device)
     if P + N > model.config.block_size:
@@ -141,7 +146,7 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     model.eval()  # dropout must be off while sampling, whatever the trainer left it at
     try:
         decoder = Decoder(model, B, P + N, dtype, compile)
-        logits = decoder.prefill(input_ids, mask)
+        logits = decoder.prefill(input_ids, mask, samples_per_prompt)
         return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator)
     finally:
         model.train(was_training)

@@ -152,6 +152,8 @@ class TrainConfig(RunConfig):
                           main=True)
     prompts_per_step: int = _f(32, "prompts per GRPO step (over all ranks)", DATA, main=True)
     group_size: int = _f(16, "completions sampled per prompt (at least 2: GRPO compares them)", DATA, main=True)
+    shared_prompt: bool = _f(True, "compute each group's prompt once, in sampling and in every log-prob pass "
+                                   "(--no-shared-prompt computes it for every completion, as a check)", DATA)
     task_mix: float = _f(0.8, "share of P: prompts, exact in every step (one prompt either way); the rest are A:",
                          DATA)
     auto_batch: bool = _f(False, "on CUDA, probe real steps at doubling --prompts-per-step (from "
@@ -239,9 +241,9 @@ class TrainConfig(RunConfig):
     def check_world(self, world: int) -> None:
         _need(self.prompts_per_step % world == 0,
               f"--prompts-per-step ({self.prompts_per_step}) must divide over {world} ranks")
-        rows = self.prompts_per_step // world * self.group_size
-        _need(rows % self.minibatches == 0, f"each rank's {rows} completions (--prompts-per-step x --group-size / "
-                                            f"ranks) must split into --minibatches ({self.minibatches})")
+        groups = self.prompts_per_step // world
+        _need(groups % self.minibatches == 0, f"each rank's {groups} prompts (--prompts-per-step / ranks), whose "
+                                              f"groups stay whole, must split into --minibatches ({self.minibatches})")
 
 
 #: Fresh GPT-2 sizes for `rookworld sft --init`: (layers, heads, width).

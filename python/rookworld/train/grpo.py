@@ -74,8 +74,19 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 per token, e^r - 1 - r with r = log ref - log pi: unbiased for KL(policy || reference) and
     never negative; as a loss term, the gradient of KL(reference || policy)."""
     r = ref_logprobs - logprobs
-    # Clamped so a token the reference finds impossible cannot overflow the exponential.
-    return torch.exp(r.clamp(max=20.0)) - 1.0 - r
+    return _exp_linear_above(r, K3_EXP_LIMIT) - 1.0 - r
+
+
+#: Past r = this, k3's e^r continues as its tangent: a padded position or a token the policy made ~e^20 times
+#: less likely than the reference then costs a large finite value, never inf (inf x a mask of 0 is NaN).
+K3_EXP_LIMIT = 20.0
+
+
+def _exp_linear_above(r: torch.Tensor, limit: float) -> torch.Tensor:
+    """e^r up to `limit`, e^limit (1 + r - limit) beyond: finite, and its gradient keeps e^r's sign (a clamp's
+    would be 0, turning k3's gradient from about -e^20 into +1 and pushing such a token further down)."""
+    e = torch.exp(r.clamp(max=limit))
+    return torch.where(r >= limit, e * (1.0 + (r - limit)), e)
 
 
 def penalty_to_go(penalty: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -125,25 +136,39 @@ def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advant
     return loss, was_clipped
 
 
+def token_weights(mask: torch.Tensor, total_tokens: float | None = None) -> torch.Tensor:
+    """DAPO's aggregation, as each token's weight: 1 / the tokens counted (``total_tokens``, the whole minibatch's
+    when a minibatch is split into micro-batches), so long completions weigh more in total."""
+    mask = mask if mask.is_floating_point() else mask.float()
+    return mask / (total_tokens if total_tokens is not None else mask.sum().clamp(min=1.0))
+
+
+def sequence_weights(mask: torch.Tensor, total_sequences: float | None = None) -> torch.Tensor:
+    """GRPO's aggregation, as each token's weight: the mean, over the sequences with a counted token
+    (``total_sequences`` of the minibatch), of each one's token mean. A row without one is no sequence: counting
+    it would shrink the step."""
+    mask = mask if mask.is_floating_point() else mask.float()
+    counts = mask.sum(dim=-1, keepdim=True)
+    total = total_sequences if total_sequences is not None else (counts > 0).sum().clamp(min=1)
+    return mask / (counts.clamp(min=1.0) * total)
+
+
+def constant_weights(mask: torch.Tensor, max_tokens: int, total_sequences: float | None = None) -> torch.Tensor:
+    """Dr. GRPO's aggregation, as each token's weight: 1 / (sequences x max_tokens), free of length bias."""
+    mask = mask if mask.is_floating_point() else mask.float()
+    n_seq = total_sequences if total_sequences is not None else mask.shape[0]
+    return mask / (n_seq * max_tokens)
+
+
 def token_mean(per_token: torch.Tensor, mask: torch.Tensor, total_tokens: float | None = None) -> torch.Tensor:
-    """DAPO's aggregation: the sum over all tokens / their count (``total_tokens``, the whole minibatch's, when a
-    minibatch is split into micro-batches), so long completions weigh more in total."""
-    mask = mask.to(per_token.dtype)
-    denom = total_tokens if total_tokens is not None else mask.sum().clamp(min=1.0)
-    return (per_token * mask).sum() / denom
+    return (per_token * token_weights(mask.to(per_token.dtype), total_tokens)).sum()
 
 
 def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, total_sequences: float | None = None
                   ) -> torch.Tensor:
-    """GRPO's aggregation: the mean over sequences (``total_sequences`` of the minibatch) of each one's token
-    mean."""
-    mask = mask.to(per_token.dtype)
-    per_seq = (per_token * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
-    return per_seq.sum() / (total_sequences if total_sequences is not None else per_token.shape[0])
+    return (per_token * sequence_weights(mask.to(per_token.dtype), total_sequences)).sum()
 
 
 def constant_mean(per_token: torch.Tensor, mask: torch.Tensor, max_tokens: int,
                   total_sequences: float | None = None) -> torch.Tensor:
-    """Dr. GRPO's aggregation: the sum / (sequences x max_tokens), free of length bias."""
-    n_seq = total_sequences if total_sequences is not None else per_token.shape[0]
-    return (per_token * mask.to(per_token.dtype)).sum() / (n_seq * max_tokens)
+    return (per_token * constant_weights(mask.to(per_token.dtype), max_tokens, total_sequences)).sum()

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rookworld.policy.logprobs import token_logprobs
+from rookworld.policy.logprobs import TokenLogProbs, TokenLoss, token_logprobs
 from rookworld.policy.model import autocast_copy, refresh_copy
 from rookworld.policy.sampling import PAD_ID, GenerationOutput, generate
 
@@ -26,13 +26,12 @@ class LogProbs(nn.Module):
         super().__init__()
         self.model, self.value_head, self.compile, self.entropy = model, value_head, compile, entropy
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, start: int, temperature: float,
-                reference: nn.Module | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
-                wanted: torch.Tensor | None = None):
-        s = token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
-                           compile=self.compile, reference=reference, kl_weights=kl_weights,
-                           value_head=self.value_head, wanted=wanted)
-        return s.logprobs, s.entropy, s.kl, s.values
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, start: int, temperature: float, *,
+                loss: TokenLoss, reference: nn.Module | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
+                wanted: torch.Tensor | None = None, group_size: int = 1) -> TokenLogProbs:
+        return token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
+                              compile=self.compile, reference=reference, kl_weights=kl_weights,
+                              value_head=self.value_head, wanted=wanted, group_size=group_size, loss=loss)
 
 
 @dataclass(frozen=True)
@@ -45,27 +44,32 @@ class MicroBatch:
 
 
 def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np.ndarray, prompt_width: int,
-                  size: int) -> list[MicroBatch]:
-    """Splits `rows` into micro-batches of at most `size` rows of similar length.
+                  size: int, group_size: int = 1) -> list[MicroBatch]:
+    """Splits `rows` into micro-batches of about `size` rows of similar length, whole groups of `group_size`
+    consecutive rows each (rows that share a prompt computed once: at least one group a micro-batch).
 
     Every log-prob pass costs rows x columns of the block it is given, and an A: row (long prompt, long
     completion) is about twice as long as a P: row: padding all of them to the longest would make about 40% of
     the work padding. Sorting by length and cutting each micro-batch to its own columns keeps that near zero.
     Exact: positions come from the attention mask, and the cut columns are padding to every row kept."""
-    rows = np.asarray(rows)
-    order = rows[np.argsort(prompt_lens[rows] + completion_lens[rows], kind="stable")]
-    out = []
-    for i in range(0, len(order), size):
-        chunk = order[i : i + size]
+    groups = np.asarray(rows).reshape(-1, group_size)
+    length = prompt_lens[groups[:, 0]] + completion_lens[groups].max(1)
+    order = groups[np.argsort(length, kind="stable")]
+    out, per = [], max(1, size // group_size)
+    for i in range(0, len(order), per):
+        chunk = order[i : i + per].reshape(-1)
         out.append(MicroBatch(chunk, prompt_width - int(prompt_lens[chunk].max()),
                               max(1, int(completion_lens[chunk].max()))))
     return out
 
 
 class Models:
+    """The networks and how they run. `prompt_group`: rows per prompt computed once, in sampling and in every
+    log-prob pass (the group size; 1 computes every row's prompt, --no-shared-prompt)."""
+
     def __init__(self, policy: nn.Module, reference: nn.Module | None, value_head: nn.Module | None,
                  device: torch.device, amp_dtype: torch.dtype | None, compile: bool, ddp: bool,
-                 autocast: Callable[[], contextlib.AbstractContextManager]):
+                 autocast: Callable[[], contextlib.AbstractContextManager], prompt_group: int = 1):
         # Under autocast, sampling and the frozen reference read weights stored in the compute dtype: the same
         # bits, without every decode step and every log-prob pass casting every weight again.
         casts = amp_dtype is not None and policy.dtype != amp_dtype
@@ -74,6 +78,7 @@ class Models:
             reference = autocast_copy(reference, amp_dtype)
         self.policy, self.reference, self.value_head = policy, reference, value_head
         self.device, self.amp_dtype, self.compile, self.autocast = device, amp_dtype, compile, autocast
+        self.prompt_group = prompt_group
         self.logprobs: nn.Module = LogProbs(policy, value_head, compile)
         if ddp:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -103,7 +108,7 @@ class Models:
             with self.autocast():
                 s = token_logprobs(model, ids[rows, cols], mask[rows, cols], start=prompt_width - b.left,
                                    temperature=temperature, compile=self.compile,
-                                   value_head=self.value_head if values else None)
+                                   value_head=self.value_head if values else None, group_size=self.prompt_group)
             lp[rows, : b.width] = s.logprobs.float()
             if vals is not None:
                 vals[rows, : b.width] = s.values.float()
@@ -111,8 +116,9 @@ class Models:
 
 
 class Sampler:
-    """A rollout's completions for left-padded prompts [n, P], with the run's sampling settings, one `generate`
-    call per task.
+    """A rollout's completions: `group_size` for each of the left-padded prompts [n, P], consecutive rows, with the
+    run's sampling settings, one `generate` call per task; each prompt computed once unless
+    `models.prompt_group` is 1.
 
     A: prompts are about twice as wide as P: prompts and their completions about twice as long, and a batch
     decodes until its longest row is done: sampled together, every P: row would ride along for the A: rows'
@@ -127,29 +133,34 @@ class Sampler:
                              dtype=models.amp_dtype)
 
     @torch.no_grad()
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray, generator: torch.Generator
-                 ) -> GenerationOutput:
-        n, P = ids.shape
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray, group_size: int,
+                 generator: torch.Generator) -> GenerationOutput:
+        P, n, G = ids.shape[1], ids.shape[0] * group_size, group_size
         model, device = self.models.sampling_model(), self.models.device
-        prompt_lens = mask.sum(1).cpu().numpy()
+        prompt_lens, once = mask.sum(1).cpu().numpy(), self.models.prompt_group > 1
         parts = []
         for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
-            rows = np.flatnonzero(tasks == task)
-            index, left = torch.from_numpy(rows).to(device), P - int(prompt_lens[rows].max())
-            parts.append((index, self.generate(model, ids[index, left:], mask[index, left:], task, generator)))
+            prompts = np.flatnonzero(tasks == task)
+            index, left = torch.from_numpy(prompts).to(device), P - int(prompt_lens[prompts].max())
+            task_ids, task_mask = ids[index, left:], mask[index, left:]
+            if not once:  # every row's prompt computed: the prompts repeated, the rows in the same order
+                task_ids, task_mask = task_ids.repeat_interleave(G, 0), task_mask.repeat_interleave(G, 0)
+            out = self.generate(model, task_ids, task_mask, task, generator, G if once else 1)
+            parts.append(((index[:, None] * G + torch.arange(G, device=device)).reshape(-1), out))
         width = max((o.tokens.shape[1] for _, o in parts), default=0)
         out = GenerationOutput(tokens=torch.full((n, width), PAD_ID, dtype=torch.long, device=device),
                                mask=torch.zeros((n, width), dtype=torch.bool, device=device),
                                logprobs=torch.zeros((n, width), device=device),
                                lengths=torch.zeros(n, dtype=torch.long, device=device),
                                stopped=torch.zeros(n, dtype=torch.bool, device=device))
-        for index, o in parts:
+        for rows, o in parts:
             w = o.tokens.shape[1]
-            out.tokens[index, :w], out.mask[index, :w], out.logprobs[index, :w] = o.tokens, o.mask, o.logprobs
-            out.lengths[index], out.stopped[index] = o.lengths, o.stopped
+            out.tokens[rows, :w], out.mask[rows, :w], out.logprobs[rows, :w] = o.tokens, o.mask, o.logprobs
+            out.lengths[rows], out.stopped[rows] = o.lengths, o.stopped
         return out
 
     def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, task: str,
-                 generator: torch.Generator) -> GenerationOutput:
-        """The completions of one task's rows."""
-        return generate(model, ids, mask, max_new_tokens=self.max_new_tokens, generator=generator, **self.settings)
+                 generator: torch.Generator, samples_per_prompt: int) -> GenerationOutput:
+        """The completions of one task's prompts, `samples_per_prompt` each."""
+        return generate(model, ids, mask, max_new_tokens=self.max_new_tokens, generator=generator,
+                        samples_per_prompt=samples_per_prompt, **self.settings)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,16 @@ def check(cfg, need) -> None:
         need(cfg.ema_decay == default["ema_decay"], "--ema-decay applies to --baseline ema only")
 
 
+@dataclass(frozen=True)
+class Totals:
+    """What a minibatch's loss is divided by, counted over the whole minibatch (under DDP, over every rank and
+    divided by the number of ranks, since DDP averages the ranks' gradients)."""
+
+    tokens: float  # usable tokens (`token` aggregation)
+    sequences: float  # rows with a usable token (`sequence`: a row the loss does not count is no sequence)
+    rows: float  # rows sampled (`constant`: Dr. GRPO's fixed normaliser)
+
+
 def std_scaling(cfg) -> str:
     """--std-scaling with auto resolved: group for GRPO's group baseline, batch otherwise."""
     if cfg.std_scaling != "auto":
@@ -114,10 +125,17 @@ class Objective:
         return self.measures_kl and not self.exact_kl
 
     @property
+    def policy_moves(self) -> bool:
+        """The policy takes more than one optimizer step per rollout, so the importance ratio's denominator is
+        the sampling policy's log-probs. Otherwise it is the update's own pass, detached: a second pass's
+        rounding (a GPU's) would read as a ratio away from 1."""
+        return self.cfg.mu > 1 or self.cfg.minibatches > 1
+
+    @property
     def sampler_pass(self) -> bool:
         """The sampling policy's log-probs (and the critic's values), once per rollout: the importance ratio's
         denominator when the policy moves within a step, k1's penalty, and GAE's values."""
-        return self.cfg.mu > 1 or self.cfg.minibatches > 1 or self.kl_in_advantages or self.critic
+        return self.policy_moves or self.kl_in_advantages or self.critic
 
     # -- beta ----------------------------------------------------------------------------------------------------
 
@@ -210,16 +228,14 @@ class Objective:
 
     # -- the loss ------------------------------------------------------------------------------------------------
 
-    def token_loss(self, logprobs: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor | None,
-                   values: torch.Tensor | None, *, beta: float, advantages: torch.Tensor,
-                   old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
-                   old_values: torch.Tensor | None, returns: torch.Tensor | None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """The loss of each completion token of a micro-batch [b, W], from the update's pass (log-probs, entropy,
-        the exact KL if it ran, the critic's values) and the rollout's rows; with what the metrics count of it:
-        (loss, clipped, KL, value loss)."""
+    def token_loss(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, kl: torch.Tensor | None, *,
+                   beta: float, advantages: torch.Tensor, old_logprobs: torch.Tensor | None,
+                   ref_logprobs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The policy's loss of each completion token (any shape, all alike), from the update's pass (log-probs,
+        entropy, the exact KL if it ran) and the rollout's; with what the metrics count of it: (loss, clipped,
+        KL)."""
         cfg = self.cfg
-        old = old_logprobs if old_logprobs is not None else logprobs.detach()
+        old = old_logprobs if self.policy_moves else logprobs.detach()
         per_token, clipped = grpo.clipped_surrogate(logprobs, old, advantages, cfg.clip_low, cfg.clip_high)
         if ref_logprobs is not None:
             kl = _SAMPLED_KL[cfg.kl_estimator](logprobs, ref_logprobs)
@@ -229,19 +245,20 @@ class Objective:
                 per_token = per_token + beta * kl
         if cfg.entropy_coef > 0:
             per_token = per_token - cfg.entropy_coef * entropy
-        v_loss = None
-        if values is not None:
-            v_loss = grpo.value_loss(values.float(), old_values, returns, cfg.value_clip)
-            per_token = per_token + cfg.vf_coef * v_loss
-        return per_token, clipped, kl, v_loss
+        return per_token, clipped, kl
 
-    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, *, total_tokens: float,
-                  total_sequences: float) -> torch.Tensor:
-        """A micro-batch's share of its minibatch's loss: with the minibatch's token and sequence counts, the
-        micro-batches' losses add up to the minibatch's."""
+    def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The critic's term of each token's loss (weighted by --vf-coef), and its clipped value loss."""
+        v_loss = grpo.value_loss(values, old_values, returns, self.cfg.value_clip)
+        return self.cfg.vf_coef * v_loss, v_loss
+
+    def weights(self, mask: torch.Tensor, totals: Totals) -> torch.Tensor:
+        """Each token's weight in its minibatch's loss [b, W], 0 off the mask: with the minibatch's counts, the
+        micro-batches' weighted sums add up to the minibatch's aggregated loss."""
         how = self.cfg.loss_aggregation
         if how == "token":
-            return grpo.token_mean(per_token, mask, total_tokens)
+            return grpo.token_weights(mask, totals.tokens)
         if how == "sequence":
-            return grpo.sequence_mean(per_token, mask, total_sequences)
-        return grpo.constant_mean(per_token, mask, self.cfg.max_new_tokens, total_sequences)
+            return grpo.sequence_weights(mask, totals.sequences)
+        return grpo.constant_weights(mask, self.cfg.max_new_tokens, totals.rows)

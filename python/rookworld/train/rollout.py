@@ -122,8 +122,8 @@ class Rollout:
                 "ref_logprobs": cut(self.ref_logprobs), "old_values": cut(self.old_values),
                 "returns": cut(self.returns)}
 
-    def micro_batches(self, rows: np.ndarray, size: int):
-        return micro_batches(rows, self.prompt_lens, self.completion_lens, self.prompt_width, size)
+    def micro_batches(self, rows: np.ndarray, size: int, prompt_group: int):
+        return micro_batches(rows, self.prompt_lens, self.completion_lens, self.prompt_width, size, prompt_group)
 
 
 def seed_of(*parts: int) -> int:
@@ -136,9 +136,9 @@ def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler,
     t0 = time.perf_counter()
     # 1. Sample G completions per prompt.
     ids, pmask = tokenizer.encode_batch([p.text for p in prompts], bos=True, device=device)
-    ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
     generator = torch.Generator(device=device).manual_seed(seed_of(cfg.seed, step, comm.info.rank))
-    out = sampler(ids, pmask, np.repeat([p.task for p in prompts], G), generator)
+    out = sampler(ids, pmask, np.array([p.task for p in prompts]), G, generator)
+    ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
     _sync(device)
     t_gen = time.perf_counter()
 
@@ -155,7 +155,7 @@ def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler,
     t_reward = time.perf_counter()
 
     # 3. The reference's (and the sampling policy's) log-probs, once per rollout; then the advantages.
-    batches = r.micro_batches(np.arange(len(completions)), cfg.micro_batch_size)
+    batches = r.micro_batches(np.arange(len(completions)), cfg.micro_batch_size, models.prompt_group)
     if objective.reference_pass:
         r.ref_logprobs, _ = models.rollout_logprobs(models.reference, r.ids, r.mask, r.prompt_width, batches,
                                                     cfg.temperature)

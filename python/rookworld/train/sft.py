@@ -96,12 +96,13 @@ class SFTTrainer:
         # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
         # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
         with self.run.autocast():
-            if backward:
-                lp = self.logprobs(ids, None, 1, 1.0, wanted=counted)[0]
+            if backward:  # the NLL's gradients made in the same pass over the vocabulary
+                nll = self.logprobs(ids, None, 1, 1.0, loss=lambda lp, entropy, kl, at: -lp / normalizer,
+                                    wanted=counted).loss
             else:
                 lp = token_logprobs(self.run.policy, ids, None, start=1, compile=self.run.compile,
                                     wanted=counted).logprobs
-        nll = -(lp.float() * counted).sum() / normalizer
+                nll = -(lp.float() * counted).sum() / normalizer
         if backward:
             nll.backward()
         return nll.detach(), float(counted.sum())

@@ -115,7 +115,7 @@ class Trainer:
             if run.resume_from is not None:
                 checkpoint.load_module(run.resume_from, VALUE_HEAD_NAME, value_head)
         return Models(run.policy, reference, value_head, run.device, run.amp_dtype, run.compile, run.dist.enabled,
-                      run.autocast)
+                      run.autocast, prompt_group=cfg.group_size if cfg.shared_prompt else 1)
 
     def _chess_reward(self) -> ChessReward:
         from rookworld.rewards import RewardScorer

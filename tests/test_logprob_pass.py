@@ -1,0 +1,175 @@
+"""The log-prob pass's two economies against the plain computation, in float64 on the CPU: each group's prompt
+computed once (in sampling and in the log-prob pass), and the fused pass over the vocabulary that makes a loss's
+gradients in its forward; and the head's float32 logits under bf16 autocast."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_gpt
+from rookworld.policy.logprobs import token_logprobs
+from rookworld.policy.model import head_logits
+from rookworld.policy.sampling import generate
+from rookworld.policy.tokenizer import get_tokenizer
+from rookworld.policy.value import ValueHead
+
+# Real prompts of both tasks, of different lengths (left-padded together).
+PROMPTS = [
+    "P: 3r1r2/ppb4k/8/2R5/5P2/8/1P4PP/2K3R1 w - - 1 27",
+    "A: r1bqkbnr/pp1ppppp/2n5/2p5/4P3/2N3P1/PPPP1P1P/R1BQKBNR b KQkq - 0 3+f7f6+e2e4 c7c5 b1c3 b8c6 g2g3 f7f6+",
+    "P: 8/8/8/8/8/8/8/K6k w - - 0 1",
+]
+G = 3
+
+
+def _groups(seed: int = 0, width: int = 7):
+    """G completions of each prompt, right-padded to `width`, of random lengths (one of them empty): the rows of a
+    rollout, (ids, mask, prompt width)."""
+    ids, mask = get_tokenizer().encode_batch(PROMPTS, bos=True)
+    ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
+    g = torch.Generator().manual_seed(seed)
+    n = len(ids)
+    lengths = torch.randint(1, width + 1, (n,), generator=g)
+    lengths[4] = 0
+    completion = torch.randint(0, 50000, (n, width), generator=g)
+    cmask = torch.arange(width)[None] < lengths[:, None]
+    return torch.cat([ids, completion], 1), torch.cat([mask, cmask], 1), ids.shape[1]
+
+
+def _models():
+    policy = tiny_gpt(seed=2, scale=3.0).double()
+    reference = tiny_gpt(seed=3, scale=3.0).double().requires_grad_(False)
+    head = ValueHead(64).double()
+    with torch.no_grad():
+        head.proj.weight.copy_(torch.linspace(-1, 1, 64))
+    return policy, reference, head
+
+
+def _grads(*modules) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, m in enumerate(modules):
+        for name, p in m.named_parameters():
+            if p.grad is not None:
+                out[f"{i}.{name}"] = p.grad.clone()
+                p.grad = None
+    return out
+
+
+@pytest.mark.parametrize("kl_weights", [(1.0, 0.0), (0.0, 1.0), (0.5, 0.5)])
+def test_each_prompt_once_gives_every_output_and_gradient_of_the_full_pass(kl_weights):
+    """Groups of 3 completions of P: and A: prompts of different widths (left padding), one completion empty: the
+    log-probs, entropy, exact KL, values and every parameter's gradient equal those of the pass that computes every
+    row's prompt, within 1e-10."""
+    policy, reference, head = _models()
+    ids, mask, P = _groups()
+    cmask = mask[:, P:]
+    coef = torch.randn(4, *cmask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    results = []
+    for group_size in (1, G):
+        s = token_logprobs(policy, ids, mask, start=P, temperature=0.8, return_entropy=True, reference=reference,
+                           kl_weights=kl_weights, value_head=head, group_size=group_size, chunk_size=5)
+        parts = (s.logprobs, s.entropy, s.kl, s.values)
+        (sum((c * x * cmask).sum() for c, x in zip(coef, parts))).backward()
+        results.append(([x.detach() * cmask for x in parts], _grads(policy, head)))
+    (full, g_full), (shared, g_shared) = results
+    for a, b in zip(full, shared):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-10)
+    assert g_full.keys() == g_shared.keys() and len(g_full) == len(list(policy.parameters())) + 2
+    for k in g_full:
+        assert g_full[k].abs().sum() > 0, k
+        torch.testing.assert_close(g_shared[k], g_full[k], rtol=0, atol=1e-10, msg=k)
+
+
+def _surrogate(advantages, old, weights):
+    """A GRPO-like loss of each position: a clipped ratio, an entropy bonus and a KL penalty, weighted."""
+
+    def loss(lp, entropy, kl, at):
+        ratio = torch.exp(lp - old.reshape(-1)[at])
+        adv = advantages.reshape(-1)[at]
+        per = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.28) * adv) - 0.01 * entropy + 0.1 * kl
+        return per * weights.reshape(-1)[at]
+
+    return loss
+
+
+@pytest.mark.parametrize("group_size, temperature, kl_weights", [(1, 1.0, (1.0, 0.0)), (G, 0.7, (0.0, 1.0)),
+                                                                  (G, 1.3, (0.5, 0.5))])
+def test_the_fused_pass_gives_the_loss_and_gradients_of_autograd(group_size, temperature, kl_weights):
+    """A loss of each position's log-prob, entropy and exact KL: its value and the gradient of every parameter,
+    made in the forward of the fused pass (no logits kept, none recomputed), equal autograd's through the plain pass
+    (chunks checkpointed), in float64, with some positions not wanted."""
+    policy, reference, _ = _models()
+    ids, mask, P = _groups(seed=4)
+    g = torch.Generator().manual_seed(2)
+    shape = mask[:, P:].shape
+    wanted = mask[:, P:] & (torch.rand(shape, generator=g) < 0.8)
+    advantages = torch.randn(shape, generator=g, dtype=torch.float64)
+    old = -3 - torch.rand(shape, generator=g, dtype=torch.float64)
+    weights = torch.rand(shape, generator=g, dtype=torch.float64) * wanted
+    loss = _surrogate(advantages, old, weights)
+    kw = dict(start=P, temperature=temperature, return_entropy=True, reference=reference, kl_weights=kl_weights,
+              wanted=wanted, group_size=group_size, chunk_size=4)
+
+    plain = token_logprobs(policy, ids, mask, **kw)
+    positions = wanted.reshape(-1).nonzero().squeeze(1)
+    flat = lambda x: x.reshape(-1)[positions]  # noqa: E731
+    want = loss(flat(plain.logprobs), flat(plain.entropy), flat(plain.kl), positions).sum()
+    want.backward()
+    expected = _grads(policy)
+
+    fused = token_logprobs(policy, ids, mask, loss=loss, **kw)
+    assert fused.logprobs.grad_fn is None  # the statistics come back detached
+    for a, b in ((fused.logprobs, plain.logprobs), (fused.entropy, plain.entropy), (fused.kl, plain.kl)):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=1e-10)
+    torch.testing.assert_close(fused.loss, want.detach(), rtol=0, atol=1e-12)
+    (2.0 * fused.loss).backward()  # the upstream gradient scales the one made in the forward
+    got = _grads(policy)
+    assert got.keys() == expected.keys()
+    for k in expected:
+        assert expected[k].abs().sum() > 0, k
+        torch.testing.assert_close(got[k], 2.0 * expected[k], rtol=0, atol=1e-10, msg=k)
+
+
+def test_the_fused_pass_with_nothing_wanted_is_a_zero_loss_that_still_backpropagates():
+    policy, _, _ = _models()
+    ids, mask, P = _groups()
+    wanted = torch.zeros_like(mask[:, P:])
+    s = token_logprobs(policy, ids, mask, start=P, wanted=wanted, loss=lambda lp, e, kl, at: -lp)
+    assert float(s.loss.detach()) == 0.0 and not s.logprobs.any()
+    s.loss.backward()
+    assert all(p.grad is None or not p.grad.any() for p in policy.parameters())
+
+
+def test_sampling_computes_each_prompt_once_and_draws_the_same_tokens():
+    """`samples_per_prompt`: G completions of each prompt from one prefill whose keys and values are copied to the
+    G rows: the tokens and sampling log-probs of G copies of every prompt, under the same seed."""
+    policy = tiny_gpt(seed=5, scale=4.0).double()
+    ids, mask = get_tokenizer().encode_batch(PROMPTS, bos=True)
+    kw = dict(max_new_tokens=10, temperature=1.0, seed=3, stop_at_eos=False)
+    repeated = generate(policy, ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0), **kw)
+    once = generate(policy, ids, mask, samples_per_prompt=G, **kw)
+    assert torch.equal(once.tokens, repeated.tokens)
+    torch.testing.assert_close(once.logprobs, repeated.logprobs, rtol=0, atol=1e-10)
+    assert len({tuple(t) for t in once.tokens.tolist()}) > len(PROMPTS)  # the copies drew different tokens
+
+
+def test_under_bf16_autocast_the_head_sums_in_float32():
+    """Logits of -50 to -100, as GPT-2's: under CPU bf16 autocast the log-probs of the pass and of the decode step
+    keep the inputs' bf16 rounding only (their products summed in float32), against float64; rounding the logits
+    to bf16 as autocast's matmul does would cost about 10x more."""
+    torch.manual_seed(0)
+    hidden = torch.randn(64, 256, dtype=torch.float64) + 1.0
+    weight = torch.randn(1000, 256, dtype=torch.float64) * 0.25 - 0.3  # logits around -77, spread about 5
+    exact = (hidden @ weight.t()).log_softmax(-1)
+    assert -100 < float((hidden @ weight.t()).mean()) < -50
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = head_logits(hidden.float(), weight.float())
+        rounded = torch.nn.functional.linear(hidden.float(), weight.float())
+    assert ours.dtype == torch.float32 and rounded.dtype == torch.bfloat16
+    err_ours = (ours.double().log_softmax(-1) - exact).abs().mean()
+    err_rounded = (rounded.double().log_softmax(-1) - exact).abs().mean()
+    assert err_ours < 0.02 and err_rounded > 5 * err_ours, (float(err_ours), float(err_rounded))
+    assert math.isfinite(float(err_ours))
