@@ -40,10 +40,11 @@ from rookworld.train.trainer import Trainer  # noqa: E402
 H100_BF16_TFLOPS = 989.4
 
 
-def model_config(tiny: bool) -> GPTConfig:
-    if tiny:
+def model_config(args: argparse.Namespace) -> GPTConfig:
+    if args.tiny:
         return GPTConfig(block_size=512, vocab_size=50257, n_layer=2, n_head=2, n_embd=64)
-    return GPTConfig()  # GPT-2 small: 12 layers, 12 heads, 768 wide, 1024 positions
+    # GPT-2 small (12 layers, 12 heads, 768 wide, 1024 positions) unless told otherwise.
+    return GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
 
 
 class FixedLengths(Sampler):
@@ -81,6 +82,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model (CPU smoke check)")
+    ap.add_argument("--n-layer", type=int, default=12)
+    ap.add_argument("--n-head", type=int, default=12)
+    ap.add_argument("--n-embd", type=int, default=768, help="width (LEARNING.md's small model: 12 layers, 128 wide)")
     ap.add_argument("--prompts", type=int, default=128, help="prompts per step")
     ap.add_argument("--group", type=int, default=16, help="completions per prompt")
     ap.add_argument("--p-len", type=int, default=48)
@@ -115,7 +119,7 @@ def main() -> int:
             eval_every=0, save_every=0, sample_every=0, log_every=1000, warmup_steps=0,
         ).validate()
         torch.manual_seed(0)
-        mcfg = model_config(args.tiny)
+        mcfg = model_config(args)
         policy = GPT(mcfg).to(args.device)
         reference = copy.deepcopy(policy) if args.beta > 0 else None
         trainer = Trainer(cfg, policy=policy, reference=reference, stream=open(os.devnull, "w"))

@@ -51,11 +51,12 @@ def _race(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, to
     Exponential race (Gumbel-max): argmax_i p_i / E_i with E_i = -log(U_i) ~ Exp(1) is a draw from p, and so is
     argmax_i (logit_i - log E_i), since log p_i differs from logit_i by one constant per row: no log-softmax is
     written. U = 0 gives E = inf: that token just cannot win. Compiled, this is one pass over the logits and the
-    uniforms instead of a dozen. The uniforms are float64 (the noise float32 again): float32 ones are multiples of
+    uniforms instead of a dozen. The uniforms are float64 (E float32 again): float32 ones are multiples of
     2^-24, so E is never below 6e-8 and a token below about 6e-8 of the winner's probability could never win
     against a winner whose E is near 1: its mass moved to the likelier tokens."""
-    noise = uniform.log().neg().log().to(scaled.dtype)
-    choice = (scaled - noise).argmax(-1, keepdim=True)
+    # Out of place: compiled, an input changed in place would be written back; float32 keeps E's tail (to 1e-38).
+    exponential = (-uniform.log()).to(scaled.dtype)
+    choice = (scaled - exponential.log()).argmax(-1, keepdim=True)
     token_logp = scaled.gather(-1, choice).squeeze(-1) - scaled.logsumexp(-1)
     return choice, token_logp
 
@@ -87,11 +88,21 @@ def sample_next(
         scaled, candidates = scaled.sort(dim=-1, descending=True)
     if top_p is not None and top_p < 1.0:
         scaled = _top_p_filter(scaled, top_p)
-    # Uniforms from rand, outside any compiled code, so that `generator` makes runs reproducible (and not from
-    # exponential_(), 5x slower on CPU); the race never syncs with the host, unlike torch.multinomial.
-    uniform = torch.rand(scaled.shape, generator=generator, device=scaled.device, dtype=torch.float64)
-    race = maybe_compiled(_race, _compiled_races, scaled.device.type, compile)
-    (choice, token_logp), _ = run_or_fall_back(race, _race, scaled.device.type, scaled, uniform)
+    device_type = scaled.device.type
+    race = maybe_compiled(_race, _compiled_races, device_type, compile)
+    # On the CPU, rows a block at a time: a block's float64 uniforms and noise stay under glibc's 32 MiB mmap
+    # threshold, so their memory is reused instead of mapped and faulted in anew at every draw.
+    B, K = scaled.shape
+    block = B if device_type == "cuda" else max(1, (24 << 20) // (8 * K))
+    parts = []
+    for i in range(0, max(B, 1), block):
+        # Uniforms from rand, outside any compiled code, so that `generator` makes runs reproducible (and not from
+        # exponential_(), 5x slower on CPU); the race never syncs with the host, unlike torch.multinomial.
+        rows = scaled[i : i + block]
+        uniform = torch.rand(rows.shape, generator=generator, device=scaled.device, dtype=torch.float64)
+        out, race = run_or_fall_back(race, _race, device_type, rows, uniform)
+        parts.append(out)
+    choice, token_logp = (torch.cat(x) for x in zip(*parts))
     token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)
     return token, token_logp
 
