@@ -5,11 +5,13 @@ gradients in its forward; and the head's float32 logits under bf16 autocast."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
 
 from conftest import tiny_gpt
+from rookworld.policy import compiling, logprobs
 from rookworld.policy.logprobs import token_logprobs
 from rookworld.policy.model import head_logits
 from rookworld.policy.sampling import generate
@@ -173,3 +175,32 @@ def test_under_bf16_autocast_the_head_sums_in_float32():
     err_rounded = (rounded.double().log_softmax(-1) - exact).abs().mean()
     assert err_ours < 0.02 and err_rounded > 5 * err_ours, (float(err_ours), float(err_rounded))
     assert math.isfinite(float(err_ours))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~60 s)")
+def test_the_compiled_fused_pass_and_shared_trunk_give_what_eager_gives(monkeypatch):
+    """compile=True: the trunks of the shared prompt and its completions, and the passes over the vocabulary on
+    each side of the loss, compiled (on the CUDA machine, where it pays), give eager's loss, log-probs and
+    gradients."""
+    monkeypatch.setattr(compiling, "failed", {})
+    policy = tiny_gpt(seed=2, scale=3.0)
+    reference = tiny_gpt(seed=3, scale=3.0).requires_grad_(False)
+    ids, mask, P = _groups(seed=6)
+    g = torch.Generator().manual_seed(3)
+    shape = mask[:, P:].shape
+    loss = _surrogate(torch.randn(shape, generator=g), -3 - torch.rand(shape, generator=g),
+                      torch.rand(shape, generator=g) * mask[:, P:])
+    got = []
+    for compile in (False, True):
+        s = token_logprobs(policy, ids, mask, start=P, temperature=0.9, return_entropy=True, reference=reference,
+                           kl_weights=(0.5, 0.5), wanted=mask[:, P:], group_size=G, loss=loss, compile=compile)
+        s.loss.backward()
+        got.append((s.loss.detach(), s.logprobs, s.entropy, s.kl, _grads(policy)))
+    assert all(d in c for c in (logprobs._compiled_states, logprobs._compiled_forwards, logprobs._compiled_backwards)
+               for d in ("cpu",)) and "cpu" not in compiling.failed, compiling.failed
+    (eager, compiled) = got
+    for a, b in zip(eager[:4], compiled[:4]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    for k in eager[4]:
+        torch.testing.assert_close(compiled[4][k], eager[4][k], rtol=1e-3, atol=1e-6, msg=k)

@@ -249,20 +249,36 @@ def _fused_chunk(hidden: torch.Tensor, targets: torch.Tensor, ref_hidden: torch.
                  positions: torch.Tensor, loss: TokenLoss, vocab: _VocabPass
                  ) -> tuple[_ChunkStats, tuple[torch.Tensor, torch.Tensor]]:
     """One chunk of `_FusedHead`: its statistics and loss, and the loss's gradients w.r.t. the chunk's hidden states
-    and the head's weight. With z the tempered logits, log p = log_softmax(z), H the entropy and KL_f, KL_r the two
-    directions: d log p_y / dz = e_y - p; dH/dz = -p (log p + H); dKL_f/dz = p (log p - log q - KL_f); dKL_r/dz = p - q."""
-    T, (w_f, w_r) = vocab.temperature, vocab.kl_weights
-    z = head_logits(hidden, vocab.weight)
-    if T != 1.0:
-        z = z / T
+    and the head's weight. The passes over [chunk, vocab] before and after the loss (compiled where asked, each
+    into a few fused kernels) surround the loss's own derivatives, taken over [chunk] numbers."""
+    device_type = hidden.device.type
+    forward = maybe_compiled(_vocab_forward, _compiled_forwards, device_type, vocab.compile, dynamic=True)
+    args = (hidden, targets, vocab.weight, vocab.temperature, vocab.entropy, ref_hidden, vocab.ref_weight,
+            vocab.kl_weights)
+    (lp, entropy, kl, logp, p, logq, q, kl_f), _ = run_or_fall_back(forward, _vocab_forward, device_type, *args)
+    per_position, g_lp, g_ent, g_kl = _loss_and_derivatives(loss, lp, entropy, kl, positions)
+    backward = maybe_compiled(_vocab_backward, _compiled_backwards, device_type, vocab.compile, dynamic=True)
+    args = (hidden, targets, vocab.weight, vocab.temperature, vocab.kl_weights, logp, p, logq, q, entropy, kl_f,
+            g_lp, g_ent, g_kl)
+    grads, _ = run_or_fall_back(backward, _vocab_backward, device_type, *args)
+    return _ChunkStats(lp, entropy, kl, per_position.sum()), grads
+
+
+def _vocab_forward(hidden, targets, weight, temperature, with_entropy, ref_hidden, ref_weight, kl_weights):
+    """A chunk's log-prob, entropy and KL, and what their derivatives need: log p and p over the vocabulary (the
+    tempered log-softmax), log q and q (the reference's, q only for the reverse KL), KL_f (the forward KL)."""
+    w_f, w_r = kl_weights
+    z = head_logits(hidden, weight)
+    if temperature != 1.0:
+        z = z / temperature
     logp = z - z.logsumexp(-1, keepdim=True)
     p = logp.exp()
     lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(p * logp).sum(-1) if vocab.entropy else None
+    entropy = -(p * logp).sum(-1) if with_entropy else None
     kl = logq = q = kl_f = None
     if ref_hidden is not None:
-        ref_z = head_logits(ref_hidden, vocab.ref_weight)
-        logq = (ref_z / T if T != 1.0 else ref_z).log_softmax(-1)
+        ref_z = head_logits(ref_hidden, ref_weight)
+        logq = (ref_z / temperature if temperature != 1.0 else ref_z).log_softmax(-1)
         kl = torch.zeros_like(lp)
         if w_f:
             kl_f = (p * (logp - logq)).sum(-1)
@@ -270,7 +286,15 @@ def _fused_chunk(hidden: torch.Tensor, targets: torch.Tensor, ref_hidden: torch.
         if w_r:
             q = logq.exp()
             kl = kl + w_r * (q * (logq - logp)).sum(-1)
-    per_position, g_lp, g_ent, g_kl = _loss_and_derivatives(loss, lp, entropy, kl, positions)
+    return lp, entropy, kl, logp, p, logq, q, kl_f
+
+
+def _vocab_backward(hidden, targets, weight, temperature, kl_weights, logp, p, logq, q, entropy, kl_f, g_lp, g_ent,
+                    g_kl):
+    """The gradients w.r.t. the chunk's hidden states and the head's weight of a loss whose derivatives w.r.t. each
+    position's log-prob, entropy and KL are g_lp, g_ent, g_kl. With z the tempered logits: d log p_y / dz = e_y - p;
+    dH/dz = -p (log p + H); dKL_f/dz = p (log p - log q - KL_f); dKL_r/dz = p - q."""
+    w_f, w_r = kl_weights
     coef = g_lp.unsqueeze(-1)
     if g_ent is not None:
         coef = coef + g_ent.unsqueeze(-1) * (logp + entropy.unsqueeze(-1))
@@ -279,11 +303,17 @@ def _fused_chunk(hidden: torch.Tensor, targets: torch.Tensor, ref_hidden: torch.
     dz = -p * coef
     if g_kl is not None and w_r:
         dz = dz + (g_kl * w_r).unsqueeze(-1) * (p - q)
-    dz.scatter_add_(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1))
-    if T != 1.0:
-        dz = dz / T
-    grads = (head_logits(dz, vocab.weight.t()), head_logits(dz.t(), hidden.t()))  # dz @ W, dz^T @ h
-    return _ChunkStats(lp, entropy, kl, per_position.sum()), grads
+    dz = dz.scatter_add(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1))
+    if temperature != 1.0:
+        dz = dz / temperature
+    return head_logits(dz, weight.t()), head_logits(dz.t(), hidden.t())  # dz @ W, dz^T @ h
+
+
+# Eager, the passes of _vocab_forward and _vocab_backward over [chunk, vocab] (logsumexp, exp, gather, the
+# entropy's product, the gradient's terms) cost several times the head's matmul in memory traffic on a GPU;
+# compiled, they fuse into a few kernels on each side of the loss.
+_compiled_forwards: dict[str, Callable[..., tuple]] = {}
+_compiled_backwards: dict[str, Callable[..., tuple]] = {}
 
 
 def _loss_and_derivatives(loss: TokenLoss, lp: torch.Tensor, entropy: torch.Tensor | None, kl: torch.Tensor | None,
