@@ -205,12 +205,11 @@ def test_a_checkpoint_carries_its_vocabulary_and_loads_offline(tiny_dir, tmp_pat
                            "--eval-size", "2", "--tasks", "A", "--max-new-tokens", "8"], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    # A model directory without the files: one clear line, naming no path of the development machine.
+    # A model directory without the files: the copy shipped with the package serves, offline too.
     proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--device", "cpu",
-                           "--eval-size", "2", "--tasks", "A"], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 2 and "vocab.json and merges.txt" in proc.stderr and "ROOKWORLD_TIKTOKEN_FILE" in \
-        proc.stderr
-    assert "shared" not in proc.stderr and "Traceback" not in proc.stderr
+                           "--eval-size", "2", "--tasks", "A", "--max-new-tokens", "8"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_vocabulary_files_that_are_not_gpt2s_are_refused(tmp_path):
