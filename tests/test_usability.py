@@ -108,6 +108,20 @@ def test_a_cuda_device_without_a_gpu_is_one_line_for_every_command(tiny_dir, tmp
         assert "CUDA is not available" in proc.stderr and len(lines_of(proc.stderr)) == 1, proc.stderr
 
 
+def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(tmp_path):
+    (tmp_path / "runs").mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for args in (["eval", "--model", "runs/sftt", "--device", "cpu"],
+                 ["train", "--model", "runs/sftt", "--output-dir", "runs/new", "--device", "cpu"],
+                 ["sft", "--model", "runs/sftt", "--data", "runs/none.jsonl", "--device", "cpu"]):
+        proc = run_cli(args, cwd=tmp_path, env=env)
+        assert proc.returncode == 2, proc.stderr
+        # One line, said before any header, and no hub advice.
+        assert lines_of(proc.stderr) == [f"rookworld {args[0]}: error: " + ("--model: " if args[0] != "eval" else "")
+                                         + "no such model directory: runs/sftt"], proc.stderr
+        assert proc.stdout == ""
+
+
 def test_tensorboard_missing_is_said_once(tmp_path):
     """With tensorboard not importable the run says so once, and metrics.jsonl still has everything."""
     code = ("import sys; sys.modules['torch.utils.tensorboard'] = None\n"

@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rookworld.policy.hub import is_local_path
+
 DEFAULT_REPO = "jrahn/RookWorld-LM-124M"
 #: The GPT-2 vocabulary as the hub's GPT-2 repos carry it; `rookworld.policy.tokenizer` reads and writes these.
 TOKENIZER_FILES = ("vocab.json", "merges.txt")
@@ -461,8 +463,10 @@ def model_directory(name_or_path: str | os.PathLike = DEFAULT_REPO, revision: st
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    if path.exists() or str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1:
-        raise FileNotFoundError(f"{name_or_path} is not a directory holding a checkpoint (nor a hub repo id)")
+    if path.exists():
+        raise NotADirectoryError(f"{name_or_path} is a file, not a model directory")
+    if is_local_path(str(name_or_path)):
+        raise FileNotFoundError(f"no such model directory: {name_or_path}")
     return _resolve_hub(str(name_or_path), revision, cache_dir)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rookworld.policy.hub import is_local_path
 from rookworld.rewards import SHAPINGS
 
 if sys.version_info >= (3, 11):
@@ -117,8 +118,7 @@ class RunConfig:
         if self.model is None:  # a fresh model (rookworld sft --init)
             return
         model = Path(self.model).expanduser()
-        looks_local = model.exists() or self.model.startswith((".", "/", "~")) or self.model.count("/") != 1
-        if looks_local:
+        if is_local_path(self.model):
             need(model.is_dir(), f"--model: no such model directory: {self.model}")
             need((model / "config.json").is_file(), f"--model: {self.model} has no config.json")
 
