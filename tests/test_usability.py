@@ -122,6 +122,31 @@ def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(t
         assert proc.stdout == ""
 
 
+def _modes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in [root, *root.rglob("*")]}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_files_and_directories_written_respect_the_umask(tiny_dir, tmp_path, umask):
+    out = tmp_path / "run"
+    old = os.umask(umask)  # the child inherits it
+    try:
+        proc = run_cli(train_args(tiny_dir, out, "--steps", "1"))
+        assert proc.returncode == 0, proc.stderr
+        positions = tmp_path / "positions.jsonl"
+        assert run_cli(["positions", "--count", "3", "--out", str(positions)]).returncode == 0
+    finally:
+        os.umask(old)
+    modes = _modes(out) | {"positions.jsonl": positions.stat().st_mode & 0o777}
+    assert "checkpoints" in modes and any(name.endswith("model.safetensors") for name in modes)
+    for name, mode in modes.items():
+        expected = (0o777 if (out / name).is_dir() else 0o666) & ~umask
+        if name.startswith("tensorboard"):  # TensorBoard writes its own files; only ask that none be private
+            assert mode & 0o044 == 0o044 & ~umask, name
+            continue
+        assert mode == expected, f"{name}: {oct(mode)}, expected {oct(expected)}"
+
+
 def test_tensorboard_missing_is_said_once(tmp_path):
     """With tensorboard not importable the run says so once, and metrics.jsonl still has everything."""
     code = ("import sys; sys.modules['torch.utils.tensorboard'] = None\n"

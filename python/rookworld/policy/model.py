@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rookworld.files import publish, temporary_directory
 from rookworld.policy.hub import is_local_path
 
 DEFAULT_REPO = "jrahn/RookWorld-LM-124M"
@@ -580,10 +580,11 @@ def save_pretrained(model: GPT, directory: str | os.PathLike, *, dtype: torch.dt
     hf_config = model.config.to_hf()
     hf_config["torch_dtype"] = str(dtype or model.dtype).removeprefix("torch.")
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    tmp = temporary_directory(f".{directory.name}.tmp-", directory.parent)
     try:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        publish(tmp)
         if not directory.exists():
             os.replace(tmp, directory)
         else:
