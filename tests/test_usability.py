@@ -120,6 +120,11 @@ def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(t
         assert lines_of(proc.stderr) == [f"rookworld {args[0]}: error: " + ("--model: " if args[0] != "eval" else "")
                                          + "no such model directory: runs/sftt"], proc.stderr
         assert proc.stdout == ""
+    # The default hub model out of reach: said before the header, and no run directory left behind.
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"))
+    proc = run_cli(["train", "--output-dir", "runs/hub", "--device", "cpu"], cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "hub cannot be reached" in proc.stderr and len(lines_of(proc.stderr)) == 1
+    assert proc.stdout == "" and not (tmp_path / "runs" / "hub").exists()
 
 
 def _modes(root: Path) -> dict[str, int]:

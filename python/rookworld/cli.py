@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -25,6 +26,18 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Command(_Parser):
+    """A subcommand reports its own unknown flags (argparse leaves them to `rookworld`), with the nearest flag."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            flags = [f for a in self._actions for f in a.option_strings if a.help != argparse.SUPPRESS]
+            near = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.6)
+            self.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {near[0]}?)" if near else ""))
+        return namespace, unknown
 
 
 class _Renamed(argparse.Action):
@@ -348,7 +361,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
         usage="%(prog)s (--init SIZE | --model DIR) --data FILE [--output-dir DIR] [options]",
         help="supervised training on P:/A: text (RookWorld datasets, or rookworld positions --annotate)",
         description="Supervised training of a GPT-2 policy on RookWorld P:/A: samples, as RookWorld-LM was made: "
-        "documents are [EOS] + text, packed into rows; continue a checkpoint (--model) or start a fresh GPT-2 "
+        "documents are [EOS] + text, one a row (or packed into full rows with --pack); continue a checkpoint (--model) or start a fresh GPT-2 "
         "(--init). The output directory holds the latest model, a --model for rookworld train. Settings, "
         "--config, --resume and torchrun work as for rookworld train.",
     )
@@ -444,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GRPO with verifiable chess rewards for RookWorld-LM.",
     )
     parser.add_argument("--version", action="version", version=f"rookworld {rookworld.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Command)
     _add_positions(sub)
     _add_eval(sub)
     _add_train(sub)

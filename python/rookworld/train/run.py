@@ -112,8 +112,15 @@ class Run:
         self.compile = cfg.compile and kind == "cuda"
         torch.manual_seed(cfg.seed)
 
-        # Everything a user can get wrong is checked before the slow parts (models, engines) start.
+        # Everything a user can get wrong is checked before the slow parts (models, engines) start, and before
+        # the header: a model that cannot be found (a typo, a hub out of reach) is one line and no run directory.
+        from rookworld.policy.model import from_pretrained, model_directory
+        from rookworld.policy.tokenizer import get_tokenizer
+
         self.resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
+        source, directory = self.resume_from or cfg.model or label, None
+        if policy is None:
+            directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
         prepare_output_dir(cfg, self.resume_from, self.dist.main)
         self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary)
         ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
@@ -121,12 +128,7 @@ class Run:
         self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "
                      f"({'bf16 autocast' if bf16 else 'fp32'}{', compiled' if self.compile else ''}{ranks})")
 
-        from rookworld.policy.model import from_pretrained, model_directory
-        from rookworld.policy.tokenizer import get_tokenizer
-
-        source, directory = self.resume_from or cfg.model or label, None
         if policy is None:
-            directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
             policy = from_pretrained(directory, device=self.device)
         self.policy = policy.to(self.device).eval()  # eval(): dropout stays off
         # The vocabulary of the model's own directory when it has one (a download, a checkpoint of ours).
