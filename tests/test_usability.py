@@ -49,6 +49,68 @@ def test_a_new_run_does_not_overwrite_an_old_one_without_being_told(tiny_dir, tm
     assert (other / "metrics.jsonl").read_text() == theirs
 
 
+def test_a_run_that_saved_no_checkpoint_is_no_dead_end(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(train_args(tiny_dir, out, "--steps", "2", "--save-every", "0")).returncode == 0
+    shutil.rmtree(out / "checkpoints")  # as a second Ctrl-C leaves it: metrics and TensorBoard, no checkpoint
+    again = run_cli(train_args(tiny_dir, out, "--steps", "1"))
+    assert again.returncode == 2 and "saved no checkpoint" in again.stderr and "--overwrite" in again.stderr
+    assert "--resume" not in again.stderr, again.stderr  # it cannot be resumed: do not offer it
+    resumed = run_cli(["train", "--resume", str(out)])
+    assert resumed.returncode == 2 and "stopped before saving a checkpoint" in resumed.stderr
+    assert "--overwrite" in resumed.stderr and len(lines_of(resumed.stderr)) == 1
+    assert run_cli(train_args(tiny_dir, out, "--steps", "1", "--overwrite")).returncode == 0
+    # A run stopped before it logged a step has nothing worth keeping: a new run starts there without asking.
+    (out / "metrics.jsonl").write_text("")
+    shutil.rmtree(out / "checkpoints")
+    fresh = run_cli(train_args(tiny_dir, out, "--steps", "1"))
+    assert fresh.returncode == 0, fresh.stderr
+    assert [r["step"] for r in metrics(out)] == [1]
+
+
+def test_train_and_sft_never_take_each_others_runs(tiny_dir, tmp_path):
+    sft = tmp_path / "sft"
+    data = tmp_path / "train.txt"
+    data.write_text("A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
+                    "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0\n")
+    proc = run_cli(["sft", "--init", "tiny", "--n-embd", "32", "--data", str(data), "--output-dir", str(sft),
+                    "--steps", "1", "--rows-per-step", "2", "--eval-every", "0", "--device", "cpu"])
+    assert proc.returncode == 0, proc.stderr
+    model = (sft / "model.safetensors").read_bytes()
+    resumed = run_cli(["train", "--resume", str(sft), "--steps", "2"])
+    assert resumed.returncode == 2 and len(lines_of(resumed.stderr)) == 1, resumed.stderr
+    assert "that is a `rookworld sft` run" in resumed.stderr and f"rookworld sft --resume {sft}" in resumed.stderr
+    assert "rookworld train --model" in resumed.stderr and "is not a str" not in resumed.stderr
+    for extra in ([], ["--overwrite"]):
+        into = run_cli(train_args(sft, sft, "--steps", "1", *extra))
+        assert into.returncode == 2 and "holds a `rookworld sft` run" in into.stderr, into.stderr
+        assert f"--resume {sft}" not in into.stderr
+    assert (sft / "model.safetensors").read_bytes() == model  # --overwrite deleted nothing
+    grpo = tmp_path / "grpo"
+    assert run_cli(train_args(sft, grpo, "--steps", "1")).returncode == 0
+    back = run_cli(["sft", "--resume", str(grpo), "--steps", "2"])
+    assert back.returncode == 2 and "that is a `rookworld train` run" in back.stderr, back.stderr
+
+
+def test_train_ends_with_a_summary_and_keeps_its_model_at_the_top(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--sample-every", "10", "--eval-every", "2",
+                              "--eval-size", "2"))
+    assert proc.returncode == 0, proc.stderr
+    tail = lines_of(proc.stderr)[-5:]
+    assert tail[0].startswith("rookworld train: done, step 2/2 in "), tail
+    assert tail[1].startswith("held-out at step 2 | P: format ") and "| A: format " in tail[1], tail
+    assert tail[2:] == [f"model: {out} (step 2; its checkpoints in {out / 'checkpoints'})",
+                        f"evaluate it: rookworld eval --model {out}", f"curves: rookworld plot {out}"]
+    from rookworld.policy.model import from_pretrained
+
+    top, saved = from_pretrained(out), from_pretrained(out / "checkpoints" / "step-000002")
+    assert all(torch.equal(a, b) for a, b in zip(top.state_dict().values(), saved.state_dict().values()))
+    # Shorter than --sample-every: the last step's samples are written all the same.
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert rows and {r["step"] for r in rows} == {2}
+
+
 def test_resuming_a_finished_run_says_it_is_complete(tiny_dir, tmp_path):
     out = tmp_path / "done"
     assert run_cli(train_args(tiny_dir, out, "--steps", "1")).returncode == 0
@@ -207,7 +269,11 @@ def test_eval_takes_a_run_directory_and_defaults_to_the_training_held_out_positi
                     "--seed", "3", "--max-new-tokens", "12", "--micro-batch-size", "64", "--out", str(result)])
     assert proc.returncode == 0, proc.stderr
     got = json.loads(result.read_text())
-    assert got["model"] == str(out / "checkpoints" / "step-000001")
+    # The run's own model (kept at the top of its directory), named with its step in the header and the JSON.
+    assert got["model"] == str(out) and got["model_step"] == 1
+    assert proc.stderr.startswith(f"rookworld eval: {out} (step 1) on cpu\n3 positions (generated held-out "
+                                  "positions, seed 3), tasks P,A, greedy"), proc.stderr
+    assert "eval [" in proc.stderr  # the progress line
     assert got["data"] == "generated held-out positions (seed 3)"
     # The same positions, model and decoding as training's evaluation: the same figures.
     row = metrics(out)[-1]

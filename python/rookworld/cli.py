@@ -275,6 +275,17 @@ def resolve_device(name: str):
         raise CliError(str(e)) from None
 
 
+def model_step(directory: Path) -> int | None:
+    """The training step of the model in a directory: a checkpoint's own, or a run's latest checkpoint's (which
+    the model at the top of a run directory is); None for a model that is neither."""
+    from rookworld.train import checkpoint
+
+    if (directory / checkpoint.STATE_FILE).is_file():
+        return checkpoint.step_of(directory)
+    saved = checkpoint.list_checkpoints(directory)
+    return checkpoint.step_of(saved[-1]) if saved else None
+
+
 def model_source(name: str) -> str:
     """A model directory, or the latest checkpoint of a training run's directory."""
     from rookworld.train import checkpoint
@@ -302,6 +313,7 @@ def load_model(name: str, revision: str | None, device):
 def _run_eval(args: argparse.Namespace) -> int:
     from rookworld import data
     from rookworld.evaluate import evaluate, format_table
+    from rookworld.progress import Progress
     from rookworld.rewards import RewardScorer
     from rookworld.policy.tokenizer import TokenizerUnavailableError, get_tokenizer
 
@@ -316,20 +328,29 @@ def _run_eval(args: argparse.Namespace) -> int:
 
         records = heldout_records(args.eval_size or 128, args.seed)
     need_stockfish = "P" in tasks and any(r.analysis is None for r in records)
+    device = resolve_device(args.device)
+    model, directory = load_model(args.model, args.revision, device)
+    try:
+        tokenizer = get_tokenizer(directory)
+    except TokenizerUnavailableError as e:
+        raise CliError(str(e)) from None
+    source = f"--data {args.data}" if args.data else f"generated held-out positions, seed {args.seed}"
+    truth = (f"Stockfish depth {args.stockfish_depth}" if args.stockfish_nodes is None
+             else f"Stockfish {args.stockfish_nodes} nodes") if need_stockfish else "the file's analyses"
+    step = model_step(directory)
+    print(f"rookworld eval: {directory}{'' if step is None else f' (step {step})'} on {device}\n"
+          f"{len(records)} positions ({source}), tasks {','.join(tasks)}, greedy, up to {args.max_new_tokens} "
+          f"tokens{f'; P: ground truth from {truth}' if 'P' in tasks else ''}", file=sys.stderr)
     pool = stockfish_pool(args) if need_stockfish else None
     try:
-        device = resolve_device(args.device)
-        model, directory = load_model(args.model, args.revision, device)
-        try:
-            tokenizer = get_tokenizer(directory)
-        except TokenizerUnavailableError as e:
-            raise CliError(str(e)) from None
-        result = evaluate(model, tokenizer, records, RewardScorer(pool), tasks=tasks, batch_size=args.micro_batch_size,
-                          max_new_tokens=args.max_new_tokens, samples=args.samples)
+        with Progress(len(records), "eval", "prompts") as progress:
+            result = evaluate(model, tokenizer, records, RewardScorer(pool), tasks=tasks,
+                              batch_size=args.micro_batch_size, max_new_tokens=args.max_new_tokens,
+                              samples=args.samples, progress=progress)
     finally:
         if pool is not None:
             pool.close()
-    result["model"] = str(directory)
+    result["model"], result["model_step"] = str(directory), step
     result["data"] = str(args.data) if args.data else f"generated held-out positions (seed {args.seed})"
     print(format_table(result))
     if args.out:
@@ -377,6 +398,7 @@ def _run_training(args: argparse.Namespace, command: str) -> int:
     from rookworld.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
     from rookworld.train import checkpoint
     from rookworld.train.config import ConfigError, SFTConfig, TrainConfig, from_args
+    from rookworld.train.rundir import check_resume
 
     cls = TrainConfig if command == "train" else SFTConfig
     resume_from = None
@@ -384,6 +406,7 @@ def _run_training(args: argparse.Namespace, command: str) -> int:
         if getattr(args, "resume", None):
             # A resumed run keeps the settings it was started with, unless flags say otherwise.
             resume_from = checkpoint.resolve_checkpoint(args.resume)
+            check_resume(command, resume_from)
             saved = checkpoint.load_config(resume_from)
             given = {k for k in vars(args) if k not in ("command", "run", "config")}
             for key, value in saved.items():

@@ -111,6 +111,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     found = list_checkpoints(path)
     if found:
         return found[-1]
+    if (path / "metrics.jsonl").is_file():
+        raise CheckpointError(f"--resume {path}: the run there stopped before saving a checkpoint, so there is "
+                              "nothing to resume: start it again with --overwrite (and the same settings)")
     raise CheckpointError(f"--resume {path}: no checkpoint there (expected {STATE_FILE} in it or in "
                           f"{path}/checkpoints/step-*)")
 
