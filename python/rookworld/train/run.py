@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rookworld.presets import schedule_warnings
 from rookworld.train import checkpoint
 from rookworld.train.config import ConfigError, RunConfig
 from rookworld.train.distributed import Comm, init_distributed
@@ -108,6 +109,9 @@ class Run:
         self.tokenizer = tokenizer or get_tokenizer(directory)
         n_params = sum(p.numel() for p in self.policy.parameters())
         self.log.say(f"model: {source} ({n_params / 1e6:.1f}M parameters)")
+        if self.resume_from is None:
+            for text in schedule_warnings(command, cfg.lr, cfg.warmup_steps, cfg.steps, n_params):
+                self.log.say(f"warning: {text}")
         self.step = 0
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
