@@ -38,10 +38,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHES = REPO / "benches"
-_SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"  # beside the development checkout
-if _SHARED_VOCABULARY.is_file():
-    os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
-
 #: The goals of issue 10 and 13 (one H100, 124M model).
 GOAL_SAMPLES_PER_S = 2000
 GOAL_TOKENS_PER_S_AT_1024 = 200_000

@@ -26,10 +26,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-_SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"  # beside the development checkout
-if _SHARED_VOCABULARY.is_file():
-    os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
-
 from rookworld.policy.model import GPT, GPTConfig  # noqa: E402
 from rookworld.policy.sampling import generate  # noqa: E402
 from rookworld.train.config import TrainConfig  # noqa: E402

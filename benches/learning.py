@@ -27,10 +27,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-_SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"  # beside the development checkout
-if _SHARED_VOCABULARY.is_file():
-    os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
-
 from rookworld import cli  # noqa: E402
 
 #: The before/after table: (task, metric, label).

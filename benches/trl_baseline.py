@@ -30,10 +30,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-_SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"  # beside the development checkout
-if _SHARED_VOCABULARY.is_file():
-    os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
-
 
 def hf_tokenizer(model_dir: Path):
     """transformers' GPT-2 tokenizer from the vocab.json and merges.txt rookworld writes beside a model."""

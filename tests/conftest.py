@@ -13,13 +13,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The GPT-2 vocabulary: ROOKWORLD_TIKTOKEN_FILE when set, else a gpt2.tiktoken copy beside the checkout when there
-# is one (the development machines cannot download it), else tiktoken's own cache or download. Set at import
-# time, before any test module builds a tokenizer.
-_SHARED_VOCABULARY = REPO.parent / "shared" / "data" / "gpt2.tiktoken"
-if _SHARED_VOCABULARY.is_file():
-    os.environ.setdefault("ROOKWORLD_TIKTOKEN_FILE", str(_SHARED_VOCABULARY))
-
 # The test models are tiny, so intra-op threads buy nothing; on a busy 2-core machine their OpenMP spin-waiting
 # made the sampling tests 3x slower.
 torch.set_num_threads(1)

@@ -39,6 +39,24 @@ def test_a_renamed_flag_is_one_line_naming_the_new_one(args, old, new):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.parametrize("args, line", [
+    (["train", "--stockfish-deth", "3"], "rookworld train: error: unrecognized arguments: --stockfish-deth 3 "
+                                         "(did you mean --stockfish-depth?) (see rookworld train --help)"),
+    (["eval", "--model", "x", "--outt=y"], "rookworld eval: error: unrecognized arguments: --outt=y "
+                                           "(did you mean --out?) (see rookworld eval --help)"),
+    (["sft", "--zzzzzz"], "rookworld sft: error: unrecognized arguments: --zzzzzz (see rookworld sft --help)"),
+    (["--zzzzzz"], "rookworld: error: unrecognized arguments: --zzzzzz (see rookworld --help)"),
+])
+def test_an_unknown_flag_is_reported_by_its_subcommand_with_the_nearest_flag(args, line):
+    proc = run(*args, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [line], proc.stderr
+
+
+def test_sft_help_says_the_default_row_layout():
+    text = " ".join(run("sft", "--help").stdout.split())
+    assert "one a row (or packed into full rows with --pack)" in text and "packed into rows;" not in text
+
+
 @pytest.mark.parametrize("args", [["--help"], ["positions", "--help"], ["train", "--help"], ["sft", "--help"],
                                   ["eval", "--help"], ["train", "--no-such-flag"], ["positions", "--count", "x"]])
 def test_parsing_flags_does_not_load_torch(args):

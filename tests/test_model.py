@@ -203,11 +203,36 @@ def test_hub_repo_id_loads_from_cache_offline(tmp_path, hf_tiny, monkeypatch):
         assert (model(ids) - _hf_logits(hf_model, ids)).abs().max().item() < TOL
 
 
-def test_local_path_that_is_not_a_checkpoint_is_not_sent_to_the_hub(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        from_pretrained(tmp_path / "does-not-exist")
+def test_local_path_that_is_not_a_checkpoint_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    from rookworld.policy import model as model_module
+
+    def hub(*args):
+        raise AssertionError(f"sent to the hub: {args}")
+
+    monkeypatch.setattr(model_module, "_resolve_hub", hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "weights.bin").write_bytes(b"")
+    # A typo under an existing directory looks like owner/name but is a path: "runs/sftt" beside "runs/".
+    for name in (tmp_path / "does-not-exist", "runs/sftt", "./nope", "~/surely-not-here-rw", "a/b/c", "no spaces/x"):
+        with pytest.raises(FileNotFoundError, match="no such model directory"):
+            from_pretrained(name)
+    with pytest.raises(NotADirectoryError, match="not a model directory"):
+        from_pretrained("weights.bin")
     with pytest.raises(FileNotFoundError, match="config.json"):
         from_pretrained(tmp_path)
+
+
+def test_which_names_are_repo_ids(tmp_path, monkeypatch):
+    from rookworld.policy.hub import is_local_path, is_repo_id
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("jrahn/RookWorld-LM-124M", "gpt2/x", "someone/tiny-gpt2", "a_b/c.d"):
+        assert is_repo_id(name) and not is_local_path(name), name
+    for name in ("runs", "a/b/c", "-x/y", "x/.y", "x/y.", "a--b/c", "a/b..c", "", "x y/z"):
+        assert not is_repo_id(name), name
+    (tmp_path / "jrahn").mkdir()  # a local directory named like the owner: the path wins
+    assert is_local_path("jrahn/RookWorld-LM-124M")
 
 
 def test_training_mode_gradients_and_dropout_default_off(tiny_model):

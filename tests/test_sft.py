@@ -314,3 +314,63 @@ def test_plot_draws_several_runs_and_says_what_is_missing(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "3 panels, 2 run(s)" in proc.stderr
     missing = run_cli(["plot", str(tmp_path / "nothing"), "--out", str(out)])
     assert missing.returncode == 2 and "no metrics.jsonl" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_plot_tells_runs_and_tasks_apart_and_keeps_losses_apart(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rookworld.plot import figure
+
+    sft, grpo = tmp_path / "sft", tmp_path / "grpo"
+    for run, rows in ((sft, [{"step": s, "loss": 10.0 - s, "eval/P/format_valid": 0.1 * s,
+                              "eval/A/format_valid": 0.05 * s} for s in range(1, 41)]),
+                      (grpo, [{"step": s, "loss": 1e-4 * (-1) ** s, "kl/mean": 1e-3, "reward/mean": 0.1,
+                               "entropy": 10.79 + 1e-4 * s} for s in range(1, 4)]
+                       + [{"step": 3, "eval/P/format_valid": 0.9, "eval/A/format_valid": 1.0}])):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fig, n = figure([sft, grpo])
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    # SFT's cross-entropy and GRPO's loss on their own axes.
+    assert [line.get_label() for line in axes["SFT loss (cross-entropy per token)"].lines] == ["sft: loss"]
+    assert [line.get_label() for line in axes["GRPO loss"].lines] == ["grpo: loss"]
+    # Format validity: P: and A: differ in colour, the two runs in line style, and the legend says which.
+    lines = {line.get_label(): line for line in axes["held-out format validity"].lines}
+    assert set(lines) == {"sft: P:", "sft: A:", "grpo: P:", "grpo: A:"}
+    assert lines["sft: P:"].get_color() == lines["grpo: P:"].get_color() != lines["sft: A:"].get_color()
+    assert lines["sft: P:"].get_linestyle() == lines["sft: A:"].get_linestyle() != lines["grpo: P:"].get_linestyle()
+    # One x-range for the figure (the one-point evaluation of grpo is not zoomed), integer steps, no offset.
+    fig.canvas.draw()
+    assert len({ax.get_xlim() for ax in axes.values()}) == 1
+    for ax in axes.values():
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert all(float(t).is_integer() for t in ticks), ticks
+        assert ax.yaxis.get_offset_text().get_text() == "", ax.get_title()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_periodic_evaluation_says_it_is_running_on_a_terminal(tmp_path):
+    import pty
+
+    data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST)
+    out = tmp_path / "sft"
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "rookworld", *sft_args(data, data, out, "--steps", "2",
+                                                                            "--eval-every", "2")],
+                            stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=600) == 0, b"".join(chunks).decode(errors="replace")
+    text = b"".join(chunks).decode(errors="replace")
+    assert "step 2/2 | evaluating on held-out positions ..." in text, text
+    assert text.index("evaluating on held-out positions") < text.index("eval at step 2")

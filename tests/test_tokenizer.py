@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tiktoken
+import tiktoken.load
 import torch
 
 from rookworld.policy import tokenizer as tok_module
@@ -103,24 +104,40 @@ def test_missing_file_named_by_env_var_is_a_clear_error(monkeypatch, tmp_path):
         load_encoding()
 
 
-def test_no_file_and_no_download_is_a_clear_error(monkeypatch):
+def test_without_env_var_the_shipped_copy_is_used_and_no_download_is_tried(monkeypatch, tok):
     monkeypatch.delenv(ENV_VAR, raising=False)
 
-    def offline(name: str):
-        raise ConnectionError("no network")
+    def offline(*args, **kwargs):
+        raise AssertionError("tiktoken asked to download or read its cache")
 
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    with pytest.raises(TokenizerUnavailableError, match=ENV_VAR) as info:
-        Tokenizer()
-    assert "no network" in str(info.value)
+    monkeypatch.setattr(tiktoken.load, "read_file_cached", offline)
+    encoding = load_encoding()
+    assert encoding.encode("Hello world") == [15496, 995] and encoding.encode(" the") == [262]
+    # The same vocabulary, rank for rank, as the one the rest of the suite uses.
+    assert encoding._mergeable_ranks == tok.encoding._mergeable_ranks
 
 
-def test_without_env_var_uses_tiktoken(monkeypatch, tok):
+def test_the_shipped_copy_is_installed_with_the_package_and_checked():
+    import hashlib
+    import importlib.resources
+
+    shipped = importlib.resources.files("rookworld.policy") / "gpt2.tiktoken"
+    assert shipped.is_file(), "gpt2.tiktoken is missing from the installed package"
+    assert hashlib.sha256(shipped.read_bytes()).hexdigest() == tok_module.SHIPPED_SHA256
+    assert (importlib.resources.files("rookworld.policy") / "gpt2.tiktoken.LICENSE").is_file()
+
+
+def test_a_damaged_shipped_copy_is_a_clear_error(monkeypatch, tmp_path):
+    damaged = tmp_path / "gpt2.tiktoken"
+    damaged.write_bytes(tok_module.SHIPPED_VOCABULARY.read_bytes()[:-100])
     monkeypatch.delenv(ENV_VAR, raising=False)
-    calls = []
-    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: calls.append(name) or tok.encoding)
-    assert Tokenizer().encode("Hello world") == [15496, 995]
-    assert calls == ["gpt2"]
+    monkeypatch.setattr(tok_module, "SHIPPED_VOCABULARY", damaged)
+    with pytest.raises(TokenizerUnavailableError, match="damaged"):
+        load_encoding()
+    monkeypatch.setattr(tok_module, "SHIPPED_VOCABULARY", tmp_path / "gone.tiktoken")
+    with pytest.raises(TokenizerUnavailableError, match="missing"):
+        load_encoding()
 
 
 def test_a_file_that_is_not_gpt2_is_rejected(monkeypatch, tmp_path):
@@ -128,4 +145,7 @@ def test_a_file_that_is_not_gpt2_is_rejected(monkeypatch, tmp_path):
     small.write_text("IQ== 0\nIg== 1\n")
     monkeypatch.setenv(ENV_VAR, str(small))
     with pytest.raises(TokenizerUnavailableError, match="ranks"):
+        tok_module.load_encoding()
+    small.write_text("IQ== 0\nnot base64! 1\n")
+    with pytest.raises(TokenizerUnavailableError, match="cannot be read"):
         tok_module.load_encoding()

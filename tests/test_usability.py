@@ -49,6 +49,68 @@ def test_a_new_run_does_not_overwrite_an_old_one_without_being_told(tiny_dir, tm
     assert (other / "metrics.jsonl").read_text() == theirs
 
 
+def test_a_run_that_saved_no_checkpoint_is_no_dead_end(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(train_args(tiny_dir, out, "--steps", "2", "--save-every", "0")).returncode == 0
+    shutil.rmtree(out / "checkpoints")  # as a second Ctrl-C leaves it: metrics and TensorBoard, no checkpoint
+    again = run_cli(train_args(tiny_dir, out, "--steps", "1"))
+    assert again.returncode == 2 and "saved no checkpoint" in again.stderr and "--overwrite" in again.stderr
+    assert "--resume" not in again.stderr, again.stderr  # it cannot be resumed: do not offer it
+    resumed = run_cli(["train", "--resume", str(out)])
+    assert resumed.returncode == 2 and "stopped before saving a checkpoint" in resumed.stderr
+    assert "--overwrite" in resumed.stderr and len(lines_of(resumed.stderr)) == 1
+    assert run_cli(train_args(tiny_dir, out, "--steps", "1", "--overwrite")).returncode == 0
+    # A run stopped before it logged a step has nothing worth keeping: a new run starts there without asking.
+    (out / "metrics.jsonl").write_text("")
+    shutil.rmtree(out / "checkpoints")
+    fresh = run_cli(train_args(tiny_dir, out, "--steps", "1"))
+    assert fresh.returncode == 0, fresh.stderr
+    assert [r["step"] for r in metrics(out)] == [1]
+
+
+def test_train_and_sft_never_take_each_others_runs(tiny_dir, tmp_path):
+    sft = tmp_path / "sft"
+    data = tmp_path / "train.txt"
+    data.write_text("A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
+                    "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0\n")
+    proc = run_cli(["sft", "--init", "tiny", "--n-embd", "32", "--data", str(data), "--output-dir", str(sft),
+                    "--steps", "1", "--rows-per-step", "2", "--eval-every", "0", "--device", "cpu"])
+    assert proc.returncode == 0, proc.stderr
+    model = (sft / "model.safetensors").read_bytes()
+    resumed = run_cli(["train", "--resume", str(sft), "--steps", "2"])
+    assert resumed.returncode == 2 and len(lines_of(resumed.stderr)) == 1, resumed.stderr
+    assert "that is a `rookworld sft` run" in resumed.stderr and f"rookworld sft --resume {sft}" in resumed.stderr
+    assert "rookworld train --model" in resumed.stderr and "is not a str" not in resumed.stderr
+    for extra in ([], ["--overwrite"]):
+        into = run_cli(train_args(sft, sft, "--steps", "1", *extra))
+        assert into.returncode == 2 and "holds a `rookworld sft` run" in into.stderr, into.stderr
+        assert f"--resume {sft}" not in into.stderr
+    assert (sft / "model.safetensors").read_bytes() == model  # --overwrite deleted nothing
+    grpo = tmp_path / "grpo"
+    assert run_cli(train_args(sft, grpo, "--steps", "1")).returncode == 0
+    back = run_cli(["sft", "--resume", str(grpo), "--steps", "2"])
+    assert back.returncode == 2 and "that is a `rookworld train` run" in back.stderr, back.stderr
+
+
+def test_train_ends_with_a_summary_and_keeps_its_model_at_the_top(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--sample-every", "10", "--eval-every", "2",
+                              "--eval-size", "2"))
+    assert proc.returncode == 0, proc.stderr
+    tail = lines_of(proc.stderr)[-5:]
+    assert tail[0].startswith("rookworld train: done, step 2/2 in "), tail
+    assert tail[1].startswith("held-out at step 2 | P: format ") and "| A: format " in tail[1], tail
+    assert tail[2:] == [f"model: {out} (step 2; its checkpoints in {out / 'checkpoints'})",
+                        f"evaluate it: rookworld eval --model {out}", f"curves: rookworld plot {out}"]
+    from rookworld.policy.model import from_pretrained
+
+    top, saved = from_pretrained(out), from_pretrained(out / "checkpoints" / "step-000002")
+    assert all(torch.equal(a, b) for a, b in zip(top.state_dict().values(), saved.state_dict().values()))
+    # Shorter than --sample-every: the last step's samples are written all the same.
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert rows and {r["step"] for r in rows} == {2}
+
+
 def test_resuming_a_finished_run_says_it_is_complete(tiny_dir, tmp_path):
     out = tmp_path / "done"
     assert run_cli(train_args(tiny_dir, out, "--steps", "1")).returncode == 0
@@ -108,6 +170,50 @@ def test_a_cuda_device_without_a_gpu_is_one_line_for_every_command(tiny_dir, tmp
         assert "CUDA is not available" in proc.stderr and len(lines_of(proc.stderr)) == 1, proc.stderr
 
 
+def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(tmp_path):
+    (tmp_path / "runs").mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for args in (["eval", "--model", "runs/sftt", "--device", "cpu"],
+                 ["train", "--model", "runs/sftt", "--output-dir", "runs/new", "--device", "cpu"],
+                 ["sft", "--model", "runs/sftt", "--data", "runs/none.jsonl", "--device", "cpu"]):
+        proc = run_cli(args, cwd=tmp_path, env=env)
+        assert proc.returncode == 2, proc.stderr
+        # One line, said before any header, and no hub advice.
+        assert lines_of(proc.stderr) == [f"rookworld {args[0]}: error: " + ("--model: " if args[0] != "eval" else "")
+                                         + "no such model directory: runs/sftt"], proc.stderr
+        assert proc.stdout == ""
+    # The default hub model out of reach: said before the header, and no run directory left behind.
+    env.update(HF_HUB_CACHE=str(tmp_path / "hub"))
+    proc = run_cli(["train", "--output-dir", "runs/hub", "--device", "cpu"], cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "hub cannot be reached" in proc.stderr and len(lines_of(proc.stderr)) == 1
+    assert proc.stdout == "" and not (tmp_path / "runs" / "hub").exists()
+
+
+def _modes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in [root, *root.rglob("*")]}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_files_and_directories_written_respect_the_umask(tiny_dir, tmp_path, umask):
+    out = tmp_path / "run"
+    old = os.umask(umask)  # the child inherits it
+    try:
+        proc = run_cli(train_args(tiny_dir, out, "--steps", "1"))
+        assert proc.returncode == 0, proc.stderr
+        positions = tmp_path / "positions.jsonl"
+        assert run_cli(["positions", "--count", "3", "--out", str(positions)]).returncode == 0
+    finally:
+        os.umask(old)
+    modes = _modes(out) | {"positions.jsonl": positions.stat().st_mode & 0o777}
+    assert "checkpoints" in modes and any(name.endswith("model.safetensors") for name in modes)
+    for name, mode in modes.items():
+        expected = (0o777 if (out / name).is_dir() else 0o666) & ~umask
+        if name.startswith("tensorboard"):  # TensorBoard writes its own files; only ask that none be private
+            assert mode & 0o044 == 0o044 & ~umask, name
+            continue
+        assert mode == expected, f"{name}: {oct(mode)}, expected {oct(expected)}"
+
+
 def test_tensorboard_missing_is_said_once(tmp_path):
     """With tensorboard not importable the run says so once, and metrics.jsonl still has everything."""
     code = ("import sys; sys.modules['torch.utils.tensorboard'] = None\n"
@@ -163,7 +269,11 @@ def test_eval_takes_a_run_directory_and_defaults_to_the_training_held_out_positi
                     "--seed", "3", "--max-new-tokens", "12", "--micro-batch-size", "64", "--out", str(result)])
     assert proc.returncode == 0, proc.stderr
     got = json.loads(result.read_text())
-    assert got["model"] == str(out / "checkpoints" / "step-000001")
+    # The run's own model (kept at the top of its directory), named with its step in the header and the JSON.
+    assert got["model"] == str(out) and got["model_step"] == 1
+    assert proc.stderr.startswith(f"rookworld eval: {out} (step 1) on cpu\n3 positions (generated held-out "
+                                  "positions, seed 3), tasks P,A, greedy"), proc.stderr
+    assert "eval [" in proc.stderr  # the progress line
     assert got["data"] == "generated held-out positions (seed 3)"
     # The same positions, model and decoding as training's evaluation: the same figures.
     row = metrics(out)[-1]
@@ -205,12 +315,11 @@ def test_a_checkpoint_carries_its_vocabulary_and_loads_offline(tiny_dir, tmp_pat
                            "--eval-size", "2", "--tasks", "A", "--max-new-tokens", "8"], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    # A model directory without the files: one clear line, naming no path of the development machine.
+    # A model directory without the files: the copy shipped with the package serves, offline too.
     proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--device", "cpu",
-                           "--eval-size", "2", "--tasks", "A"], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 2 and "vocab.json and merges.txt" in proc.stderr and "ROOKWORLD_TIKTOKEN_FILE" in \
-        proc.stderr
-    assert "shared" not in proc.stderr and "Traceback" not in proc.stderr
+                           "--eval-size", "2", "--tasks", "A", "--max-new-tokens", "8"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_vocabulary_files_that_are_not_gpt2s_are_refused(tmp_path):

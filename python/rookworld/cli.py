@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -25,6 +26,18 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Command(_Parser):
+    """A subcommand reports its own unknown flags (argparse leaves them to `rookworld`), with the nearest flag."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            flags = [f for a in self._actions for f in a.option_strings if a.help != argparse.SUPPRESS]
+            near = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.6)
+            self.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {near[0]}?)" if near else ""))
+        return namespace, unknown
 
 
 class _Renamed(argparse.Action):
@@ -262,6 +275,17 @@ def resolve_device(name: str):
         raise CliError(str(e)) from None
 
 
+def model_step(directory: Path) -> int | None:
+    """The training step of the model in a directory: a checkpoint's own, or a run's latest checkpoint's (which
+    the model at the top of a run directory is); None for a model that is neither."""
+    from rookworld.train import checkpoint
+
+    if (directory / checkpoint.STATE_FILE).is_file():
+        return checkpoint.step_of(directory)
+    saved = checkpoint.list_checkpoints(directory)
+    return checkpoint.step_of(saved[-1]) if saved else None
+
+
 def model_source(name: str) -> str:
     """A model directory, or the latest checkpoint of a training run's directory."""
     from rookworld.train import checkpoint
@@ -289,6 +313,7 @@ def load_model(name: str, revision: str | None, device):
 def _run_eval(args: argparse.Namespace) -> int:
     from rookworld import data
     from rookworld.evaluate import evaluate, format_table
+    from rookworld.progress import Progress
     from rookworld.rewards import RewardScorer
     from rookworld.policy.tokenizer import TokenizerUnavailableError, get_tokenizer
 
@@ -303,20 +328,29 @@ def _run_eval(args: argparse.Namespace) -> int:
 
         records = heldout_records(args.eval_size or 128, args.seed)
     need_stockfish = "P" in tasks and any(r.analysis is None for r in records)
+    device = resolve_device(args.device)
+    model, directory = load_model(args.model, args.revision, device)
+    try:
+        tokenizer = get_tokenizer(directory)
+    except TokenizerUnavailableError as e:
+        raise CliError(str(e)) from None
+    source = f"--data {args.data}" if args.data else f"generated held-out positions, seed {args.seed}"
+    truth = (f"Stockfish depth {args.stockfish_depth}" if args.stockfish_nodes is None
+             else f"Stockfish {args.stockfish_nodes} nodes") if need_stockfish else "the file's analyses"
+    step = model_step(directory)
+    print(f"rookworld eval: {directory}{'' if step is None else f' (step {step})'} on {device}\n"
+          f"{len(records)} positions ({source}), tasks {','.join(tasks)}, greedy, up to {args.max_new_tokens} "
+          f"tokens{f'; P: ground truth from {truth}' if 'P' in tasks else ''}", file=sys.stderr)
     pool = stockfish_pool(args) if need_stockfish else None
     try:
-        device = resolve_device(args.device)
-        model, directory = load_model(args.model, args.revision, device)
-        try:
-            tokenizer = get_tokenizer(directory)
-        except TokenizerUnavailableError as e:
-            raise CliError(str(e)) from None
-        result = evaluate(model, tokenizer, records, RewardScorer(pool), tasks=tasks, batch_size=args.micro_batch_size,
-                          max_new_tokens=args.max_new_tokens, samples=args.samples)
+        with Progress(len(records), "eval", "prompts") as progress:
+            result = evaluate(model, tokenizer, records, RewardScorer(pool), tasks=tasks,
+                              batch_size=args.micro_batch_size, max_new_tokens=args.max_new_tokens,
+                              samples=args.samples, progress=progress)
     finally:
         if pool is not None:
             pool.close()
-    result["model"] = str(directory)
+    result["model"], result["model_step"] = str(directory), step
     result["data"] = str(args.data) if args.data else f"generated held-out positions (seed {args.seed})"
     print(format_table(result))
     if args.out:
@@ -348,7 +382,7 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
         usage="%(prog)s (--init SIZE | --model DIR) --data FILE [--output-dir DIR] [options]",
         help="supervised training on P:/A: text (RookWorld datasets, or rookworld positions --annotate)",
         description="Supervised training of a GPT-2 policy on RookWorld P:/A: samples, as RookWorld-LM was made: "
-        "documents are [EOS] + text, packed into rows; continue a checkpoint (--model) or start a fresh GPT-2 "
+        "documents are [EOS] + text, one a row (or packed into full rows with --pack); continue a checkpoint (--model) or start a fresh GPT-2 "
         "(--init). The output directory holds the latest model, a --model for rookworld train. Settings, "
         "--config, --resume and torchrun work as for rookworld train.",
     )
@@ -364,6 +398,7 @@ def _run_training(args: argparse.Namespace, command: str) -> int:
     from rookworld.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
     from rookworld.train import checkpoint
     from rookworld.train.config import ConfigError, SFTConfig, TrainConfig, from_args
+    from rookworld.train.rundir import check_resume
 
     cls = TrainConfig if command == "train" else SFTConfig
     resume_from = None
@@ -371,6 +406,7 @@ def _run_training(args: argparse.Namespace, command: str) -> int:
         if getattr(args, "resume", None):
             # A resumed run keeps the settings it was started with, unless flags say otherwise.
             resume_from = checkpoint.resolve_checkpoint(args.resume)
+            check_resume(command, resume_from)
             saved = checkpoint.load_config(resume_from)
             given = {k for k in vars(args) if k not in ("command", "run", "config")}
             for key, value in saved.items():
@@ -444,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GRPO with verifiable chess rewards for RookWorld-LM.",
     )
     parser.add_argument("--version", action="version", version=f"rookworld {rookworld.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Command)
     _add_positions(sub)
     _add_eval(sub)
     _add_train(sub)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rookworld import chess
+from rookworld.files import atomic_write
 from rookworld.rewards import GroundTruth, policy_prompt, policy_targets
 
 __all__ = ["DataError", "Record", "assign_moves", "playable", "read_records", "write_records"]
@@ -197,18 +197,11 @@ def assign_moves(records: Sequence[Record], seed: int) -> list[Record]:
 
 def write_records(lines: Iterable[dict], path: str | os.PathLike) -> int:
     """Writes JSON lines atomically (a temporary file renamed into place); returns the count."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
     n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for obj in lines:
-                f.write(json.dumps(obj) + "\n")
-                n += 1
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        for obj in lines:
+            f.write(json.dumps(obj) + "\n")
+            n += 1
     return n
 
 
@@ -247,13 +240,6 @@ def annotated(records: Sequence[Record], analyses: Sequence, seed: int = 0) -> l
 
 def write_json(obj, path: str | os.PathLike) -> None:
     """Writes one JSON document atomically."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")

@@ -13,6 +13,7 @@ from rookworld import chess
 from rookworld.data import Record, assign_moves, finished_message, playable, read_records
 from rookworld.policy.sampling import generate
 from rookworld.policy.tokenizer import Tokenizer
+from rookworld.progress import Progress
 from rookworld.rewards import GroundTruth, RewardScorer, Scores
 
 #: New tokens per completion: every P: and A: answer of the data fits.
@@ -55,13 +56,17 @@ def eval_items(records: Sequence[Record], tasks: Sequence[str] = ("P", "A")) -> 
 
 @torch.no_grad()
 def complete(model, tokenizer: Tokenizer, prompts: Sequence[str], *, batch_size: int = 64,
-             max_new_tokens: int = MAX_NEW_TOKENS, compile: bool | None = None) -> list[str]:
-    """Greedy completions, batched; prompts start with EOS as the pretraining documents did."""
+             max_new_tokens: int = MAX_NEW_TOKENS, compile: bool | None = None,
+             progress: Progress | None = None) -> list[str]:
+    """Greedy completions, batched; prompts start with EOS as the pretraining documents did. `progress` is
+    advanced by the prompts of each batch done."""
     out: list[str] = []
     for i in range(0, len(prompts), batch_size):
         ids, mask = tokenizer.encode_batch(prompts[i : i + batch_size], bos=True, device=model.device)
         gen = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0, compile=compile)
         out.extend(tokenizer.decode_batch(gen.tokens, gen.mask))
+        if progress is not None:
+            progress.update(len(ids))
     return out
 
 
@@ -104,14 +109,17 @@ def summarize(scores: Scores, truth_sizes: np.ndarray) -> dict:
 
 def evaluate(model, tokenizer: Tokenizer, records: Sequence[Record], scorer: RewardScorer, *,
              tasks: Sequence[str] = ("P", "A"), batch_size: int = 64, max_new_tokens: int = MAX_NEW_TOKENS,
-             compile: bool | None = None, samples: int = 0) -> dict:
-    """Greedy decoding on ``records``; returns per-task metrics (and ``samples`` example completions)."""
+             compile: bool | None = None, samples: int = 0, progress: Progress | None = None) -> dict:
+    """Greedy decoding on ``records``; returns per-task metrics (and ``samples`` example completions).
+    `progress`, when given, counts the prompts decoded (its total is set here)."""
     items = eval_items(records, tasks)
     if not items:
         raise ValueError("nothing to evaluate: no records (or no A: moves) for the chosen tasks")
     prompts = [it.prompt for it in items]
+    if progress is not None:
+        progress.total = len(prompts)
     completions = complete(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                           compile=compile)
+                           compile=compile, progress=progress)
     truth = [it.truth for it in items]
     missing = [i for i, it in enumerate(items) if it.task == "P" and it.truth is None]
     if missing:  # records without an analysis: ask Stockfish now

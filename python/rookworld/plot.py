@@ -8,11 +8,15 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+#: A GRPO run's "loss" (near 0, either sign) is drawn apart from SFT's cross-entropy (about 1 to 11).
+GRPO_LOSS = "loss (GRPO)"
+
 #: (title, [(metric, label)]): a panel is drawn when some run has one of its metrics.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("reward per task (GRPO samples)", [("reward/P/mean", "P:"), ("reward/A/mean", "A:")]),
     ("KL to the reference per token", [("kl/mean", "mean"), ("kl/p95", "p95")]),
-    ("training loss", [("loss", "loss")]),
+    ("SFT loss (cross-entropy per token)", [("loss", "loss")]),
+    ("GRPO loss", [(GRPO_LOSS, "loss")]),
     ("held-out loss", [("eval/loss", "loss")]),
     ("held-out mean reward (greedy)", [("eval/P/mean_reward", "P:"), ("eval/A/mean_reward", "A:")]),
     ("held-out format validity", [("eval/P/format_valid", "P:"), ("eval/A/format_valid", "A:")]),
@@ -38,6 +42,8 @@ def read_metrics(run: str | Path) -> list[dict]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:  # a line cut short by a crash: the rest still plots
             continue
+    if any("kl/mean" in r or "reward/mean" in r for r in rows):  # a GRPO run
+        rows = [{(GRPO_LOSS if k == "loss" else k): v for k, v in r.items()} for r in rows]
     return rows
 
 
@@ -62,12 +68,23 @@ def run_names(runs: Sequence[str | Path]) -> list[str]:
 
 
 def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = None) -> int:
-    """Draws every panel some run has data for; returns how many."""
+    """Draws every panel some run has data for into the PNG `out`; returns how many."""
+    fig, n = figure(runs, title)
+    fig.savefig(out, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return n
+
+
+def figure(runs: Sequence[str | Path], title: str | None = None):
+    """(the matplotlib figure of every panel some run has data for, how many panels)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise PlotError("plotting needs matplotlib: pip install 'rookworld[plot]'") from None
     data = {name: read_metrics(run) for name, run in zip(run_names(runs), runs)}
@@ -78,24 +95,29 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = N
     nrows = -(-len(panels) // cols)
     # Constrained layout leaves room for the suptitle, which tight_layout draws over the top panels.
     fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 3.4 * nrows), squeeze=False, layout="constrained")
+    # A colour per curve of a panel (P: and A:, mean and p95) and a line style per run, the same in every panel.
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
+    steps = [s for rows in data.values() for s in series(rows, "step")[1]] or [0, 1]
+    first, last = min(steps), max(steps)
+    pad = max(0.5, 0.02 * (last - first))
     for ax, (panel, keys) in zip(axes.flat, panels):
         for r, (run, rows) in enumerate(data.items()):
             for k, (key, label) in enumerate(keys):
                 x, y = series(rows, key)
                 if x:
                     name = f"{run}: {label}" if len(data) > 1 else label
-                    ax.plot(x, y, styles[k % len(styles)], color=colors[r % len(colors)], marker="." if len(x) < 30
-                            else None, label=name)
+                    ax.plot(x, y, styles[r % len(styles)], color=colors[k % len(colors)], label=name,
+                            marker="." if len(x) < 30 else None)
         ax.set_title(panel, fontsize=10)
         ax.set_xlabel("step")
+        ax.set_xlim(first - pad, last + pad)  # every panel the whole run, even an evaluation of one point
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.ticklabel_format(axis="y", useOffset=False)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     if title:
         fig.suptitle(title)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return len(panels)
+    return fig, len(panels)

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from rookworld.files import publish, temporary_directory
+from rookworld.policy.hub import is_local_path
 
 DEFAULT_REPO = "jrahn/RookWorld-LM-124M"
 #: The GPT-2 vocabulary as the hub's GPT-2 repos carry it; `rookworld.policy.tokenizer` reads and writes these.
@@ -461,8 +463,10 @@ def model_directory(name_or_path: str | os.PathLike = DEFAULT_REPO, revision: st
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    if path.exists() or str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") > 1:
-        raise FileNotFoundError(f"{name_or_path} is not a directory holding a checkpoint (nor a hub repo id)")
+    if path.exists():
+        raise NotADirectoryError(f"{name_or_path} is a file, not a model directory")
+    if is_local_path(str(name_or_path)):
+        raise FileNotFoundError(f"no such model directory: {name_or_path}")
     return _resolve_hub(str(name_or_path), revision, cache_dir)
 
 
@@ -576,10 +580,11 @@ def save_pretrained(model: GPT, directory: str | os.PathLike, *, dtype: torch.dt
     hf_config = model.config.to_hf()
     hf_config["torch_dtype"] = str(dtype or model.dtype).removeprefix("torch.")
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    tmp = temporary_directory(f".{directory.name}.tmp-", directory.parent)
     try:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        publish(tmp)
         if not directory.exists():
             os.replace(tmp, directory)
         else:

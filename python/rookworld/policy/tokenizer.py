@@ -6,11 +6,14 @@ Prompts are encoded as ordinary text: a prompt that happens to contain "<|endoft
 
 The vocabulary comes from, in order: the gpt2.tiktoken file named by ROOKWORLD_TIKTOKEN_FILE; the model's own
 directory (`vocab.json` + `merges.txt`, as every hub download of GPT-2 or RookWorld-LM and every checkpoint of
-ours has them), so a model directory alone is enough offline; tiktoken's own cache or download.
+ours has them); the copy of gpt2.tiktoken shipped inside the package. tiktoken's own cache or download is never
+asked: it holds the same bytes (the shipped copy is checked against their hash), and offline a download attempt
+costs a network timeout before it fails.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -20,7 +23,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import tiktoken
-import tiktoken.load
 import torch
 
 ENV_VAR = "ROOKWORLD_TIKTOKEN_FILE"
@@ -47,31 +49,43 @@ def _encoding(ranks: dict[bytes, int]) -> tiktoken.Encoding:
 def load_encoding(path: str | os.PathLike | None = None, model_dir: str | os.PathLike | None = None
                   ) -> tiktoken.Encoding:
     """The GPT-2 encoding: from the gpt2.tiktoken file `path` or $ROOKWORLD_TIKTOKEN_FILE, else from
-    `model_dir`'s vocab.json and merges.txt, else from tiktoken itself."""
+    `model_dir`'s vocab.json and merges.txt, else from the copy shipped with the package."""
     path = path or os.environ.get(ENV_VAR) or None
     if path is not None:
         file = Path(path).expanduser()
         if not file.is_file():
             raise TokenizerUnavailableError(f"{ENV_VAR}: {file} is not a file (expected a gpt2.tiktoken vocabulary)")
-        # load_tiktoken_bpe keeps a copy in tiktoken's cache keyed by the path; passing the content hash makes
-        # it notice when the file at that path has changed instead of serving the stale copy.
-        digest = hashlib.sha256(file.read_bytes()).hexdigest()
-        ranks = tiktoken.load.load_tiktoken_bpe(str(file), expected_hash=digest)
-        if len(ranks) != EOS_ID:
-            raise TokenizerUnavailableError(f"{file} has {len(ranks)} ranks, GPT-2 has {EOS_ID}: not gpt2.tiktoken")
-        return _encoding(ranks)
+        return _encoding(_read_tiktoken_file(file))
     if model_dir is not None and all((Path(model_dir) / name).is_file() for name in HF_FILES):
         return _encoding(read_hf_vocabulary(Path(model_dir)))
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # tiktoken raises whatever its HTTP client raises when offline
-        where = f" and {model_dir} has no vocab.json + merges.txt" if model_dir is not None else ""
+    if not SHIPPED_VOCABULARY.is_file():
         raise TokenizerUnavailableError(
-            "Cannot load the GPT-2 vocabulary: tiktoken has no cached copy and could not download it "
-            f"({type(e).__name__}: {e}){where}. Use a model directory that has vocab.json and merges.txt (every hub "
-            f"download of GPT-2 or RookWorld-LM has them), or set {ENV_VAR} to a gpt2.tiktoken file (for example "
-            "whisper/assets/gpt2.tiktoken from openai-whisper)."
-        ) from e
+            f"The GPT-2 vocabulary shipped with rookworld is missing ({SHIPPED_VOCABULARY}): reinstall the package, "
+            f"use a model directory that has vocab.json and merges.txt, or set {ENV_VAR} to a gpt2.tiktoken file.")
+    return _encoding(_read_tiktoken_file(SHIPPED_VOCABULARY, SHIPPED_SHA256))
+
+
+# The GPT-2 vocabulary in tiktoken's format, as tiktoken.get_encoding("gpt2") would download it (from the PyPI
+# package openai-whisper 20250625, whisper/assets/gpt2.tiktoken; MIT licence, see gpt2.tiktoken.LICENSE).
+SHIPPED_VOCABULARY = Path(__file__).with_name("gpt2.tiktoken")
+SHIPPED_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+
+
+def _read_tiktoken_file(file: Path, sha256: str | None = None) -> dict[bytes, int]:
+    data = file.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and digest != sha256:
+        raise TokenizerUnavailableError(f"{file} is damaged (sha256 {digest}, expected {sha256}): reinstall rookworld")
+    # Parsed here rather than by tiktoken.load, which would also write a copy of a local file into its cache.
+    try:
+        ranks = {base64.b64decode(token, validate=True): int(rank)
+                 for token, rank in (line.split() for line in data.splitlines() if line)}
+    except ValueError as e:  # also binascii.Error, and lines that are not two fields
+        raise TokenizerUnavailableError(f"{file} cannot be read as a gpt2.tiktoken vocabulary: {e}") from None
+    if len(ranks) != EOS_ID or sorted(ranks.values()) != list(range(EOS_ID)):
+        raise TokenizerUnavailableError(f"{file} has {len(ranks)} ranks, GPT-2 has {EOS_ID} (0 to {EOS_ID - 1}): "
+                                        "not gpt2.tiktoken")
+    return ranks
 
 
 # ----------------------------------------------------------------------------------------------------------

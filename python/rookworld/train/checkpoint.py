@@ -16,12 +16,13 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from rookworld.files import atomic_write, publish, temporary_directory
 
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "train_config.json"
@@ -49,12 +50,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
+    with atomic_write(path, fsync=True) as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict[str, Any], config: dict[str, Any],
@@ -68,7 +65,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
     final = root / name
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    tmp = temporary_directory(f".{name}.", root)
     try:
         model.save_pretrained(tmp)
         if tokenizer is not None:
@@ -80,6 +77,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         if final.exists():  # saved again (e.g. the final step right after a periodic save)
             shutil.rmtree(final)
+        publish(tmp)
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -113,6 +111,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     found = list_checkpoints(path)
     if found:
         return found[-1]
+    if (path / "metrics.jsonl").is_file():
+        raise CheckpointError(f"--resume {path}: the run there stopped before saving a checkpoint, so there is "
+                              "nothing to resume: start it again with --overwrite (and the same settings)")
     raise CheckpointError(f"--resume {path}: no checkpoint there (expected {STATE_FILE} in it or in "
                           f"{path}/checkpoints/step-*)")
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rookworld import presets
+from rookworld.policy.hub import is_local_path
 from rookworld.rewards import SHAPINGS
 
 if sys.version_info >= (3, 11):
@@ -117,8 +119,7 @@ class RunConfig:
         if self.model is None:  # a fresh model (rookworld sft --init)
             return
         model = Path(self.model).expanduser()
-        looks_local = model.exists() or self.model.startswith((".", "/", "~")) or self.model.count("/") != 1
-        if looks_local:
+        if is_local_path(self.model):
             need(model.is_dir(), f"--model: no such model directory: {self.model}")
             need((model / "config.json").is_file(), f"--model: {self.model} has no config.json")
 
@@ -366,7 +367,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[RunConfig] = TrainC
     """One flag per field: the main settings first, then the rest section by section. Defaults are SUPPRESSed so
     that only flags actually given override the file."""
     main = parser.add_argument_group("main settings (the rest below, by section)")
-    main.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file; flags override it")
+    main.add_argument("--config", metavar="FILE.toml|PRESET",
+                      help="read settings from a TOML file, or a preset shipped with rookworld "
+                           f"({', '.join(presets.names())}); flags override it")
     groups: dict[str, argparse._ArgumentGroup] = {}
     fields = sorted(dataclasses.fields(cls), key=lambda f: (not f.metadata["main"],
                                                             _SECTIONS.index(f.metadata["section"])))
@@ -399,16 +402,21 @@ def _shown(value: Any) -> str:
 def from_args(args: argparse.Namespace, cls: type[RunConfig] = TrainConfig):
     values: dict = {}
     if getattr(args, "config", None):
-        path = Path(args.config)
+        section = "train" if cls is TrainConfig else cls.__name__.removesuffix("Config").lower()
+        preset = presets.path(args.config) if not Path(args.config).exists() else None
+        path = preset or Path(args.config)
         try:
             values = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ConfigError(f"--config: no such file: {path}") from None
+            raise ConfigError(f"--config: no such file or preset: {path} (presets: {', '.join(presets.names())})"
+                              ) from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"--config {path}: {e}") from None
-        section = "train" if cls is TrainConfig else cls.__name__.removesuffix("Config").lower()
+        if preset is not None and section not in values:
+            raise ConfigError(f"--config {args.config}: the preset has no settings for rookworld {section} (it has "
+                              f"{', '.join('rookworld ' + k for k in values)})")
         values = dict(values.get(section, values))  # settings at the top level or under [train] / [sft]
-        source = str(path)
+        source = f"preset {args.config}" if preset else str(path)
     else:
         source = "config"
     names = {f.name for f in dataclasses.fields(cls)}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import signal
 import threading
 import time
@@ -19,9 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from rookworld.presets import schedule_warnings
 from rookworld.train import checkpoint
 from rookworld.train.config import ConfigError, RunConfig
 from rookworld.train.distributed import Comm, init_distributed
+from rookworld.train.rundir import prepare_output_dir
 from rookworld.train.runlog import RunLog, Summary
 
 
@@ -54,33 +55,6 @@ def lr_factor(step: int, cfg: RunConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def prepare_output_dir(cfg: RunConfig, resume_from: Path | None, main: bool) -> None:
-    """A run does not write over another one: a new run needs --resume to continue the run in its directory, or
-    --overwrite to replace it; a run resumed from one directory into another must not land on a third run."""
-    out = Path(cfg.output_dir)
-    found = [p.name for p in (out / "metrics.jsonl", out / "checkpoints") if p.exists()]
-    continuing = resume_from is not None and run_directory(resume_from).resolve() == out.resolve()
-    if not found or continuing:
-        return
-    if not cfg.overwrite:
-        if resume_from is not None:
-            raise ConfigError(f"--output-dir {out} already holds another run ({', '.join(found)}) than the one "
-                              f"--resume {cfg.resume} continues: give a new --output-dir, or --overwrite to replace "
-                              "it")
-        raise ConfigError(f"--output-dir {out} already holds a run ({', '.join(found)}): continue it with "
-                          f"--resume {out}, or start over with --overwrite")
-    if main:
-        for name in ("metrics.jsonl", "samples.jsonl"):
-            (out / name).unlink(missing_ok=True)
-        for name in ("checkpoints", "tensorboard"):
-            shutil.rmtree(out / name, ignore_errors=True)
-
-
-def run_directory(checkpoint_dir: Path) -> Path:
-    """The output directory a checkpoint belongs to (OUTPUT_DIR/checkpoints/step-N)."""
-    return checkpoint_dir.parent.parent
-
-
 def complete_message(command: str, cfg: RunConfig, step: int) -> str:
     return (f"the run is complete: step {step} of --steps {cfg.steps}; to train longer, rookworld {command} "
             f"--resume {cfg.output_dir} --steps N with N > {step}")
@@ -88,10 +62,10 @@ def complete_message(command: str, cfg: RunConfig, step: int) -> str:
 
 class Run:
     def __init__(self, cfg: RunConfig, *, command: str, policy: nn.Module | None = None, tokenizer=None,
-                 stream=None, summary: Summary | None = None, export: bool = False, label: str | None = None):
-        """``export``: every checkpoint also writes the model into the output directory itself, which then loads
-        as a model (``--model``, transformers). ``label`` names a `policy` given fresh, for the header."""
-        self.cfg, self.command, self.export = cfg, command, export
+                 stream=None, summary: Summary | None = None, label: str | None = None):
+        """``label`` names a `policy` given fresh, for the header. Every checkpoint also writes the model into the
+        output directory itself, which then loads as a model (``--model``, ``rookworld eval``, transformers)."""
+        self.cfg, self.command = cfg, command
         kind = resolve_device(cfg.device).type
         self.dist = init_distributed(kind)
         cfg.check_world(self.dist.world)
@@ -112,27 +86,32 @@ class Run:
         self.compile = cfg.compile and kind == "cuda"
         torch.manual_seed(cfg.seed)
 
-        # Everything a user can get wrong is checked before the slow parts (models, engines) start.
+        # Everything a user can get wrong is checked before the slow parts (models, engines) start, and before
+        # the header: a model that cannot be found (a typo, a hub out of reach) is one line and no run directory.
+        from rookworld.policy.model import from_pretrained, model_directory
+        from rookworld.policy.tokenizer import get_tokenizer
+
         self.resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
-        prepare_output_dir(cfg, self.resume_from, self.dist.main)
+        source, directory = self.resume_from or cfg.model or label, None
+        if policy is None:
+            directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
+        prepare_output_dir(cfg, self.resume_from, self.dist.main, command)
         self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary)
         ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
         steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
         self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "
                      f"({'bf16 autocast' if bf16 else 'fp32'}{', compiled' if self.compile else ''}{ranks})")
 
-        from rookworld.policy.model import from_pretrained, model_directory
-        from rookworld.policy.tokenizer import get_tokenizer
-
-        source, directory = self.resume_from or cfg.model or label, None
         if policy is None:
-            directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
             policy = from_pretrained(directory, device=self.device)
         self.policy = policy.to(self.device).eval()  # eval(): dropout stays off
         # The vocabulary of the model's own directory when it has one (a download, a checkpoint of ours).
         self.tokenizer = tokenizer or get_tokenizer(directory)
         n_params = sum(p.numel() for p in self.policy.parameters())
         self.log.say(f"model: {source} ({n_params / 1e6:.1f}M parameters)")
+        if self.resume_from is None:
+            for text in schedule_warnings(command, cfg.lr, cfg.warmup_steps, cfg.steps, n_params):
+                self.log.say(f"warning: {text}")
         self.step = 0
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
@@ -170,9 +149,8 @@ class Run:
                 "rng": checkpoint.rng_state(), "world_size": self.dist.world, **state}
         path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full, self.cfg.to_dict(),
                                           self.cfg.keep_checkpoints, modules, tokenizer=self.tokenizer)
-        if self.export:
-            self.policy.save_pretrained(self.cfg.output_dir)
-            self.tokenizer.save_pretrained(self.cfg.output_dir)
+        self.policy.save_pretrained(self.cfg.output_dir)
+        self.tokenizer.save_pretrained(self.cfg.output_dir)
         self.log.say(f"saved checkpoint {path}")
         return path
 
@@ -204,21 +182,27 @@ class Run:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, self._request_stop)
         last: dict[str, Any] = {}
+        last_eval: dict[str, Any] | None = None
         saved_at = self.step
         self.log.begin_steps()
         try:
             while self.step < cfg.steps:
                 m = step()
+                final = self.step == cfg.steps
                 if evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
                     t0 = time.perf_counter()
                     if self.dist.main:
+                        self.log.status(f"step {self.step}/{cfg.steps} | evaluating on held-out positions ...")
                         m.update(evaluate())
                     self.comm.barrier()
                     m["time/eval"] = time.perf_counter() - t0
                     self.log.eval_line(self.step, m, m["time/eval"])
+                    last_eval = m
                 m["eta_s"] = self.log.eta(self.step)
-                self.log.step(m, log_line=self.step % cfg.log_every == 0 or self.step == cfg.steps)
-                if samples is not None and sample_every and self.step % sample_every == 0 and self.dist.main:
+                self.log.step(m, log_line=self.step % cfg.log_every == 0 or final)
+                # The last step's samples too, so that a run shorter than --sample-every still shows some.
+                if samples is not None and sample_every and (self.step % sample_every == 0 or final) \
+                        and self.dist.main:
                     samples()
                 last = m
                 if cfg.save_every and self.step % cfg.save_every == 0:
@@ -229,6 +213,8 @@ class Run:
                     break
             if saved_at != self.step:
                 self.save(state(), modules())
+            if not self.interrupted:
+                self.log.finish(self.command, self.step, last_eval)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

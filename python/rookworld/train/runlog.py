@@ -30,6 +30,18 @@ def fmt(m: dict[str, Any], key: str, fmt: str = "{:.3f}") -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
 
 
+def eval_figures(m: dict[str, Any]) -> list[str]:
+    """The headline evaluation figures per task: format validity, reward, and each task's own accuracy."""
+    parts = []
+    for task, key, label in (("P", "best_move_accuracy", "best move"), ("A", "next_state_exact", "next state")):
+        if f"eval/{task}/mean_reward" in m:
+            parts.append(f"{task}: format {fmt(m, f'eval/{task}/format_valid', '{:.0%}')}, reward "
+                         f"{fmt(m, f'eval/{task}/mean_reward')}, {label} {fmt(m, f'eval/{task}/{key}', '{:.0%}')}")
+    if "eval/loss" in m:
+        parts.append(f"loss {fmt(m, 'eval/loss', '{:.4f}')}")
+    return parts
+
+
 class RunLog:
     def __init__(self, output_dir: str | Path, total_steps: int, *, enabled: bool = True, stream: TextIO | None = None,
                  summary: Summary | None = None):
@@ -115,17 +127,26 @@ class RunLog:
             parts.append(f"eta {_duration(m['eta_s'])}")
         return " | ".join(parts)
 
+    def status(self, text: str) -> None:
+        """On a terminal, `text` in place of the progress bar until the next line (a pipe gets nothing)."""
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+
     def eval_line(self, step: int, m: dict[str, Any], seconds: float) -> None:
-        """The headline evaluation figures per task: format validity, reward, and each task's own accuracy."""
-        parts = [f"eval at step {step}"]
-        for task, key, label in (("P", "best_move_accuracy", "best move"), ("A", "next_state_exact", "next state")):
-            if f"eval/{task}/mean_reward" in m:
-                parts.append(f"{task}: format {fmt(m, f'eval/{task}/format_valid', '{:.0%}')}, reward "
-                             f"{fmt(m, f'eval/{task}/mean_reward')}, {label} {fmt(m, f'eval/{task}/{key}', '{:.0%}')}")
-        if "eval/loss" in m:
-            parts.append(f"loss {fmt(m, 'eval/loss', '{:.4f}')}")
-        parts.append(f"{seconds:.1f} s")
-        self.say(" | ".join(parts))
+        self.say(" | ".join([f"eval at step {step}", *eval_figures(m), f"{seconds:.1f} s"]))
+
+    def finish(self, command: str, step: int, last_eval: dict[str, Any] | None) -> None:
+        """The closing lines: what was done, the last held-out figures, where the model is and what to do next."""
+        took = f" in {_duration(time.perf_counter() - self._t0)}" if self._t0 is not None else ""
+        self.say(f"rookworld {command}: done, step {step}/{self.total_steps}{took}")
+        if last_eval:
+            self.say(" | ".join([f"held-out at step {last_eval['step']}", *eval_figures(last_eval)]))
+        self.say(f"model: {self.dir} (step {step}; its checkpoints in {self.dir / 'checkpoints'})")
+        self.say(f"evaluate it: rookworld eval --model {self.dir}")
+        if command == "sft":
+            self.say(f"train it with GRPO: rookworld train --model {self.dir} --output-dir {self.dir}-grpo")
+        self.say(f"curves: rookworld plot {self.dir}")
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not self.enabled:

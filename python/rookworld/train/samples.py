@@ -1,4 +1,4 @@
-"""RookWorld text samples for supervised training, and the rows they are packed into.
+"""RookWorld text samples for supervised training, and the rows they make.
 
 A file holds one sample a line, in either form:
 - RookWorld text, as the public RookWorld datasets write it:
@@ -10,9 +10,9 @@ is a `DataError` naming the file and line (or skipped and counted); an A: target
 is left out and reported, never trained on.
 
 Documents are ``[EOS] + prompt + target`` token ids, as RookWorld-LM was pretrained (the prompt and the target
-tokenized apart, as the sampler sees them). They are packed into rows of ``seq_len`` tokens, a new seeded order
-every pass, so row ``i`` of the stream is a pure function of (seed, i): a resumed run reads what an unbroken one
-would have.
+tokenized apart, as the sampler sees them). Each makes one row (the default), or they are packed into rows of
+``seq_len`` tokens (--pack); either way in a new seeded order every pass, so row ``i`` of the stream is a pure
+function of (seed, i): a resumed run reads what an unbroken one would have.
 """
 
 from __future__ import annotations

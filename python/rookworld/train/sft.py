@@ -62,7 +62,7 @@ class SFTTrainer:
             layers, heads, width = cfg.model_shape
             label = f"a fresh GPT-2 {cfg.init}: {layers} layers, {heads} heads, {width} wide"
         self.run = run = Run(cfg, command="sft", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
-                             export=True, label=label)
+                             label=label)
         for line in data.report():
             run.log.say(f"warning: --data: {line}")
         if held_out is not None:

@@ -172,7 +172,15 @@ class Trainer:
         if kl is not None and math.isfinite(kl) and kl > cfg.kl_warn:
             log.warn("kl", step, f"KL to the reference is {kl:.3f} per token (> {cfg.kl_warn}): the policy is "
                                  "drifting fast; consider a lower --lr or a higher --beta")
-        if spread is not None and spread > 0.5:
+        formats = {t: m.get(f"format_valid/{t}") for t in ("P", "A") if m.get(f"format_valid/{t}") is not None}
+        unformed = [t for t, share in formats.items() if share == 0]
+        if unformed:  # the real cause of the missing spread: no temperature or group size fixes it
+            which = "no sample of this step is" if len(unformed) == len(formats) else \
+                f"no {' or '.join(t + ':' for t in unformed)} sample of this step is"
+            log.warn("unformed", step, f"{which} well formed, so every such sample gets the same format penalty and "
+                                       "teaches nothing: the model does not write the task's format yet; train it "
+                                       "with rookworld sft first (rookworld sft --config cpu-demo shows how)")
+        elif spread is not None and spread > 0.5:
             log.warn("spread", step, f"{100 * spread:.0f}% of groups have no reward spread and teach nothing; "
                                      "consider a higher --temperature or a larger --group-size")
         if clip is not None and math.isfinite(clip) and clip > cfg.clip_warn:

@@ -1,0 +1,43 @@
+"""Settings that are known to work, shipped with the package: `rookworld sft --config NAME` and `rookworld train
+--config NAME` read the [sft] or [train] table of NAME.toml here (a path to a TOML file of one's own works the
+same). Each file says in its comments how to make its data and what to type.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DIRECTORY = Path(__file__).resolve().parent
+
+#: The peak learning rate of the presets for a model of fewer parameters than the bound, per command (cpu-demo and
+#: learning for the 8.9M-parameter model, rookworld-lm-124m and the defaults for 124M). A run 10x or more away
+#: from it is warned: 3e-6, right for GRPO at 124M, leaves a fresh small model where it was.
+LEARNING_RATES = {"sft": ((50e6, 1e-3), (float("inf"), 3e-4)), "train": ((50e6, 1e-4), (float("inf"), 3e-6))}
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in DIRECTORY.glob("*.toml"))
+
+
+def path(name: str) -> Path | None:
+    """The preset file of `name`, or None when it is not one."""
+    file = DIRECTORY / f"{name}.toml"
+    return file if name in names() else None
+
+
+def recommended_lr(command: str, n_params: int) -> float:
+    return next(lr for bound, lr in LEARNING_RATES[command] if n_params < bound)
+
+
+def schedule_warnings(command: str, lr: float, warmup_steps: int, steps: int, n_params: int) -> list[str]:
+    """What is wrong with a learning-rate schedule before any step runs."""
+    out = []
+    if warmup_steps >= steps:
+        out.append(f"--warmup-steps {warmup_steps} is not shorter than --steps {steps}: the learning rate never "
+                   f"reaches --lr {lr:g}; give fewer warm-up steps")
+    good = recommended_lr(command, n_params)
+    if not good / 10 < lr < good * 10:
+        out.append(f"--lr {lr:g} is {max(lr / good, good / lr):.0f}x {'above' if lr > good else 'below'} the "
+                   f"{good:g} that works for a model of this size ({n_params / 1e6:.1f}M parameters) in rookworld "
+                   f"{command}; the presets have settings that work (--config {' / '.join(names())})")
+    return out

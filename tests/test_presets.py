@@ -1,0 +1,80 @@
+"""Presets: the settings that work, shipped with the package and read by --config NAME."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import json
+
+import pytest
+
+from rookworld import presets
+from rookworld.train.config import ConfigError, SFTConfig, TrainConfig, from_args
+
+from test_trainer import run_cli
+
+#: Parameters of each preset's model: a fresh 12-layer, 128-wide GPT-2, or RookWorld-LM-124M.
+SIZES = {"cpu-demo": 8.9e6, "learning": 8.9e6, "rookworld-lm-124m": 124.4e6}
+
+
+def test_the_presets_are_installed_with_the_package():
+    shipped = {p.name for p in importlib.resources.files("rookworld.presets").iterdir() if p.name.endswith(".toml")}
+    assert shipped == {f"{name}.toml" for name in SIZES} and presets.names() == sorted(SIZES)
+
+
+@pytest.fixture
+def user_files(tmp_path, monkeypatch, tiny_dir):
+    """The files the presets name, where a user following their comments would have them."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("train.jsonl", "held_out.jsonl"):
+        (tmp_path / name).write_text("")
+    for run in ("runs/cpu-demo-sft", "runs/learning-sft"):
+        (tmp_path / run).parent.mkdir(exist_ok=True)
+        (tmp_path / run).symlink_to(tiny_dir)
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_every_preset_gives_valid_settings_at_the_learning_rate_that_works(name, user_files):
+    tables = presets.DIRECTORY.joinpath(f"{name}.toml").read_text()
+    for command, cls in (("sft", SFTConfig), ("train", TrainConfig)):
+        if f"[{command}]" not in tables:
+            with pytest.raises(ConfigError, match=f"no settings for rookworld {command}"):
+                from_args(argparse.Namespace(config=name), cls)
+            continue
+        cfg = from_args(argparse.Namespace(config=name), cls)
+        assert cfg.lr == presets.recommended_lr(command, SIZES[name]), (name, command)
+        assert cfg.warmup_steps < cfg.steps
+        # A flag overrides the preset.
+        assert from_args(argparse.Namespace(config=name, steps=7), cls).steps == 7
+
+
+def test_a_path_wins_over_a_preset_of_the_same_name_and_a_typo_lists_the_presets(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "samples.txt").write_text("")
+    (tmp_path / "cpu-demo").write_text("[sft]\nsteps = 3\ninit = 'tiny'\ndata = ['samples.txt']\n")
+    assert from_args(argparse.Namespace(config="cpu-demo"), SFTConfig).steps == 3
+    with pytest.raises(ConfigError, match="no such file or preset: cpu-dem .*presets: cpu-demo, learning"):
+        from_args(argparse.Namespace(config="cpu-dem"), SFTConfig)
+
+
+def test_schedule_warnings():
+    assert presets.schedule_warnings("train", 1e-4, 5, 30, 8_900_000) == []
+    assert presets.schedule_warnings("train", 3e-6, 10, 500, 124_000_000) == []
+    (low,) = presets.schedule_warnings("train", 3e-6, 5, 30, 8_900_000)
+    assert low.startswith("--lr 3e-06 is 33x below the 0.0001 that works for a model of this size (8.9M")
+    (high,) = presets.schedule_warnings("sft", 1e-2, 20, 300, 8_900_000)
+    assert "10x above the 0.001" in high
+    (warmup,) = presets.schedule_warnings("sft", 1e-3, 50, 40, 8_900_000)
+    assert warmup.startswith("--warmup-steps 50 is not shorter than --steps 40")
+
+
+def test_a_run_warns_of_a_schedule_that_cannot_work(tiny_dir, tmp_path):
+    from test_trainer import train_args
+
+    proc = run_cli(train_args(tiny_dir, tmp_path / "run", "--steps", "2", "--lr", "3e-6"))
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: --warmup-steps 10 is not shorter than --steps 2" in proc.stderr
+    assert "warning: --lr 3e-06 is" in proc.stderr and "below the 0.0001" in proc.stderr
+    # A resumed run was warned when it started.
+    more = run_cli(["train", "--resume", str(tmp_path / "run"), "--steps", "3"])
+    assert more.returncode == 0 and "warning: --lr" not in more.stderr, more.stderr
