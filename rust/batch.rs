@@ -6,8 +6,27 @@ use shakmaty::{Chess, Position};
 
 use crate::env::{step, Transition};
 use crate::fen::{parse_fen, to_fen, FenError};
-use crate::moves::{legal_move, legal_uci_moves};
+use crate::moves::{legal_move, legal_uci_moves, uci};
 use crate::a_text::{env_prompt, env_target, PromptError};
+use crate::notation::{parse_move, parse_uci, san, MoveError};
+
+/// A move read or written in a position given as FEN: either may be at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FenMoveError {
+    Fen(FenError),
+    Move(MoveError),
+}
+
+impl std::fmt::Display for FenMoveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FenMoveError::Fen(e) => std::fmt::Display::fmt(e, f),
+            FenMoveError::Move(e) => std::fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl std::error::Error for FenMoveError {}
 
 /// Each FEN in python-chess `board.fen()` form, or why it is not a legal position.
 pub fn normalize_fens<S: AsRef<str> + Sync>(fens: &[S]) -> Vec<Result<String, FenError>> {
@@ -16,6 +35,44 @@ pub fn normalize_fens<S: AsRef<str> + Sync>(fens: &[S]) -> Vec<Result<String, Fe
 
 pub fn legal_moves<S: AsRef<str> + Sync>(fens: &[S]) -> Vec<Result<Vec<String>, FenError>> {
     fens.par_iter().map(|f| parse_fen(f.as_ref()).map(|p| legal_uci_moves(&p))).collect()
+}
+
+/// The moves (UCI) that checkmate at once, in legal-move order.
+pub fn mating_moves<S: AsRef<str> + Sync>(fens: &[S]) -> Vec<Result<Vec<String>, FenError>> {
+    fens.par_iter()
+        .map(|f| {
+            let pos = parse_fen(f.as_ref())?;
+            Ok(crate::mate::mating_moves(&pos).into_iter().map(uci).collect())
+        })
+        .collect()
+}
+
+/// Each text, a move in UCI or SAN, as the UCI of the legal move it names.
+pub fn parse_moves<S: AsRef<str> + Sync, M: AsRef<str> + Sync>(
+    fens: &[S],
+    texts: &[M],
+) -> Vec<Result<String, FenMoveError>> {
+    fens.par_iter()
+        .zip(texts.par_iter())
+        .map(|(f, t)| {
+            let pos = parse_fen(f.as_ref()).map_err(FenMoveError::Fen)?;
+            parse_move(&pos, t.as_ref()).map(uci).map_err(FenMoveError::Move)
+        })
+        .collect()
+}
+
+/// Each legal UCI move in SAN, as python-chess's `board.san()` writes it.
+pub fn san_moves<S: AsRef<str> + Sync, M: AsRef<str> + Sync>(
+    fens: &[S],
+    moves: &[M],
+) -> Vec<Result<String, FenMoveError>> {
+    fens.par_iter()
+        .zip(moves.par_iter())
+        .map(|(f, m)| {
+            let pos = parse_fen(f.as_ref()).map_err(FenMoveError::Fen)?;
+            parse_uci(&pos, m.as_ref()).map(|m| san(&pos, m)).map_err(FenMoveError::Move)
+        })
+        .collect()
 }
 
 /// Whether each move is legal in its position; a bad FEN has no legal moves.

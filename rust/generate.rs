@@ -168,7 +168,7 @@ fn pick(pos: &Chess, rng: &mut Rng, weight: fn(&Chess, Move) -> f64) -> Move {
     moves[rng.weighted(&weights)]
 }
 
-fn value(role: Role) -> f64 {
+pub(crate) fn value(role: Role) -> f64 {
     match role {
         Role::Pawn => 1.0,
         Role::Knight | Role::Bishop => 3.0,
@@ -189,7 +189,7 @@ fn attacked_by_enemy_pawn(pos: &Chess, sq: Square) -> bool {
 
 /// Plausible play: centre control, development, castling, captures; few king walks,
 /// early queen sorties or pieces left where a pawn takes them.
-fn development_weight(pos: &Chess, m: Move) -> f64 {
+pub(crate) fn development_weight(pos: &Chess, m: Move) -> f64 {
     let to = m.to();
     let (file, rank) = (to.file().to_u32() as i32, to.rank().to_u32() as i32);
     let mut w = 1.0;
@@ -216,7 +216,7 @@ fn development_weight(pos: &Chess, m: Move) -> f64 {
     w
 }
 
-fn trading_weight(pos: &Chess, m: Move) -> f64 {
+pub(crate) fn trading_weight(pos: &Chess, m: Move) -> f64 {
     match m.capture() {
         Some(captured) => 20.0 + 4.0 * value(captured),
         None => development_weight(pos, m),

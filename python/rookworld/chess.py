@@ -15,6 +15,7 @@ __all__ = [
     "HISTORY_LEN",
     "START_FEN",
     "EnvStep",
+    "MateInOne",
     "Position",
     "env_prompt",
     "env_prompts",
@@ -24,9 +25,14 @@ __all__ = [
     "is_legal",
     "legal_moves",
     "legal_moves_batch",
+    "mate_in_one_positions",
+    "mating_moves",
+    "mating_moves_batch",
     "normalize_fen",
     "normalize_fens",
+    "parse_move",
     "perft",
+    "san",
 ]
 
 #: Moves kept in an A: prompt's history field, the move itself included.
@@ -80,6 +86,47 @@ def legal_moves_batch(fens: Iterable[str]) -> list[list[str]]:
 def legal_moves(fen: str) -> list[str]:
     """Legal moves of one position in UCI (castling as ``e1g1``)."""
     return legal_moves_batch([fen])[0]
+
+
+def mating_moves_batch(fens: Iterable[str]) -> list[list[str]]:
+    """The moves (UCI) that checkmate at once in each position; ``ValueError`` naming the first bad FEN."""
+    fens = _list(fens)
+    out = []
+    for fen, (ok, moves, error) in zip(fens, _core.mating_moves(fens)):
+        if not ok:
+            raise ValueError(f"{error}: {fen!r}")
+        out.append(moves)
+    return out
+
+
+def mating_moves(fen: str) -> list[str]:
+    """The moves of one position (UCI) that checkmate at once, in legal-move order."""
+    return mating_moves_batch([fen])[0]
+
+
+def parse_move(fen: str, text: str) -> str:
+    """The UCI of the legal move that ``text`` names, in UCI or SAN, as a person types it.
+
+    SAN may carry ``+`` or ``#`` (right or not), castle as ``O-O`` or ``0-0``, promote as ``e8=Q``
+    or ``e8Q``, and may get ``x`` wrong. ``ValueError`` says why otherwise: "not a move in UCI or
+    SAN", "illegal move in this position", or "ambiguous move (Nbd2, Nfd2)", then the text; a bad
+    FEN raises the error of ``normalize_fen``.
+    """
+    ((ok, result),) = _core.parse_moves([fen], [text])
+    if not ok:
+        normalize_fen(fen)  # a bad FEN raises its own error, naming the FEN
+        raise ValueError(f"{result}: {text!r}")
+    return result
+
+
+def san(fen: str, uci: str) -> str:
+    """A legal UCI move in SAN, as python-chess's ``board.san()`` writes it (``Nf3``, ``exd5``, ``O-O``,
+    ``e8=Q+``, ``Qxf7#``); ``ValueError`` for an illegal or malformed move or a bad FEN."""
+    ((ok, result),) = _core.san_moves([fen], [uci])
+    if not ok:
+        normalize_fen(fen)
+        raise ValueError(f"{result}: {uci!r}")
+    return result
 
 
 def is_legal(fens: Sequence[str], moves: Sequence[str]) -> list[bool]:
@@ -175,3 +222,26 @@ def generate_positions(
         raise ValueError(f"n must be >= 0 and seed, start in [0, 2**64), got {n}, {seed}, {start}")
     raw = _core.generate_positions(n, seed, start, opening_share, endgame_share, illegal_share)
     return [Position(fen, tuple(history), move, phase) for fen, history, move, phase in raw]
+
+
+@dataclass(frozen=True, slots=True)
+class MateInOne:
+    """A position whose side to move can checkmate at once."""
+
+    fen: str
+    #: Every move from the start position to ``fen``, oldest first.
+    history: tuple[str, ...]
+    #: Every move (UCI) that mates, sorted.
+    mates: tuple[str, ...]
+
+
+def mate_in_one_positions(n: int, seed: int, *, start: int = 0) -> list[MateInOne]:
+    """``n`` unfinished positions with at least one mate in one; position ``i`` depends only on ``(seed, start + i)``.
+
+    They come from semi-random games that differ in their taste for checks and captures: openings,
+    middlegames and endgames, either side to move, one mating move or several.
+    """
+    if n < 0 or not 0 <= seed < 2**64 or not 0 <= start < 2**64:
+        raise ValueError(f"n must be >= 0 and seed, start in [0, 2**64), got {n}, {seed}, {start}")
+    raw = _core.mate_in_one_positions(n, seed, start)
+    return [MateInOne(fen, tuple(history), tuple(mates)) for fen, history, mates in raw]
