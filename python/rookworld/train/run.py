@@ -96,7 +96,9 @@ class Run:
         if policy is None:
             directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
         prepare_output_dir(cfg, self.resume_from, self.dist.main, command)
-        self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary)
+        self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary,
+                          report_to=cfg.reporters, wandb_project=cfg.wandb_project, config=cfg.to_dict(),
+                          command=command)
         ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
         steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
         self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "

@@ -16,11 +16,12 @@ from rookworld import __version__
 from rookworld.files import atomic_write
 from rookworld.train import checkpoint
 from rookworld.train.config import ConfigError, RunConfig
+from rookworld.train.runlog import WANDB_ID
 
 RUN_FILE = "run.json"
 COMMANDS = ("train", "sft")
 # What a run writes, besides the model files `sft` (and `train`) keep at the top.
-_RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard", RUN_FILE)
+_RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard", "wandb", WANDB_ID, RUN_FILE)
 _MODEL_FILES = ("model.safetensors", "config.json", "vocab.json", "merges.txt")
 
 
