@@ -86,6 +86,42 @@ pub fn env_target(text: &str) -> Result<String, PromptError> {
     Ok(out)
 }
 
+/// An A: answer as the model wrote it; a field that cannot be read is `None`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EnvAnswer<'a> {
+    pub fen: &'a str,
+    pub reward: Option<f64>,
+    pub terminated: Option<bool>,
+    pub truncated: Option<bool>,
+}
+
+fn flag(text: &str) -> Option<bool> {
+    match text {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    }
+}
+
+/// `{fen}+{reward}+{terminated}+{truncated}`; text after the fourth field's first token is ignored.
+pub fn parse_env_answer(text: &str) -> Option<EnvAnswer<'_>> {
+    let mut parts = text.trim_start().splitn(4, '+');
+    let fen = parts.next()?.trim();
+    let reward = parts.next()?.trim();
+    let terminated = parts.next()?.trim();
+    let rest = parts.next()?.trim_start();
+    let truncated = rest.split(|c: char| c == '+' || c.is_whitespace()).next().unwrap_or("");
+    if fen.is_empty() {
+        return None;
+    }
+    Some(EnvAnswer {
+        fen,
+        reward: reward.parse::<f64>().ok().filter(|r| r.is_finite()),
+        terminated: flag(terminated),
+        truncated: flag(truncated),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

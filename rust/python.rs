@@ -14,6 +14,8 @@ type Failures = Vec<(usize, String)>;
 type StepTuple = (bool, String, f64, bool, bool);
 /// One generated position: `(fen, history, move, phase)`.
 type PositionTuple = (String, Vec<String>, String, &'static str);
+/// One mate-in-one puzzle: `(fen, history, mates)`.
+type MateTuple = (String, Vec<String>, Vec<String>);
 
 /// Strings from any iterable of `str`. Lone surrogates become U+FFFD rather than an exception:
 /// model output must never crash a run.
@@ -63,6 +65,36 @@ fn legal_moves(py: Python<'_>, fens: &Bound<'_, PyAny>) -> PyResult<Vec<(bool, V
             Err(e) => (false, Vec::new(), e.to_string()),
         })
         .collect())
+}
+
+/// Per position `(ok, moves that mate at once, error)`.
+#[pyfunction]
+fn mating_moves(py: Python<'_>, fens: &Bound<'_, PyAny>) -> PyResult<Vec<(bool, Vec<String>, String)>> {
+    let fens = texts(fens)?;
+    Ok(py
+        .detach(|| batch::mating_moves(&fens))
+        .into_iter()
+        .map(|r| match r {
+            Ok(moves) => (true, moves, String::new()),
+            Err(e) => (false, Vec::new(), e.to_string()),
+        })
+        .collect())
+}
+
+/// Per item `(ok, UCI of the move that the text (UCI or SAN) names, or why none)`.
+#[pyfunction]
+fn parse_moves(py: Python<'_>, fens: &Bound<'_, PyAny>, moves: &Bound<'_, PyAny>) -> PyResult<Vec<(bool, String)>> {
+    let (fens, moves) = (texts(fens)?, texts(moves)?);
+    same_length(fens.len(), moves.len())?;
+    Ok(py.detach(|| batch::parse_moves(&fens, &moves)).into_iter().map(|r| outcome(r, |s| s)).collect())
+}
+
+/// Per item `(ok, SAN of the UCI move, or why none)`.
+#[pyfunction]
+fn san_moves(py: Python<'_>, fens: &Bound<'_, PyAny>, ucis: &Bound<'_, PyAny>) -> PyResult<Vec<(bool, String)>> {
+    let (fens, ucis) = (texts(fens)?, texts(ucis)?);
+    same_length(fens.len(), ucis.len())?;
+    Ok(py.detach(|| batch::san_moves(&fens, &ucis)).into_iter().map(|r| outcome(r, |s| s)).collect())
 }
 
 #[pyfunction]
@@ -153,6 +185,16 @@ fn generate_positions(
         .into_iter()
         .map(|p| (p.fen, p.history, p.mv, p.phase.as_str()))
         .collect())
+}
+
+/// Per puzzle `(fen, history, mates)`.
+#[pyfunction]
+#[pyo3(signature = (n, seed, start=0))]
+fn mate_in_one_positions(py: Python<'_>, n: usize, seed: u64, start: u64) -> Vec<MateTuple> {
+    py.detach(|| crate::mate::mate_in_one_positions(n, seed, start))
+        .into_iter()
+        .map(|p| (p.fen, p.history, p.mates))
+        .collect()
 }
 
 /// Column-wise scores as packed little-endian buffers (f64, u32 or u8 per item), which numpy wraps with
@@ -291,18 +333,47 @@ fn policy_targets(
     Ok(py.detach(|| batch::policy_targets(&fens, &moves, &evals, &best)))
 }
 
+type PolicyAnswerTuple = (Vec<String>, Vec<Option<f64>>, String);
+type EnvAnswerTuple = (String, Option<f64>, Option<bool>, Option<bool>);
+
+/// Per completion `(moves, evals, best)` as the scorer reads a P: answer, or `None` without its structure.
+#[pyfunction]
+fn parse_policy_answers(completions: &Bound<'_, PyAny>) -> PyResult<Vec<Option<PolicyAnswerTuple>>> {
+    Ok(texts(completions)?
+        .iter()
+        .map(|t| crate::p_text::parse_answer(t).map(|a| (a.moves, a.evals, a.best)))
+        .collect())
+}
+
+/// Per completion `(fen, reward, terminated, truncated)` as the scorer reads an A: answer, or `None`.
+#[pyfunction]
+fn parse_env_answers(completions: &Bound<'_, PyAny>) -> PyResult<Vec<Option<EnvAnswerTuple>>> {
+    Ok(texts(completions)?
+        .iter()
+        .map(|t| {
+            crate::a_text::parse_env_answer(t).map(|a| (a.fen.to_string(), a.reward, a.terminated, a.truncated))
+        })
+        .collect())
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(normalize_fens, m)?)?;
     m.add_function(wrap_pyfunction!(legal_moves, m)?)?;
     m.add_function(wrap_pyfunction!(is_legal, m)?)?;
+    m.add_function(wrap_pyfunction!(mating_moves, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_moves, m)?)?;
+    m.add_function(wrap_pyfunction!(san_moves, m)?)?;
     m.add_function(wrap_pyfunction!(env_steps, m)?)?;
     m.add_function(wrap_pyfunction!(env_targets, m)?)?;
     m.add_function(wrap_pyfunction!(env_prompts, m)?)?;
     m.add_function(wrap_pyfunction!(perft, m)?)?;
     m.add_function(wrap_pyfunction!(generate_positions, m)?)?;
+    m.add_function(wrap_pyfunction!(mate_in_one_positions, m)?)?;
     m.add_function(wrap_pyfunction!(score, m)?)?;
     m.add_function(wrap_pyfunction!(policy_targets, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_policy_answers, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_env_answers, m)?)?;
     m.add("HISTORY_LEN", crate::a_text::HISTORY_LEN)?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use shakmaty::Chess;
 use crate::env::step;
 use crate::fen::parse_fen;
 use crate::moves::legal_move;
-use crate::a_text::parse_env_prompt;
+use crate::a_text::{parse_env_answer, parse_env_prompt};
 use crate::p_text::{parse_answer, prompt_fen, PolicyAnswer};
 use crate::similarity::similarity;
 
@@ -275,38 +275,4 @@ fn policy_parts(pos: &Chess, answer: &PolicyAnswer, truth: &GroundTruth) -> Poli
         parts.eval_error = Some(errors.iter().sum::<f64>() / errors.len() as f64);
     }
     parts
-}
-
-struct EnvAnswer<'a> {
-    fen: &'a str,
-    reward: Option<f64>,
-    terminated: Option<bool>,
-    truncated: Option<bool>,
-}
-
-fn flag(text: &str) -> Option<bool> {
-    match text {
-        "0" => Some(false),
-        "1" => Some(true),
-        _ => None,
-    }
-}
-
-/// `{fen}+{reward}+{terminated}+{truncated}`; text after the fourth field's first token is ignored.
-fn parse_env_answer(text: &str) -> Option<EnvAnswer<'_>> {
-    let mut parts = text.trim_start().splitn(4, '+');
-    let fen = parts.next()?.trim();
-    let reward = parts.next()?.trim();
-    let terminated = parts.next()?.trim();
-    let rest = parts.next()?.trim_start();
-    let truncated = rest.split(|c: char| c == '+' || c.is_whitespace()).next().unwrap_or("");
-    if fen.is_empty() {
-        return None;
-    }
-    Some(EnvAnswer {
-        fen,
-        reward: reward.parse::<f64>().ok().filter(|r| r.is_finite()),
-        terminated: flag(terminated),
-        truncated: flag(truncated),
-    })
 }

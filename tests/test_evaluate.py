@@ -9,8 +9,9 @@ import pytest
 
 from rookworld import chess
 from rookworld.data import Record
-from rookworld.evaluate import eval_items, format_table, summarize
+from rookworld.evaluate import eval_items, summarize
 from rookworld.rewards import RewardScorer, policy_targets
+from rookworld.suites import SuiteResult, format_report
 
 FEN = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
 TRUTH = (["f1b5", "d2d4", "f1c4", "b1c3", "c2c3"], [0.45, 0.38, 0.3, 0.21, 0.12])
@@ -39,7 +40,7 @@ def test_metrics_from_scored_completions():
     assert a["next_state_exact"] == pytest.approx(2 / 3)
     assert a["reward_accuracy"] == pytest.approx(1 / 3)
     assert a["format_valid"] == pytest.approx(2 / 3)
-    table = format_table(m)
+    table = format_report([SuiteResult("best-move", "greedy", m)])
     assert "best move" in table and "50.0%" in table and "next state exact" in table
 
 
@@ -57,16 +58,21 @@ def test_eval_command_end_to_end(tiny_dir, tmp_path):
     data.write_text("\n".join(p.fen for p in chess.generate_positions(6, 11)) + "\n")
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--data", str(data),
-                           "--stockfish-depth", "4", "--max-new-tokens", "16", "--device", "cpu", "--out", str(out),
-                           "--samples", "2"], capture_output=True, text=True, timeout=600)
+                           "--stockfish-depth", "4", "--max-new-tokens", "16", "--device", "cpu", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "P: policy (6 positions)" in proc.stdout and "A: environment (6 positions)" in proc.stdout
-    result = json.loads(out.read_text())
-    assert result["P"]["n"] == 6 and result["A"]["n"] == 6
+    assert "P: policy (6 positions, greedy)" in proc.stdout and "A: environment (6 positions, greedy)" in proc.stdout
+    result = json.loads(out.read_text())["suites"]["best-move"]
+    p, a = result["sections"]["P"], result["sections"]["A"]
+    assert p["n"] == 6 and a["n"] == 6
     # A random model writes no well-formed answer: every metric says so.
-    assert result["P"]["format_valid"] == 0.0 and result["P"]["mean_reward"] == pytest.approx(-0.3)
-    assert result["A"]["next_state_exact"] == 0.0
-    assert len(result["samples"]) == 2 and "completion" in result["samples"][0]
+    assert p["format_valid"] == 0.0 and p["mean_reward"] == pytest.approx(-0.3)
+    assert a["next_state_exact"] == 0.0
+    # Every prompt's completion and score, with the ground truth it was scored against.
+    assert len(result["items"]) == 12 and {i["task"] for i in result["items"]} == {"P", "A"}
+    first = result["items"][0]
+    assert first["prompt"].startswith("P: ") and "completion" in first and first["reward"] == pytest.approx(-0.3)
+    assert len(first["truth"]["moves"]) >= 1
 
 
 def test_eval_bad_input(tiny_dir, tmp_path):

@@ -271,14 +271,15 @@ def test_eval_takes_a_run_directory_and_defaults_to_the_training_held_out_positi
     got = json.loads(result.read_text())
     # The run's own model (kept at the top of its directory), named with its step in the header and the JSON.
     assert got["model"] == str(out) and got["model_step"] == 1
-    assert proc.stderr.startswith(f"rookworld eval: {out} (step 1) on cpu\n3 positions (generated held-out "
-                                  "positions, seed 3), tasks P,A, greedy"), proc.stderr
-    assert "eval [" in proc.stderr  # the progress line
-    assert got["data"] == "generated held-out positions (seed 3)"
+    assert proc.stderr.startswith(f"rookworld eval: {out} (step 1) on cpu\nsuites best-move; greedy, up to 12 "
+                                  "tokens\nbest-move: 3 positions (generated held-out positions, seed 3), tasks P,A"), \
+        proc.stderr
+    assert "best-move [" in proc.stderr  # the progress line
+    assert got["data"] == "generated (seed 3)"
     # The same positions, model and decoding as training's evaluation: the same figures.
     row = metrics(out)[-1]
     for task in ("P", "A"):
-        for key, value in got[task].items():
+        for key, value in got["suites"]["best-move"]["sections"][task].items():
             if f"eval/{task}/{key}" in row and value is not None:
                 assert row[f"eval/{task}/{key}"] == pytest.approx(value), (task, key)
 

@@ -51,6 +51,17 @@ class _Renamed(argparse.Action):
         parser.error(f"{option_string} is now {self.new}")
 
 
+class _Gone(argparse.Action):
+    """A flag that no longer exists: one line saying why."""
+
+    def __init__(self, option_strings, dest, why: str, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is gone: {self.why}")
+
+
 def _renamed(p: argparse.ArgumentParser, **renames: str) -> None:
     """Flags renamed so that every command spells a setting alike: old=new, without the dashes."""
     for old, new in renames.items():
@@ -238,28 +249,49 @@ def read_positions(path: str, skip_bad: bool):
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval",
-        help="evaluate a model with greedy decoding on held-out positions",
-        description="Greedy decoding on a held-out set; reports per task the format validity, mean reward and "
-        "task metrics (P: best move, top 5, legal best move, candidate overlap, eval error; A: next state, FEN "
-        "similarity, reward/terminated/truncated accuracy). Positions without an analysis are analysed by "
-        "Stockfish first.",
+        help="measure a model: best move, mate-in-one, self-play, games against Stockfish",
+        description="Measures a model the way RookWorld reports its models. Suites (--suite, comma-separated): "
+        "best-move (the default: P: best move, top 5, legal best move, candidate overlap, eval error and A: next "
+        "state, FEN similarity, reward/terminated/truncated accuracy on held-out positions), mate-in-one (the B: "
+        "move mates; and is Stockfish's move), selfplay (legal half-moves before the first illegal move, greedy "
+        "and sampled), vs-stockfish (wins, draws, losses and the Elo difference against Stockfish at a fixed "
+        "strength). Decoding is greedy unless --protocol rookworld (temperature 0.6, top-k 5, as RookWorld's "
+        "scripts); every report names its protocol.",
     )
     p.add_argument("--model", default="jrahn/RookWorld-LM-124M",
                    help="hub repo id, model directory, or a training run's directory (its latest checkpoint)")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
-    p.add_argument("--data", default=None, help="positions file (JSONL from `rookworld positions`, FEN or EPD); "
-                   "default: the generated held-out positions that training evaluates on (seed --seed)")
-    p.add_argument("--tasks", default="P,A", help="tasks to evaluate: P, A or P,A (default)")
+    p.add_argument("--suite", default="best-move", help="suites to run, comma-separated: best-move (default), "
+                   "mate-in-one, selfplay, vs-stockfish")
+    p.add_argument("--protocol", choices=("greedy", "rookworld"), default="greedy",
+                   help="decoding: greedy (default) or rookworld (temperature 0.6, top-k 5, seeded by --seed)")
+    p.add_argument("--data", default=None, help="positions file (JSONL from `rookworld positions`, FEN or EPD) for "
+                   "best-move and mate-in-one (which keeps its positions that have a mate in one); default: "
+                   "generated positions of streams no training run draws from (seed --seed)")
+    p.add_argument("--tasks", default="P,A", help="best-move's tasks: P, A or P,A (default)")
     p.add_argument("--eval-size", type=_positive, default=None,
-                   help="evaluate only the first N positions (without --data: N generated, default 128)")
+                   help="positions of best-move and mate-in-one (without --data: N generated, default 128)")
+    p.add_argument("--games", type=_positive, default=8,
+                   help="selfplay: start positions (each played greedy and sampled); vs-stockfish: games (default 8)")
+    p.add_argument("--max-plies", type=_positive, default=200,
+                   help="a game stops after this many half-moves (vs-stockfish counts it a draw; default 200)")
+    g = p.add_argument_group("vs-stockfish's opponent")
+    g.add_argument("--opponent-elo", type=_positive, default=None,
+                   help="Stockfish's strength as UCI_Elo (Stockfish 15.1: 1350-2850; the default is 1350)")
+    g.add_argument("--opponent-skill", type=_non_negative, default=None,
+                   help="Stockfish's strength as Skill Level 0-20 instead of an Elo")
+    g.add_argument("--opponent-nodes", type=_positive, default=20_000,
+                   help="nodes Stockfish searches per move (default 20000)")
     p.add_argument("--micro-batch-size", type=_positive, default=64, help="prompts decoded at once (default 64)")
     p.add_argument("--max-new-tokens", type=_positive, default=144, help="completion length limit (default 144)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    p.add_argument("--out", default=None, help="also write the results as JSON to this file")
-    p.add_argument("--samples", type=_non_negative, default=0, help="include N example completions in the JSON")
+    p.add_argument("--out", default=None, help="also write the results as JSON to this file: every suite's "
+                   "figures and, per position or game, what the model wrote and how it scored")
+    p.add_argument("--samples", action=_Gone, why="--out holds every completion now")
     p.add_argument("--skip-bad", action="store_true", help="skip bad lines of --data instead of stopping")
     p.add_argument("--seed", type=_non_negative, default=0,
-                   help="seed of the generated positions, and of A: moves for positions without one (default 0)")
+                   help="seed of the generated positions, of A: moves for positions without one, and of sampling "
+                   "(default 0)")
     _add_stockfish_options(p)
     _renamed(p, limit="eval_size", batch_size="micro_batch_size")
     p.set_defaults(run=_run_eval)
@@ -275,88 +307,219 @@ def resolve_device(name: str):
         raise CliError(str(e)) from None
 
 
-def model_step(directory: Path) -> int | None:
-    """The training step of the model in a directory: a checkpoint's own, or a run's latest checkpoint's (which
-    the model at the top of a run directory is); None for a model that is neither."""
-    from rookworld.train import checkpoint
-
-    if (directory / checkpoint.STATE_FILE).is_file():
-        return checkpoint.step_of(directory)
-    saved = checkpoint.list_checkpoints(directory)
-    return checkpoint.step_of(saved[-1]) if saved else None
-
-
-def model_source(name: str) -> str:
-    """A model directory, or the latest checkpoint of a training run's directory."""
-    from rookworld.train import checkpoint
-
-    path = Path(name).expanduser()
-    if path.is_dir() and not (path / "config.json").is_file():
-        try:
-            return str(checkpoint.resolve_checkpoint(path))
-        except checkpoint.CheckpointError:
-            pass
-    return name
-
-
 def load_model(name: str, revision: str | None, device):
     """(the model, its directory) for a hub repo id, a model directory or a run directory."""
     from rookworld.policy.model import ModelNotAvailableError, from_pretrained, model_directory
 
     try:
+        from rookworld.train.checkpoint import model_source
+
         directory = model_directory(model_source(name), revision)
         return from_pretrained(directory, device=device), directory
     except (ModelNotAvailableError, FileNotFoundError, NotADirectoryError, ValueError) as e:
         raise CliError(str(e)) from None
 
 
+def _suite_options(args: argparse.Namespace):
+    from rookworld.lm import PROTOCOLS
+    from rookworld.suites import SuiteOptions, parse_suites
+
+    try:
+        names = parse_suites(args.suite)
+    except ValueError as e:
+        raise CliError(f"--suite: {e}") from None
+    tasks = tuple(t.strip().upper() for t in args.tasks.split(",") if t.strip())
+    if not tasks or any(t not in ("P", "A") for t in tasks):
+        raise CliError(f"--tasks must be P, A or P,A, got {args.tasks!r}")
+    if args.opponent_elo is not None and args.opponent_skill is not None:
+        raise CliError("give --opponent-elo or --opponent-skill, not both")
+    if args.opponent_skill is not None and args.opponent_skill > 20:
+        raise CliError(f"--opponent-skill must lie in 0-20, got {args.opponent_skill}")
+    elo = args.opponent_elo if args.opponent_elo is not None else None if args.opponent_skill is not None else 1350
+    opts = SuiteOptions(size=args.eval_size or 128, games=args.games, seed=args.seed, max_plies=args.max_plies,
+                        tasks=tasks, decoding=PROTOCOLS[args.protocol], opponent_elo=elo,
+                        opponent_skill=args.opponent_skill, opponent_nodes=args.opponent_nodes,
+                        stockfish_path=args.stockfish_path)
+    return names, opts
+
+
 def _run_eval(args: argparse.Namespace) -> int:
     from rookworld import data
-    from rookworld.evaluate import evaluate, format_table
+    from rookworld.evaluate import heldout_records
+    from rookworld.lm import RookWorldLM
     from rookworld.progress import Progress
     from rookworld.rewards import RewardScorer
     from rookworld.policy.tokenizer import TokenizerUnavailableError, get_tokenizer
+    from rookworld.stockfish import StockfishNotFoundError, find_stockfish
+    from rookworld.suites import format_report, run_suites
+    from rookworld.train.checkpoint import model_step
 
     _check_out_dir(args.out)
-    tasks = [t.strip().upper() for t in args.tasks.split(",") if t.strip()]
-    if not tasks or any(t not in ("P", "A") for t in tasks):
-        raise CliError(f"--tasks must be P, A or P,A, got {args.tasks!r}")
-    if args.data:
-        records = data.assign_moves(read_positions(args.data, args.skip_bad)[: args.eval_size], args.seed)
-    else:
-        from rookworld.evaluate import heldout_records
-
-        records = heldout_records(args.eval_size or 128, args.seed)
-    need_stockfish = "P" in tasks and any(r.analysis is None for r in records)
+    names, opts = _suite_options(args)
+    file_records = read_positions(args.data, args.skip_bad) if args.data else None
+    records = None
+    if "best-move" in names:
+        records = (data.assign_moves(file_records[: args.eval_size], args.seed) if file_records is not None
+                   else heldout_records(opts.size, args.seed))
+    mate_fens = [r.fen for r in file_records[: args.eval_size]] if file_records is not None else None
+    need_stockfish = ("mate-in-one" in names or "P" in opts.tasks and records is not None
+                      and any(r.analysis is None for r in records))
+    if need_stockfish or "vs-stockfish" in names:
+        try:
+            find_stockfish(args.stockfish_path)  # a missing engine is reported before any model is loaded
+        except StockfishNotFoundError as e:
+            raise CliError(str(e)) from None
     device = resolve_device(args.device)
     model, directory = load_model(args.model, args.revision, device)
     try:
         tokenizer = get_tokenizer(directory)
     except TokenizerUnavailableError as e:
         raise CliError(str(e)) from None
+    lm = RookWorldLM(model, tokenizer, directory=directory, batch_size=args.micro_batch_size,
+                     max_new_tokens=args.max_new_tokens)
     source = f"--data {args.data}" if args.data else f"generated held-out positions, seed {args.seed}"
     truth = (f"Stockfish depth {args.stockfish_depth}" if args.stockfish_nodes is None
              else f"Stockfish {args.stockfish_nodes} nodes") if need_stockfish else "the file's analyses"
     step = model_step(directory)
-    print(f"rookworld eval: {directory}{'' if step is None else f' (step {step})'} on {device}\n"
-          f"{len(records)} positions ({source}), tasks {','.join(tasks)}, greedy, up to {args.max_new_tokens} "
-          f"tokens{f'; P: ground truth from {truth}' if 'P' in tasks else ''}", file=sys.stderr)
+    lines = [f"rookworld eval: {directory}{'' if step is None else f' (step {step})'} on {device}",
+             f"suites {','.join(names)}; {opts.decoding.describe()}, up to {args.max_new_tokens} tokens"]
+    if records is not None:
+        lines.append(f"best-move: {len(records)} positions ({source}), tasks {','.join(opts.tasks)}"
+                     f"{f'; P: ground truth from {truth}' if 'P' in opts.tasks else ''}")
+    print("\n".join(lines), file=sys.stderr)
     pool = stockfish_pool(args) if need_stockfish else None
     try:
-        with Progress(len(records), "eval", "prompts") as progress:
-            result = evaluate(model, tokenizer, records, RewardScorer(pool), tasks=tasks,
-                              batch_size=args.micro_batch_size, max_new_tokens=args.max_new_tokens,
-                              samples=args.samples, progress=progress)
+        results = run_suites(lm, names, opts, records=records, scorer=RewardScorer(pool), mate_fens=mate_fens,
+                             progress=lambda label, total, unit: Progress(total, label, unit))
     finally:
         if pool is not None:
             pool.close()
-    result["model"], result["model_step"] = str(directory), step
-    result["data"] = str(args.data) if args.data else f"generated held-out positions (seed {args.seed})"
-    print(format_table(result))
+    print(format_report(results))
     if args.out:
-        data.write_json(result, args.out)
+        data.write_json({"model": str(directory), "model_step": step, "protocol": opts.decoding.name,
+                         "decoding": {"temperature": opts.decoding.temperature, "top_k": opts.decoding.top_k},
+                         "data": str(args.data) if args.data else f"generated (seed {args.seed})",
+                         "suites": {r.suite: r.to_dict() for r in results}}, args.out)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="jrahn/RookWorld-LM-124M",
+                   help="hub repo id, model directory, or a training run's directory (its latest checkpoint)")
+    p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--protocol", choices=("greedy", "rookworld"), default="greedy",
+                   help="decoding: greedy (default) or rookworld (temperature 0.6, top-k 5, seeded by --seed)")
+    p.add_argument("--seed", type=_non_negative, default=0, help="seed of sampled decoding (default 0)")
+
+
+def _load_lm(args: argparse.Namespace):
+    from rookworld.lm import RookWorldLM
+    from rookworld.policy.tokenizer import TokenizerUnavailableError, get_tokenizer
+
+    model, directory = load_model(args.model, args.revision, resolve_device(args.device))
+    try:
+        return RookWorldLM(model, get_tokenizer(directory), directory=directory)
+    except TokenizerUnavailableError as e:
+        raise CliError(str(e)) from None
+
+
+def _add_ask(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ask", help="the model's answer for a position (P:), and for a move played in it (A:)",
+        description="Puts a position to the model: its P: answer (candidates, evals, best move), every move marked "
+        "legal or not, and, when Stockfish is there, Stockfish's five and the reward the answer would get in "
+        "training. With MOVE (UCI or SAN), also its A: answer for playing it, next to the true transition.")
+    p.add_argument("fen", metavar="FEN", help="the position (quote it: a FEN has spaces)")
+    p.add_argument("move", metavar="MOVE", nargs="?", default=None, help="a move to play in it (UCI or SAN)")
+    p.add_argument("--history", default="", help="UCI moves before MOVE, oldest first, for the A: prompt")
+    p.add_argument("--json", action="store_true", help="print the answers as JSON")
+    _add_model_options(p)
+    _add_stockfish_options(p)
+    p.set_defaults(run=_run_ask)
+
+
+def _run_ask(args: argparse.Namespace) -> int:
+    from rookworld import chess
+    from rookworld.ask import ask_env, ask_policy, format_env, format_policy
+    from rookworld.lm import PROTOCOLS
+    from rookworld.stockfish import StockfishNotFoundError, find_stockfish
+
+    try:
+        fen = chess.normalize_fen(args.fen)
+        move = chess.parse_move(fen, args.move) if args.move else None
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    history = args.history.replace(",", " ").split()
+    if not chess.legal_moves(fen):
+        raise CliError(f"the game is over in this position (no legal move): {fen}")
+    try:
+        find_stockfish(args.stockfish_path)
+        pool = stockfish_pool(args)
+    except StockfishNotFoundError:
+        pool = None
+        print("Stockfish not found: no reward (install it, or give --stockfish-path)", file=sys.stderr)
+    lm = _load_lm(args)
+    decoding = PROTOCOLS[args.protocol]
+    try:
+        policy = ask_policy(lm, fen, decoding=decoding, seed=args.seed, stockfish=pool)
+    finally:
+        if pool is not None:
+            pool.close()
+    env = ask_env(lm, fen, move, history, decoding=decoding, seed=args.seed) if move else None
+    if args.json:
+        print(json.dumps({"fen": fen, "protocol": decoding.name, "policy": policy,
+                          **({"env": env} if env else {})}, indent=2))
+    else:
+        print(format_policy(fen, policy))
+        if env:
+            print(format_env(env))
+    return 0
+
+
+def _add_play(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "play", help="play a game against the model in the terminal",
+        description="A game against the model. Type moves in UCI (e2e4) or SAN (e4, Nf3, O-O); 'quit' resigns. "
+        "The model plays the B: move of its P: answer; when that is illegal it falls back to its first legal "
+        "candidate and says so.")
+    p.add_argument("--colour", "--color", dest="colour", choices=("white", "black"), default="white",
+                   help="your colour (default white)")
+    p.add_argument("--fen", default=None, help="start from this position instead of the initial one")
+    p.add_argument("--max-plies", type=_positive, default=400, help="stop the game after N half-moves (default 400)")
+    _add_model_options(p)
+    p.set_defaults(run=_run_play)
+
+
+def _run_play(args: argparse.Namespace) -> int:
+    from rookworld import chess
+    from rookworld.games import BLACK, WHITE, ModelPlayer
+    from rookworld.lm import PROTOCOLS
+    from rookworld.play import play_game
+
+    try:
+        start = chess.normalize_fen(args.fen) if args.fen else chess.START_FEN
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if not chess.legal_moves(start):
+        raise CliError(f"the game is over in this position (no legal move): {start}")
+    lm = _load_lm(args)
+    player = ModelPlayer(lm, PROTOCOLS[args.protocol], seed=args.seed, fallback=True)
+    read = input if sys.stdin.isatty() else _read_piped
+    play_game(player, user=WHITE if args.colour == "white" else BLACK, start_fen=start, read=read, out=sys.stdout,
+              max_plies=args.max_plies)
+    return 0
+
+
+def _read_piped(prompt: str) -> str:
+    """A move from a pipe: the prompt and the line echoed, so that a transcript reads like a session."""
+    sys.stdout.write(prompt)
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    sys.stdout.write(line if line.endswith("\n") else line + "\n")
+    return line
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -483,6 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Command)
     _add_positions(sub)
     _add_eval(sub)
+    _add_ask(sub)
+    _add_play(sub)
     _add_train(sub)
     _add_sft(sub)
     _add_plot(sub)

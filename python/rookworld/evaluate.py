@@ -1,23 +1,20 @@
-"""Greedy evaluation on held-out positions: the figures users of RookWorld-LM compare models by."""
+"""The best-move suite: P: and A: answers on held-out positions, scored by the reward scorer; the figures users
+of RookWorld-LM compare models by. The other suites are in `rookworld.suites`."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from rookworld import chess
 from rookworld.data import Record, assign_moves, finished_message, playable, read_records
-from rookworld.policy.sampling import generate
+from rookworld.lm import GREEDY, MAX_NEW_TOKENS, Decoding, complete
 from rookworld.policy.tokenizer import Tokenizer
 from rookworld.progress import Progress
 from rookworld.rewards import GroundTruth, RewardScorer, Scores
 
-#: New tokens per completion: every P: and A: answer of the data fits.
-MAX_NEW_TOKENS = 144
 #: Seed offset of the generated held-out positions, so they never share a stream with training prompts.
 EVAL_SEED_OFFSET = 1_000_003
 
@@ -52,22 +49,6 @@ def eval_items(records: Sequence[Record], tasks: Sequence[str] = ("P", "A")) -> 
     if "A" in tasks:
         items.extend(EvalItem("A", r.env_prompt, None) for r in records if r.move is not None)
     return items
-
-
-@torch.no_grad()
-def complete(model, tokenizer: Tokenizer, prompts: Sequence[str], *, batch_size: int = 64,
-             max_new_tokens: int = MAX_NEW_TOKENS, compile: bool | None = None,
-             progress: Progress | None = None) -> list[str]:
-    """Greedy completions, batched; prompts start with EOS as the pretraining documents did. `progress` is
-    advanced by the prompts of each batch done."""
-    out: list[str] = []
-    for i in range(0, len(prompts), batch_size):
-        ids, mask = tokenizer.encode_batch(prompts[i : i + batch_size], bos=True, device=model.device)
-        gen = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=0.0, compile=compile)
-        out.extend(tokenizer.decode_batch(gen.tokens, gen.mask))
-        if progress is not None:
-            progress.update(len(ids))
-    return out
 
 
 def _mean(x: np.ndarray) -> float | None:
@@ -108,18 +89,20 @@ def summarize(scores: Scores, truth_sizes: np.ndarray) -> dict:
 
 
 def evaluate(model, tokenizer: Tokenizer, records: Sequence[Record], scorer: RewardScorer, *,
-             tasks: Sequence[str] = ("P", "A"), batch_size: int = 64, max_new_tokens: int = MAX_NEW_TOKENS,
-             compile: bool | None = None, samples: int = 0, progress: Progress | None = None) -> dict:
-    """Greedy decoding on ``records``; returns per-task metrics (and ``samples`` example completions).
-    `progress`, when given, counts the prompts decoded (its total is set here)."""
+             tasks: Sequence[str] = ("P", "A"), decoding: Decoding = GREEDY, seed: int = 0, batch_size: int = 64,
+             max_new_tokens: int = MAX_NEW_TOKENS, compile: bool | None = None,
+             progress: Progress | None = None) -> tuple[dict, list[dict]]:
+    """Decodes ``records``' prompts (greedy unless `decoding` says otherwise) and scores the answers: per-task
+    metrics, and per prompt its text, the completion and its score's parts. `progress`, when given, counts the
+    prompts decoded (its total is set here)."""
     items = eval_items(records, tasks)
     if not items:
         raise ValueError("nothing to evaluate: no records (or no A: moves) for the chosen tasks")
     prompts = [it.prompt for it in items]
     if progress is not None:
         progress.total = len(prompts)
-    completions = complete(model, tokenizer, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                           compile=compile, progress=progress)
+    completions = complete(model, tokenizer, prompts, decoding=decoding, seed=seed, batch_size=batch_size,
+                           max_new_tokens=max_new_tokens, compile=compile, progress=progress)
     truth = [it.truth for it in items]
     missing = [i for i, it in enumerate(items) if it.task == "P" and it.truth is None]
     if missing:  # records without an analysis: ask Stockfish now
@@ -128,38 +111,7 @@ def evaluate(model, tokenizer: Tokenizer, records: Sequence[Record], scorer: Rew
             truth[i] = t
     scores = scorer.score_batch(prompts, completions, ground_truth=truth)
     sizes = np.array([len(t[0]) if t else 0 for t in truth])
-    result = summarize(scores, sizes)
-    if samples:
-        result["samples"] = [{"prompt": prompts[i], "completion": completions[i], **scores.breakdown(i)}
-                             for i in range(min(samples, len(items)))]
-    return result
-
-
-_LABELS = {
-    "format_valid": "format valid", "mean_reward": "mean reward", "best_move_accuracy": "best move",
-    "top5_accuracy": "best move in top 5", "legal_best_move": "legal best move",
-    "candidate_overlap": "candidate overlap", "eval_mae": "eval MAE (pawns)",
-    "next_state_exact": "next state exact", "fen_similarity": "FEN similarity",
-    "reward_accuracy": "reward accuracy", "terminated_accuracy": "terminated accuracy",
-    "truncated_accuracy": "truncated accuracy",
-}
-
-
-def format_table(result: dict) -> str:
-    lines = []
-    for task, title in (("P", "P: policy"), ("A", "A: environment")):
-        if task not in result:
-            continue
-        m = result[task]
-        lines.append(f"{title} ({m['n']} positions)")
-        for key, value in m.items():
-            if key == "n":
-                continue
-            if value is None or (isinstance(value, float) and math.isnan(value)):
-                text = "n/a"
-            elif key in ("mean_reward", "eval_mae"):
-                text = f"{value:.3f}"
-            else:
-                text = f"{100 * value:.1f}%"
-            lines.append(f"  {_LABELS.get(key, key):<22} {text:>8}")
-    return "\n".join(lines)
+    rows = [{"prompt": prompts[i], "completion": completions[i], **scores.breakdown(i),
+             **({"truth": {"moves": list(truth[i][0]), "evals": list(truth[i][1])}} if truth[i] else {})}
+            for i in range(len(items))]
+    return summarize(scores, sizes), rows

@@ -167,7 +167,7 @@ class EngineHung(EngineFailure):
 class Engine:
     """One Stockfish process. Not thread-safe: owned by one worker thread."""
 
-    def __init__(self, path: str, options: dict[str, int], startup_timeout: float):
+    def __init__(self, path: str, options: dict[str, int | str], startup_timeout: float):
         self.path = path
         self._lines: queue.Queue[str | None] = queue.Queue()
         try:
@@ -260,6 +260,21 @@ class Engine:
             old = lines.get(index)
             if old is None or depth >= old[0]:  # deepest wins; among equals the latest
                 lines[index] = (depth, seldepth, cp, mate, move)
+
+    def best_move(self, fen: str, moves: Sequence[str], go: str, timeout: float) -> str:
+        """The engine's move in the game from `fen` after `moves`, as a player: with Skill Level or UCI_Elo set it
+        is a weaker move than the analysis's first line, so it is read from ``bestmove``. The moves let the engine
+        see repetitions."""
+        deadline = time.monotonic() + timeout
+        self._send("position fen " + fen + (" moves " + " ".join(moves) if moves else ""))
+        self._send(go)
+        while True:
+            line = self._readline(deadline)
+            if line.startswith("bestmove"):
+                words = line.split()
+                if len(words) < 2 or words[1] == "(none)":
+                    raise EngineFailure(f"engine pid {self.pid} has no move in a finished game: {fen} {moves}")
+                return words[1]
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -150,3 +150,23 @@ def load_config(checkpoint: Path) -> dict[str, Any]:
         return json.loads((checkpoint / CONFIG_FILE).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"cannot read {checkpoint / CONFIG_FILE}: {e}") from None
+
+
+def model_step(directory: Path) -> int | None:
+    """The training step of the model in a directory: a checkpoint's own, or a run's latest checkpoint's (which
+    the model at the top of a run directory is); None for a model that is neither."""
+    if (directory / STATE_FILE).is_file():
+        return step_of(directory)
+    saved = list_checkpoints(directory)
+    return step_of(saved[-1]) if saved else None
+
+
+def model_source(name: str) -> str:
+    """A model directory, or the latest checkpoint of a training run's directory."""
+    path = Path(name).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        try:
+            return str(resolve_checkpoint(path))
+        except CheckpointError:
+            pass
+    return name

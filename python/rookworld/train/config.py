@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import re
 import sys
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ RUN, DATA, SAMPLING, REWARDS, ADVANTAGES, KL, LOSS, CRITIC, OPTIM, LOGGING = (
     "logging, evaluation, checkpoints")
 _SECTIONS = [RUN, DATA, SAMPLING, REWARDS, ADVANTAGES, KL, LOSS, CRITIC, OPTIM, LOGGING]
 
+#: What --report-to names, as TRL's report_to: where the figures go besides metrics.jsonl and samples.jsonl.
+REPORTERS = ("tensorboard", "wandb", "none")
+
 
 @dataclass
 class RunConfig:
@@ -81,7 +85,16 @@ class RunConfig:
     eval_data: str | None = _f(None, "held-out positions for --eval-every's evaluation (default: generated, of a "
                                      "seed training never draws from)", LOGGING)
     eval_size: int = _f(128, "positions in --eval-every's evaluation", LOGGING)
+    eval_suites: str = _f("best-move", "suites of --eval-every's evaluation, comma-separated: best-move, "
+                                       "mate-in-one, selfplay, vs-stockfish (as rookworld eval --suite)", LOGGING)
+    eval_games: int = _f(4, "games of the selfplay and vs-stockfish suites in --eval-every's evaluation", LOGGING)
     save_every: int = _f(50, "checkpoint every N steps (and always at the end)", LOGGING)
+    report_to: str = _f("tensorboard", "where the figures go besides metrics.jsonl and samples.jsonl, a comma-"
+                                       "separated list: tensorboard (event files in --output-dir, when it is "
+                                       "installed), wandb (Weights & Biases: pip install 'rookworld[wandb]'; "
+                                       "WANDB_MODE=offline keeps it local), or none", LOGGING)
+    wandb_project: str = _f("rookworld", "W&B project of --report-to wandb; the run is named after --output-dir's "
+                                         "last part, and --resume continues it", LOGGING)
     keep_checkpoints: int = _f(3, "checkpoints kept (oldest deleted)", LOGGING)
     max_new_tokens: int = _f(144, "completion length limit", SAMPLING)
     stockfish_path: str | None = _f(None, "Stockfish binary (default: ROOKWORLD_STOCKFISH, stockfish on PATH, "
@@ -98,8 +111,8 @@ class RunConfig:
         """What can only be checked once the number of ranks is known (before any model is loaded)."""
 
     def check(self, need) -> None:
-        for name in ("steps", "micro_batch_size", "stockfish_depth", "log_every", "eval_size", "keep_checkpoints",
-                     "max_new_tokens"):
+        for name in ("steps", "micro_batch_size", "stockfish_depth", "log_every", "eval_size", "eval_games",
+                     "keep_checkpoints", "max_new_tokens"):
             need(getattr(self, name) >= 1, f"--{flag(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("seed", "warmup_steps", "eval_every", "save_every"):
             need(getattr(self, name) >= 0, f"--{flag(name)} must be >= 0, got {getattr(self, name)}")
@@ -116,12 +129,33 @@ class RunConfig:
         need(bool(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device)),
              f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         need(self.eval_data is None or Path(self.eval_data).is_file(), f"--eval-data: no such file: {self.eval_data}")
+        from rookworld.suites import parse_suites
+
+        try:
+            parse_suites(self.eval_suites)
+        except ValueError as e:
+            need(False, f"--eval-suites: {e}")
+        names = [name.strip() for name in self.report_to.split(",")]
+        unknown = [name for name in names if name not in REPORTERS]
+        need(not unknown, f"--report-to: unknown {', '.join(map(repr, unknown))}: give a comma-separated list of "
+                          f"{', '.join(REPORTERS)}")
+        need("none" not in names or set(names) == {"none"}, f"--report-to none reports to nothing: give it alone, "
+                                                             f"not with others ({self.report_to!r})")
+        # Found, not imported: wandb is slow to import, and parsing flags must stay quick.
+        need("wandb" not in names or importlib.util.find_spec("wandb") is not None,
+             "--report-to wandb: wandb is not installed: pip install 'rookworld[wandb]'")
+        need(bool(self.wandb_project.strip()), "--wandb-project must not be empty")
         if self.model is None:  # a fresh model (rookworld sft --init)
             return
         model = Path(self.model).expanduser()
         if is_local_path(self.model):
             need(model.is_dir(), f"--model: no such model directory: {self.model}")
             need((model / "config.json").is_file(), f"--model: {self.model} has no config.json")
+
+    @property
+    def reporters(self) -> tuple[str, ...]:
+        """The names of --report-to, "none" left out."""
+        return tuple(dict.fromkeys(n.strip() for n in self.report_to.split(",") if n.strip() not in ("", "none")))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -149,9 +149,10 @@ class SFTTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """The loss on --eval-data's samples, and greedy evaluation on its positions (or the generated held-out
+        """The loss on --eval-data's samples, and the --eval-suites on its positions (or the generated held-out
         ones)."""
-        from rookworld.evaluate import evaluate, heldout_records
+        from rookworld.evaluate import heldout_records
+        from rookworld.suites import training_metrics
         from rookworld.rewards import RewardScorer
 
         cfg, m = self.cfg, {}
@@ -168,9 +169,8 @@ class SFTTrainer:
 
             self.pool = StockfishPool(path=cfg.stockfish_path, workers=cfg.stockfish_workers,
                                       depth=cfg.stockfish_depth, cache_path=cfg.stockfish_cache)
-        result = evaluate(self.run.policy, self.run.tokenizer, records, RewardScorer(self.pool),
-                          batch_size=cfg.micro_batch_size, max_new_tokens=cfg.max_new_tokens, compile=self.run.compile)
-        m.update({f"eval/{task}/{k}": v for task in ("P", "A") for k, v in result.get(task, {}).items()})
+        m.update(training_metrics(self.run.policy, self.run.tokenizer, cfg, records, RewardScorer(self.pool),
+                                  compile=self.run.compile))
         return m
 
     def train(self) -> dict[str, Any]:

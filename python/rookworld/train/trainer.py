@@ -248,7 +248,8 @@ class Trainer:
     # -- evaluation, samples, checkpoints, the loop -------------------------------------------------------
 
     def evaluate(self) -> dict[str, Any]:
-        from rookworld.evaluate import evaluate, heldout_records
+        from rookworld.evaluate import heldout_records
+        from rookworld.suites import training_metrics
 
         scorer = getattr(self.reward_fn, "scorer", None)
         if scorer is None:
@@ -257,9 +258,8 @@ class Trainer:
         if self._eval_records is None:
             self._eval_records = heldout_records(cfg.eval_size, cfg.seed, cfg.eval_data, cfg.illegal_share,
                                                  warn=lambda text: self.run.log.say(f"warning: --eval-data {text}"))
-        result = evaluate(self.run.policy, self.run.tokenizer, self._eval_records, scorer,
-                          batch_size=cfg.micro_batch_size, max_new_tokens=cfg.max_new_tokens, compile=self.run.compile)
-        return {f"eval/{task}/{k}": v for task in ("P", "A") for k, v in result.get(task, {}).items()}
+        return training_metrics(self.run.policy, self.run.tokenizer, cfg, self._eval_records, scorer,
+                                compile=self.run.compile)
 
     def write_samples(self, k: int = 8) -> None:
         r = self._last_rollout
