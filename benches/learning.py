@@ -163,7 +163,7 @@ def main() -> int:
         result = out / f"eval_{name}.json"
         rookworld("eval", "--model", str(model), "--data", str(held_out), "--out", str(result), "--device",
                   args.device, "--eval-size", str(n_eval), *common, *limit, log=out / f"eval_{name}.log")
-        return json.loads(result.read_text())
+        return json.loads(result.read_text())["suites"]["best-move"]["sections"]  # {"P": ..., "A": ...}
 
     before = evaluate(sft, "sft")
     after, runs = {}, []

@@ -258,13 +258,10 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         "strength). Decoding is greedy unless --protocol rookworld (temperature 0.6, top-k 5, as RookWorld's "
         "scripts); every report names its protocol.",
     )
-    p.add_argument("--model", default="jrahn/RookWorld-LM-124M",
-                   help="hub repo id, model directory, or a training run's directory (its latest checkpoint)")
-    p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
+    _add_model_options(p, seed="seed of the generated positions, of A: moves for positions without one, and of "
+                              "sampled decoding (default 0)")
     p.add_argument("--suite", default="best-move", help="suites to run, comma-separated: best-move (default), "
                    "mate-in-one, selfplay, vs-stockfish")
-    p.add_argument("--protocol", choices=("greedy", "rookworld"), default="greedy",
-                   help="decoding: greedy (default) or rookworld (temperature 0.6, top-k 5, seeded by --seed)")
     p.add_argument("--data", default=None, help="positions file (JSONL from `rookworld positions`, FEN or EPD) for "
                    "best-move and mate-in-one (which keeps its positions that have a mate in one); default: "
                    "generated positions of streams no training run draws from (seed --seed)")
@@ -284,14 +281,10 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                    help="nodes Stockfish searches per move (default 20000)")
     p.add_argument("--micro-batch-size", type=_positive, default=64, help="prompts decoded at once (default 64)")
     p.add_argument("--max-new-tokens", type=_positive, default=144, help="completion length limit (default 144)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--out", default=None, help="also write the results as JSON to this file: every suite's "
                    "figures and, per position or game, what the model wrote and how it scored")
     p.add_argument("--samples", action=_Gone, why="--out holds every completion now")
     p.add_argument("--skip-bad", action="store_true", help="skip bad lines of --data instead of stopping")
-    p.add_argument("--seed", type=_non_negative, default=0,
-                   help="seed of the generated positions, of A: moves for positions without one, and of sampling "
-                   "(default 0)")
     _add_stockfish_options(p)
     _renamed(p, limit="eval_size", batch_size="micro_batch_size")
     p.set_defaults(run=_run_eval)
@@ -404,14 +397,15 @@ def _run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_model_options(p: argparse.ArgumentParser) -> None:
+def _add_model_options(p: argparse.ArgumentParser, seed: str = "seed of sampled decoding (default 0)") -> None:
+    """The model to load and how it decodes: shared by eval, ask and play."""
     p.add_argument("--model", default="jrahn/RookWorld-LM-124M",
                    help="hub repo id, model directory, or a training run's directory (its latest checkpoint)")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--protocol", choices=("greedy", "rookworld"), default="greedy",
                    help="decoding: greedy (default) or rookworld (temperature 0.6, top-k 5, seeded by --seed)")
-    p.add_argument("--seed", type=_non_negative, default=0, help="seed of sampled decoding (default 0)")
+    p.add_argument("--seed", type=_non_negative, default=0, help=seed)
 
 
 def _load_lm(args: argparse.Namespace):
