@@ -57,28 +57,25 @@ fn normalize_fens(py: Python<'_>, fens: &Bound<'_, PyAny>) -> PyResult<Vec<(bool
 #[pyfunction]
 fn legal_moves(py: Python<'_>, fens: &Bound<'_, PyAny>) -> PyResult<Vec<(bool, Vec<String>, String)>> {
     let fens = texts(fens)?;
-    Ok(py
-        .detach(|| batch::legal_moves(&fens))
-        .into_iter()
-        .map(|r| match r {
-            Ok(moves) => (true, moves, String::new()),
-            Err(e) => (false, Vec::new(), e.to_string()),
-        })
-        .collect())
+    Ok(move_lists(py.detach(|| batch::legal_moves(&fens))))
 }
 
 /// Per position `(ok, moves that mate at once, error)`.
 #[pyfunction]
 fn mating_moves(py: Python<'_>, fens: &Bound<'_, PyAny>) -> PyResult<Vec<(bool, Vec<String>, String)>> {
     let fens = texts(fens)?;
-    Ok(py
-        .detach(|| batch::mating_moves(&fens))
+    Ok(move_lists(py.detach(|| batch::mating_moves(&fens))))
+}
+
+/// Per position `(ok, moves, error)`: Python gets the error as text beside the others' results.
+fn move_lists<E: ToString>(results: Vec<Result<Vec<String>, E>>) -> Vec<(bool, Vec<String>, String)> {
+    results
         .into_iter()
         .map(|r| match r {
             Ok(moves) => (true, moves, String::new()),
             Err(e) => (false, Vec::new(), e.to_string()),
         })
-        .collect())
+        .collect()
 }
 
 /// Per item `(ok, UCI of the move that the text (UCI or SAN) names, or why none)`.
