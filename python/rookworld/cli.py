@@ -300,19 +300,6 @@ def resolve_device(name: str):
         raise CliError(str(e)) from None
 
 
-def load_model(name: str, revision: str | None, device):
-    """(the model, its directory) for a hub repo id, a model directory or a run directory."""
-    from rookworld.policy.model import ModelNotAvailableError, from_pretrained, model_directory
-
-    try:
-        from rookworld.train.checkpoint import model_source
-
-        directory = model_directory(model_source(name), revision)
-        return from_pretrained(directory, device=device), directory
-    except (ModelNotAvailableError, FileNotFoundError, NotADirectoryError, ValueError) as e:
-        raise CliError(str(e)) from None
-
-
 def _suite_options(args: argparse.Namespace):
     from rookworld.lm import PROTOCOLS
     from rookworld.suites import SuiteOptions, parse_suites
@@ -339,10 +326,8 @@ def _suite_options(args: argparse.Namespace):
 def _run_eval(args: argparse.Namespace) -> int:
     from rookworld import data
     from rookworld.evaluate import heldout_records
-    from rookworld.lm import RookWorldLM
     from rookworld.progress import Progress
     from rookworld.rewards import RewardScorer
-    from rookworld.policy.tokenizer import TokenizerUnavailableError, get_tokenizer
     from rookworld.stockfish import StockfishNotFoundError, find_stockfish
     from rookworld.suites import format_report, run_suites
     from rookworld.train.checkpoint import model_step
@@ -362,14 +347,8 @@ def _run_eval(args: argparse.Namespace) -> int:
             find_stockfish(args.stockfish_path)  # a missing engine is reported before any model is loaded
         except StockfishNotFoundError as e:
             raise CliError(str(e)) from None
-    device = resolve_device(args.device)
-    model, directory = load_model(args.model, args.revision, device)
-    try:
-        tokenizer = get_tokenizer(directory)
-    except TokenizerUnavailableError as e:
-        raise CliError(str(e)) from None
-    lm = RookWorldLM(model, tokenizer, directory=directory, batch_size=args.micro_batch_size,
-                     max_new_tokens=args.max_new_tokens)
+    lm = _load_lm(args, batch_size=args.micro_batch_size, max_new_tokens=args.max_new_tokens)
+    device, directory = lm.model.device, lm.directory
     source = f"--data {args.data}" if args.data else f"generated held-out positions, seed {args.seed}"
     truth = (f"Stockfish depth {args.stockfish_depth}" if args.stockfish_nodes is None
              else f"Stockfish {args.stockfish_nodes} nodes") if need_stockfish else "the file's analyses"
@@ -408,14 +387,16 @@ def _add_model_options(p: argparse.ArgumentParser, seed: str = "seed of sampled 
     p.add_argument("--seed", type=_non_negative, default=0, help=seed)
 
 
-def _load_lm(args: argparse.Namespace):
+def _load_lm(args: argparse.Namespace, **kwargs):
+    """The model of --model/--revision on --device, with its tokenizer; a model that cannot be had is one line."""
     from rookworld.lm import RookWorldLM
-    from rookworld.policy.tokenizer import TokenizerUnavailableError, get_tokenizer
+    from rookworld.policy.model import ModelNotAvailableError
+    from rookworld.policy.tokenizer import TokenizerUnavailableError
 
-    model, directory = load_model(args.model, args.revision, resolve_device(args.device))
+    device = resolve_device(args.device)
     try:
-        return RookWorldLM(model, get_tokenizer(directory), directory=directory)
-    except TokenizerUnavailableError as e:
+        return RookWorldLM.load(args.model, revision=args.revision, device=device, **kwargs)
+    except (ModelNotAvailableError, FileNotFoundError, NotADirectoryError, ValueError, TokenizerUnavailableError) as e:
         raise CliError(str(e)) from None
 
 

@@ -126,16 +126,16 @@ class RookWorldLM:
 
     @classmethod
     def load(cls, name: str = "jrahn/RookWorld-LM-124M", *, revision: str | None = None,
-             device: str | torch.device | None = None, **kwargs) -> RookWorldLM:
-        """A hub repo id, a model directory, or a training run's directory (its latest model)."""
+             device: str | torch.device = "auto", **kwargs) -> RookWorldLM:
+        """A hub repo id, a model directory, or a training run's directory (its latest model); `device` as
+        --device takes it (auto: CUDA when there is one)."""
         from rookworld.policy.model import from_pretrained, model_directory
         from rookworld.policy.tokenizer import get_tokenizer
         from rookworld.train.checkpoint import model_source
+        from rookworld.train.run import resolve_device
 
         directory = model_directory(model_source(name), revision)
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = from_pretrained(directory, device=device)
+        model = from_pretrained(directory, device=resolve_device(str(device)))
         model.eval()
         return cls(model, get_tokenizer(directory), directory=directory, **kwargs)
 
