@@ -3,7 +3,7 @@
 Compiled decoding (CUDA graphs) allocates each batch's cache at prompt + new tokens rounded up to a multiple of
 `CACHE_LEN_BUCKET` and attends over every slot of it on every step, masked, so that no shape depends on how far
 decoding has got. On average a step needs only the live prefix: prompt + half the new tokens. This times one
-decode step (`rookworld.policy.decoding.decode_step`, eager: one compile per cache length would cost more than
+decode step (`rookworld.net.decoding.decode_step`, eager: one compile per cache length would cost more than
 the whole measurement) against caches of three lengths at the same live context:
 
 - live: prompt + new/2 slots, the average a step must read (the best that attending only the live prefix can do);
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from rookworld.policy.model import GPT, GPTConfig, KVCache
-from rookworld.policy.decoding import CACHE_LEN_BUCKET, decode_step
+from rookworld.net.model import GPT, GPTConfig, KVCache
+from rookworld.net.decoding import CACHE_LEN_BUCKET, decode_step
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -1,8 +1,8 @@
 """Throughput of the policy's two hot paths at the 124M (GPT-2 small) configuration, random weights.
 
-- generation: tokens/s of `rookworld.policy.sampling.generate` with a fixed number of new tokens per row
+- generation: tokens/s of `rookworld.net.sampling.generate` with a fixed number of new tokens per row
   (stop_at_eos=False): 48 for P: (policy) prompts, 96 for A: (environment) prompts;
-- log-prob pass: completion tokens/s of `rookworld.policy.logprobs.token_logprobs` over prompt + completion, without
+- log-prob pass: completion tokens/s of `rookworld.net.logprobs.token_logprobs` over prompt + completion, without
   gradients, and (with --backward) forward + backward as in the GRPO loss: the fused pass that makes the loss's
   gradients in its forward (as the trainer runs it), and beside it the plain pass's checkpointed chunks.
 
@@ -35,10 +35,10 @@ from pathlib import Path
 
 import torch
 
-from rookworld.policy.model import GPT, GPTConfig, autocast_copy
-from rookworld.policy.decoding import release_caches
-from rookworld.policy.logprobs import TokenLogProbs, token_logprobs
-from rookworld.policy.sampling import generate
+from rookworld.net.model import GPT, GPTConfig, autocast_copy
+from rookworld.net.decoding import release_caches
+from rookworld.net.logprobs import TokenLogProbs, token_logprobs
+from rookworld.net.sampling import generate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

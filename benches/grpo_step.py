@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-from rookworld.policy.model import GPT, GPTConfig  # noqa: E402
-from rookworld.policy.sampling import generate  # noqa: E402
-from rookworld.train.config import TrainConfig  # noqa: E402
-from rookworld.train.models import Sampler  # noqa: E402
-from rookworld.train.trainer import Trainer  # noqa: E402
+from rookworld.net.model import GPT, GPTConfig  # noqa: E402
+from rookworld.net.sampling import generate  # noqa: E402
+from rookworld.settings.config import TrainConfig  # noqa: E402
+from rookworld.grpo.models import Sampler  # noqa: E402
+from rookworld.grpo.trainer import Trainer  # noqa: E402
 
 #: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation.
 H100_BF16_TFLOPS = 989.4

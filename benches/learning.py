@@ -62,7 +62,7 @@ def held_out_without(train: Path, held_out: Path) -> None:
 def sft_model(sft: Path, reused: bool) -> dict:
     """What the SFT model really is: with --reuse, the SFT flags of this call did not make it, so the figures name
     its own architecture and the settings it was trained with."""
-    from rookworld.train import checkpoint
+    from rookworld.harness import checkpoint
 
     try:
         training = checkpoint.load_config(checkpoint.resolve_checkpoint(sft))

@@ -1,4 +1,4 @@
-"""Time of one sampling draw (`rookworld.policy.sampling.sample_next`) from fp32 logits [batch, 50,257], eager and
+"""Time of one sampling draw (`rookworld.net.sampling.sample_next`) from fp32 logits [batch, 50,257], eager and
 compiled: between two decode steps the sampler makes its passes over the whole vocabulary for every row, as
 many bytes as the keys and values a step reads at batch 1,024.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rookworld.policy.sampling import sample_next
+from rookworld.net.sampling import sample_next
 
 VOCAB = 50257
 

@@ -35,7 +35,7 @@ def hf_tokenizer(model_dir: Path):
     """transformers' GPT-2 tokenizer from the vocab.json and merges.txt rookworld writes beside a model."""
     from transformers import GPT2TokenizerFast
 
-    from rookworld.policy.tokenizer import get_tokenizer
+    from rookworld.net.tokenizer import get_tokenizer
 
     get_tokenizer().save_pretrained(model_dir)
     tok = GPT2TokenizerFast.from_pretrained(model_dir)
@@ -63,11 +63,11 @@ def main() -> int:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rookworld.chess import generate_positions
-    from rookworld.policy.model import GPT, GPTConfig
-    from rookworld.rewards import RewardScorer
-    from rookworld.stockfish import StockfishPool
-    from rookworld.policy.tokenizer import EOS_ID
+    from rookworld.ground.chess import generate_positions
+    from rookworld.net.model import GPT, GPTConfig
+    from rookworld.ground.rewards import RewardScorer
+    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.net.tokenizer import EOS_ID
 
     cuda = args.device.startswith("cuda")
 

@@ -24,7 +24,7 @@ TINY = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=50257, n_positions=128)
 def tiny_gpt(seed: int = 0, scale: float = 1.0):
     """A random rookworld GPT in eval mode. scale > 1 sharpens its next-token distributions (GPT-2's init gives
     nearly uniform ones), so that sampling and greedy decoding depend visibly on the context."""
-    from rookworld.policy.model import GPT, GPTConfig
+    from rookworld.net.model import GPT, GPTConfig
 
     torch.manual_seed(seed)
     model = GPT(
@@ -62,8 +62,8 @@ def constant_gpt(logits: torch.Tensor):
 def fixed_lengths(trainer, lengths: dict[str, int]):
     """Makes `trainer` write exactly lengths[task] tokens a completion, EOS or not, so that a step's shapes do not
     depend on what random weights write (benches/grpo_step.py does the same)."""
-    from rookworld.policy.sampling import generate
-    from rookworld.train.models import Sampler
+    from rookworld.net.sampling import generate
+    from rookworld.grpo.models import Sampler
 
     class FixedLengths(Sampler):
         def generate(self, model, ids, mask, task, generator, samples_per_prompt):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from rookworld.train.config import SFTConfig
-from rookworld.train.sft import SFTTrainer
+from rookworld.settings.config import SFTConfig
+from rookworld.sft.trainer import SFTTrainer
 
 
 def main() -> int:

@@ -20,11 +20,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import fixed_lengths, tiny_gpt  # noqa: E402
-from rookworld.train.config import TrainConfig  # noqa: E402
-from rookworld.policy.tokenizer import get_tokenizer  # noqa: E402
-from rookworld.rewards import Scores  # noqa: E402
-from rookworld.train.prompts import Prompt  # noqa: E402
-from rookworld.train.trainer import Trainer  # noqa: E402
+from rookworld.settings.config import TrainConfig  # noqa: E402
+from rookworld.net.tokenizer import get_tokenizer  # noqa: E402
+from rookworld.ground.rewards import Scores  # noqa: E402
+from rookworld.grpo.prompts import Prompt  # noqa: E402
+from rookworld.grpo.trainer import Trainer  # noqa: E402
 
 # Rank 0 of 2 gets the P: prompts (3-token completions), rank 1 the A: prompts (9 tokens): the ranks hold very
 # different numbers of tokens, and different rewards.

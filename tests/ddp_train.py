@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from rookworld import cli
-from rookworld.train.trainer import Trainer
+from rookworld.grpo.trainer import Trainer
 
 
 def main() -> int:

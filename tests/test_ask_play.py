@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from rookworld import chess
-from rookworld.lm import RookWorldLM, read_env_answers, read_policy_answers
-from rookworld.play import board_text
-from rookworld.rewards import policy_targets
+from rookworld.ground import chess
+from rookworld.lm.answers import RookWorldLM, read_env_answers, read_policy_answers
+from rookworld.lm.play import board_text
+from rookworld.ground.rewards import policy_targets
 
 FEN = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
 

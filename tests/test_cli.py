@@ -8,9 +8,9 @@ import chess as pychess
 import pytest
 
 import rookworld
-from rookworld import chess
-from rookworld.rewards import RewardScorer
-from rookworld.stockfish import find_stockfish
+from rookworld.ground import chess
+from rookworld.ground.rewards import RewardScorer
+from rookworld.ground.stockfish import find_stockfish
 
 
 def run(*args, check=True):

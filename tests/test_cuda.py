@@ -19,10 +19,10 @@ from torch._dynamo.utils import counters
 
 from conftest import constant_gpt
 from test_trainer import metrics, run_cli
-from rookworld.policy import compiling, logprobs
-from rookworld.policy.logprobs import token_logprobs
-from rookworld.policy.model import GPT, GPTConfig, autocast_copy, refresh_copy
-from rookworld.policy.sampling import generate
+from rookworld.net import compiling, logprobs
+from rookworld.net.logprobs import token_logprobs
+from rookworld.net.model import GPT, GPTConfig, autocast_copy, refresh_copy
+from rookworld.net.sampling import generate
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -267,7 +267,7 @@ def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path
     assert "eval/P/best_move_accuracy" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
     ckpt = out / "checkpoints" / "step-000003"
     transformers = pytest.importorskip("transformers")
-    from rookworld.policy.model import from_pretrained
+    from rookworld.net.model import from_pretrained
 
     ours, hf = from_pretrained(ckpt), transformers.GPT2LMHeadModel.from_pretrained(ckpt).eval()
     ids = torch.randint(0, EOS, (2, 20))
@@ -308,6 +308,6 @@ def test_sft_on_cuda_reports_mfu_and_writes_a_model(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"], "three steps at the default lr must lower the loss on the same data"
-    from rookworld.policy.model import from_pretrained
+    from rookworld.net.model import from_pretrained
 
     assert from_pretrained(out).config.n_layer == 2

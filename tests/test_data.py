@@ -5,8 +5,8 @@ import json
 import chess as pychess
 import pytest
 
-from rookworld import data
-from rookworld.chess import START_FEN
+from rookworld.ground import data
+from rookworld.ground.chess import START_FEN
 
 
 def write(tmp_path, text, name="positions.txt"):

@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from rookworld import chess
-from rookworld.data import Record
-from rookworld.evaluate import eval_items, summarize
-from rookworld.rewards import RewardScorer, policy_targets
-from rookworld.suites import SuiteResult, format_report
+from rookworld.ground import chess
+from rookworld.ground.data import Record
+from rookworld.lm.bestmove import eval_items, summarize
+from rookworld.ground.rewards import RewardScorer, policy_targets
+from rookworld.lm.suites import SuiteResult, format_report
 
 FEN = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
 TRUTH = (["f1b5", "d2d4", "f1c4", "b1c3", "c2c3"], [0.45, 0.38, 0.3, 0.21, 0.12])

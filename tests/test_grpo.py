@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.policy.logprobs import full_kl
-from rookworld.train.grpo import (clipped_surrogate, constant_mean, ema, gae, group_advantages, group_has_spread,
+from rookworld.net.logprobs import full_kl
+from rookworld.grpo.formulas import (clipped_surrogate, constant_mean, ema, gae, group_advantages, group_has_spread,
                                   group_std, kl_k1, kl_k2, kl_k3, penalty_to_go, sequence_mean, token_mean, value_loss)
 
 
@@ -326,8 +326,8 @@ def test_clipped_value_loss_values_and_gradients():
 
 
 def test_explained_variance_of_the_critic_by_hand():
-    from rookworld.train.distributed import Comm, DistInfo
-    from rookworld.train.metrics import value_metrics
+    from rookworld.harness.distributed import Comm, DistInfo
+    from rookworld.grpo.metrics import value_metrics
 
     comm = Comm(DistInfo(), torch.device("cpu"))
     returns = torch.tensor([[1.0, 2.0, 7.0], [3.0, 4.0, -5.0]])
@@ -346,9 +346,9 @@ def test_explained_variance_of_the_critic_by_hand():
 def test_gae_advantages_take_the_k1_penalty_as_a_per_token_reward():
     """--advantage gae --kl-estimator k1: the reward at the last token, minus beta x k1 at every token, through
     GAE (PPO-RLHF), worked out by hand."""
-    from rookworld.train.config import TrainConfig
-    from rookworld.train.distributed import Comm, DistInfo
-    from rookworld.train.objective import Objective
+    from rookworld.settings.config import TrainConfig
+    from rookworld.harness.distributed import Comm, DistInfo
+    from rookworld.grpo.objective import Objective
 
     gamma, lam, beta = 0.9, 0.5, 0.1
     cfg = TrainConfig(advantage="gae", kl_estimator="k1", gamma=gamma, gae_lambda=lam, std_scaling="none",

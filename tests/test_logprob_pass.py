@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from conftest import tiny_gpt
-from rookworld.policy import compiling, logprobs
-from rookworld.policy.logprobs import token_logprobs
-from rookworld.policy.model import head_logits
-from rookworld.policy.sampling import generate
-from rookworld.policy.tokenizer import get_tokenizer
-from rookworld.policy.value import ValueHead
+from rookworld.net import compiling, logprobs
+from rookworld.net.logprobs import token_logprobs
+from rookworld.net.model import head_logits
+from rookworld.net.sampling import generate
+from rookworld.net.tokenizer import get_tokenizer
+from rookworld.net.value import ValueHead
 
 # Real prompts of both tasks, of different lengths (left-padded together).
 PROMPTS = [

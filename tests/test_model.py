@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import tiny_gpt
-from rookworld.policy.model import (
+from rookworld.net.model import (
     GPT,
     GPTConfig,
     ModelNotAvailableError,
@@ -159,7 +159,7 @@ def test_hub_offline_with_empty_cache_raises_clear_error(tmp_path):
     # A fresh interpreter, because huggingface_hub reads HF_HUB_OFFLINE and its cache location at import.
     code = textwrap.dedent(
         """
-        from rookworld.policy.model import from_pretrained, ModelNotAvailableError
+        from rookworld.net.model import from_pretrained, ModelNotAvailableError
         try:
             from_pretrained("jrahn/RookWorld-LM-124M")
         except ModelNotAvailableError as e:
@@ -204,7 +204,7 @@ def test_hub_repo_id_loads_from_cache_offline(tmp_path, hf_tiny, monkeypatch):
 
 
 def test_local_path_that_is_not_a_checkpoint_is_not_sent_to_the_hub(tmp_path, monkeypatch):
-    from rookworld.policy import model as model_module
+    from rookworld.net import model as model_module
 
     def hub(*args):
         raise AssertionError(f"sent to the hub: {args}")
@@ -224,7 +224,7 @@ def test_local_path_that_is_not_a_checkpoint_is_not_sent_to_the_hub(tmp_path, mo
 
 
 def test_which_names_are_repo_ids(tmp_path, monkeypatch):
-    from rookworld.policy.hub import is_local_path, is_repo_id
+    from rookworld.settings.hub import is_local_path, is_repo_id
 
     monkeypatch.chdir(tmp_path)
     for name in ("jrahn/RookWorld-LM-124M", "gpt2/x", "someone/tiny-gpt2", "a_b/c.d"):

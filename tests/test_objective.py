@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.train.config import ConfigError, TrainConfig
-from rookworld.policy.tokenizer import get_tokenizer
-from rookworld.train.prompts import Prompt
-from rookworld.rewards import Scores
-from rookworld.train.trainer import Trainer
+from rookworld.settings.config import ConfigError, TrainConfig
+from rookworld.net.tokenizer import get_tokenizer
+from rookworld.grpo.prompts import Prompt
+from rookworld.ground.rewards import Scores
+from rookworld.grpo.trainer import Trainer
 
 from conftest import constant_gpt, tiny_gpt
 from test_trainer import FixedPrompts, Lines, metrics, run_cli, train_args
@@ -108,7 +108,7 @@ def test_settings_that_cannot_work_are_one_clear_error(settings, message):
 
 
 def test_auto_std_scaling_follows_the_baseline():
-    from rookworld.train.objective import std_scaling
+    from rookworld.grpo.objective import std_scaling
 
     assert std_scaling(TrainConfig()) == "group"
     assert std_scaling(TrainConfig(baseline="ema").validate()) == "batch"
@@ -181,7 +181,7 @@ def test_the_ratio_is_to_the_same_pass_unless_the_policy_moves_within_a_step():
     """With --mu 1 and one minibatch the policy does not move between the rollout and the update, so the ratio's
     denominator is the update's own pass, detached: another pass's rounding (a GPU's; exaggerated here) must not
     read as a ratio away from 1. With --mu 2 it is the rollout's pass."""
-    from rookworld.train.objective import Objective
+    from rookworld.grpo.objective import Objective
 
     lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     rollout_pass = lp.detach() + torch.tensor([[0.3, -0.4, 0.25]])
@@ -309,8 +309,8 @@ def test_options_survive_resume_exactly_and_checkpoints_stay_plain_gpt2(tiny_dir
     assert run_cli(train_args(tiny_dir, broken, "--steps", "2", *common)).returncode == 0
     second = run_cli(["train", "--resume", str(broken), "--steps", "4"])
     assert second.returncode == 0, second.stderr
-    from rookworld.train.checkpoint import resolve_checkpoint
-    from rookworld.policy.model import from_pretrained
+    from rookworld.harness.checkpoint import resolve_checkpoint
+    from rookworld.net.model import from_pretrained
 
     a, b = resolve_checkpoint(straight), resolve_checkpoint(broken)
     wa, wb = from_pretrained(a).state_dict(), from_pretrained(b).state_dict()

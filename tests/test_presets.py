@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from rookworld import presets
-from rookworld.train.config import ConfigError, SFTConfig, TrainConfig, from_args
+from rookworld.settings import presets
+from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig, from_args
 
 from test_trainer import run_cli
 
@@ -18,7 +18,7 @@ SIZES = {"cpu-demo": 8.9e6, "learning": 8.9e6, "rookworld-lm-124m": 124.4e6}
 
 
 def test_the_presets_are_installed_with_the_package():
-    shipped = {p.name for p in importlib.resources.files("rookworld.presets").iterdir() if p.name.endswith(".toml")}
+    shipped = {p.name for p in importlib.resources.files("rookworld.settings.presets").iterdir() if p.name.endswith(".toml")}
     assert shipped == {f"{name}.toml" for name in SIZES} and presets.names() == sorted(SIZES)
 
 

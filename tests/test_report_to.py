@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rookworld.train.config import ConfigError, SFTConfig, TrainConfig
+from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig
 from test_sft import A_LINE, FIRST, P_LINE, sft_args, text_file
 from test_trainer import metrics, run_cli, train_args
 

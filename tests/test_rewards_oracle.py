@@ -29,8 +29,8 @@ import chess
 import numpy as np
 import pytest
 
-from rookworld.chess import START_FEN, env_prompt, env_targets, generate_positions
-from rookworld.rewards import RewardScorer, Scores, policy_targets
+from rookworld.ground.chess import START_FEN, env_prompt, env_targets, generate_positions
+from rookworld.ground.rewards import RewardScorer, Scores, policy_targets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reward_oracle as oracle  # noqa: E402
@@ -395,7 +395,7 @@ SAMPLE_FEN = "2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34"
 
 @pytest.fixture(scope="module")
 def pool():
-    stockfish = pytest.importorskip("rookworld.stockfish")
+    stockfish = pytest.importorskip("rookworld.ground.stockfish")
     try:
         stockfish.find_stockfish()
     except stockfish.StockfishNotFoundError:
@@ -405,7 +405,7 @@ def pool():
 
 
 def test_scorer_end_to_end_with_stockfish(pool):
-    from rookworld.data import Record, annotated
+    from rookworld.ground.data import Record, annotated
 
     positions = generate_positions(10, 77)
     records = [Record(fen=p.fen, history=p.history, move=p.move) for p in positions]

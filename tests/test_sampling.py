@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from conftest import constant_gpt, tiny_gpt
-from rookworld.policy import compiling, decoding, logprobs, sampling
-from rookworld.policy.logprobs import token_logprobs
-from rookworld.policy.model import autocast_copy, head_logits
-from rookworld.policy.sampling import generate, sample_next
+from rookworld.net import compiling, decoding, logprobs, sampling
+from rookworld.net.logprobs import token_logprobs
+from rookworld.net.model import autocast_copy, head_logits
+from rookworld.net.sampling import generate, sample_next
 
 EOS = 50256
 V = 50257
@@ -373,7 +373,7 @@ def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(kl_weights):
     """`--kl-estimator full`: the KL over the whole vocabulary, made chunk by chunk beside the policy's
     log-probs, equals a direct computation from both models' full logits, in value and gradient; the value
     head reads the hidden state that predicts each token."""
-    from rookworld.policy.value import ValueHead
+    from rookworld.net.value import ValueHead
 
     ids, mask = _prompts(B=3, T=16, seed=2)
     start, temperature = 9, 0.8

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.data import DataError
-from rookworld.policy.tokenizer import EOS_ID, get_tokenizer
-from rookworld.train.samples import Rows, eval_rows, positions, read_samples, tokenize
+from rookworld.ground.data import DataError
+from rookworld.net.tokenizer import EOS_ID, get_tokenizer
+from rookworld.sft.samples import Rows, eval_rows, positions, read_samples, tokenize
 
 from test_trainer import metrics, run_cli
 
@@ -116,7 +116,7 @@ def test_documents_and_the_target_loss_mask(tmp_path):
 def test_rows_are_a_pure_function_of_seed_and_index_and_each_pass_covers_every_token():
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 40, 30)
-    from rookworld.train.samples import Documents
+    from rookworld.sft.samples import Documents
 
     docs = Documents([rng.integers(0, 50000, n) for n in lengths], [rng.random(n) < 0.7 for n in lengths])
     rows = Rows(docs, seq_len=16, pack=True, seed=3)
@@ -145,9 +145,9 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
     """Micro-batches, packing or right-padded rows of a document each, and the loss mask together: the step's loss
     and gradient equal the mean NLL of the counted tokens of its rows, computed from the full logits in float64
     with the pads masked out."""
-    from rookworld.train.config import SFTConfig
-    from rookworld.train.samples import collate
-    from rookworld.train.sft import SFTTrainer
+    from rookworld.settings.config import SFTConfig
+    from rookworld.sft.samples import collate
+    from rookworld.sft.trainer import SFTTrainer
 
     data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE, FIRST, P_LINE.replace("h7f6", "h7g5"))
     cfg = SFTConfig(init="tiny", n_embd=32, n_head=2, data=[str(data)], output_dir=str(tmp_path / "out"), steps=1,
@@ -174,8 +174,8 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
 def test_step_flops_counts_the_lm_head_only_on_the_scored_tokens():
     """nanoGPT's 6N + 12·L·d·T per token, with the GPT-2 parameter count worked out from the config by hand, and
     the tied lm_head (V·d) charged only for the tokens that go through it."""
-    from rookworld.policy.model import GPT, GPTConfig
-    from rookworld.train.sft import step_flops
+    from rookworld.net.model import GPT, GPTConfig
+    from rookworld.sft.trainer import step_flops
 
     L, d, V, ctx = 3, 16, 50257, 40
     model = GPT(GPTConfig(n_layer=L, n_head=2, n_embd=d, block_size=64))
@@ -216,7 +216,7 @@ def test_sft_end_to_end_gives_a_model_that_train_and_transformers_load(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3] and all(r["loss"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     assert rows[-1]["eval/loss"] > 0 and "eval/P/format_valid" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
     transformers = pytest.importorskip("transformers")
-    from rookworld.policy.model import from_pretrained
+    from rookworld.net.model import from_pretrained
 
     hf = transformers.GPT2LMHeadModel.from_pretrained(out)
     ours = from_pretrained(out)
@@ -289,7 +289,7 @@ def test_sft_under_torchrun_gives_the_gradient_of_one_process(tmp_path):
 # -- rookworld plot -------------------------------------------------------------------------------------------------
 
 def test_overlaid_runs_are_named_by_the_shortest_path_tail_that_tells_them_apart(tmp_path, monkeypatch):
-    from rookworld.plot import run_names
+    from rookworld.harness.plot import run_names
 
     monkeypatch.chdir(tmp_path)
     assert run_names(["runs/L7/grpo_seed0", "runs/L8/grpo_seed0", "other/sft"]) == \
@@ -318,7 +318,7 @@ def test_plot_draws_several_runs_and_says_what_is_missing(tmp_path):
 
 def test_plot_tells_runs_and_tasks_apart_and_keeps_losses_apart(tmp_path):
     pytest.importorskip("matplotlib")
-    from rookworld.plot import figure
+    from rookworld.harness.plot import figure
 
     sft, grpo = tmp_path / "sft", tmp_path / "grpo"
     for run, rows in ((sft, [{"step": s, "loss": 10.0 - s, "eval/P/format_valid": 0.1 * s,

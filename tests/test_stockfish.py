@@ -10,8 +10,8 @@ from concurrent.futures import wait
 
 import pytest
 
-from rookworld import chess as rchess
-from rookworld.stockfish import (
+from rookworld.ground import chess as rchess
+from rookworld.ground.stockfish import (
     Analysis,
     Candidate,
     StockfishError,
@@ -19,9 +19,9 @@ from rookworld.stockfish import (
     StockfishPool,
     find_stockfish,
 )
-from rookworld.stockfish.cache import DiskCache, MemoryCache
-from rookworld.stockfish import engine as stockfish_engine
-from rookworld.stockfish.engine import Engine, EngineFailure, parse_info
+from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
+from rookworld.ground.stockfish import engine as stockfish_engine
+from rookworld.ground.stockfish.engine import Engine, EngineFailure, parse_info
 
 try:
     STOCKFISH = find_stockfish()

@@ -10,13 +10,13 @@ import sys
 import chess as pychess
 import pytest
 
-from rookworld import chess
-from rookworld.games import BLACK, WHITE, Choice, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
-from rookworld.lm import GREEDY, ROOKWORLD, read_policy_answers
-from rookworld.rewards import policy_targets
-from rookworld.suites import (SuiteResult, format_report, mate_in_one, mate_positions, parse_suites, selfplay,
+from rookworld.ground import chess
+from rookworld.lm.games import BLACK, WHITE, Choice, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
+from rookworld.lm.answers import GREEDY, ROOKWORLD, read_policy_answers
+from rookworld.ground.rewards import policy_targets
+from rookworld.lm.suites import (SuiteResult, format_report, mate_in_one, mate_positions, parse_suites, selfplay,
                               vs_stockfish)
-from rookworld.stockfish import find_stockfish
+from rookworld.ground.stockfish import find_stockfish
 
 try:
     find_stockfish()
@@ -90,7 +90,7 @@ def _mates(board: pychess.Board, move: pychess.Move) -> bool:
 
 @needs_stockfish
 def test_mate_in_one_beside_stockfish_first_move():
-    from rookworld.stockfish import StockfishPool
+    from rookworld.ground.stockfish import StockfishPool
 
     positions = mate_positions(6, seed=1)
     with StockfishPool(depth=4, workers=1) as pool:

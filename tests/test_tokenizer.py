@@ -7,8 +7,8 @@ import tiktoken
 import tiktoken.load
 import torch
 
-from rookworld.policy import tokenizer as tok_module
-from rookworld.policy.tokenizer import (
+from rookworld.net import tokenizer as tok_module
+from rookworld.net.tokenizer import (
     ENV_VAR,
     EOS_ID,
     Tokenizer,
@@ -122,10 +122,10 @@ def test_the_shipped_copy_is_installed_with_the_package_and_checked():
     import hashlib
     import importlib.resources
 
-    shipped = importlib.resources.files("rookworld.policy") / "gpt2.tiktoken"
+    shipped = importlib.resources.files("rookworld.net") / "gpt2.tiktoken"
     assert shipped.is_file(), "gpt2.tiktoken is missing from the installed package"
     assert hashlib.sha256(shipped.read_bytes()).hexdigest() == tok_module.SHIPPED_SHA256
-    assert (importlib.resources.files("rookworld.policy") / "gpt2.tiktoken.LICENSE").is_file()
+    assert (importlib.resources.files("rookworld.net") / "gpt2.tiktoken.LICENSE").is_file()
 
 
 def test_a_damaged_shipped_copy_is_a_clear_error(monkeypatch, tmp_path):

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.train.config import TrainConfig
-from rookworld.train.prompts import Prompt
-from rookworld.rewards import Scores
-from rookworld.train.trainer import Trainer
-from rookworld.policy.tokenizer import get_tokenizer
+from rookworld.settings.config import TrainConfig
+from rookworld.grpo.prompts import Prompt
+from rookworld.ground.rewards import Scores
+from rookworld.grpo.trainer import Trainer
+from rookworld.net.tokenizer import get_tokenizer
 
 from conftest import fixed_lengths, tiny_gpt
 
@@ -93,7 +93,7 @@ def test_grpo_raises_a_simple_verifiable_reward(tmp_path):
 
 
 def test_the_learning_test_fails_when_the_advantage_sign_is_flipped(tmp_path, monkeypatch):
-    from rookworld.train import grpo
+    from rookworld.grpo import formulas as grpo
 
     original = grpo.group_advantages
     monkeypatch.setattr(grpo, "group_advantages", lambda *a, **k: -original(*a, **k))
@@ -138,7 +138,7 @@ def test_train_end_to_end_three_steps(tiny_dir, tmp_path):
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-000003"
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt)
-    from rookworld.policy.model import from_pretrained
+    from rookworld.net.model import from_pretrained
 
     ours = from_pretrained(ckpt)
     ids = torch.tensor([get_tokenizer().encode("P: 8/8/8/8/8/8/8/K6k w - - 0 1", bos=True)])
@@ -150,8 +150,8 @@ def test_train_end_to_end_three_steps(tiny_dir, tmp_path):
 
 
 def final_weights(out):
-    from rookworld.train.checkpoint import resolve_checkpoint
-    from rookworld.policy.model import from_pretrained
+    from rookworld.harness.checkpoint import resolve_checkpoint
+    from rookworld.net.model import from_pretrained
 
     return from_pretrained(resolve_checkpoint(out)).state_dict()
 
@@ -168,7 +168,7 @@ def test_resume_gives_the_same_weights_as_an_unbroken_run(tiny_dir, tmp_path):
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stderr
     a, b = final_weights(straight), final_weights(broken)
-    from rookworld.policy.model import from_pretrained
+    from rookworld.net.model import from_pretrained
 
     start = from_pretrained(tiny_dir).state_dict()
     assert any(not torch.equal(a[k], start[k]) for k in a), "training must have changed the weights"
@@ -240,7 +240,7 @@ def test_missing_model_and_corrupt_data_are_clear_errors(tiny_dir, tmp_path):
 
 
 def test_config_file_and_flags(tiny_dir, tmp_path):
-    from rookworld.train.config import ConfigError, TrainConfig
+    from rookworld.settings.config import ConfigError, TrainConfig
 
     toml = tmp_path / "run.toml"
     toml.write_text('steps = 7\nlr = 1e-5\n[ignored]\n')
@@ -263,8 +263,8 @@ def test_config_file_and_flags(tiny_dir, tmp_path):
 
 
 def test_auto_batch_keeps_the_largest_batch_under_the_target_and_a_trial_step_restores_the_model(tmp_path):
-    from rookworld.train.prompts import PromptSource
-    from rookworld.train.trainer import largest_batch
+    from rookworld.grpo.prompts import PromptSource
+    from rookworld.grpo.trainer import largest_batch
 
     # Peak memory modelled as proportional to the batch: 2 -> 5%, 4 -> 10%, ..., 32 -> 80%, 64 -> 160%.
     tried = []
@@ -297,7 +297,7 @@ def test_auto_batch_keeps_the_largest_batch_under_the_target_and_a_trial_step_re
 
 
 def test_auto_batch_needs_cuda(tmp_path):
-    from rookworld.train.config import ConfigError
+    from rookworld.settings.config import ConfigError
 
     cfg = TrainConfig(auto_batch=True, device="cpu", output_dir=str(tmp_path)).validate()
     with pytest.raises(ConfigError, match="needs a CUDA device"):
@@ -327,9 +327,9 @@ def test_ctrl_c_finishes_the_step_saves_and_exits(tiny_dir, tmp_path):
 
 
 def test_prompts_from_a_file_are_deterministic_and_cover_every_record(tmp_path):
-    from rookworld.chess import generate_positions
-    from rookworld.data import Record, assign_moves
-    from rookworld.train.prompts import PromptSource
+    from rookworld.ground.chess import generate_positions
+    from rookworld.ground.data import Record, assign_moves
+    from rookworld.grpo.prompts import PromptSource
 
     records = assign_moves([Record(fen=p.fen) for p in generate_positions(10, 5)], seed=0)
     cfg = TrainConfig(prompts_per_step=4, task_mix=0.5, output_dir=str(tmp_path)).validate()
@@ -364,9 +364,9 @@ def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):
 
 
 def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fake_engine, tmp_path):
-    from rookworld.rewards import RewardScorer
-    from rookworld.stockfish import StockfishPool
-    from rookworld.train.rollout import ChessReward
+    from rookworld.ground.rewards import RewardScorer
+    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.grpo.rollout import ChessReward
 
     crashing = "6k1/5ppp/8/8/8/8/5PPP/6K1 w - - 0 1"  # the scripted engine dies on this one, every time
     fine = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
@@ -408,7 +408,7 @@ class ByteSum:
 
 
 def test_micro_batches_cover_every_row_once_and_cut_only_padding():
-    from rookworld.train.models import micro_batches
+    from rookworld.grpo.models import micro_batches
 
     rng = np.random.default_rng(0)
     n, P = 203, 110
@@ -433,7 +433,7 @@ def test_micro_batches_cover_every_row_once_and_cut_only_padding():
 def _cut_step(tmp_path, micro_batch_size, reference):
     """One step over real P:/A: prompts of different widths and completions of different lengths; the
     learning rate is negligible (1e-30) so that the second minibatch's gradients do not depend on the first's update."""
-    from rookworld.train.prompts import PromptSource
+    from rookworld.grpo.prompts import PromptSource
 
     cfg = TrainConfig(steps=1, prompts_per_step=6, group_size=3, max_new_tokens=9, lr=1e-30, beta=0.1, mu=1,
                       minibatches=2, micro_batch_size=micro_batch_size, warmup_steps=0, eval_every=0,
@@ -464,8 +464,8 @@ def test_cut_micro_batches_give_the_same_losses_and_gradients_as_one_padded_bloc
 def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
     """Groups of 3 completions of 6 prompts of both tasks (different widths), cut into micro-batches of whole
     groups, each prompt computed once: the log-probs of one padded pass over every row."""
-    from rookworld.policy.logprobs import token_logprobs
-    from rookworld.train.models import micro_batches
+    from rookworld.net.logprobs import token_logprobs
+    from rookworld.grpo.models import micro_batches
 
     _, _, t = _cut_step(tmp_path, 4, tiny_gpt(seed=3))
     assert t.models.prompt_group == 3
@@ -489,7 +489,7 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
 
 @pytest.mark.parametrize("mix", [0.8, 0.75, 0.5, 0.33, 0.0, 1.0])
 def test_a_prompts_come_at_an_exact_rate(mix):
-    from rookworld.train.prompts import is_env_task
+    from rookworld.grpo.prompts import is_env_task
 
     flags = np.array([is_env_task(i, mix) for i in range(5000)])
     assert abs(flags.mean() - (1 - mix)) < 1e-3
@@ -500,7 +500,7 @@ def test_a_prompts_come_at_an_exact_rate(mix):
 
 def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
     """P: rows are not padded to A: prompts' width nor decoded for A:'s length; rows come back where they were."""
-    from rookworld.train.prompts import PromptSource
+    from rookworld.grpo.prompts import PromptSource
 
     cfg = TrainConfig(steps=1, prompts_per_step=5, group_size=2, max_new_tokens=9, task_mix=0.6, beta=0.0,
                       warmup_steps=0, eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path),
@@ -539,9 +539,9 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
 def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_copies(tmp_path):
     """`--dtype bf16`: sampling reads a bf16 copy of the policy, refreshed after each update, and the reference pass
     a bf16 copy of the reference; both give exactly what the fp32 models give under autocast."""
-    from rookworld.policy.sampling import generate
-    from rookworld.train.models import micro_batches
-    from rookworld.train.prompts import PromptSource
+    from rookworld.net.sampling import generate
+    from rookworld.grpo.models import micro_batches
+    from rookworld.grpo.prompts import PromptSource
 
     cfg = TrainConfig(steps=2, prompts_per_step=4, group_size=2, max_new_tokens=8, lr=1e-2, beta=0.1, dtype="bf16",
                       warmup_steps=0, eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path),

@@ -102,7 +102,7 @@ def test_train_ends_with_a_summary_and_keeps_its_model_at_the_top(tiny_dir, tmp_
     assert tail[1].startswith("held-out at step 2 | P: format ") and "| A: format " in tail[1], tail
     assert tail[2:] == [f"model: {out} (step 2; its checkpoints in {out / 'checkpoints'})",
                         f"evaluate it: rookworld eval --model {out}", f"curves: rookworld plot {out}"]
-    from rookworld.policy.model import from_pretrained
+    from rookworld.net.model import from_pretrained
 
     top, saved = from_pretrained(out), from_pretrained(out / "checkpoints" / "step-000002")
     assert all(torch.equal(a, b) for a, b in zip(top.state_dict().values(), saved.state_dict().values()))
@@ -126,7 +126,7 @@ def test_the_rate_and_eta_start_after_set_up(tmp_path):
     import io
     import time
 
-    from rookworld.train.runlog import RunLog
+    from rookworld.harness.runlog import RunLog
 
     log = RunLog(tmp_path, total_steps=3, stream=io.StringIO())
     log.start()
@@ -146,7 +146,7 @@ def test_a_run_starts_with_a_header_and_shows_its_evaluations(tiny_dir, tmp_path
     assert proc.returncode == 0, proc.stderr
     shown = lines_of(proc.stderr)
     assert shown[0].startswith(f"rookworld train: 2 steps into {out} on cpu (fp32")
-    from rookworld.policy.model import from_pretrained
+    from rookworld.net.model import from_pretrained
 
     n_params = sum(p.numel() for p in from_pretrained(tiny_dir).parameters())
     assert shown[1] == f"model: {tiny_dir} ({n_params / 1e6:.1f}M parameters)"
@@ -217,7 +217,7 @@ def test_files_and_directories_written_respect_the_umask(tiny_dir, tmp_path, uma
 def test_tensorboard_missing_is_said_once(tmp_path):
     """With tensorboard not importable the run says so once, and metrics.jsonl still has everything."""
     code = ("import sys; sys.modules['torch.utils.tensorboard'] = None\n"
-            "from rookworld.train.runlog import RunLog\n"
+            "from rookworld.harness.runlog import RunLog\n"
             f"log = RunLog({str(tmp_path)!r}, 2)\nlog.start(0)\nlog.step({{'step': 1, 'x': 1.0}}, log_line=False)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -237,7 +237,7 @@ def test_help_says_each_default_once():
 
 
 def test_group_size_says_the_real_minimum():
-    from rookworld.train.config import ConfigError, TrainConfig
+    from rookworld.settings.config import ConfigError, TrainConfig
 
     for size in (0, 1):
         with pytest.raises(ConfigError, match="--group-size must be >= 2"):
@@ -301,7 +301,7 @@ def test_a_checkpoint_carries_its_vocabulary_and_loads_offline(tiny_dir, tmp_pat
     assert (ckpt / "vocab.json").is_file() and (ckpt / "merges.txt").is_file()
     # transformers reads the same vocabulary from them (an independent implementation of GPT-2's BPE).
     transformers = pytest.importorskip("transformers")
-    from rookworld.policy.tokenizer import get_tokenizer
+    from rookworld.net.tokenizer import get_tokenizer
 
     hf = transformers.AutoTokenizer.from_pretrained(ckpt)
     ours = get_tokenizer()
@@ -324,7 +324,7 @@ def test_a_checkpoint_carries_its_vocabulary_and_loads_offline(tiny_dir, tmp_pat
 
 
 def test_vocabulary_files_that_are_not_gpt2s_are_refused(tmp_path):
-    from rookworld.policy.tokenizer import TokenizerUnavailableError, get_tokenizer, read_hf_vocabulary
+    from rookworld.net.tokenizer import TokenizerUnavailableError, get_tokenizer, read_hf_vocabulary
 
     get_tokenizer().save_pretrained(tmp_path)
     merges = (tmp_path / "merges.txt").read_text().splitlines()

@@ -131,7 +131,7 @@ def _add_stockfish_options(p: argparse.ArgumentParser) -> None:
 
 def stockfish_pool(args: argparse.Namespace):
     """A StockfishPool from the CLI options, with a one-line error when Stockfish is missing."""
-    from rookworld.stockfish import StockfishError, StockfishNotFoundError, StockfishPool
+    from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, StockfishPool
 
     try:
         return StockfishPool(path=args.stockfish_path, workers=args.stockfish_workers, depth=args.stockfish_depth,
@@ -152,8 +152,8 @@ def _check_out_dir(out: str | None) -> None:
 
 
 def _run_positions(args: argparse.Namespace) -> int:
-    from rookworld.chess import generate_positions
-    from rookworld.progress import Progress
+    from rookworld.ground.chess import generate_positions
+    from rookworld.ground.progress import Progress
 
     if args.opening_share + args.endgame_share > 1.0:
         raise CliError("--opening-share + --endgame-share must not exceed 1")
@@ -169,7 +169,7 @@ def _run_positions(args: argparse.Namespace) -> int:
             yield generate_positions(n, args.seed, start=start, opening_share=args.opening_share,
                                      endgame_share=args.endgame_share, illegal_share=args.illegal_share)
 
-    from rookworld import data
+    from rookworld.ground import data
 
     with Progress(args.count, "positions", "pos", enabled=not args.quiet) as bar:
         def lines():
@@ -188,11 +188,11 @@ def _run_positions(args: argparse.Namespace) -> int:
 
 
 def _run_annotate(args: argparse.Namespace) -> int:
-    from concurrent.futures import wait, FIRST_COMPLETED
+    from concurrent.futures import FIRST_COMPLETED, wait
 
-    from rookworld import data
-    from rookworld.chess import generate_positions
-    from rookworld.progress import Progress
+    from rookworld.ground import data
+    from rookworld.ground.chess import generate_positions
+    from rookworld.ground.progress import Progress
 
     if args.source:
         records = read_positions(args.source, args.skip_bad)[: args.count]
@@ -230,7 +230,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
 
 def read_positions(path: str, skip_bad: bool):
     """A positions file's records that have a legal move; bad lines and finished games are said on stderr."""
-    from rookworld import data
+    from rookworld.ground import data
 
     try:
         records, skipped = data.read_records(path, skip_bad=skip_bad)
@@ -291,8 +291,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def resolve_device(name: str):
-    from rookworld.train.config import ConfigError
-    from rookworld.train.run import resolve_device
+    from rookworld.net.device import resolve_device
+    from rookworld.settings.config import ConfigError
 
     try:
         return resolve_device(name)
@@ -301,8 +301,8 @@ def resolve_device(name: str):
 
 
 def _suite_options(args: argparse.Namespace):
-    from rookworld.lm import PROTOCOLS
-    from rookworld.suites import SuiteOptions, parse_suites
+    from rookworld.lm.answers import PROTOCOLS
+    from rookworld.lm.suites import SuiteOptions, parse_suites
 
     try:
         names = parse_suites(args.suite)
@@ -324,13 +324,13 @@ def _suite_options(args: argparse.Namespace):
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from rookworld import data
-    from rookworld.evaluate import heldout_records
-    from rookworld.progress import Progress
-    from rookworld.rewards import RewardScorer
-    from rookworld.stockfish import StockfishNotFoundError, find_stockfish
-    from rookworld.suites import format_report, run_suites
-    from rookworld.train.checkpoint import model_step
+    from rookworld.ground import data
+    from rookworld.ground.progress import Progress
+    from rookworld.ground.rewards import RewardScorer
+    from rookworld.ground.stockfish import StockfishNotFoundError, find_stockfish
+    from rookworld.harness.checkpoint import model_step
+    from rookworld.lm.bestmove import heldout_records
+    from rookworld.lm.suites import format_report, run_suites
 
     _check_out_dir(args.out)
     names, opts = _suite_options(args)
@@ -389,9 +389,9 @@ def _add_model_options(p: argparse.ArgumentParser, seed: str = "seed of sampled 
 
 def _load_lm(args: argparse.Namespace, **kwargs):
     """The model of --model/--revision on --device, with its tokenizer; a model that cannot be had is one line."""
-    from rookworld.lm import RookWorldLM
-    from rookworld.policy.model import ModelNotAvailableError
-    from rookworld.policy.tokenizer import TokenizerUnavailableError
+    from rookworld.lm.answers import RookWorldLM
+    from rookworld.net.model import ModelNotAvailableError
+    from rookworld.net.tokenizer import TokenizerUnavailableError
 
     device = resolve_device(args.device)
     try:
@@ -416,10 +416,10 @@ def _add_ask(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_ask(args: argparse.Namespace) -> int:
-    from rookworld import chess
-    from rookworld.ask import ask_env, ask_policy, format_env, format_policy
-    from rookworld.lm import PROTOCOLS
-    from rookworld.stockfish import StockfishNotFoundError, find_stockfish
+    from rookworld.ground import chess
+    from rookworld.ground.stockfish import StockfishNotFoundError, find_stockfish
+    from rookworld.lm.answers import PROTOCOLS
+    from rookworld.lm.ask import ask_env, ask_policy, format_env, format_policy
 
     try:
         fen = chess.normalize_fen(args.fen)
@@ -468,10 +468,10 @@ def _add_play(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_play(args: argparse.Namespace) -> int:
-    from rookworld import chess
-    from rookworld.games import BLACK, WHITE, ModelPlayer
-    from rookworld.lm import PROTOCOLS
-    from rookworld.play import play_game
+    from rookworld.ground import chess
+    from rookworld.lm.answers import PROTOCOLS
+    from rookworld.lm.games import BLACK, WHITE, ModelPlayer
+    from rookworld.lm.play import play_game
 
     try:
         start = chess.normalize_fen(args.fen) if args.fen else chess.START_FEN
@@ -498,7 +498,7 @@ def _read_piped(prompt: str) -> str:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from rookworld.train.config import TrainConfig, add_arguments
+    from rookworld.settings.config import TrainConfig, add_arguments
 
     p = sub.add_parser(
         "train",
@@ -513,7 +513,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_sft(sub: argparse._SubParsersAction) -> None:
-    from rookworld.train.config import SFTConfig, add_arguments
+    from rookworld.settings.config import SFTConfig, add_arguments
 
     p = sub.add_parser(
         "sft",
@@ -530,13 +530,13 @@ def _add_sft(sub: argparse._SubParsersAction) -> None:
 
 def _run_training(args: argparse.Namespace, command: str) -> int:
     """`rookworld train` and `rookworld sft`: settings (a resumed run keeps its own), then the trainer's loop."""
-    from rookworld.data import DataError
-    from rookworld.policy.model import ModelNotAvailableError
-    from rookworld.policy.tokenizer import TokenizerUnavailableError
-    from rookworld.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
-    from rookworld.train import checkpoint
-    from rookworld.train.config import ConfigError, SFTConfig, TrainConfig, from_args
-    from rookworld.train.rundir import check_resume
+    from rookworld.ground.data import DataError
+    from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
+    from rookworld.harness import checkpoint
+    from rookworld.harness.rundir import check_resume
+    from rookworld.net.model import ModelNotAvailableError
+    from rookworld.net.tokenizer import TokenizerUnavailableError
+    from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig, from_args
 
     cls = TrainConfig if command == "train" else SFTConfig
     resume_from = None
@@ -553,7 +553,7 @@ def _run_training(args: argparse.Namespace, command: str) -> int:
         cfg = from_args(args, cls)
         done = checkpoint.step_of(resume_from) if resume_from is not None else None
         if done is not None and done >= cfg.steps:  # said before any model or engine starts
-            from rookworld.train.run import complete_message
+            from rookworld.harness.run import complete_message
 
             print(complete_message(command, cfg, done), file=sys.stderr)
             return 0
@@ -564,11 +564,11 @@ def _run_training(args: argparse.Namespace, command: str) -> int:
 
     try:
         if command == "train":
-            from rookworld.train.trainer import Trainer
+            from rookworld.grpo.trainer import Trainer
 
             trainer = Trainer(cfg)
         else:
-            from rookworld.train.sft import SFTTrainer
+            from rookworld.sft.trainer import SFTTrainer
 
             trainer = SFTTrainer(cfg)
     except (ConfigError, DataError, ModelNotAvailableError, TokenizerUnavailableError, StockfishError,
@@ -601,7 +601,7 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from rookworld.plot import PlotError, plot_runs
+    from rookworld.harness.plot import PlotError, plot_runs
 
     _check_out_dir(args.out)
     try:

@@ -1,0 +1,245 @@
+"""Position files: what `rookworld positions` writes and what training and evaluation read.
+
+One position a line, in any of three forms (blank lines and lines starting with ``#`` are skipped):
+
+- JSON: ``{"fen": ..., "history": [...], "move": ..., "phase": ..., "analysis": {...}}``; only ``fen``
+  is required. ``rookworld positions --annotate`` adds ``analysis`` and the P:/A: prompts and targets.
+- FEN: ``rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1``
+- EPD: four FEN fields then operations, ``... w KQkq - bm e4; id "x";`` (``hmvc``/``fmvn`` are used).
+
+A bad line is a ``DataError`` naming the file and line, or, with ``skip_bad=True``, skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rookworld.ground import chess
+from rookworld.ground.files import atomic_write
+from rookworld.ground.rewards import GroundTruth, policy_prompt, policy_targets
+
+__all__ = ["DataError", "Record", "assign_moves", "playable", "read_records", "write_records"]
+
+
+class DataError(ValueError):
+    """A position file that cannot be read, with the file and line."""
+
+
+@dataclass(frozen=True)
+class Record:
+    fen: str
+    #: Moves before ``fen``, oldest first (may be empty).
+    history: tuple[str, ...] = ()
+    #: The A: task's move; ``None`` until ``assign_moves`` picks one.
+    move: str | None = None
+    phase: str | None = None
+    #: Stockfish's analysis: ``{"moves": [...], "evals": [...], "depth": int}``, best first.
+    analysis: dict | None = None
+    #: ``file:line`` the record came from, for messages.
+    source: str = field(default="", compare=False)
+
+    @classmethod
+    def from_position(cls, p: chess.Position) -> "Record":
+        """A generated position (`rookworld.ground.chess.generate_positions`) as a record."""
+        return cls(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
+
+    @property
+    def truth(self) -> GroundTruth | None:
+        """The ground truth the reward scorer takes from ``analysis``: (moves best first, evals in pawns), or None."""
+        if self.analysis is None:
+            return None
+        return list(self.analysis["moves"]), [float(e) for e in self.analysis["evals"]]
+
+    @property
+    def policy_prompt(self) -> str:
+        return policy_prompt(self.fen)
+
+    @property
+    def env_prompt(self) -> str:
+        if self.move is None:
+            raise ValueError(f"no A: move for {self.fen!r} ({self.source}); call assign_moves first")
+        return chess.env_prompt(self.fen, self.move, self.history)
+
+    def to_dict(self) -> dict:
+        d: dict = {"fen": self.fen, "history": list(self.history)}
+        if self.move is not None:
+            d["move"] = self.move
+        if self.phase is not None:
+            d["phase"] = self.phase
+        if self.analysis is not None:
+            d["analysis"] = self.analysis
+        return d
+
+
+def _from_json(text: str) -> dict:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("fen"), str):
+        raise ValueError('a JSON line must be an object with a "fen" string')
+    history = obj.get("history", [])
+    if isinstance(history, str):
+        history = history.split()
+    if not isinstance(history, list) or not all(isinstance(m, str) for m in history):
+        raise ValueError('"history" must be a list of UCI moves')
+    move = obj.get("move")
+    if move is not None and not isinstance(move, str):
+        raise ValueError('"move" must be a string')
+    analysis = obj.get("analysis")
+    if analysis is not None:
+        ok = (isinstance(analysis, dict) and isinstance(analysis.get("moves"), list)
+              and isinstance(analysis.get("evals"), list) and len(analysis["moves"]) == len(analysis["evals"])
+              and all(isinstance(m, str) for m in analysis["moves"])
+              and all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in analysis["evals"]))
+        if not ok:
+            raise ValueError('"analysis" must hold "moves" and "evals" lists of equal length')
+    return {"fen": obj["fen"], "history": tuple(history), "move": move, "phase": obj.get("phase"),
+            "analysis": analysis}
+
+
+def _is_int(text: str) -> bool:
+    return text.isdigit()
+
+
+def _from_fen_or_epd(text: str) -> dict:
+    fields = text.split()
+    if len(fields) == 6 and _is_int(fields[4]) and _is_int(fields[5]):
+        return {"fen": " ".join(fields)}
+    if len(fields) < 4:
+        raise ValueError("expected a FEN (6 fields), an EPD (4 fields and operations) or a JSON object")
+    if len(fields) >= 6 and _is_int(fields[4]):
+        raise ValueError("a FEN has 6 fields; found text after it")
+    halfmoves, fullmoves = "0", "1"
+    for op in " ".join(fields[4:]).split(";"):
+        parts = op.split()
+        if len(parts) == 2 and parts[0] == "hmvc" and _is_int(parts[1]):
+            halfmoves = parts[1]
+        elif len(parts) == 2 and parts[0] == "fmvn" and _is_int(parts[1]):
+            fullmoves = parts[1]
+    return {"fen": " ".join(fields[:4] + [halfmoves, fullmoves])}
+
+
+def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[list[Record], int]:
+    """Reads a position file; returns the records and how many bad lines were skipped."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror}") from None
+
+    parsed: list[tuple[int, dict]] = []
+    skipped = 0
+
+    def bad(lineno: int, why: str) -> None:
+        nonlocal skipped
+        if not skip_bad:
+            line = lines[lineno - 1].strip()
+            shown = line if len(line) <= 120 else line[:120] + "..."
+            raise DataError(f"{path}:{lineno}: {why}: {shown}")  # the line as written, not escaped
+        skipped += 1
+
+    for lineno, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            parsed.append((lineno, _from_json(text) if text.startswith("{") else _from_fen_or_epd(text)))
+        except ValueError as e:
+            bad(lineno, str(e))
+
+    # The whole file's FENs in one batch through the Rust core.
+    normalized = chess.normalize_fens([d["fen"] for _, d in parsed])
+    records = []
+    for (lineno, d), fen in zip(parsed, normalized):
+        if fen is None:
+            bad(lineno, f"not a legal position ({chess.fen_problem(d['fen'])})")
+            continue
+        records.append(Record(fen=fen, history=d.get("history", ()), move=d.get("move"), phase=d.get("phase"),
+                              analysis=d.get("analysis"), source=f"{path}:{lineno}"))
+    if not records and not skipped:
+        raise DataError(f"{path}: no positions in the file")
+    return records, skipped
+
+
+def playable(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
+    """(positions with a legal move, finished ones: checkmate or stalemate, which no task can be asked about)."""
+    moves = chess.legal_moves_batch([r.fen for r in records])
+    return [r for r, m in zip(records, moves) if m], [r for r, m in zip(records, moves) if not m]
+
+
+def finished_message(finished: Sequence[Record], total: int) -> str:
+    where = ", ".join(r.source for r in finished[:3]) + (", ..." if len(finished) > 3 else "")
+    return (f"left out {len(finished)} of {total} positions that are finished games (checkmate or stalemate, no "
+            f"legal move): {where}")
+
+
+def assign_moves(records: Sequence[Record], seed: int) -> list[Record]:
+    """Gives every record without an A: move a random legal one (records without legal moves keep none)."""
+    rng = random.Random(seed)
+    need = [i for i, r in enumerate(records) if r.move is None]
+    moves = chess.legal_moves_batch([records[i].fen for i in need])
+    out = list(records)
+    for i, legal in zip(need, moves):
+        if legal:
+            out[i] = replace(records[i], move=rng.choice(sorted(legal)))
+    return out
+
+
+def write_records(lines: Iterable[dict], path: str | os.PathLike) -> int:
+    """Writes JSON lines atomically (a temporary file renamed into place); returns the count."""
+    n = 0
+    with atomic_write(path) as f:
+        for obj in lines:
+            f.write(json.dumps(obj) + "\n")
+            n += 1
+    return n
+
+
+def annotated(records: Sequence[Record], analyses: Sequence, seed: int = 0) -> list[dict]:
+    """JSON lines with each record's Stockfish analysis and its P: and A: prompts and targets.
+
+    The P: target lists Stockfish's moves in a shuffled order (as the training data does), each
+    with its eval, and Stockfish's best move as B:.
+    """
+    orders = []
+    for r, a in zip(records, analyses):
+        order = list(range(len(a.candidates)))
+        random.Random(f"{seed}:{r.fen}").shuffle(order)
+        orders.append(order)
+    targets = policy_targets(
+        [r.fen for r in records],
+        [[a.candidates[i].move for i in o] for a, o in zip(analyses, orders)],
+        [[a.candidates[i].pawns for i in o] for a, o in zip(analyses, orders)],
+        [a.best_move or "" for a in analyses],
+    )
+    with_move = [r for r in records if r.move is not None]
+    env_targets = iter(chess.env_targets([r.env_prompt for r in with_move]))
+    lines = []
+    for r, a, target in zip(records, analyses, targets):
+        d = r.to_dict()
+        d["analysis"] = {"depth": a.depth, "moves": [c.move for c in a.candidates],
+                         "evals": [c.pawns for c in a.candidates]}
+        d["p_prompt"] = r.policy_prompt
+        d["p_target"] = target
+        if r.move is not None:
+            d["a_prompt"] = r.env_prompt
+            d["a_target"] = next(env_targets)
+        lines.append(d)
+    return lines
+
+
+def write_json(obj, path: str | os.PathLike) -> None:
+    """Writes one JSON document atomically."""
+    with atomic_write(path) as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")

@@ -1,0 +1,21 @@
+"""Stockfish analysis service: a pool of UCI engines behind futures, with a memory and disk cache.
+
+    with StockfishPool(depth=10) as pool:
+        futures = pool.submit(fens)          # returns at once; analysis runs in the background
+        ...                                  # GPU work overlaps the analysis
+        analyses = [f.result() for f in futures]
+
+An `Analysis` holds up to ``multipv`` (5) `Candidate` moves ranked best first, with evals from the side to
+move's view, as the RookWorld ``P:`` task prints them (``Candidate.eval_text``). Positions without legal moves
+(checkmate, stalemate) get no candidates and never reach an engine.
+
+The pieces: `engine` (one UCI process, finding the binary), `cache` (memory and sqlite), `pool` (workers,
+futures, restarts and retries), `analysis` (the results).
+"""
+
+from rookworld.ground.stockfish.analysis import MATE_SCORE, Analysis, Candidate
+from rookworld.ground.stockfish.engine import StockfishError, StockfishNotFoundError, find_stockfish
+from rookworld.ground.stockfish.pool import StockfishPool, StockfishStats, default_timeout
+
+__all__ = ["Analysis", "Candidate", "MATE_SCORE", "StockfishError", "StockfishNotFoundError", "StockfishPool",
+           "StockfishStats", "default_timeout", "find_stockfish"]

@@ -1,0 +1,1 @@
+"""GRPO: the objective decided from the config, rollouts, advantages and losses, the update, the trainer."""

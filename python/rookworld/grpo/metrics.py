@@ -1,0 +1,115 @@
+"""Step 5 of a GRPO step: what the step did, as numbers reduced over every rank (metrics.jsonl's rows)."""
+
+from __future__ import annotations
+
+import resource
+from typing import Any
+
+import numpy as np
+import torch
+
+from rookworld.grpo import formulas as grpo
+from rookworld.grpo.rollout import Rollout
+from rookworld.grpo.update import UpdateSums
+from rookworld.harness.distributed import Comm
+
+_TASK_CODES = {"P": 1, "A": 0}
+_UNSCORED = 3  # a row without ground truth counts in no task's statistics
+
+
+def _pct(x: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(x, q)) if len(x) else None
+
+
+def _mean(x: np.ndarray) -> float | None:
+    return float(np.mean(x)) if len(x) else None
+
+
+def step_metrics(comm: Comm, rollout: Rollout, sums: UpdateSums, *, measured_kl: bool, step_time: float,
+                 update_time: float) -> dict[str, Any]:
+    """What one GRPO step did, over every rank (metrics.jsonl's row, less what the trainer adds)."""
+    m = {**reward_metrics(comm, rollout), **update_metrics(comm, rollout, sums, measured_kl=measured_kl)}
+    sampled = sampling_metrics(comm, rollout)
+    samples, tokens = sampled.pop("samples"), sampled.pop("generated_tokens")
+    m.update(sampled)
+    m.update(rollout.info)
+    m.update({"beta": rollout.beta, "samples_per_s": samples / step_time, "tokens_per_s": tokens / step_time,
+              "time/step": step_time, "time/update": update_time, **{f"time/{k}": v for k, v in rollout.times.items()},
+              "peak_memory_gb": peak_memory_gb(rollout.ids.device)})
+    return m
+
+
+def reward_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
+    """Rewards, format validity and task shares, per task, over every rank's rows."""
+    device, scores = rollout.rewards.device, rollout.scores
+    rewards = comm.gather(rollout.rewards).cpu().numpy()
+    codes = torch.as_tensor([_TASK_CODES.get(str(t), 2) if ok else _UNSCORED
+                             for t, ok in zip(scores.tasks, scores.valid)], device=device)
+    tasks = comm.gather(codes).cpu().numpy()
+    well = comm.gather(torch.tensor(np.asarray(scores.well_formed), device=device)).cpu().numpy()
+    kept = rewards[tasks != _UNSCORED]
+    m: dict[str, Any] = {"reward/mean": float(kept.mean()) if len(kept) else None,
+                         "reward/std": float(kept.std()) if len(kept) else None,
+                         "unscored": float((tasks == _UNSCORED).mean())}
+    for name, code in _TASK_CODES.items():
+        r = rewards[tasks == code]
+        m[f"reward/{name}/mean"] = _mean(r)
+        for q in (10, 50, 90):
+            m[f"reward/{name}/p{q}"] = _pct(r, q)
+        m[f"format_valid/{name}"] = _mean(well[tasks == code])
+        m[f"share/{name}"] = float((tasks == code).mean())
+    return m
+
+
+def update_metrics(comm: Comm, rollout: Rollout, acc: UpdateSums, measured_kl: bool) -> dict[str, Any]:
+    """KL, clipping, entropy, loss, gradient norm and padding of the update."""
+    totals = dict(zip(acc.sums, torch.stack(list(acc.sums.values())).tolist()))  # the update's one host sync
+    kl_sum, clipped, ent, tokens, v_loss, slots, real = comm.sum(
+        [totals["kl"], totals["clipped"], totals["entropy"], totals["tokens"], totals["value_loss"],
+         float(acc.slots), float(acc.real)])
+    measured_kl = measured_kl and tokens > 0
+    kl_p95 = None
+    if measured_kl:
+        kl_all = torch.cat([kl[m] for kl, m in acc.kl_parts]).float().cpu()
+        # p95 over each rank's tokens, averaged over ranks: exact gathering would move every token's KL.
+        kl_p95 = comm.mean([float(torch.quantile(kl_all, 0.95)) if kl_all.numel() else 0.0])[0]
+    m = {"kl/mean": kl_sum / tokens if measured_kl else None, "kl/p95": kl_p95,
+         "clip_fraction": clipped / max(tokens, 1.0), "entropy": ent / max(tokens, 1.0),
+         "loss": comm.mean([totals["loss"]])[0] / acc.done if acc.done else None,
+         "grad_norm": comm.mean([float(torch.stack(acc.grad_norms).float().mean())])[0] if acc.done else None,
+         "updates/skipped": acc.skipped,
+         # Share of the update's token slots that were padding (see `micro_batches`).
+         "padding": 1.0 - real / max(slots, 1.0)}
+    if rollout.returns is not None:
+        m["value/loss"] = v_loss / tokens if tokens else None
+        m.update(value_metrics(comm, rollout.old_values, rollout.returns, rollout.loss_mask))
+    return m
+
+
+def value_metrics(comm: Comm, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """The critic's explained variance, 1 - Var(R - V) / Var(R) over every rank's usable tokens (1: a perfect
+    critic, 0: one no better than a constant), and its mean value."""
+    _, _, var_ret = comm.moments(returns, mask)
+    _, _, var_res = comm.moments(returns - values, mask)
+    return {"value/explained_variance": 1.0 - var_res / var_ret if var_ret > 0 else None,
+            "value/mean": comm.moments(values, mask)[1]}
+
+
+def sampling_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
+    """Completion lengths, truncation and reward spread of the sampled groups."""
+    G = rollout.group_size
+    scored_groups = rollout.scores.valid[::G]
+    flat_groups = (~grpo.group_has_spread(rollout.rewards, G).cpu().numpy()[::G]) & scored_groups
+    gen_tokens, truncated, zero_spread, n_groups, rows = comm.sum(
+        [float(rollout.completion_mask.sum()), float((~rollout.stopped).sum()), float(flat_groups.sum()),
+         float(scored_groups.sum()), float(len(rollout.completions))])
+    return {"completion_len": gen_tokens / rows, "truncated": truncated / rows,
+            # Among the groups that were scored: an unscored group has no rewards to spread.
+            "groups/zero_spread": zero_spread / n_groups if n_groups else None,
+            "generated_tokens": gen_tokens, "samples": rows}
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

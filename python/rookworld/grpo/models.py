@@ -1,0 +1,166 @@
+"""The networks of a GRPO run and how they are run: the policy (with its value head, for GAE), the frozen
+reference, the device, autocast and compilation. Sampling (`Sampler`) and the no-grad log-prob passes of a rollout
+live here; the update's differentiable pass goes through `LogProbs`, which DDP wraps."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from rookworld.net.logprobs import TokenLogProbs, TokenLoss, token_logprobs
+from rookworld.net.model import autocast_copy, refresh_copy
+from rookworld.net.sampling import PAD_ID, GenerationOutput, generate
+
+
+class LogProbs(nn.Module):
+    """`token_logprobs` (and the value head, if any) behind a forward(), so DDP's hooks see every parameter
+    the update uses. The frozen reference comes as an argument: it is not trained, so DDP must not own it."""
+
+    def __init__(self, model: nn.Module, value_head: nn.Module | None = None, compile: bool = False,
+                 entropy: bool = True):
+        super().__init__()
+        self.model, self.value_head, self.compile, self.entropy = model, value_head, compile, entropy
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, start: int, temperature: float, *,
+                loss: TokenLoss, reference: nn.Module | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
+                wanted: torch.Tensor | None = None, group_size: int = 1) -> TokenLogProbs:
+        return token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
+                              compile=self.compile, reference=reference, kl_weights=kl_weights,
+                              value_head=self.value_head, wanted=wanted, group_size=group_size, loss=loss)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows of a rollout that go through the model together, cut to the columns some row of them uses."""
+
+    rows: np.ndarray  # indices into the rollout
+    left: int  # leading columns that are padding in every row (prompts are left-padded), skipped
+    width: int  # completion columns kept: up to the end of the longest completion among the rows
+
+
+def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np.ndarray, prompt_width: int,
+                  size: int, group_size: int = 1) -> list[MicroBatch]:
+    """Splits `rows` into micro-batches of about `size` rows of similar length, whole groups of `group_size`
+    consecutive rows each (rows that share a prompt computed once: at least one group a micro-batch).
+
+    Every log-prob pass costs rows x columns of the block it is given, and an A: row (long prompt, long
+    completion) is about twice as long as a P: row: padding all of them to the longest would make about 40% of
+    the work padding. Sorting by length and cutting each micro-batch to its own columns keeps that near zero.
+    Exact: positions come from the attention mask, and the cut columns are padding to every row kept."""
+    groups = np.asarray(rows).reshape(-1, group_size)
+    length = prompt_lens[groups[:, 0]] + completion_lens[groups].max(1)
+    order = groups[np.argsort(length, kind="stable")]
+    out, per = [], max(1, size // group_size)
+    for i in range(0, len(order), per):
+        chunk = order[i : i + per].reshape(-1)
+        out.append(MicroBatch(chunk, prompt_width - int(prompt_lens[chunk].max()),
+                              max(1, int(completion_lens[chunk].max()))))
+    return out
+
+
+class Models:
+    """The networks and how they run. `prompt_group`: rows per prompt computed once, in sampling and in every
+    log-prob pass (the group size; 1 computes every row's prompt, --no-shared-prompt)."""
+
+    def __init__(self, policy: nn.Module, reference: nn.Module | None, value_head: nn.Module | None,
+                 device: torch.device, amp_dtype: torch.dtype | None, compile: bool, ddp: bool,
+                 autocast: Callable[[], contextlib.AbstractContextManager], prompt_group: int = 1):
+        # Under autocast, sampling and the frozen reference read weights stored in the compute dtype: the same
+        # bits, without every decode step and every log-prob pass casting every weight again.
+        casts = amp_dtype is not None and policy.dtype != amp_dtype
+        self._sampling_copy = autocast_copy(policy, amp_dtype) if casts else None
+        if casts and reference is not None:
+            reference = autocast_copy(reference, amp_dtype)
+        self.policy, self.reference, self.value_head = policy, reference, value_head
+        self.device, self.amp_dtype, self.compile, self.autocast = device, amp_dtype, compile, autocast
+        self.prompt_group = prompt_group
+        self.logprobs: nn.Module = LogProbs(policy, value_head, compile)
+        if ddp:
+
+            self.logprobs = DDP(self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def sampling_model(self) -> nn.Module:
+        """The policy as sampling runs it (under `amp_dtype` autocast only): its autocast copy, brought up to the
+        current weights, or the policy itself where nothing is cast."""
+        return self.policy if self._sampling_copy is None else refresh_copy(self._sampling_copy, self.policy)
+
+    @property
+    def trained(self) -> nn.Module:
+        """Every trained parameter (policy and value head), as one module."""
+        return getattr(self.logprobs, "module", self.logprobs)
+
+    @torch.no_grad()
+    def rollout_logprobs(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,
+                         batches: list[MicroBatch], temperature: float, values: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Completion log-probs [n, N] of every row under `model` and, with `values`, the value head's values
+        [n, N], without gradients (0 past each micro-batch's width)."""
+        lp = torch.zeros(ids.shape[0], ids.shape[1] - prompt_width, device=ids.device)
+        vals = torch.zeros_like(lp) if values else None
+        for b in batches:
+            rows, cols = torch.from_numpy(b.rows).to(ids.device), slice(b.left, prompt_width + b.width)
+            with self.autocast():
+                s = token_logprobs(model, ids[rows, cols], mask[rows, cols], start=prompt_width - b.left,
+                                   temperature=temperature, compile=self.compile,
+                                   value_head=self.value_head if values else None, group_size=self.prompt_group)
+            lp[rows, : b.width] = s.logprobs.float()
+            if vals is not None:
+                vals[rows, : b.width] = s.values.float()
+        return lp, vals
+
+
+class Sampler:
+    """A rollout's completions: `group_size` for each of the left-padded prompts [n, P], consecutive rows, with the
+    run's sampling settings, one `generate` call per task; each prompt computed once unless
+    `models.prompt_group` is 1.
+
+    A: prompts are about twice as wide as P: prompts and their completions about twice as long, and a batch
+    decodes until its longest row is done: sampled together, every P: row would ride along for the A: rows'
+    extra steps, in a KV cache sized for them. Apart, each task's batch stops and sizes its cache on its own.
+    """
+
+    def __init__(self, models: Models, cfg):
+        self.models, self.max_new_tokens = models, cfg.max_new_tokens
+        #: `generate`'s settings beside the prompts, the length and the generator.
+        self.settings = dict(temperature=cfg.temperature, top_k=cfg.top_k or None,
+                             top_p=cfg.top_p if cfg.top_p < 1.0 else None, compile=models.compile,
+                             dtype=models.amp_dtype)
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray, group_size: int,
+                 generator: torch.Generator) -> GenerationOutput:
+        P, n, G = ids.shape[1], ids.shape[0] * group_size, group_size
+        model, device = self.models.sampling_model(), self.models.device
+        prompt_lens, once = mask.sum(1).cpu().numpy(), self.models.prompt_group > 1
+        parts = []
+        for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
+            prompts = np.flatnonzero(tasks == task)
+            index, left = torch.from_numpy(prompts).to(device), P - int(prompt_lens[prompts].max())
+            task_ids, task_mask = ids[index, left:], mask[index, left:]
+            if not once:  # every row's prompt computed: the prompts repeated, the rows in the same order
+                task_ids, task_mask = task_ids.repeat_interleave(G, 0), task_mask.repeat_interleave(G, 0)
+            out = self.generate(model, task_ids, task_mask, task, generator, G if once else 1)
+            parts.append(((index[:, None] * G + torch.arange(G, device=device)).reshape(-1), out))
+        width = max((o.tokens.shape[1] for _, o in parts), default=0)
+        out = GenerationOutput(tokens=torch.full((n, width), PAD_ID, dtype=torch.long, device=device),
+                               mask=torch.zeros((n, width), dtype=torch.bool, device=device),
+                               logprobs=torch.zeros((n, width), device=device),
+                               lengths=torch.zeros(n, dtype=torch.long, device=device),
+                               stopped=torch.zeros(n, dtype=torch.bool, device=device))
+        for rows, o in parts:
+            w = o.tokens.shape[1]
+            out.tokens[rows, :w], out.mask[rows, :w], out.logprobs[rows, :w] = o.tokens, o.mask, o.logprobs
+            out.lengths[rows], out.stopped[rows] = o.lengths, o.stopped
+        return out
+
+    def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, task: str,
+                 generator: torch.Generator, samples_per_prompt: int) -> GenerationOutput:
+        """The completions of one task's prompts, `samples_per_prompt` each."""
+        return generate(model, ids, mask, max_new_tokens=self.max_new_tokens, generator=generator,
+                        samples_per_prompt=samples_per_prompt, **self.settings)

@@ -1,0 +1,218 @@
+"""The GRPO objective, decided once from the config: which log-prob passes a rollout runs, how advantages are
+formed, which terms each token's loss has, and beta. `collect_rollout` and `update` ask it rather than the config;
+the formulas themselves are `grpo`'s pure functions.
+
+The option names a user gives and the checks of how they combine are `rookworld.settings.objective`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from rookworld.grpo import formulas as grpo
+from rookworld.harness.distributed import Comm
+from rookworld.settings.objective import (
+    KL_DIRECTIONS,
+)
+
+_SAMPLED_KL = {"k1": grpo.kl_k1, "k2": grpo.kl_k2, "k3": grpo.kl_k3}
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What a minibatch's loss is divided by, counted over the whole minibatch (under DDP, over every rank and
+    divided by the number of ranks, since DDP averages the ranks' gradients)."""
+
+    tokens: float  # usable tokens (`token` aggregation)
+    sequences: float  # rows with a usable token (`sequence`: a row the loss does not count is no sequence)
+    rows: float  # rows sampled (`constant`: Dr. GRPO's fixed normaliser)
+
+
+def std_scaling(cfg) -> str:
+    """--std-scaling with auto resolved: group for GRPO's group baseline, batch otherwise."""
+    if cfg.std_scaling != "auto":
+        return cfg.std_scaling
+    return "group" if cfg.advantage == "grpo" and cfg.baseline == "group" else "batch"
+
+
+class Objective:
+    """What a GRPO step optimises, from a `TrainConfig`. ``reference_given``: the caller brought a frozen
+    reference (otherwise one is loaded when beta > 0). Its state, beta and the EMA baselines, goes into every
+    checkpoint (`state()`)."""
+
+    def __init__(self, cfg, *, reference_given: bool = False):
+        self.cfg = cfg
+        #: A frozen reference is there, so the KL to it is measured (and, with beta > 0, penalised).
+        self.measures_kl = reference_given or cfg.beta > 0
+        #: The exact KL runs the reference inside the update's pass, over the whole vocabulary.
+        self.exact_kl = self.measures_kl and cfg.kl_estimator == "full"
+        self.kl_weights = KL_DIRECTIONS[cfg.kl_direction]
+        # As a loss term k1's gradient is zero in expectation: it enters as a per-token reward instead.
+        self.kl_in_advantages = self.measures_kl and cfg.kl_estimator == "k1" and cfg.beta > 0
+        self.kl_in_loss = self.measures_kl and cfg.kl_estimator != "k1"
+        #: GAE: a value head on the policy's trunk, trained beside it.
+        self.critic = cfg.advantage == "gae"
+        self.std_scaling = std_scaling(cfg)
+        #: beta before warm-up, moved by the --kl-target controller.
+        self.beta = cfg.beta
+        #: --baseline ema: each task's moving average reward, by task name.
+        self.baselines: dict[str, float] = {}
+
+    def state(self) -> dict[str, Any]:
+        return {"beta": self.beta, "baselines": dict(self.baselines)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.beta = state.get("beta", self.cfg.beta)
+        self.baselines = dict(state.get("baselines", {}))
+
+    # -- which passes a rollout runs ---------------------------------------------------------------------------
+
+    @property
+    def reference_pass(self) -> bool:
+        """The reference's log-probs of the completions, once per rollout (the exact KL needs them per token of the
+        vocabulary, so it runs the reference in the update instead)."""
+        return self.measures_kl and not self.exact_kl
+
+    @property
+    def policy_moves(self) -> bool:
+        """The policy takes more than one optimizer step per rollout, so the importance ratio's denominator is
+        the sampling policy's log-probs. Otherwise it is the update's own pass, detached: a second pass's
+        rounding (a GPU's) would read as a ratio away from 1."""
+        return self.cfg.mu > 1 or self.cfg.minibatches > 1
+
+    @property
+    def sampler_pass(self) -> bool:
+        """The sampling policy's log-probs (and the critic's values), once per rollout: the importance ratio's
+        denominator when the policy moves within a step, k1's penalty, and GAE's values."""
+        return self.policy_moves or self.kl_in_advantages or self.critic
+
+    # -- beta ----------------------------------------------------------------------------------------------------
+
+    def beta_at(self, step: int) -> float:
+        """beta in step `step` (from 0): ramped up linearly over --beta-warmup-steps."""
+        if self.cfg.beta_warmup_steps:
+            return self.beta * min(1.0, (step + 1) / self.cfg.beta_warmup_steps)
+        return self.beta
+
+    def observe_kl(self, kl: float | None) -> None:
+        """Proportional control toward --kl-target (Ziegler et al.): beta grows when the KL overshoots, shrinks
+        below it. A step that measured no KL is no evidence to move beta on."""
+        if self.cfg.kl_target is None or kl is None:
+            return
+        error = max(-0.2, min(0.2, kl / self.cfg.kl_target - 1.0))
+        self.beta = max(1e-6, self.beta * (1.0 + error / self.cfg.kl_horizon))
+
+    # -- advantages ----------------------------------------------------------------------------------------------
+
+    def loss_mask(self, completion_mask: torch.Tensor, valid: torch.Tensor, stopped: torch.Tensor,
+                  rewards: torch.Tensor) -> torch.Tensor:
+        """The completion tokens [n, N] the loss counts: none of a group without ground truth (`valid` [n]), and
+        per the options none of a completion cut off at its limit (`stopped` [n]: it ended with EOS) or of a group
+        whose `rewards` [n] do not vary."""
+        mask = completion_mask & valid.unsqueeze(1)
+        if self.cfg.mask_truncated:
+            mask &= stopped.unsqueeze(1)
+        if self.cfg.drop_zero_spread:
+            mask &= grpo.group_has_spread(rewards, self.cfg.group_size).unsqueeze(1)
+        return mask
+
+    def advantages(self, rewards: torch.Tensor, valid: torch.Tensor, tasks: np.ndarray, completion_mask: torch.Tensor,
+                   loss_mask: torch.Tensor, comm: Comm, *, beta: float, ref_logprobs: torch.Tensor | None,
+                   old_logprobs: torch.Tensor | None, old_values: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """Per-token advantages [n, N], the value targets (GAE; else None) and the baselines' metrics, from each
+        completion's reward, validity and task [n] and the rollout's log-prob passes [n, N].
+
+        k1's KL is a per-token reward -beta k1 (the sampling policy's log-probs against the reference's): its
+        return-to-go is subtracted from GRPO's advantages, or enters GAE with the task reward (PPO-RLHF)."""
+        cm = completion_mask.float()
+        penalty = beta * grpo.kl_k1(old_logprobs, ref_logprobs) * cm if self.kl_in_advantages else None
+        if self.critic:
+            return *self._gae(rewards, cm, loss_mask, penalty, old_values, comm), {}
+        advantages, info = self._completion_advantages(rewards, valid, tasks, comm)
+        per_token = advantages[:, None] * cm
+        return (per_token if penalty is None else per_token - grpo.penalty_to_go(penalty, cm)), None, info
+
+    def _completion_advantages(self, rewards: torch.Tensor, valid: torch.Tensor, tasks: np.ndarray, comm: Comm
+                               ) -> tuple[torch.Tensor, dict[str, float]]:
+        """GRPO's per-completion advantages [n]; the batch std and the EMA baselines span every rank. The EMA
+        baseline is the average of earlier steps (a first step has only its own mean), so it does not depend on
+        this step's samples; this step's mean updates it afterwards."""
+        G = self.cfg.group_size
+        std = None
+        if self.std_scaling == "group":
+            std = grpo.group_std(rewards, G)
+        elif self.std_scaling == "batch":
+            std = math.sqrt(comm.moments(rewards, valid)[2])
+        if self.cfg.baseline == "group":
+            return grpo.group_advantages(rewards, G, std=std), {}
+        keys = np.array([t if t in ("P", "A") else "other" for t in tasks])
+        baseline = torch.zeros_like(rewards, dtype=torch.float64)
+        info = {}
+        for key in ("P", "A", "other"):
+            rows = torch.from_numpy(keys == key).to(rewards.device) & valid
+            n, total = comm.sum([float(rows.sum()), float(rewards[rows].double().sum())])
+            if n == 0:
+                continue
+            value = self.baselines.get(key, total / n)
+            baseline[rows] = value
+            info[f"baseline/{key}"] = value
+            self.baselines[key] = grpo.ema(self.baselines.get(key), total / n, self.cfg.ema_decay)
+        return grpo.group_advantages(rewards, G, baseline=baseline, std=std), info
+
+    def _gae(self, rewards: torch.Tensor, cm: torch.Tensor, loss_mask: torch.Tensor, penalty: torch.Tensor | None,
+             old_values: torch.Tensor, comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE over each completion's tokens, the task reward coming with its last token; with batch scaling,
+        whitened over every rank's counted tokens (PPO)."""
+        token_rewards = torch.zeros_like(cm)
+        last = cm.sum(1).long().clamp(min=1) - 1
+        token_rewards[torch.arange(len(last), device=cm.device), last] = rewards.float()
+        if penalty is not None:
+            token_rewards = token_rewards - penalty
+        per_token, returns = grpo.gae(token_rewards * cm, old_values, cm, self.cfg.gamma, self.cfg.gae_lambda)
+        if self.std_scaling == "batch":
+            _, mean, var = comm.moments(per_token, loss_mask)
+            per_token = (per_token - mean) / (math.sqrt(var) + 1e-6) * cm
+        return per_token, returns
+
+    # -- the loss ------------------------------------------------------------------------------------------------
+
+    def token_loss(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, kl: torch.Tensor | None, *,
+                   beta: float, advantages: torch.Tensor, old_logprobs: torch.Tensor | None,
+                   ref_logprobs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The policy's loss of each completion token (any shape, all alike), from the update's pass (log-probs,
+        entropy, the exact KL if it ran) and the rollout's; with what the metrics count of it: (loss, clipped,
+        KL)."""
+        cfg = self.cfg
+        old = old_logprobs if self.policy_moves else logprobs.detach()
+        per_token, clipped = grpo.clipped_surrogate(logprobs, old, advantages, cfg.clip_low, cfg.clip_high)
+        if ref_logprobs is not None:
+            kl = _SAMPLED_KL[cfg.kl_estimator](logprobs, ref_logprobs)
+        if kl is not None:
+            kl = kl.float()
+            if beta > 0 and self.kl_in_loss:
+                per_token = per_token + beta * kl
+        if cfg.entropy_coef > 0:
+            per_token = per_token - cfg.entropy_coef * entropy
+        return per_token, clipped, kl
+
+    def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The critic's term of each token's loss (weighted by --vf-coef), and its clipped value loss."""
+        v_loss = grpo.value_loss(values, old_values, returns, self.cfg.value_clip)
+        return self.cfg.vf_coef * v_loss, v_loss
+
+    def weights(self, mask: torch.Tensor, totals: Totals) -> torch.Tensor:
+        """Each token's weight in its minibatch's loss [b, W], 0 off the mask: with the minibatch's counts, the
+        micro-batches' weighted sums add up to the minibatch's aggregated loss."""
+        how = self.cfg.loss_aggregation
+        if how == "token":
+            return grpo.token_weights(mask, totals.tokens)
+        if how == "sequence":
+            return grpo.sequence_weights(mask, totals.sequences)
+        return grpo.constant_weights(mask, self.cfg.max_new_tokens, totals.rows)

@@ -1,0 +1,177 @@
+"""A GRPO rollout: G completions per prompt, their rewards and advantages, and the log-probs the update needs.
+
+`collect_rollout` is steps 1-3 of a GRPO step: sample, score, then run the frozen reference (and, when the
+objective needs it, the sampling policy) over the completions once and form the advantages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from rookworld.ground.rewards import Scores
+from rookworld.grpo.models import Models, Sampler, micro_batches
+from rookworld.grpo.objective import Objective
+from rookworld.grpo.prompts import Prompt
+from rookworld.harness.distributed import Comm
+
+
+class RewardFn(Protocol):
+    def prefetch(self, prompts: Sequence[Prompt]) -> None: ...
+
+    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> Scores: ...
+
+
+class ChessReward:
+    """The verifiable chess rewards: Stockfish for P:, the rules for A: (`rookworld.ground.rewards`)."""
+
+    def __init__(self, scorer):
+        self.scorer = scorer
+
+    def prefetch(self, prompts: Sequence[Prompt]) -> None:
+        texts = [p.text for p in prompts if p.task == "P" and p.truth is None]
+        if texts:
+            self.scorer.prefetch(texts)
+
+    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> Scores:
+        texts = [p.text for p in prompts]
+        truth = [p.truth for p in prompts]
+        valid = np.ones(len(prompts), dtype=bool)
+        missing = [i for i, p in enumerate(prompts) if p.task == "P" and p.truth is None]
+        if missing:
+            found, failed = self.scorer.ground_truth_or_failures([texts[i] for i in missing])
+            for i, t in zip(missing, found):
+                truth[i] = t
+            valid[[missing[j] for j in failed]] = False
+        rewards = np.zeros(len(prompts))
+        well_formed = np.zeros(len(prompts), dtype=bool)
+        keep = np.flatnonzero(valid)
+        scores = self.scorer.score_batch([texts[i] for i in keep], [completions[i] for i in keep],
+                                         ground_truth=[truth[i] for i in keep])
+        rewards[keep], well_formed[keep] = scores.rewards, scores.well_formed
+        return Scores(rewards=rewards, tasks=np.array([p.task for p in prompts]), well_formed=well_formed,
+                      valid=valid)
+
+
+@dataclass
+class Rollout:
+    """One step's samples and what the update and the metrics read of them. Rows are completions, G consecutive
+    rows per prompt; token tensors are [rows, prompt width + completion width], the prompts left-padded."""
+
+    prompts: list[Prompt]  # one per group
+    completions: list[str]
+    scores: Scores  # with `valid` filled in
+    ids: torch.Tensor  # [n, P + N]
+    mask: torch.Tensor  # [n, P + N] bool
+    prompt_width: int  # P
+    stopped: torch.Tensor  # [n] bool: the completion ended with EOS, not at --max-new-tokens
+    beta: float
+    ref_logprobs: torch.Tensor | None = None  # [n, N] (None with the exact KL, which runs the reference in the update)
+    old_logprobs: torch.Tensor | None = None  # [n, N] the sampling policy's, when the objective needs them
+    old_values: torch.Tensor | None = None  # [n, N] the critic's (GAE)
+    loss_mask: torch.Tensor | None = None  # [n, N] bool: the tokens the loss counts
+    advantages: torch.Tensor | None = None  # [n, N]
+    returns: torch.Tensor | None = None  # [n, N] the critic's targets (GAE)
+    info: dict[str, Any] = field(default_factory=dict)  # metrics of the rollout itself (baselines)
+    times: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def group_size(self) -> int:
+        return len(self.completions) // len(self.prompts)
+
+    @property
+    def tasks(self) -> np.ndarray:
+        return np.repeat([p.task for p in self.prompts], self.group_size)
+
+    @property
+    def completion_mask(self) -> torch.Tensor:
+        return self.mask[:, self.prompt_width:]
+
+    @cached_property
+    def prompt_lens(self) -> np.ndarray:
+        """[n] real prompt tokens (on the host, where micro-batches are cut)."""
+        return self.mask[:, : self.prompt_width].sum(1).cpu().numpy()
+
+    @cached_property
+    def completion_lens(self) -> np.ndarray:
+        """[n] completion tokens (on the host)."""
+        return self.completion_mask.sum(1).cpu().numpy()
+
+    @cached_property
+    def rewards(self) -> torch.Tensor:
+        """[n] float64, on the model's device."""
+        return torch.from_numpy(np.asarray(self.scores.rewards, dtype=np.float64)).to(self.ids.device)
+
+    @cached_property
+    def valid(self) -> torch.Tensor:
+        """[n] bool, on the model's device: the row's prompt had ground truth."""
+        return torch.from_numpy(np.asarray(self.scores.valid, dtype=bool)).to(self.ids.device)
+
+    def rows(self, rows: torch.Tensor, width: int) -> dict[str, torch.Tensor | None]:
+        """What the loss reads of rows `rows`, their first `width` completion columns (None where not made)."""
+        cut = lambda x: None if x is None else x[rows, :width]  # noqa: E731
+        return {"advantages": cut(self.advantages), "old_logprobs": cut(self.old_logprobs),
+                "ref_logprobs": cut(self.ref_logprobs), "old_values": cut(self.old_values),
+                "returns": cut(self.returns)}
+
+    def micro_batches(self, rows: np.ndarray, size: int, prompt_group: int):
+        return micro_batches(rows, self.prompt_lens, self.completion_lens, self.prompt_width, size, prompt_group)
+
+
+def seed_of(*parts: int) -> int:
+    return random.Random(":".join(map(str, parts))).getrandbits(63)
+
+
+def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler, comm: Comm, tokenizer,
+                    reward_fn: RewardFn, prompts: list[Prompt], *, step: int, log) -> Rollout:
+    G, device = cfg.group_size, models.device
+    t0 = time.perf_counter()
+    # 1. Sample G completions per prompt.
+    ids, pmask = tokenizer.encode_batch([p.text for p in prompts], bos=True, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed_of(cfg.seed, step, comm.info.rank))
+    out = sampler(ids, pmask, np.array([p.task for p in prompts]), G, generator)
+    ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
+    _sync(device)
+    t_gen = time.perf_counter()
+
+    # 2. Rewards.
+    completions = tokenizer.decode_batch(out.tokens, out.mask)
+    scores = reward_fn([p for p in prompts for _ in range(G)], completions)
+    valid = np.ones(len(completions), dtype=bool) if scores.valid is None else np.asarray(scores.valid, bool)
+    if not valid.all():
+        log.warn("unscored", step + 1, f"{int((~valid).sum()) // G} prompt(s) could not be scored (Stockfish "
+                                       "failed after retries) and were left out of this step")
+    r = Rollout(prompts=prompts, completions=completions, scores=dataclasses.replace(scores, valid=valid),
+                ids=torch.cat([ids, out.tokens], dim=1), mask=torch.cat([pmask, out.mask], dim=1),
+                prompt_width=ids.shape[1], stopped=out.stopped, beta=objective.beta_at(step))
+    t_reward = time.perf_counter()
+
+    # 3. The reference's (and the sampling policy's) log-probs, once per rollout; then the advantages.
+    batches = r.micro_batches(np.arange(len(completions)), cfg.micro_batch_size, models.prompt_group)
+    if objective.reference_pass:
+        r.ref_logprobs, _ = models.rollout_logprobs(models.reference, r.ids, r.mask, r.prompt_width, batches,
+                                                    cfg.temperature)
+    if objective.sampler_pass:
+        r.old_logprobs, r.old_values = models.rollout_logprobs(models.policy, r.ids, r.mask, r.prompt_width, batches,
+                                                               cfg.temperature, values=objective.critic)
+    with torch.no_grad():
+        r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
+        r.advantages, r.returns, r.info = objective.advantages(
+            r.rewards, r.valid, r.tasks, r.completion_mask, r.loss_mask, comm, beta=r.beta,
+            ref_logprobs=r.ref_logprobs, old_logprobs=r.old_logprobs, old_values=r.old_values)
+    _sync(device)
+    r.times = {"generate": t_gen - t0, "reward": t_reward - t_gen, "reference": time.perf_counter() - t_reward}
+    return r
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

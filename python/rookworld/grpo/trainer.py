@@ -1,0 +1,290 @@
+"""GRPO for RookWorld-LM: sample a group of completions per prompt, score them with verifiable rewards,
+and push the policy toward the better ones, with a KL leash to the frozen reference.
+
+One step, `Trainer.train_step`:
+  1-3. `collect_rollout`: G completions per prompt (one sampling batch per task), rewards (Stockfish for P:,
+       analysed ahead while the GPU samples; the rules for A:), the reference's (and, where the objective needs
+       them, the sampling policy's) log-probs, once, and the advantages;
+  4.   `update`: `mu` epochs of minibatch optimizer steps with gradient accumulation over micro-batches;
+  5.   metrics, reduced over ranks; then the step counter, the best reward and beta move on.
+What the loss is made of is the `Objective`'s to decide; the run around the steps (device, DDP, checkpoints,
+resume, signals, logging, evaluation) is `Run`'s.
+
+Randomness comes from (seed, step, rank) alone, so a resumed run continues exactly as an unbroken one.
+Under torchrun the prompts are sharded over ranks, gradients are averaged by DDP, metrics are reduced,
+and only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from rookworld.ground.data import assign_moves, finished_message, playable, read_records
+from rookworld.ground.rewards import RewardScorer
+from rookworld.ground.stockfish import StockfishPool
+from rookworld.grpo.metrics import step_metrics
+from rookworld.grpo.models import Models, Sampler
+from rookworld.grpo.objective import Objective
+from rookworld.grpo.prompts import PromptSource
+from rookworld.grpo.rollout import ChessReward, RewardFn, Rollout, collect_rollout
+from rookworld.grpo.update import update
+from rookworld.harness import checkpoint
+from rookworld.harness.run import Run
+from rookworld.harness.runlog import fmt
+from rookworld.lm.bestmove import heldout_records
+from rookworld.lm.suites import training_metrics
+from rookworld.net.decoding import release_caches
+from rookworld.net.model import from_pretrained
+from rookworld.net.tokenizer import Tokenizer
+from rookworld.net.value import VALUE_HEAD_NAME, ValueHead
+from rookworld.settings.config import ConfigError, TrainConfig
+
+
+def summary(m: dict[str, Any]) -> list[str]:
+    """The summary line of a GRPO step, after "step N/M"."""
+    return [f"reward {fmt(m, 'reward/mean')} (best {fmt(m, 'reward/best')})",
+            f"P {fmt(m, 'reward/P/mean', '{:.2f}')} A {fmt(m, 'reward/A/mean', '{:.2f}')}", f"kl {fmt(m, 'kl/mean')}",
+            f"clip {fmt(m, 'clip_fraction', '{:.2f}')}", f"{fmt(m, 'time/step', '{:.2f}')} s",
+            f"{fmt(m, 'samples_per_s', '{:,.0f}')} samples/s"]
+
+
+def largest_batch(start: int, limit: int, usable: Callable[[int], bool], fits: Callable[[int], bool]) -> int | None:
+    """The largest of start, 2 start, 4 start, ... up to `limit` that `fits` (a trial step under the memory
+    target), doubling until one does not; sizes that are not `usable` are skipped untried. None if none fits."""
+    chosen, p = None, start
+    while p <= limit:
+        if usable(p):
+            if not fits(p):
+                break
+            chosen = p
+        p *= 2
+    return chosen
+
+
+class Trainer:
+    """`rookworld train`. Each piece defaults to what the config says; a library user may bring their own policy,
+    frozen reference, tokenizer, reward function (`RewardFn`) or prompt source (anything with `batch(step)`)."""
+
+    def __init__(self, cfg: TrainConfig, *, policy: nn.Module | None = None, reference: nn.Module | None = None,
+                 tokenizer: Tokenizer | None = None, reward_fn: RewardFn | None = None, prompts=None, stream=None):
+        self.cfg = cfg
+        if cfg.auto_batch and not (cfg.device.startswith("cuda") or
+                                   (cfg.device == "auto" and torch.cuda.is_available())):
+            raise ConfigError("--auto-batch measures GPU memory: it needs a CUDA device")
+        records, finished = None, []
+        if cfg.data and prompts is None:  # a bad line is reported before any model is loaded
+            records, finished = playable(read_records(cfg.data)[0])
+            if not records:
+                raise ConfigError(f"--data {cfg.data}: no position with a legal move")
+            records = assign_moves(records, cfg.seed)
+        self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary)
+        if finished:
+            run.log.say(f"warning: --data {cfg.data}: {finished_message(finished, len(records) + len(finished))}")
+        self.objective = Objective(cfg, reference_given=reference is not None)
+        self.models = self._models(reference)
+        self.sampler = Sampler(self.models, cfg)
+        head = self.models.value_head
+        state = run.build_optimizer([{"params": list(head.parameters()), "weight_decay": 0.0, "lr": cfg.value_lr}]
+                                    if head is not None else [])
+        self.objective.load_state(state)
+        self.best_reward = state.get("best_reward", -math.inf)
+        self.pool = None
+        self.reward_fn = reward_fn if reward_fn is not None else self._chess_reward()
+        self.prompts = prompts if prompts is not None else PromptSource(cfg, records, run.dist.rank, run.dist.world)
+        run.log.say(f"prompts: {cfg.prompts_per_step} x group {cfg.group_size} per step, {100 * cfg.task_mix:.0f}% "
+                    f"P: / {100 * (1 - cfg.task_mix):.0f}% A:, from {cfg.data or 'generated positions'}")
+        self._eval_records = None
+        self._last_rollout: Rollout | None = None
+
+    def _models(self, reference: nn.Module | None) -> Models:
+        """The policy (the run's), the frozen reference (loaded when the objective measures a KL and none was
+        given) and the critic's value head (GAE), each on the run's device."""
+        cfg, run = self.cfg, self.run
+        if reference is None and self.objective.measures_kl:
+            reference = from_pretrained(cfg.model, revision=cfg.revision, device=run.device)
+        if reference is not None:
+            reference = reference.to(run.device).eval().requires_grad_(False)
+        value_head = None
+        if self.objective.critic:
+            value_head = ValueHead(run.policy.config.n_embd).to(run.device)
+            if run.resume_from is not None:
+                checkpoint.load_module(run.resume_from, VALUE_HEAD_NAME, value_head)
+        return Models(run.policy, reference, value_head, run.device, run.amp_dtype, run.compile, run.dist.enabled,
+                      run.autocast, prompt_group=cfg.group_size if cfg.shared_prompt else 1)
+
+    def _chess_reward(self) -> ChessReward:
+        cfg, run = self.cfg, self.run
+        workers = cfg.stockfish_workers or max(1, ((os.cpu_count() or 2) - 1) // run.dist.local_world)
+        run.cpu_threads_beside(workers)
+        self.pool = StockfishPool(path=cfg.stockfish_path, workers=workers, depth=cfg.stockfish_depth,
+                                  cache_path=cfg.stockfish_cache)
+        run.log.say(f"rewards: Stockfish {self.pool.path} (depth {cfg.stockfish_depth}, {workers} worker"
+                    f"{'s' if workers > 1 else ''}) for P:, the rules for A:; {cfg.reward_shaping} shaping")
+        return ChessReward(RewardScorer(self.pool, shaping=cfg.reward_shaping))
+
+    # -- one GRPO step ------------------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, run, step = self.cfg, self.run, self.run.step
+        t0 = time.perf_counter()
+        if run.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(run.device)
+        prompts = self.prompts.batch(step)
+        if step + 1 < cfg.steps:
+            self.reward_fn.prefetch(self.prompts.batch(step + 1))  # Stockfish works while the GPU samples
+
+        rollout = collect_rollout(cfg, self.objective, self.models, self.sampler, run.comm, run.tokenizer,
+                                  self.reward_fn, prompts, step=step, log=run.log)
+        t_update = time.perf_counter()
+        sums = update(cfg, self.objective, self.models, run.optimizer, run.comm, rollout, step)
+        lr = run.optimizer.param_groups[0]["lr"]
+        run.scheduler.step()
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        t_end = time.perf_counter()
+        if sums.skipped:
+            run.log.warn("skipped", step + 1, f"{sums.skipped} of {cfg.mu * cfg.minibatches} minibatch(es) had no "
+                                              "usable token (no reward spread, truncated or unscored): no optimizer "
+                                              "step for them")
+        m = {"step": step + 1, "lr": lr, **step_metrics(run.comm, rollout, sums, measured_kl=self.objective.measures_kl,
+                                                         step_time=t_end - t0, update_time=t_end - t_update)}
+        # What the step moves on: the counter, the best reward and (toward --kl-target) beta.
+        run.step += 1
+        if m["reward/mean"] is not None:
+            self.best_reward = max(self.best_reward, m["reward/mean"])
+        m["reward/best"] = self.best_reward
+        self.objective.observe_kl(m["kl/mean"])
+        self._warn_about(m)
+        self._last_rollout = rollout
+        return m
+
+    def _warn_about(self, m: dict[str, Any]) -> None:
+        cfg, log, step = self.cfg, self.run.log, m["step"]
+        kl, spread, clip = m.get("kl/mean"), m.get("groups/zero_spread"), m.get("clip_fraction")
+        if kl is not None and math.isfinite(kl) and kl > cfg.kl_warn:
+            log.warn("kl", step, f"KL to the reference is {kl:.3f} per token (> {cfg.kl_warn}): the policy is "
+                                 "drifting fast; consider a lower --lr or a higher --beta")
+        formats = {t: m.get(f"format_valid/{t}") for t in ("P", "A") if m.get(f"format_valid/{t}") is not None}
+        unformed = [t for t, share in formats.items() if share == 0]
+        if unformed:  # the real cause of the missing spread: no temperature or group size fixes it
+            which = "no sample of this step is" if len(unformed) == len(formats) else \
+                f"no {' or '.join(t + ':' for t in unformed)} sample of this step is"
+            log.warn("unformed", step, f"{which} well formed, so every such sample gets the same format penalty and "
+                                       "teaches nothing: the model does not write the task's format yet; train it "
+                                       "with rookworld sft first (rookworld sft --config cpu-demo shows how)")
+        elif spread is not None and spread > 0.5:
+            log.warn("spread", step, f"{100 * spread:.0f}% of groups have no reward spread and teach nothing; "
+                                     "consider a higher --temperature or a larger --group-size")
+        if clip is not None and math.isfinite(clip) and clip > cfg.clip_warn:
+            log.warn("clip", step, f"clip fraction {clip:.2f} (> {cfg.clip_warn}): updates are too large; "
+                                   "consider a lower --lr or fewer --mu epochs")
+
+    # -- automatic batch size -----------------------------------------------------------------------------
+
+    def trial_step(self, prompts_per_step: int) -> dict[str, Any]:
+        """One real step at `prompts_per_step`, after which the weights, the optimizer, the schedule and every
+        counter are as they were (the batch size stays `prompts_per_step`)."""
+        run = self.run
+        weights = {k: v.detach().clone() for k, v in self.models.trained.state_dict().items()}
+        optimizer, scheduler = copy.deepcopy(run.optimizer.state_dict()), run.scheduler.state_dict()
+        counters = (run.step, self.best_reward, self.objective.state())
+        self.cfg.prompts_per_step, self.prompts.per_rank = prompts_per_step, prompts_per_step // run.dist.world
+        self._free_caches()
+        try:
+            return self.train_step()
+        finally:
+            self.models.trained.load_state_dict(weights)
+            run.optimizer.load_state_dict(optimizer)
+            run.scheduler.load_state_dict(scheduler)
+            run.step, self.best_reward, state = counters
+            self.objective.load_state(state)
+
+    def auto_batch(self) -> int:
+        """Runs real steps at doubling prompts-per-step and keeps the largest whose peak GPU memory stays under
+        --memory-target on every rank."""
+        cfg, run, G = self.cfg, self.run, self.cfg.group_size
+        if not isinstance(self.prompts, PromptSource):
+            raise ConfigError("--auto-batch works with the built-in prompt source")
+        total = torch.cuda.get_device_properties(run.device).total_memory
+
+        def fits(p: int) -> bool:
+            try:
+                seconds = self.trial_step(p)["time/step"]
+                used = torch.cuda.max_memory_allocated(run.device) / total
+            except torch.cuda.OutOfMemoryError:
+                used, seconds = math.inf, math.nan
+            ok = not run.comm.any(used > cfg.memory_target)
+            shown = "out of memory" if math.isinf(used) else f"peak {100 * used:.0f}% of memory, {seconds:.2f} s/step"
+            run.log.say(f"auto-batch: {p} prompts x {G} = {p * G} completions: {shown}"
+                        f"{'' if ok else ' (over the target)'}")
+            return ok
+
+        start = cfg.prompts_per_step
+        run.log.say(f"auto-batch: probing prompts-per-step from {start} (x {G} completions), memory target "
+                    f"{100 * cfg.memory_target:.0f}%")
+        chosen = largest_batch(start, cfg.auto_batch_max, lambda p: (p // run.dist.world * G) % cfg.minibatches == 0,
+                               fits)
+        if chosen is None:
+            raise ConfigError(f"--auto-batch: even {start} prompts per step exceed --memory-target "
+                              f"{cfg.memory_target}; lower --prompts-per-step, --group-size or --micro-batch-size")
+        cfg.prompts_per_step, self.prompts.per_rank = chosen, chosen // run.dist.world
+        self._free_caches()
+        run.log.say(f"auto-batch: training with {chosen} prompts per step ({chosen * G} completions)")
+        return chosen
+
+    def _free_caches(self) -> None:
+        if self.run.device.type == "cuda":
+            release_caches()
+            torch.cuda.empty_cache()
+
+    # -- evaluation, samples, checkpoints, the loop -------------------------------------------------------
+
+    def evaluate(self) -> dict[str, Any]:
+        scorer = getattr(self.reward_fn, "scorer", None)
+        if scorer is None:
+            return {}
+        cfg = self.cfg
+        if self._eval_records is None:
+            self._eval_records = heldout_records(cfg.eval_size, cfg.seed, cfg.eval_data, cfg.illegal_share,
+                                                 warn=lambda text: self.run.log.say(f"warning: --eval-data {text}"))
+        return training_metrics(self.run.policy, self.run.tokenizer, cfg, self._eval_records, scorer,
+                                compile=self.run.compile)
+
+    def write_samples(self, k: int = 8) -> None:
+        r = self._last_rollout
+        n, G = len(r.completions), r.group_size
+        rows = [{"task": str(r.scores.tasks[i]), "prompt": r.prompts[i // G].text, "completion": r.completions[i],
+                 "reward": float(r.scores.rewards[i])} for i in range(0, n, max(G, n // k or 1))[:k]]
+        self.run.log.samples(self.run.step, rows)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of GRPO beside the run's own state."""
+        return {**self.objective.state(), "best_reward": self.best_reward}
+
+    def modules(self) -> dict[str, nn.Module]:
+        value_head = self.models.value_head
+        return {VALUE_HEAD_NAME: value_head} if value_head is not None else {}
+
+    def train(self) -> dict[str, Any]:
+        cfg, run = self.cfg, self.run
+        if cfg.auto_batch:
+            if run.resume_from is not None:
+                run.log.say(f"auto-batch: keeping the resumed run's {cfg.prompts_per_step} prompts per step")
+            elif run.step < cfg.steps:
+                self.auto_batch()
+        return run.loop(self.train_step, state=self.state, modules=self.modules, evaluate=self.evaluate,
+                        samples=self.write_samples, sample_every=cfg.sample_every)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        self.run.comm.close()

@@ -1,0 +1,110 @@
+"""Step 4 of a GRPO step: `mu` epochs over the rollout, each split into `minibatches` optimizer steps, each
+accumulated over micro-batches of similar length. The loss of each token is `micro_batch_loss`."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from rookworld.grpo.models import MicroBatch, Models
+from rookworld.grpo.objective import Objective, Totals
+from rookworld.grpo.rollout import Rollout, seed_of
+from rookworld.harness.distributed import Comm
+
+_SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss")
+
+
+@dataclass
+class UpdateSums:
+    """What the update adds up for the step's metrics (device scalars until the one sync at the end)."""
+
+    sums: dict[str, torch.Tensor]
+    kl_parts: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (KL, usable mask), every epoch
+    grad_norms: list[torch.Tensor] = field(default_factory=list)
+    slots: int = 0  # token slots the update's passes computed, padding included
+    real: int = 0  # of which real tokens
+    skipped: int = 0  # minibatches without a usable token: no optimizer step
+    done: int = 0  # optimizer steps taken
+
+
+def update(cfg, objective: Objective, models: Models, optimizer: torch.optim.Optimizer, comm: Comm, rollout: Rollout,
+           step: int) -> UpdateSums:
+    G = rollout.group_size
+    # Running sums stay on the device: a host sync per micro-batch would stall the GPU between them.
+    acc = UpdateSums({k: torch.zeros((), dtype=torch.float64, device=models.device) for k in _SUMS})
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for epoch in range(cfg.mu):
+        # Whole groups, shuffled: a micro-batch computes each of its prompts once.
+        order = torch.randperm(len(rollout.prompts), generator=torch.Generator().manual_seed(seed_of(cfg.seed, step,
+                                                                                                     epoch)))
+        for groups in order.chunk(cfg.minibatches):
+            mb = (groups[:, None] * G + torch.arange(G)).reshape(-1)
+            # The token mean is over every rank's tokens: DDP averages the ranks' gradients, so each rank
+            # divides its sum by the global count over the number of ranks.
+            usable = rollout.loss_mask[mb.to(models.device)]
+            mb_tokens, mb_sequences = comm.sum([float(usable.sum()), float(usable.any(1).sum())])
+            if mb_tokens == 0:  # nothing to learn from: no step, or AdamW's momentum would move the weights
+                acc.skipped += 1
+                continue
+            totals = Totals(mb_tokens / comm.info.world, mb_sequences / comm.info.world, float(len(mb)))
+            optimizer.zero_grad(set_to_none=True)
+            # Gradients add up over micro-batches, so their order and make-up within the minibatch are free.
+            micro = rollout.micro_batches(mb.numpy(), cfg.micro_batch_size, models.prompt_group)
+            for j, b in enumerate(micro):
+                last = j == len(micro) - 1
+                no_sync = models.logprobs.no_sync() if comm.info.enabled and not last else contextlib.nullcontext()
+                with no_sync:
+                    micro_batch_loss(cfg, objective, models, rollout, b, acc, totals)
+            grads = [p for p in params if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(grads, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+            acc.grad_norms.append(norm.detach())
+            optimizer.step()
+            acc.done += 1
+    return acc
+
+
+def micro_batch_loss(cfg, objective: Objective, models: Models, r: Rollout, b: MicroBatch, acc: UpdateSums,
+                     totals: Totals) -> None:
+    """Forward and backward of one micro-batch: the objective's loss of each of its tokens, weighted by the
+    aggregation, in one pass over the vocabulary (`token_logprobs` with a loss)."""
+    P, W = r.prompt_width, b.width
+    rows, cols = torch.from_numpy(b.rows).to(models.device), slice(b.left, P + W)
+    m = r.loss_mask[rows, :W]
+    weights, cut = objective.weights(m, totals), r.rows(rows, W)
+    flat = {k: None if v is None else v.reshape(-1) for k, v in (*cut.items(), ("weights", weights))}
+    at = lambda name, i: None if flat[name] is None else flat[name][i]  # noqa: E731
+
+    def token_loss(lp, entropy, kl, i):
+        return objective.token_loss(lp, entropy, kl, beta=r.beta, advantages=at("advantages", i),
+                                    old_logprobs=at("old_logprobs", i), ref_logprobs=at("ref_logprobs", i))[0] \
+            * flat["weights"][i]
+
+    with models.autocast():
+        out = models.logprobs(r.ids[rows, cols], r.mask[rows, cols], P - b.left, cfg.temperature, loss=token_loss,
+                              reference=models.reference if objective.exact_kl else None,
+                              kl_weights=objective.kl_weights, wanted=m, group_size=models.prompt_group)
+    loss, v_loss = out.loss, None
+    if out.values is not None:
+        v_term, v_loss = objective.value_loss(out.values.float(), cut["old_values"], cut["returns"])
+        loss = loss + (v_term * weights).sum()
+    loss.backward()
+    with torch.no_grad():  # what the metrics count of the micro-batch
+        _, clipped, kl = objective.token_loss(out.logprobs, out.entropy, out.kl, beta=r.beta, **{
+            k: cut[k] for k in ("advantages", "old_logprobs", "ref_logprobs")})
+        mf, s = m.float(), acc.sums
+        s["loss"] += loss.detach()
+        s["tokens"] += mf.sum()
+        s["clipped"] += (clipped.float() * mf).sum()
+        s["entropy"] += (out.entropy * mf).sum()
+        if kl is not None:
+            s["kl"] += (kl * mf).sum()
+            acc.kl_parts.append((kl.detach(), m))
+        if v_loss is not None:
+            s["value_loss"] += (v_loss.detach() * mf).sum()
+    # Token slots the passes computed: each micro-batch's prompts (once a group when shared), and its completions.
+    prompts = b.rows[:: models.prompt_group]
+    acc.slots += len(prompts) * (P - b.left) + len(b.rows) * W
+    acc.real += int(r.prompt_lens[prompts].sum() + r.completion_lens[b.rows].sum())

@@ -1,0 +1,110 @@
+"""Checkpoints: the policy in the Hugging Face GPT-2 layout plus the trainer's state, written atomically.
+
+    OUTPUT_DIR/checkpoints/step-000050/{config.json, model.safetensors, vocab.json, merges.txt, trainer_state.pt,
+                                        train_config.json}
+                                       (+ one NAME.safetensors per extra module, e.g. the GAE value head)
+    OUTPUT_DIR/checkpoints/latest        (the name of the newest complete checkpoint)
+
+A checkpoint is assembled in a temporary directory and renamed into place, and `latest` is replaced
+atomically after it, so a crash at any moment leaves the previous checkpoint intact and `latest` valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from rookworld.ground.files import atomic_write, publish, temporary_directory
+from rookworld.net.sources import (
+    CONFIG_FILE,
+    LATEST,
+    STATE_FILE,
+    CheckpointError,
+    list_checkpoints,
+)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    with atomic_write(path, fsync=True) as f:
+        f.write(text)
+
+
+def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict[str, Any], config: dict[str, Any],
+                    keep: int, modules: dict[str, torch.nn.Module] | None = None, tokenizer=None) -> Path:
+    """Writes checkpoint `step` and prunes all but the newest `keep`; returns its directory. `modules` are
+    trained beside the policy but not part of it: each goes to its own NAME.safetensors, so `model.safetensors`
+    stays a plain GPT-2. The tokenizer's vocab.json and merges.txt make the directory loadable offline."""
+    root = Path(output_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:06d}"
+    final = root / name
+    tmp = temporary_directory(f".{name}.", root)
+    try:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save(state, tmp / STATE_FILE)
+        for module_name, module in (modules or {}).items():
+            tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+            save_file(tensors, str(tmp / f"{module_name}.safetensors"))
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        if final.exists():  # saved again (e.g. the final step right after a periodic save)
+            shutil.rmtree(final)
+        publish(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_text_atomic(root / LATEST, name + "\n")
+    for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    try:
+        # Our own file: optimizer state and numpy RNG state need the full unpickler.
+        return torch.load(checkpoint / STATE_FILE, map_location=map_location, weights_only=False)
+    except Exception as e:  # a truncated or foreign file
+        raise CheckpointError(f"cannot read {checkpoint / STATE_FILE}: {e}") from None
+
+
+def load_module(checkpoint: Path, name: str, module: torch.nn.Module) -> None:
+    """Loads NAME.safetensors of a checkpoint into `module` (see `save_checkpoint`)."""
+    path = checkpoint / f"{name}.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{checkpoint} has no {path.name}: it was saved by a run without it")
+    try:
+        module.load_state_dict(load_file(str(path), device=str(next(module.parameters()).device)))
+    except Exception as e:  # a truncated file, or one of another shape
+        raise CheckpointError(f"cannot load {path}: {e}") from None
+
+
+def load_config(checkpoint: Path) -> dict[str, Any]:
+    try:
+        return json.loads((checkpoint / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {checkpoint / CONFIG_FILE}: {e}") from None

@@ -1,0 +1,212 @@
+"""What every training command shares: device and dtype, DDP, the policy and its tokenizer, the optimizer and
+its schedule, checkpoints and resume, Ctrl-C and SIGTERM, the run log, and the loop that calls a command's step,
+evaluation and samples. `rookworld train` (GRPO) and `rookworld sft` each plug their step into `Run.loop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rookworld.harness import checkpoint
+from rookworld.harness.distributed import Comm, init_distributed
+from rookworld.harness.rundir import prepare_output_dir
+from rookworld.harness.runlog import RunLog, Summary
+from rookworld.net.device import resolve_device
+from rookworld.net.model import from_pretrained, model_directory
+from rookworld.net.tokenizer import get_tokenizer
+from rookworld.settings.config import RunConfig
+from rookworld.settings.presets import schedule_warnings
+
+
+def lr_factor(step: int, cfg: RunConfig) -> float:
+    """Linear warm-up to the peak, then cosine decay to min_lr_ratio x peak at the last step."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / (cfg.warmup_steps + 1)
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def complete_message(command: str, cfg: RunConfig, step: int) -> str:
+    return (f"the run is complete: step {step} of --steps {cfg.steps}; to train longer, rookworld {command} "
+            f"--resume {cfg.output_dir} --steps N with N > {step}")
+
+
+class Run:
+    def __init__(self, cfg: RunConfig, *, command: str, policy: nn.Module | None = None, tokenizer=None,
+                 stream=None, summary: Summary | None = None, label: str | None = None):
+        """``label`` names a `policy` given fresh, for the header. Every checkpoint also writes the model into the
+        output directory itself, which then loads as a model (``--model``, ``rookworld eval``, transformers)."""
+        self.cfg, self.command = cfg, command
+        kind = resolve_device(cfg.device).type
+        self.dist = init_distributed(kind)
+        cfg.check_world(self.dist.world)
+        self.device = resolve_device(cfg.device, self.dist.local_rank)
+        self.comm = Comm(self.dist, self.device)
+        if kind == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            # Each (batch, cache length) of the compiled decode step is one dynamo entry; evaluation and
+            # --auto-batch add shapes, and past the default limit of 8 decoding would quietly fall back to eager.
+            import torch._dynamo as dynamo  # (a bare `import torch._dynamo` would make `torch` local here)
+
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(dynamo.config, name):
+                    setattr(dynamo.config, name, max(64, getattr(dynamo.config, name)))
+        bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and kind == "cuda")
+        self.amp_dtype = torch.bfloat16 if bf16 else None
+        self.compile = cfg.compile and kind == "cuda"
+        torch.manual_seed(cfg.seed)
+
+        # Everything a user can get wrong is checked before the slow parts (models, engines) start, and before
+        # the header: a model that cannot be found (a typo, a hub out of reach) is one line and no run directory.
+
+        self.resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
+        source, directory = self.resume_from or cfg.model or label, None
+        if policy is None:
+            directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
+        prepare_output_dir(cfg, self.resume_from, self.dist.main, command)
+        self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary,
+                          report_to=cfg.reporters, wandb_project=cfg.wandb_project, config=cfg.to_dict(),
+                          command=command)
+        ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
+        steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
+        self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "
+                     f"({'bf16 autocast' if bf16 else 'fp32'}{', compiled' if self.compile else ''}{ranks})")
+
+        if policy is None:
+            policy = from_pretrained(directory, device=self.device)
+        self.policy = policy.to(self.device).eval()  # eval(): dropout stays off
+        # The vocabulary of the model's own directory when it has one (a download, a checkpoint of ours).
+        self.tokenizer = tokenizer or get_tokenizer(directory)
+        n_params = sum(p.numel() for p in self.policy.parameters())
+        self.log.say(f"model: {source} ({n_params / 1e6:.1f}M parameters)")
+        if self.resume_from is None:
+            for text in schedule_warnings(command, cfg.lr, cfg.warmup_steps, cfg.steps, n_params):
+                self.log.say(f"warning: {text}")
+        self.step = 0
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler = None
+        self.interrupted = False  # set when a run stopped early on Ctrl-C or SIGTERM (after saving)
+        self._stop_requested = False
+
+    def build_optimizer(self, extra_groups: Sequence[dict] = ()) -> dict[str, Any]:
+        """AdamW over the policy (and `extra_groups`), warm-up + cosine; on resume, their saved state and the
+        RNG. Returns the command's own saved state (empty for a new run)."""
+        cfg = self.cfg
+        decay = [p for p in self.policy.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.policy.parameters() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0},
+                  *extra_groups]
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=self.device.type == "cuda")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
+        state: dict[str, Any] = {}
+        if self.resume_from is not None:
+            state = checkpoint.load_state(self.resume_from)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            # The saved lr belongs to the saved schedule; a resume with more --steps has a longer one, whose lr
+            # must hold from the first resumed step (the same value when --steps is unchanged).
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+                group["lr"] = base * lr_factor(self.scheduler.last_epoch, cfg)
+            self.step = state["step"]
+            checkpoint.set_rng_state(state["rng"])
+        self.log.start(self.step)
+        return state
+
+    def save(self, state: dict[str, Any], modules: dict[str, nn.Module] | None = None) -> Path | None:
+        if not self.dist.main:
+            return None
+        full = {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": checkpoint.rng_state(), "world_size": self.dist.world, **state}
+        path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full, self.cfg.to_dict(),
+                                          self.cfg.keep_checkpoints, modules, tokenizer=self.tokenizer)
+        self.policy.save_pretrained(self.cfg.output_dir)
+        self.tokenizer.save_pretrained(self.cfg.output_dir)
+        self.log.say(f"saved checkpoint {path}")
+        return path
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _request_stop(self, signum, frame) -> None:
+        if self._stop_requested:  # second Ctrl-C: stop now, without saving
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self.log.say("stopping after this step and saving a checkpoint (Ctrl-C again to abort without saving)")
+
+    def loop(self, step: Callable[[], dict[str, Any]], *, state: Callable[[], dict[str, Any]],
+             modules: Callable[[], dict[str, nn.Module]] = dict, evaluate: Callable[[], dict[str, Any]] | None = None,
+             samples: Callable[[], None] | None = None, sample_every: int = 0) -> dict[str, Any]:
+        """Calls `step` (which advances `self.step` and returns its metrics) until `cfg.steps`, with periodic
+        evaluation (rank 0), samples, checkpoints, and a checkpoint on Ctrl-C/SIGTERM or at the end."""
+        cfg = self.cfg
+        if self.resume_from is not None:
+            self.log.say(f"resumed from {self.resume_from} at step {self.step}")
+        if self.step >= cfg.steps:
+            self.log.say(complete_message(self.command, cfg, self.step))
+            self.log.close()
+            return {}
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self._request_stop)
+        last: dict[str, Any] = {}
+        last_eval: dict[str, Any] | None = None
+        saved_at = self.step
+        self.log.begin_steps()
+        try:
+            while self.step < cfg.steps:
+                m = step()
+                final = self.step == cfg.steps
+                if evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                    t0 = time.perf_counter()
+                    if self.dist.main:
+                        self.log.status(f"step {self.step}/{cfg.steps} | evaluating on held-out positions ...")
+                        m.update(evaluate())
+                    self.comm.barrier()
+                    m["time/eval"] = time.perf_counter() - t0
+                    self.log.eval_line(self.step, m, m["time/eval"])
+                    last_eval = m
+                m["eta_s"] = self.log.eta(self.step)
+                self.log.step(m, log_line=self.step % cfg.log_every == 0 or final)
+                # The last step's samples too, so that a run shorter than --sample-every still shows some.
+                if samples is not None and sample_every and (self.step % sample_every == 0 or final) \
+                        and self.dist.main:
+                    samples()
+                last = m
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save(state(), modules())
+                    saved_at = self.step
+                if self.comm.any(self._stop_requested):
+                    self.interrupted = self.step < cfg.steps
+                    break
+            if saved_at != self.step:
+                self.save(state(), modules())
+            if not self.interrupted:
+                self.log.finish(self.command, self.step, last_eval)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.log.close()
+        return last
+
+    def cpu_threads_beside(self, workers: int) -> None:
+        """On the CPU, torch's threads and `workers` other processes (Stockfish) share the cores; oversubscribed
+        OpenMP threads spin against busy engines and run an order of magnitude slower."""
+        if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            cores = max(1, (os.cpu_count() or 1) // self.dist.local_world)
+            torch.set_num_threads(max(1, cores - workers))

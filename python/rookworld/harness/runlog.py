@@ -1,0 +1,246 @@
+"""What a training run tells its user: a header, a line every few steps, an evaluation line, metrics.jsonl
+every step, sample completions, and warnings; and what it reports to (`--report-to`): TensorBoard event files
+when it is installed, Weights & Biases."""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from rookworld.ground.progress import Progress, _duration
+from rookworld.settings.config import ConfigError
+
+#: The parts of a command's summary line after "step N/M", from the step's metrics.
+Summary = Callable[[dict[str, Any]], list[str]]
+
+
+def _num(v: Any) -> Any:
+    """JSON-safe: NaN and infinities become null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def fmt(m: dict[str, Any], key: str, fmt: str = "{:.3f}") -> str:
+    """A metric for a summary line: '-' when it is missing or not finite."""
+    v = m.get(key)
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
+
+
+def eval_figures(m: dict[str, Any]) -> list[str]:
+    """The headline evaluation figures per task: format validity, reward, and each task's own accuracy."""
+    parts = []
+    for task, key, label in (("P", "best_move_accuracy", "best move"), ("A", "next_state_exact", "next state")):
+        if f"eval/{task}/mean_reward" in m:
+            parts.append(f"{task}: format {fmt(m, f'eval/{task}/format_valid', '{:.0%}')}, reward "
+                         f"{fmt(m, f'eval/{task}/mean_reward')}, {label} {fmt(m, f'eval/{task}/{key}', '{:.0%}')}")
+    for key, label, form in (("eval/mate-in-one/mate_rate", "mate-in-one", "{:.0%}"),
+                             ("eval/selfplay/greedy/legal_half_moves", "selfplay", "{:.1f} legal half-moves"),
+                             ("eval/vs-stockfish/score", "vs Stockfish", "{:.0%}")):
+        if key in m:
+            parts.append(f"{label} {fmt(m, key, form)}")
+    if "eval/loss" in m:
+        parts.append(f"loss {fmt(m, 'eval/loss', '{:.4f}')}")
+    return parts
+
+
+def _scalars(m: dict[str, Any]) -> dict[str, float]:
+    """What a step reports to TensorBoard and W&B: its finite numbers, but the step itself."""
+    return {k: v for k, v in m.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "step"}
+
+
+class TensorBoardSink:
+    """Event files in OUTPUT_DIR/tensorboard; a resumed run purges the steps after its checkpoint."""
+
+    def __init__(self, directory: Path, resume_step: int):
+        from torch.utils.tensorboard import SummaryWriter  # ImportError when tensorboard is not installed
+
+        self.writer = SummaryWriter(str(directory / "tensorboard"), purge_step=resume_step + 1)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, step)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        pass  # samples.jsonl has them
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+#: OUTPUT_DIR/WANDB_ID holds the id of the run's W&B run, so that --resume continues the same one.
+WANDB_ID = "wandb_id"
+
+
+class WandbSink:
+    """A Weights & Biases run named after the output directory, with its files in OUTPUT_DIR/wandb. Its id is kept
+    in OUTPUT_DIR/wandb_id, so a resumed run continues it. (W&B keeps a run's steps increasing: the steps a resumed
+    run replays after its checkpoint, which the crashed run had logged already, are not logged again.)"""
+
+    def __init__(self, directory: Path, project: str, config: dict[str, Any] | None, command: str | None):
+        import wandb
+
+
+        id_file = directory / WANDB_ID
+        run_id = id_file.read_text().strip() if id_file.is_file() else ""
+        if not run_id:
+            run_id = secrets.token_hex(4)
+            id_file.write_text(run_id + "\n")
+        self.wandb = wandb
+        try:
+            self.run = wandb.init(project=project, name=directory.resolve().name, dir=str(directory), id=run_id,
+                                  resume="allow", config=config, job_type=command)
+        except wandb.errors.Error as e:
+            raise ConfigError(f"--report-to wandb: W&B did not start: {e} (or run offline: WANDB_MODE=offline, "
+                              "then wandb sync)") from None
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        columns = ["step", *dict.fromkeys(k for row in rows for k in row)]
+        data = [[step, *(row.get(c) for c in columns[1:])] for row in rows]
+        self.run.log({"samples": self.wandb.Table(columns=columns, data=data)}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class RunLog:
+    def __init__(self, output_dir: str | Path, total_steps: int, *, enabled: bool = True, stream: TextIO | None = None,
+                 summary: Summary | None = None, report_to: Sequence[str] = ("tensorboard",),
+                 wandb_project: str = "rookworld", config: dict[str, Any] | None = None, command: str | None = None):
+        """`report_to`: where the figures go besides metrics.jsonl and samples.jsonl (tensorboard, wandb); `config`
+        (the run's settings) and `command` describe the W&B run."""
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.stream = stream if stream is not None else sys.stderr
+        self.summary = summary
+        self.dir = Path(output_dir)
+        self._last_warned: dict[str, int] = {}
+        self.report_to = tuple(report_to.split(",") if isinstance(report_to, str) else report_to)
+        self.wandb_project = wandb_project
+        self.config = config
+        self.command = command
+        self.sinks: list[TensorBoardSink | WandbSink] = []
+        self._t0: float | None = None
+        self._first_step = 0
+        # A live bar on a terminal only; logs and pipes get the summary lines alone.
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.bar = Progress(total_steps, "train", "step", stream=self.stream, enabled=False)
+
+    def start(self, resume_step: int = 0) -> None:
+        """Opens the files; a resumed run replays the steps after its checkpoint, so their old rows go."""
+        self.bar.done = self.bar.first = self._first_step = resume_step
+        if not self.enabled:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.samples_path = self.dir / "samples.jsonl"
+        for path in (self.metrics_path, self.samples_path):
+            if path.exists():
+                kept = [line for line in path.read_text().splitlines()
+                        if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+                path.write_text("".join(line + "\n" for line in kept))
+        # W&B first: it is the one that can fail (no login), and then no event files are left open.
+        if "wandb" in self.report_to:
+            self.sinks.append(WandbSink(self.dir, self.wandb_project, self.config, self.command))
+        if "tensorboard" in self.report_to:
+            try:
+                self.sinks.append(TensorBoardSink(self.dir, resume_step))
+            except ImportError:
+                self.say("TensorBoard is not installed: no event files (metrics.jsonl has every figure; "
+                         "pip install tensorboard for them)")
+
+    def begin_steps(self) -> None:
+        """The clock of the rate and the ETA starts here, after models and engines are up."""
+        self._t0 = time.perf_counter()
+        self.bar.start = time.monotonic()
+
+    def eta(self, step: int) -> float | None:
+        done = step - self._first_step
+        if self._t0 is None or done <= 0:
+            return None
+        return (time.perf_counter() - self._t0) / done * (self.total_steps - step)
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            clear = "\r\033[K" if self.tty else ""
+            self.stream.write(clear + text + "\n")
+            if self.tty and self.bar.done:
+                self.stream.write(self.bar.line())
+            self.stream.flush()
+
+    def warn(self, kind: str, step: int, text: str, every: int = 10) -> None:
+        """A warning, at most once every `every` steps per kind."""
+        last = self._last_warned.get(kind)
+        if last is None or step - last >= every:
+            self._last_warned[kind] = step
+            self.say(f"warning: step {step}: {text}")
+
+    def step(self, m: dict[str, Any], log_line: bool) -> None:
+        if not self.enabled:
+            return
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps({k: _num(v) for k, v in m.items()}) + "\n")
+        if self.sinks:
+            values = _scalars(m)
+            for sink in self.sinks:
+                sink.scalars(m["step"], values)
+        self.bar.done = m["step"]
+        if log_line:
+            self.say(self.line(m))
+        elif self.tty:
+            self.stream.write("\r\033[K" + self.bar.line())
+            self.stream.flush()
+
+    def line(self, m: dict[str, Any]) -> str:
+        parts = [f"step {m['step']}/{self.total_steps}", *(self.summary(m) if self.summary else [])]
+        if m.get("eta_s") is not None:
+            parts.append(f"eta {_duration(m['eta_s'])}")
+        return " | ".join(parts)
+
+    def status(self, text: str) -> None:
+        """On a terminal, `text` in place of the progress bar until the next line (a pipe gets nothing)."""
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+
+    def eval_line(self, step: int, m: dict[str, Any], seconds: float) -> None:
+        self.say(" | ".join([f"eval at step {step}", *eval_figures(m), f"{seconds:.1f} s"]))
+
+    def finish(self, command: str, step: int, last_eval: dict[str, Any] | None) -> None:
+        """The closing lines: what was done, the last held-out figures, where the model is and what to do next."""
+        took = f" in {_duration(time.perf_counter() - self._t0)}" if self._t0 is not None else ""
+        self.say(f"rookworld {command}: done, step {step}/{self.total_steps}{took}")
+        if last_eval:
+            self.say(" | ".join([f"held-out at step {last_eval['step']}", *eval_figures(last_eval)]))
+        self.say(f"model: {self.dir} (step {step}; its checkpoints in {self.dir / 'checkpoints'})")
+        self.say(f"evaluate it: rookworld eval --model {self.dir}")
+        if command == "sft":
+            self.say(f"train it with GRPO: rookworld train --model {self.dir} --output-dir {self.dir}-grpo")
+        self.say(f"curves: rookworld plot {self.dir}")
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if not self.enabled:
+            return
+        with self.samples_path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}) + "\n")
+        for sink in self.sinks:
+            sink.samples(step, rows)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()

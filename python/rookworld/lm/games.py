@@ -1,0 +1,220 @@
+"""Whole games: the model against itself, against Stockfish, or against a person, every move checked by the Rust
+core's A: environment (the same rules the A: task is scored by).
+
+A `Player` chooses a move for each of a batch of games, so that the model answers every game to move in one
+batched generation. A game ends at checkmate, a draw of the rules (stalemate, insufficient material, the 75-move
+rule, threefold repetition), an illegal or unreadable move (which loses), or the ply limit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rookworld.ground import chess
+from rookworld.ground.stockfish.engine import Engine, find_stockfish
+
+WHITE, BLACK = "w", "b"
+COLOUR_NAMES = {WHITE: "white", BLACK: "black"}
+
+
+def turn(fen: str) -> str:
+    return fen.split()[1]
+
+
+def _repetition_key(fen: str) -> str:
+    """Placement, side to move, castling and en passant: what makes positions the same for repetition."""
+    return " ".join(fen.split()[:4])
+
+
+def draw_reason(fen: str) -> str:
+    """Why the A: environment called the position after a move a draw."""
+    if not chess.legal_moves(fen):
+        return "stalemate"
+    if int(fen.split()[4]) >= 150:
+        return "75-move rule"
+    return "insufficient material"
+
+
+@dataclass
+class Choice:
+    """A player's move for one game: `move` as written (None when the answer had no move at all), the completion
+    it came from, and a note when the player did something the user should hear of (a fallback)."""
+
+    move: str | None
+    answer: str | None = None
+    note: str | None = None
+
+
+@dataclass
+class Game:
+    start_fen: str = chess.START_FEN
+    fen: str = ""
+    #: Legal moves played, UCI, oldest first.
+    moves: list[str] = field(default_factory=list)
+    #: Per move attempted: the player's completion (None for an engine or a person) and its note.
+    answers: list[str | None] = field(default_factory=list)
+    notes: list[str | None] = field(default_factory=list)
+    #: "1-0", "0-1", "1/2-1/2", or None while the game goes on (and for a game stopped at the ply limit).
+    result: str | None = None
+    reason: str | None = None
+    #: The colour that played an illegal or unreadable move, which lost the game.
+    illegal_by: str | None = None
+    ended: bool = False
+    _seen: Counter = field(default_factory=Counter, repr=False)
+
+    def __post_init__(self) -> None:
+        self.fen = self.fen or self.start_fen
+        self._seen[_repetition_key(self.fen)] += 1
+
+    @property
+    def turn(self) -> str:
+        return turn(self.fen)
+
+    def _end(self, result: str | None, reason: str) -> None:
+        self.result, self.reason, self.ended = result, reason, True
+
+    def play(self, choice: Choice) -> bool:
+        """Plays a choice; False (and the game lost) for an illegal or missing move."""
+        mover = self.turn
+        self.answers.append(choice.answer)
+        self.notes.append(choice.note)
+        step = chess.env_steps([self.fen], [choice.move or ""])[0]
+        if step.truncated:
+            self.illegal_by = mover
+            what = f"illegal move {choice.move!r}" if choice.move else "no move in its answer"
+            self._end("0-1" if mover == WHITE else "1-0", f"{what} by {COLOUR_NAMES[mover]}")
+            return False
+        self.moves.append(choice.move)
+        self.fen = step.fen
+        self._seen[_repetition_key(step.fen)] += 1
+        if step.terminated and step.reward == 1.0:
+            self._end("1-0" if mover == WHITE else "0-1", "checkmate")
+        elif step.terminated:
+            self._end("1/2-1/2", draw_reason(step.fen))
+        elif self._seen[_repetition_key(step.fen)] >= 3:
+            self._end("1/2-1/2", "threefold repetition")
+        return True
+
+    def stop(self, reason: str, result: str | None = None) -> None:
+        """Ends the game outside the rules: the ply limit (no result), a resignation (a result)."""
+        self._end(result, reason)
+
+    def to_dict(self) -> dict:
+        return {"start_fen": self.start_fen, "moves": list(self.moves), "fen": self.fen, "result": self.result,
+                "reason": self.reason, "illegal_by": self.illegal_by, "answers": list(self.answers),
+                "notes": [n for n in self.notes if n]}
+
+
+class Player(Protocol):
+    name: str
+
+    def choose(self, games: Sequence[Game]) -> list[Choice]: ...
+
+
+def play_games(games: Sequence[Game], players: Sequence[Player], player_of, *, max_plies: int,
+               progress=None) -> None:
+    """Plays every game to its end: `player_of(game)` is the index in `players` of the one to move. Each round,
+    every game moves once and each player answers its games in one batch. A game at `max_plies` moves is stopped
+    ("ply limit")."""
+    while True:
+        live = [g for g in games if not g.ended]
+        for g in live:
+            if len(g.moves) >= max_plies:
+                g.stop("ply limit")
+        live = [g for g in live if not g.ended]
+        if not live:
+            return
+        to_move = [player_of(g) for g in live]  # before anyone moves: each game moves once a round
+        for index, player in enumerate(players):
+            mine = [g for g, i in zip(live, to_move) if i == index]
+            if mine:
+                for g, choice in zip(mine, player.choose(mine)):
+                    g.play(choice)
+        if progress is not None:
+            progress.update(len(live))
+
+
+class ModelPlayer:
+    """The model's move: the B: move of its P: answer. With `fallback`, an illegal B: move is replaced by the
+    answer's first legal candidate (M:), and the choice says so."""
+
+    def __init__(self, lm, decoding, *, seed: int = 0, fallback: bool = False):
+        self.lm, self.decoding, self.seed, self.fallback = lm, decoding, seed, fallback
+        self.name = f"model ({decoding.name})"
+        self._calls = 0
+
+    def choose(self, games: Sequence[Game]) -> list[Choice]:
+        self._calls += 1
+        answers = self.lm.policy([g.fen for g in games], decoding=self.decoding, seed=self.seed + 7919 * self._calls)
+        legal = chess.is_legal([g.fen for g in games], [a.best or "" for a in answers])
+        choices = []
+        for g, a, ok in zip(games, answers, legal):
+            if ok or not self.fallback:
+                choices.append(Choice(a.best, a.text))
+                continue
+            candidates = [m for m in a.moves if m != a.best]
+            ok_candidates = chess.is_legal([g.fen] * len(candidates), candidates) if candidates else []
+            move = next((m for m, k in zip(candidates, ok_candidates) if k), None)
+            said = f"its best move {a.best!r} is illegal" if a.best else "its answer has no best move"
+            note = f"{said}; played its candidate {move}" if move else f"{said} and no candidate is legal"
+            choices.append(Choice(move, a.text, note))
+        return choices
+
+
+class StockfishPlayer:
+    """Stockfish as an opponent at a fixed strength: `elo` (UCI_LimitStrength, calibrated; Stockfish 15.1 accepts
+    1350-2850) or `skill` (Skill Level 0-20), searching `nodes` nodes a move."""
+
+    def __init__(self, path: str | None = None, *, elo: int | None = None, skill: int | None = None,
+                 nodes: int = 20_000, timeout_s: float = 60.0):
+
+        if elo is not None and skill is not None:
+            raise ValueError("give Stockfish's strength as elo or as skill, not both")
+        options: dict[str, int | str] = {"Threads": 1, "Hash": 16}
+        if elo is not None:
+            options |= {"UCI_LimitStrength": "true", "UCI_Elo": elo}
+            self.strength = f"UCI_Elo {elo}"
+        elif skill is not None:
+            options["Skill Level"] = skill
+            self.strength = f"Skill Level {skill}"
+        else:
+            self.strength = "full strength"
+        self.name = f"Stockfish ({self.strength}, {nodes} nodes)"
+        self.go, self.timeout_s = f"go nodes {nodes}", timeout_s
+        self.engine = Engine(find_stockfish(path), options, startup_timeout=timeout_s)
+
+    def choose(self, games: Sequence[Game]) -> list[Choice]:
+        return [Choice(self.engine.best_move(g.start_fen, g.moves, self.go, self.timeout_s)) for g in games]
+
+    def close(self) -> None:
+        self.engine.quit()
+
+    def __enter__(self) -> StockfishPlayer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def elo_difference(wins: int, draws: int, losses: int) -> tuple[float, float, float]:
+    """The Elo difference a score implies, with a 95% interval from the games' own variance (the normal
+    approximation, trinomial per game). A score of 0 or 1 gives an infinite bound."""
+    n = wins + draws + losses
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    s = (wins + 0.5 * draws) / n
+    variance = (wins * (1 - s) ** 2 + draws * (0.5 - s) ** 2 + losses * s**2) / n
+    half = 1.96 * math.sqrt(variance / n)
+    return _elo(s), _elo(s - half), _elo(s + half)
+
+
+def _elo(score: float) -> float:
+    if score <= 0:
+        return -math.inf
+    if score >= 1:
+        return math.inf
+    return -400 * math.log10(1 / score - 1)

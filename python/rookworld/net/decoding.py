@@ -1,0 +1,128 @@
+"""Next-token logits of a batch, one token per row at a time, against a preallocated `KVCache`.
+
+The prompts are prefilled once; every decode step after that has the same shapes (the cache is written at a
+position *tensor*), so on CUDA the step is compiled with `torch.compile(mode="reduce-overhead")` and replayed as a
+CUDA graph. A graph has its cache's addresses baked in, so compiled decoding keeps its caches between calls.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+
+from rookworld.net.compiling import maybe_compiled, run_or_fall_back
+from rookworld.net.model import GPT, KVCache, head_logits
+
+# Round the cache length up to a multiple of this when compiling, so that prompts of slightly different widths
+# reuse one compiled graph (each distinct shape is a recompilation and another CUDA graph).
+CACHE_LEN_BUCKET = 64
+# Compiled decoding keeps its KV caches between calls (the CUDA graph has their addresses baked in); at most
+# this many shapes per model, least recently used evicted. `release_caches(model)` frees them.
+MAX_CACHED_SHAPES = 2
+
+_compiled_steps: dict[str, Callable[..., torch.Tensor]] = {}
+_cache_pool: weakref.WeakKeyDictionary[GPT, OrderedDict[tuple, KVCache]] = weakref.WeakKeyDictionary()
+
+
+def decode_step(
+    model: GPT,
+    cache: KVCache,
+    tokens: torch.Tensor,
+    position_ids: torch.Tensor,
+    write_pos: torch.Tensor,
+    device_type: str,
+    amp_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """One token per row [B, 1] through the model against the cache; next-token logits [B, V] in float32."""
+    with torch.autocast(device_type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+        hidden = model.trunk(tokens, None, position_ids, cache, write_pos)
+        return head_logits(hidden[:, -1], model.lm_head.weight)
+
+
+def _pooled_cache(model: GPT, batch_size: int, max_len: int, dtype: torch.dtype) -> KVCache:
+    """A KV cache reused across calls: CUDA graphs replay against fixed addresses, so the cache must persist."""
+    pool = _cache_pool.setdefault(model, OrderedDict())
+    key = (batch_size, max_len, dtype, model.device)
+    if key in pool:
+        pool.move_to_end(key)
+        cache = pool[key]
+        cache.reset()
+        return cache
+    while len(pool) >= MAX_CACHED_SHAPES:
+        pool.popitem(last=False)
+    cache = KVCache(model.config, batch_size, max_len, model.device, dtype)
+    # Tells dynamo/cudagraphs these inputs keep their address, so mutating them in the graph is allowed.
+    torch._dynamo.mark_static_address(cache.kv)
+    torch._dynamo.mark_static_address(cache.valid)
+    pool[key] = cache
+    return cache
+
+
+def release_caches(model: GPT | None = None) -> None:
+    """Free the KV caches that compiled decoding keeps (for one model, or all)."""
+    if model is None:
+        _cache_pool.clear()
+    else:
+        _cache_pool.pop(model, None)
+
+
+class Decoder:
+    """Next-token logits [B, V] (float32) of a left-padded batch: `prefill` the prompts, then `step` one token per
+    row at a time, for up to `max_len` positions in all.
+
+    dtype: compute dtype; default bfloat16 on CUDA for an fp32 model, else the model's own. If it differs from the
+    parameters' dtype the model runs under torch.autocast; the KV cache is kept in `dtype`.
+    compile: compile the step (a CUDA graph on CUDA); default True on CUDA. `self.compile` says whether it is.
+    """
+
+    def __init__(self, model: GPT, batch_size: int, max_len: int, dtype: torch.dtype | None,
+                 compile: bool | None):
+        self.model, self.device = model, model.device
+        device_type = self.device.type
+        # bf16 on CUDA unless the model already runs in a 16-bit type; fp32 weights then stay fp32 (autocast).
+        default_dtype = torch.bfloat16 if device_type == "cuda" and model.dtype == torch.float32 else model.dtype
+        compute_dtype = dtype or default_dtype
+        self.amp_dtype = compute_dtype if compute_dtype != model.dtype else None
+        compile = (device_type == "cuda") if compile is None else compile
+        # reduce-overhead = inductor + CUDA graphs: the ~100 small kernels of a decode step become one replay.
+        mode = "reduce-overhead" if device_type == "cuda" else None
+        self.step_fn = maybe_compiled(decode_step, _compiled_steps, device_type, compile, mode=mode, dynamic=False)
+        self.compile = self.step_fn is not decode_step
+        if self.compile:
+            max_len = -(-max_len // CACHE_LEN_BUCKET) * CACHE_LEN_BUCKET
+            self.cache = _pooled_cache(model, batch_size, max_len, compute_dtype)
+        else:
+            self.cache = KVCache(model.config, batch_size, max_len, self.device, compute_dtype)
+
+    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+        """Logits [B, V] after the prompts [B / repeats, P] (mask: bool, False on left padding), each prompt computed
+        once and its keys and values copied to its `repeats` consecutive rows of the cache, in place (a CUDA
+        graph's addresses stay valid)."""
+        P = input_ids.shape[1]
+        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
+                            enabled=self.amp_dtype is not None):
+            hidden, kvs = self.model.prompt_trunk(input_ids, mask)
+            logits = head_logits(hidden[:, -1], self.model.lm_head.weight)
+        for layer, (k, v) in enumerate(kvs):
+            self.cache.kv[layer, 0, :, :, :P] = k.repeat_interleave(repeats, 0)
+            self.cache.kv[layer, 1, :, :, :P] = v.repeat_interleave(repeats, 0)
+        mask = mask.repeat_interleave(repeats, 0)
+        self.cache.valid[:, :P] = mask
+        self.write_pos = torch.tensor([P], dtype=torch.long, device=self.device)
+        self.position_ids = mask.sum(1, keepdim=True)  # next position of every row: its real prompt length
+        return logits.repeat_interleave(repeats, 0)
+
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """Logits after appending `token` [B] to every row."""
+        args = (self.model, self.cache, token[:, None], self.position_ids, self.write_pos, self.device.type,
+                self.amp_dtype)
+        if self.compile:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
+        logits, self.step_fn = run_or_fall_back(self.step_fn, decode_step, self.device.type, *args)
+        self.compile = self.step_fn is not decode_step
+        self.write_pos = self.write_pos + 1
+        self.position_ids = self.position_ids + 1
+        return logits

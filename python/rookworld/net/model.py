@@ -1,0 +1,594 @@
+"""GPT-2 in plain PyTorch, loadable from (and savable to) the Hugging Face GPT-2 checkpoint layout.
+
+This is the policy that GRPO trains: RookWorld-LM-124M is a GPT-2 small, so the module below is exactly GPT-2
+(tanh-approximated GELU, LayerNorm eps 1e-5, learned absolute positions, tied input/output embedding), written
+in the style of nanoGPT's model.py. Attention goes through `F.scaled_dot_product_attention`.
+
+Two things differ from a textbook GPT-2, both for RL:
+- Left-padded batches are first-class: position ids come from the attention mask, and padded keys are masked,
+  so a prompt's logits do not depend on the padding around it.
+- `trunk()` can read and write a preallocated `KVCache` at an index tensor. The decoder in
+  `rookworld.net.decoding` relies on that to keep shapes static (needed for CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from copy import deepcopy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from rookworld.ground.files import publish, temporary_directory
+from rookworld.settings.hub import is_local_path
+
+DEFAULT_REPO = "jrahn/RookWorld-LM-124M"
+#: The GPT-2 vocabulary as the hub's GPT-2 repos carry it; `rookworld.net.tokenizer` reads and writes these.
+TOKENIZER_FILES = ("vocab.json", "merges.txt")
+
+# HF's GPT-2 uses Conv1D, which stores weights as [in, out]; nn.Linear wants [out, in].
+_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# HF buffers (causal-mask tables) that older checkpoints carry; SDPA makes them unnecessary.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+# Both spellings mean GELU with the tanh approximation.
+_TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+class ModelNotAvailableError(OSError):
+    """The checkpoint could not be found locally and could not be fetched from the hub."""
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # HF n_positions
+    vocab_size: int = 50257
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0  # off by default: with dropout on, the policy/reference KL is noise from step 1
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> GPTConfig:
+        """Read a Hugging Face GPT-2 `config.json` dict, refusing variants this module does not implement."""
+        act = hf.get("activation_function", "gelu_new")
+        if act not in _TANH_GELU_NAMES:
+            raise ValueError(f"unsupported activation_function {act!r}: this GPT-2 uses the tanh GELU (gelu_new)")
+        n_embd = hf.get("n_embd", 768)
+        if hf.get("n_inner") not in (None, 4 * n_embd):
+            raise ValueError(f"unsupported n_inner {hf['n_inner']}: only 4 * n_embd is implemented")
+        if not hf.get("tie_word_embeddings", True):
+            raise ValueError("unsupported tie_word_embeddings=false: GPT-2 ties lm_head to wte")
+        if hf.get("scale_attn_by_inverse_layer_idx", False) or not hf.get("scale_attn_weights", True):
+            raise ValueError("unsupported attention scaling: only 1/sqrt(head_dim) is implemented")
+        if hf.get("add_cross_attention", False):
+            raise ValueError("unsupported add_cross_attention=true")
+        return cls(
+            block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
+            vocab_size=hf.get("vocab_size", 50257),
+            n_layer=hf.get("n_layer", 12),
+            n_head=hf.get("n_head", 12),
+            n_embd=n_embd,
+            layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The `config.json` that `transformers.GPT2LMHeadModel.from_pretrained` expects."""
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "activation_function": "gelu_new",
+            "n_positions": self.block_size,
+            "n_ctx": self.block_size,
+            "vocab_size": self.vocab_size,
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "n_embd": self.n_embd,
+            "n_inner": None,
+            "layer_norm_epsilon": self.layer_norm_eps,
+            "attn_pdrop": self.dropout,
+            "embd_pdrop": self.dropout,
+            "resid_pdrop": self.dropout,
+            "initializer_range": 0.02,
+            "scale_attn_weights": True,
+            "scale_attn_by_inverse_layer_idx": False,
+            "reorder_and_upcast_attn": False,
+            "tie_word_embeddings": True,
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
+            "use_cache": True,
+        }
+
+
+class KVCache:
+    """Preallocated keys and values for incremental decoding, with static shapes.
+
+    kv:    [n_layer, 2, B, n_head, max_len, head_dim]; slot t holds the key/value of sequence position t.
+    valid: [B, max_len] bool; False for left padding and for slots not written yet. Attention reads all
+           max_len slots and masks with `valid`, so no shape ever depends on how far decoding has got.
+    """
+
+    def __init__(
+        self, config: GPTConfig, batch_size: int, max_len: int, device: torch.device | str, dtype: torch.dtype
+    ) -> None:
+        shape = (config.n_layer, 2, batch_size, config.n_head, max_len, config.head_dim)
+        # zeros, not empty: masked slots still enter SDPA's weighted sum (with weight 0), and 0 * NaN is NaN.
+        self.kv = torch.zeros(shape, device=device, dtype=dtype)
+        self.valid = torch.zeros(batch_size, max_len, device=device, dtype=torch.bool)
+
+    @property
+    def max_len(self) -> int:
+        return self.kv.shape[4]
+
+    def reset(self) -> None:
+        # Stale keys/values are harmless (finite, and masked); only the mask must be cleared.
+        self.valid.zero_()
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, write_pos: torch.Tensor) -> None:
+        """Store one layer's keys and values [B, n_head, T, head_dim] at slots write_pos [T] (long tensor)."""
+        k, v = k.to(self.kv.dtype), v.to(self.kv.dtype)
+        if not torch.compiler.is_compiling():
+            self.kv[layer, 0].index_copy_(2, write_pos, k)
+            self.kv[layer, 1].index_copy_(2, write_pos, v)
+            return
+        # Under torch.compile, a write through a view (as above) is functionalized into a copy of the whole cache
+        # on every decode step. One index_put_ on the cache tensor itself, with an index for every dimension, is
+        # done in place. (In eager mode that form is ~10x slower than index_copy_, hence two paths.)
+        _, _, B, H, _, D = self.kv.shape
+        dev = self.kv.device
+        index = (
+            torch.full((), layer, dtype=torch.long, device=dev),
+            torch.arange(2, device=dev).view(2, 1, 1, 1, 1),
+            torch.arange(B, device=dev).view(1, B, 1, 1, 1),
+            torch.arange(H, device=dev).view(1, 1, H, 1, 1),
+            write_pos.view(1, 1, 1, -1, 1),
+            torch.arange(D, device=dev).view(1, 1, 1, 1, D),
+        )
+        self.kv.index_put_(index, torch.stack([k, v]))
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of one layer's keys and values, [B, n_head, max_len, head_dim] each."""
+        return self.kv[layer, 0], self.kv[layer, 1]
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids for a (left-)padded batch: the first real token of every row gets position 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The lm_head's logits [..., V] in float32. Under autocast (or with 16-bit weights) the inputs are rounded to
+    the 16-bit type, as autocast's matmul rounds them, but the products are summed and returned in float32: rounded
+    to bf16, GPT-2's logits of -50 to -100 lose 0.1-0.3 each, which the log-softmax keeps (a log-prob error of
+    0.12 on average, against 0.006 for the inputs' rounding alone)."""
+    device_type = hidden.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+    if dtype not in (torch.bfloat16, torch.float16):
+        logits = F.linear(hidden, weight)
+        return logits if logits.dtype == torch.float64 else logits.float()
+    h, w = hidden.to(dtype), weight.to(dtype)
+    with torch.autocast(device_type, enabled=False):
+        if device_type == "cuda" and not (torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)):
+            # bf16 tensor cores, fp32 out (no autograd formula is needed where nothing wants a gradient).
+            return torch.mm(h.reshape(-1, h.shape[-1]), w.t(), torch.float32).view(*h.shape[:-1], w.shape[0])
+        return F.linear(h.float(), w.float())  # the rounded inputs' products are exact in float32
+
+
+def _padded_causal(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T, T] bool: query t sees the real keys at or before it; a padding query also sees itself, which keeps
+    SDPA from writing NaN for a row with no key (its output is never read)."""
+    T = attention_mask.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=attention_mask.device).tril()
+    return (attention_mask.unsqueeze(1) & causal) | torch.eye(T, dtype=torch.bool, device=attention_mask.device)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx  # which slice of a KVCache is ours
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        kv_cache: KVCache | None = None,
+        write_pos: torch.Tensor | None = None,
+        prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The attention's output [B, T, C], and this call's own keys and values [B, nh, T, hd] (a prompt's, which
+        its completions then attend to as their `prefix`).
+
+        prefix: the keys and values [g, nh, P, hd] of g prompts, each shared by B / g consecutive rows: the T
+        positions attend to them before their own, and `attn_mask` covers the P + T keys.
+        """
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # [B, nh, T, hd]
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        own = (k, v)
+        if kv_cache is not None:
+            # Write this step's keys/values into their slots, then attend over the whole (static-size) cache.
+            # Writing at an index *tensor* keeps the step shape-static and capturable in a CUDA graph.
+            kv_cache.write(self.layer_idx, k, v, write_pos)
+            k, v = kv_cache.layer(self.layer_idx)
+            q = q.to(k.dtype)
+        elif prefix is not None:
+            k, v = _after_prefix(prefix[0], k), _after_prefix(prefix[1], v)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=attn_mask is None,
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y)), own
+
+
+def _after_prefix(prefix: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """Keys (or values) of g shared prompts [g, nh, P, hd], then each row's own [B, nh, T, hd]: [B, nh, P + T, hd].
+    Written into one new tensor (one copy; the gradient of each prompt is the sum over its rows)."""
+    g, H, P, D = prefix.shape
+    B, _, T, _ = own.shape
+    out = own.new_empty(B, H, P + T, D)
+    out.view(g, B // g, H, P + T, D)[:, :, :, :P] = prefix.unsqueeze(1).to(own.dtype)
+    out[:, :, P:] = own
+    return out
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # GPT-2 was trained with the tanh approximation (HF "gelu_new"); exact GELU shifts the logits.
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        kv_cache: KVCache | None = None,
+        write_pos: torch.Tensor | None = None,
+        prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The block's output, and its attention's own keys and values (see `CausalSelfAttention`)."""
+        a, kv = self.attn(self.ln_1(x), attn_mask, kv_cache, write_pos, prefix)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), kv
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+        self.apply(self._init_weights)
+        # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer) so the residual stream keeps its scale.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        """Parameter count; the tied lm_head is counted once (124,439,808 for GPT-2 small)."""
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wte.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transformer.wte.weight.dtype
+
+    def trunk(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        write_pos: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states [B, T, n_embd] (after ln_f), before the lm_head.
+
+        attention_mask [B, T] (1/True = real token) marks padding; position ids default to its cumulative sum.
+        With `kv_cache`, the T new tokens are written to cache slots `write_pos` [T] (long) and attend to
+        every valid slot at or before their own; without it, attention is over the T tokens given.
+        """
+        B, T = input_ids.shape
+        device = input_ids.device
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(torch.bool)
+        if position_ids is None:
+            if attention_mask is not None:
+                position_ids = positions_from_mask(attention_mask)
+            else:
+                position_ids = torch.arange(T, device=device).unsqueeze(0)
+
+        if kv_cache is not None:
+            if write_pos is None:
+                raise ValueError("write_pos is required with kv_cache")
+            new_valid = attention_mask
+            if new_valid is None:
+                new_valid = torch.ones(B, T, dtype=torch.bool, device=device)
+            kv_cache.valid.index_copy_(1, write_pos, new_valid)
+            key_pos = torch.arange(kv_cache.max_len, device=device)
+            query_pos = write_pos.unsqueeze(1)  # [T, 1]
+            allowed = kv_cache.valid.unsqueeze(1) & (key_pos <= query_pos)  # [B, T, max_len]
+            # A padding query has no valid key; letting it see itself keeps SDPA from producing NaN rows.
+            allowed = allowed | (key_pos == query_pos)
+            attn_mask: torch.Tensor | None = allowed.unsqueeze(1)  # broadcast over heads
+        elif attention_mask is not None:
+            attn_mask = _padded_causal(attention_mask).unsqueeze(1)
+        else:
+            attn_mask = None  # plain causal: lets SDPA pick its fastest kernel
+        return self._layers(input_ids, position_ids, attn_mask, kv_cache, write_pos)[0]
+
+    def prompt_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """`trunk` of left-padded prompts [g, P], and every layer's keys and values [g, nh, P, hd]: the `prefix` of
+        `continue_trunk`, so that a group's completions share one pass over their prompt."""
+        attention_mask = attention_mask.to(torch.bool)
+        mask = _padded_causal(attention_mask).unsqueeze(1)
+        return self._layers(input_ids, positions_from_mask(attention_mask), mask, keep=True)
+
+    def continue_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       prefix: list[tuple[torch.Tensor, torch.Tensor]], prefix_mask: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [B, T, n_embd] of right-padded continuations [B, T] of g prompts (`prompt_trunk`'s
+        `prefix` and mask [g, P]), each prompt's B / g continuations consecutive: they attend to their prompt's
+        real tokens, then causally to their own, at the positions that follow the prompt's. The same states as
+        `trunk` over prompt + continuation, with the prompt computed once per group."""
+        B, T = input_ids.shape
+        attention_mask = attention_mask.to(torch.bool)
+        prefix_mask = prefix_mask.to(torch.bool).repeat_interleave(B // prefix_mask.shape[0], 0)
+        position_ids = prefix_mask.sum(1, keepdim=True) + positions_from_mask(attention_mask)
+        seen = prefix_mask.unsqueeze(1).expand(B, T, prefix_mask.shape[1])
+        mask = torch.cat([seen, _padded_causal(attention_mask)], dim=2).unsqueeze(1)
+        return self._layers(input_ids, position_ids, mask, prefix=prefix)[0]
+
+    def _layers(self, input_ids, position_ids, attn_mask, kv_cache=None, write_pos=None, prefix=None, keep=False):
+        """Embeddings, blocks and ln_f: the hidden states, and each layer's own keys and values if `keep`."""
+        x = self.transformer.wte(input_ids) + self.transformer.wpe(position_ids)
+        x = self.transformer.drop(x)
+        kept = []
+        for i, block in enumerate(self.transformer.h):
+            x, kv = block(x, attn_mask, kv_cache, write_pos, None if prefix is None else prefix[i])
+            if keep:
+                kept.append(kv)
+        return self.transformer.ln_f(x), kept
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab_size]. For large batches prefer `rookworld.net.logprobs.token_logprobs`."""
+        return self.lm_head(self.trunk(input_ids, attention_mask))
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike = DEFAULT_REPO, **kwargs: Any) -> GPT:
+        return from_pretrained(name_or_path, **kwargs)
+
+    def save_pretrained(self, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
+        return save_pretrained(self, directory, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Weights stored in the autocast dtype
+
+
+def autocast_copy(model: GPT, dtype: torch.dtype) -> GPT:
+    """A frozen copy of `model` that computes, under `dtype` autocast, the same bits as `model` does, without
+    casting its weights on every call.
+
+    Autocast casts each Linear's weight and bias to `dtype` before its matmul and runs embeddings and LayerNorms
+    in their own dtype. Here the Linear weights are stored in `dtype` already (the lm_head untied, since the
+    embedding lookup needs wte as it was), so those casts are no-ops: for GPT-2 small in bf16 a decode step reads
+    0.25 GB of weights instead of reading 0.50 GB and writing and reading a 0.25 GB copy. Bring it up to date with
+    `refresh_copy` (in place: compiled CUDA graphs keep their addresses).
+    """
+    copy = deepcopy(model).eval().requires_grad_(False)
+    copy.lm_head.weight = nn.Parameter(copy.transformer.wte.weight.detach().to(dtype), requires_grad=False)
+    for module in copy.modules():
+        if isinstance(module, nn.Linear):
+            module.to(dtype)
+    return copy
+
+
+@torch.no_grad()
+def refresh_copy(copy: GPT, model: GPT) -> GPT:
+    """Copies `model`'s current weights into `copy` (made by `autocast_copy`), cast in place; returns `copy`."""
+    copy.load_state_dict(model.state_dict())
+    return copy
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading and saving in the Hugging Face GPT-2 layout
+
+
+def model_directory(name_or_path: str | os.PathLike = DEFAULT_REPO, revision: str | None = None,
+                    cache_dir: str | os.PathLike | None = None) -> Path:
+    """The local directory of a model: `name_or_path` itself, or the hub snapshot of a repo id (downloaded when it
+    is not in the cache). Raises FileNotFoundError for a path that is not a directory."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise NotADirectoryError(f"{name_or_path} is a file, not a model directory")
+    if is_local_path(str(name_or_path)):
+        raise FileNotFoundError(f"no such model directory: {name_or_path}")
+    return _resolve_hub(str(name_or_path), revision, cache_dir)
+
+
+def _resolve_hub(repo_id: str, revision: str | None, cache_dir: str | os.PathLike | None) -> Path:
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        # Ask for safetensors first so that a repo carrying both formats is downloaded only once.
+        for weights in ("model.safetensors", "pytorch_model.bin"):
+            folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
+                                            allow_patterns=["config.json", weights, *TOKENIZER_FILES]))
+            if (folder / weights).is_file():
+                break
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
+        where = cache_dir if cache_dir is not None else constants.HF_HUB_CACHE
+        offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
+        raise ModelNotAvailableError(
+            f"Cannot load {repo_id!r}{f' at revision {revision!r}' if revision else ''}: the Hugging Face hub "
+            f"cannot be reached{offline} and the model is not in the local cache ({where}). "
+            f"On a machine with network access run `hf download {repo_id} --local-dir DIR` "
+            f"(or huggingface_hub.snapshot_download({repo_id!r}, local_dir='DIR')), copy DIR here and pass the "
+            "local directory instead: --model DIR on the command line, from_pretrained('DIR') in Python. The "
+            "directory needs config.json and model.safetensors (or pytorch_model.bin), and vocab.json and merges.txt "
+            "for the vocabulary."
+        ) from e
+    return folder
+
+
+def _read_hf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    safetensors_file = directory / "model.safetensors"
+    bin_file = directory / "pytorch_model.bin"
+    if safetensors_file.is_file():
+
+        return load_file(str(safetensors_file))
+    if bin_file.is_file():
+        # weights_only: a .bin is a pickle, and a pickle from the internet must not run code.
+        return torch.load(bin_file, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(
+        f"{directory} has neither model.safetensors nor pytorch_model.bin (sharded checkpoints are not supported)"
+    )
+
+
+def _from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for key, tensor in hf_state.items():
+        if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":  # lm_head is tied to wte
+            continue
+        name = key if key.startswith("transformer.") else f"transformer.{key}"  # GPT2Model saves lack the prefix
+        state[name] = tensor.t() if name.endswith(_CONV1D_SUFFIXES) else tensor
+    if "transformer.wte.weight" in state:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
+def from_pretrained(
+    name_or_path: str | os.PathLike = DEFAULT_REPO,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> GPT:
+    """Load a GPT-2 checkpoint in the Hugging Face layout from a local directory or a hub repo id.
+
+    The directory needs `config.json` and `model.safetensors` (preferred) or `pytorch_model.bin`. A repo id is
+    fetched with `huggingface_hub.snapshot_download` (`revision`, `cache_dir` passed through; HF_HUB_OFFLINE
+    and the hub cache are honoured). `dtype` defaults to float32 whatever the file holds (the hub checkpoint is
+    bf16): the trainer needs fp32 master weights; pass torch.bfloat16 for an inference-only copy.
+    The model is returned in eval mode (dropout off).
+    """
+    directory = model_directory(name_or_path, revision, cache_dir)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{directory} has no config.json")
+    config = GPTConfig.from_hf(json.loads(config_file.read_text()))
+    state = _from_hf_state_dict(_read_hf_state_dict(directory))
+
+    with torch.device("meta"):  # no point in random-initialising 124M parameters that are overwritten next
+        model = GPT(config)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise ValueError(f"{directory}: weights do not match config.json: {e}") from e
+    model.lm_head.weight = model.transformer.wte.weight  # assign=True replaced the Parameter; tie again
+    model.to(device=device or "cpu", dtype=dtype or torch.float32)
+    return model.eval()
+
+
+def save_pretrained(model: GPT, directory: str | os.PathLike, *, dtype: torch.dtype | None = None) -> Path:
+    """Write `config.json` + `model.safetensors` in the HF GPT-2 layout (Conv1D weights, `transformer.` keys).
+
+    `transformers.GPT2LMHeadModel.from_pretrained(directory)` loads the result. The files are written into a
+    temporary directory next to the target and renamed into place, so a crash never leaves a half-written
+    checkpoint: a new directory appears whole, and in an existing one each file is replaced atomically.
+    """
+    model = getattr(model, "_orig_mod", model)  # a torch.compile'd model: save the module it wraps
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":  # tied; HF re-ties it, and safetensors refuses shared tensors
+            continue
+        tensor = tensor.detach()
+        if name.endswith(_CONV1D_SUFFIXES):
+            tensor = tensor.t()
+        state[name] = tensor.to(device="cpu", dtype=dtype or tensor.dtype).contiguous()
+    hf_config = model.config.to_hf()
+    hf_config["torch_dtype"] = str(dtype or model.dtype).removeprefix("torch.")
+
+    tmp = temporary_directory(f".{directory.name}.tmp-", directory.parent)
+    try:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        publish(tmp)
+        if not directory.exists():
+            os.replace(tmp, directory)
+        else:
+            # Weights before config, so that a config never describes weights that are not there yet.
+            for name in ("model.safetensors", "config.json"):
+                os.replace(tmp / name, directory / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory

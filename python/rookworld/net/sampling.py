@@ -1,0 +1,208 @@
+"""Batched sampling from the policy: one draw per row from next-token logits, and `generate` around it.
+
+`generate` prefills the (left-padded) prompts once, then decodes one token per step for the whole batch
+(`rookworld.net.decoding`). The loop body is batch-wide tensor code: finished rows keep decoding padding
+instead of being removed, and on CUDA the "all done?" check (a device sync) runs only every 16 steps.
+
+`GenerationOutput.logprobs` is the log-prob of each sampled token under the distribution it was actually drawn
+from, i.e. after temperature, top-k and top-p (0 for greedy decoding, a point mass): what importance ratios
+against the sampler need, or a check of the sampler. The trainer does not use it for its ratio and KL: it
+recomputes log-probs with `rookworld.net.logprobs.token_logprobs` at the sampling temperature over the full
+vocabulary (the distribution the policy gradient is taken for), with gradients and without the cache's bf16
+rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rookworld.net.compiling import maybe_compiled, run_or_fall_back
+from rookworld.net.decoding import Decoder
+from rookworld.net.model import GPT
+from rookworld.net.tokenizer import EOS_ID, PAD_ID
+
+
+@dataclass
+class GenerationOutput:
+    tokens: torch.Tensor  # [B, N] long; after a sequence ends, PAD_ID
+    mask: torch.Tensor  # [B, N] bool; True on generated tokens, including the EOS that ended a sequence
+    logprobs: torch.Tensor  # [B, N] float32; sampling log-probs (see module docstring), 0 where mask is False
+    lengths: torch.Tensor  # [B] long; number of generated tokens (mask.sum(1))
+    stopped: torch.Tensor  # [B] bool; True where the sequence ended with EOS, False where it hit its limit
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sampling from one step's logits
+
+
+def _top_p_filter(sorted_logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix of descending-sorted logits whose probability mass reaches top_p."""
+    probs = sorted_logits.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs
+    return sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the top token always survives
+
+
+def _race(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draw and its log-prob from (tempered, filtered) logits [B, K] and uniforms of the same shape.
+
+    Exponential race (Gumbel-max): argmax_i p_i / E_i with E_i = -log(U_i) ~ Exp(1) is a draw from p, and so is
+    argmax_i (logit_i - log E_i), since log p_i differs from logit_i by one constant per row: no log-softmax is
+    written. U = 0 gives E = inf: that token just cannot win. Compiled, this is one pass over the logits and the
+    uniforms instead of a dozen. The uniforms are float64 (E float32 again): float32 ones are multiples of
+    2^-24, so E is never below 6e-8 and a token below about 6e-8 of the winner's probability could never win
+    against a winner whose E is near 1: its mass moved to the likelier tokens."""
+    # Out of place: compiled, an input changed in place would be written back; float32 keeps E's tail (to 1e-38).
+    exponential = (-uniform.log()).to(scaled.dtype)
+    choice = (scaled - exponential.log()).argmax(-1, keepdim=True)
+    token_logp = scaled.gather(-1, choice).squeeze(-1) - scaled.logsumexp(-1)
+    return choice, token_logp
+
+
+_compiled_races: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    compile: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from logits [B, V] (float32). Returns (tokens [B], sampling log-probs [B]).
+
+    temperature <= 0 means greedy (log-prob 0: the distribution sampled from is a point mass).
+    compile: fuse the draw into one pass (torch.compile; a warning and eager if compiling fails).
+    """
+    if temperature <= 0:
+        return logits.argmax(-1), torch.zeros(logits.shape[0], device=logits.device)
+    scaled = logits / temperature if temperature != 1.0 else logits
+    candidates: torch.Tensor | None = None
+    if top_k is not None and top_k < scaled.shape[-1]:
+        # Top-p then only needs to sort k values, not the whole vocabulary.
+        scaled, candidates = scaled.topk(top_k, dim=-1)
+    elif top_p is not None and top_p < 1.0:
+        scaled, candidates = scaled.sort(dim=-1, descending=True)
+    if top_p is not None and top_p < 1.0:
+        scaled = _top_p_filter(scaled, top_p)
+    device_type = scaled.device.type
+    race = maybe_compiled(_race, _compiled_races, device_type, compile)
+    # On the CPU, rows a block at a time: a block's float64 uniforms and noise stay under glibc's 32 MiB mmap
+    # threshold, so their memory is reused instead of mapped and faulted in anew at every draw.
+    B, K = scaled.shape
+    block = B if device_type == "cuda" else max(1, (24 << 20) // (8 * K))
+    parts = []
+    for i in range(0, max(B, 1), block):
+        # Uniforms from rand, outside any compiled code, so that `generator` makes runs reproducible (and not from
+        # exponential_(), 5x slower on CPU); the race never syncs with the host, unlike torch.multinomial.
+        rows = scaled[i : i + block]
+        uniform = torch.rand(rows.shape, generator=generator, device=scaled.device, dtype=torch.float64)
+        out, race = run_or_fall_back(race, _race, device_type, rows, uniform)
+        parts.append(out)
+    choice, token_logp = (torch.cat(x) for x in zip(*parts))
+    token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)
+    return token, token_logp
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Generation
+
+
+@torch.no_grad()
+def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+             max_new_tokens: int | torch.Tensor = 144, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, stop_at_eos: bool = True, seed: int | None = None,
+             generator: torch.Generator | None = None, compile: bool | None = None,
+             dtype: torch.dtype | None = None, samples_per_prompt: int = 1) -> GenerationOutput:
+    """Sample completions for a left-padded batch of prompts.
+
+    input_ids / attention_mask: [B, P], left-padded (see `rookworld.net.tokenizer`); mask None = no padding.
+    samples_per_prompt: completions per prompt, consecutive rows of the output (B x samples_per_prompt rows), the
+        prompt computed once for all of them.
+    max_new_tokens: one limit, or one per output row (a tensor). A row stops at its limit or, with stop_at_eos, after
+        emitting EOS_ID (the EOS is part of the completion and of its mask). stop_at_eos=False generates
+        exactly max_new_tokens per row (fixed-length sampling, benchmarks).
+    temperature <= 0 is greedy; top_k / top_p restrict the support (applied after temperature, top-k first).
+    seed or generator: seeded runs are reproducible (same device, same batch). The generator must live on the
+        model's device.
+    compile: compile the decode step (CUDA graphs on CUDA); default True on CUDA, False elsewhere. Each new
+        (batch size, bucketed length) compiles again; dynamo's recompile limit (torch._dynamo.config
+        .recompile_limit, 8) caps how many shapes one process can compile before falling back to eager. If
+        compiling fails, a RuntimeWarning says why and the process decodes eagerly from then on.
+    dtype: compute dtype; default bfloat16 on CUDA for an fp32 model, else the model's own. If it differs from
+        the parameters' dtype the forward runs under torch.autocast; the KV cache is kept in `dtype`.
+    """
+    device = model.device
+    input_ids = input_ids.to(device)
+    P, B = input_ids.shape[1], input_ids.shape[0] * samples_per_prompt
+    mask = (
+        attention_mask.to(device=device, dtype=torch.bool)
+        if attention_mask is not None
+        else torch.ones(input_ids.shape, dtype=torch.bool, device=device)
+    )
+    limits, N = _row_limits(max_new_tokens, B, device)
+    if P + N > model.config.block_size:
+        raise ValueError(f"prompt width {P} + {N} new tokens exceeds the context of {model.config.block_size}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+
+    was_training = model.training
+    model.eval()  # dropout must be off while sampling, whatever the trainer left it at
+    try:
+        decoder = Decoder(model, B, P + N, dtype, compile)
+        logits = decoder.prefill(input_ids, mask, samples_per_prompt)
+        return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator)
+    finally:
+        model.train(was_training)
+
+
+def _row_limits(max_new_tokens: int | torch.Tensor, B: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Each row's new-token limit [B] and the largest."""
+    if isinstance(max_new_tokens, torch.Tensor):
+        limits = max_new_tokens.to(device=device, dtype=torch.long).expand(B)
+        N = int(limits.max()) if B else 0
+    else:
+        limits = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+        N = max_new_tokens
+    if N < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {N}")
+    return limits, N
+
+
+def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int, stop_at_eos: bool,
+            temperature: float, top_k: int | None, top_p: float | None,
+            generator: torch.Generator | None) -> GenerationOutput:
+    """Up to N tokens per row (at most `limits`), each drawn from the decoder's logits, from the prompts' on."""
+    B, device = limits.shape[0], limits.device
+    tokens = torch.full((B, N), PAD_ID, dtype=torch.long, device=device)
+    out_mask = torch.zeros((B, N), dtype=torch.bool, device=device)
+    logprobs = torch.zeros((B, N), dtype=torch.float32, device=device)
+    done = limits <= 0
+    stopped = torch.zeros(B, dtype=torch.bool, device=device)
+    check_every = 16 if device.type == "cuda" else 1  # "all rows done?" is a host sync
+    for step in range(N):
+        token, token_logp = sample_next(logits, temperature, top_k, top_p, generator, decoder.compile)
+        alive = ~done
+        token = torch.where(alive, token, PAD_ID)
+        tokens[:, step] = token
+        out_mask[:, step] = alive
+        logprobs[:, step] = token_logp.masked_fill(done, 0.0)
+        if stop_at_eos:
+            hit_eos = alive & (token == EOS_ID)
+            stopped |= hit_eos
+            done = done | hit_eos
+        done = done | (limits <= step + 1)
+        if step + 1 == N or ((step + 1) % check_every == 0 and bool(done.all())):
+            break
+        logits = decoder.step(token)
+    lengths = out_mask.sum(1)
+    width = int(lengths.max()) if B else 0  # one sync at the end: drop columns that no row reached
+    return GenerationOutput(tokens=tokens[:, :width], mask=out_mask[:, :width], logprobs=logprobs[:, :width],
+                            lengths=lengths, stopped=stopped)

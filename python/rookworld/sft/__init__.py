@@ -1,0 +1,1 @@
+"""SFT: supervised training on P:/A: text, as RookWorld-LM itself was made."""

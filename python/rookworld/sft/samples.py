@@ -1,0 +1,257 @@
+"""RookWorld text samples for supervised training, and the rows they make.
+
+A file holds one sample a line, in either form:
+- RookWorld text, as the public RookWorld datasets write it:
+  ``P: <fen padded> M: <moves>  E: <evals>  B: <best>`` and
+  ``A: <fen>+<move>+<history>+<new fen>+<reward>+<terminated>+<truncated>``;
+- the JSONL of ``rookworld positions --annotate`` (its ``p_prompt``/``p_target`` and ``a_prompt``/``a_target``).
+Each sample is a prompt, as the model is given it at inference, and the target it must write. A malformed line
+is a `DataError` naming the file and line (or skipped and counted); an A: target that disagrees with the rules
+is left out and reported, never trained on.
+
+Documents are ``[EOS] + prompt + target`` token ids, as RookWorld-LM was pretrained (the prompt and the target
+tokenized apart, as the sampler sees them). Each makes one row (the default), or they are packed into rows of
+``seq_len`` tokens (--pack); either way in a new seeded order every pass, so row ``i`` of the stream is a pure
+function of (seed, i): a resumed run reads what an unbroken one would have.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rookworld.ground import chess
+from rookworld.ground.data import DataError, Record
+from rookworld.net.tokenizer import EOS_ID
+
+_P_TEXT = re.compile(r"P:\s+(\S+\s+\S+\s+\S+\s+\S+\s+\S+\s+\S+)(\s.*)$", re.S)
+_P_TARGET = re.compile(r"\s*M:\s*(.*?)\s*E:\s*(.*?)\s*B:\s*(\S+)\s*$", re.S)
+
+
+@dataclass(frozen=True)
+class Sample:
+    task: str  # "P" or "A"
+    prompt: str
+    target: str
+    source: str  # FILE:LINE
+
+
+@dataclass
+class SampleSet:
+    samples: list[Sample]
+    skipped: int  # malformed lines skipped (--skip-bad)
+    disagree: list[Sample]  # A: samples whose target is not what the rules give: left out
+
+    def report(self) -> list[str]:
+        """What a user should hear about the files, one line each."""
+        lines = []
+        if self.skipped:
+            lines.append(f"skipped {self.skipped} malformed line(s)")
+        if self.disagree:
+            where = ", ".join(s.source for s in self.disagree[:3]) + (", ..." if len(self.disagree) > 3 else "")
+            lines.append(f"left out {len(self.disagree)} A: sample(s) whose target disagrees with the rules: {where}")
+        return lines
+
+
+def _policy_sample(text: str, source: str) -> Sample:
+    m = _P_TEXT.match(text)
+    if m is None:
+        raise ValueError("a P: sample is 'P: <fen> M: <moves> E: <evals> B: <best>'")
+    fen, target = m.group(1), m.group(2)
+    t = _P_TARGET.match(target)
+    if t is None:
+        raise ValueError("the P: target needs 'M:', 'E:' and 'B:', in that order")
+    moves, evals = t.group(1).split(), t.group(2).split()
+    if not moves or len(moves) != len(evals):
+        raise ValueError(f"{len(moves)} moves but {len(evals)} evals")
+    try:
+        [float(e) for e in evals]
+    except ValueError:
+        raise ValueError(f"evals must be numbers: {t.group(2)!r}") from None
+    problem = chess.fen_problem(fen)
+    if problem is not None:
+        raise ValueError(f"not a legal position ({problem})")
+    return Sample("P", f"P: {fen}", target, source)
+
+
+def _env_sample(text: str, source: str) -> Sample:
+    parts = text[2:].strip().split("+")
+    if len(parts) != 7:
+        raise ValueError("an A: sample is 'A: fen+move+history+new fen+reward+terminated+truncated'")
+    return Sample("A", "A: " + "+".join(parts[:3]) + "+", "+".join(parts[3:]), source)
+
+
+def _json_samples(text: str, source: str) -> list[Sample]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("p_prompt"), str) or not isinstance(obj.get("p_target"),
+                                                                                               str):
+        raise ValueError('no "p_prompt" and "p_target": write the file with rookworld positions --annotate')
+    samples = [_policy_sample(obj["p_prompt"] + obj["p_target"], source)]
+    if isinstance(obj.get("a_prompt"), str) and isinstance(obj.get("a_target"), str):
+        samples.append(Sample("A", obj["a_prompt"], obj["a_target"], source))
+    return samples
+
+
+def read_samples(paths: Sequence[str], skip_bad: bool = False) -> SampleSet:
+    samples: list[Sample] = []
+    skipped = 0
+    for path in paths:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise DataError(f"{path}: no such file") from None
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        for lineno, line in enumerate(lines, 1):
+            text, source = line.strip(), f"{path}:{lineno}"
+            if not text or text.startswith("#"):
+                continue
+            try:
+                if text.startswith("{"):
+                    samples.extend(_json_samples(text, source))
+                elif text.startswith("P:"):
+                    samples.append(_policy_sample(line.rstrip("\r\n").lstrip(), source))
+                elif text.startswith("A:"):
+                    samples.append(_env_sample(text, source))
+                else:
+                    raise ValueError("expected a P: or A: sample, or a JSON line of rookworld positions --annotate")
+            except ValueError as e:
+                if not skip_bad:
+                    shown = text if len(text) <= 120 else text[:120] + "..."
+                    raise DataError(f"{source}: {e}: {shown}") from None
+                skipped += 1
+    kept, disagree = _check_env_targets(samples)
+    if not kept:
+        raise DataError(f"{', '.join(paths)}: no usable sample")
+    return SampleSet(kept, skipped, disagree)
+
+
+def _check_env_targets(samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """Splits off the A: samples whose target is not the rules' (a prompt that cannot be parsed counts too)."""
+    env = [s for s in samples if s.task == "A"]
+    truth: list[str | None] = []
+    for s in env:  # one by one only for a prompt the batch call refuses
+        try:
+            truth.append(chess.env_targets([s.prompt])[0])
+        except ValueError:
+            truth.append(None)
+    wrong = {id(s) for s, t in zip(env, truth) if t != s.target}
+    return [s for s in samples if id(s) not in wrong], [s for s in samples if id(s) in wrong]
+
+
+def positions(samples: Sequence[Sample], limit: int | None = None) -> list[Record]:
+    """The samples' positions for greedy evaluation, one record a FEN: a P: sample gives the analysis (its moves
+    ranked by their evals), an A: sample the move and the history before it."""
+    by_fen: dict[str, Record] = {}
+    for s in samples:
+        if s.task == "P":
+            fen = chess.normalize_fen(s.prompt[3:].strip())
+            moves, evals = _P_TARGET.match(s.target).group(1, 2)
+            ranked = sorted(zip(moves.split(), map(float, evals.split())), key=lambda me: -me[1])
+            analysis = {"moves": [m for m, _ in ranked], "evals": [e for _, e in ranked]}
+            old = by_fen.get(fen) or Record(fen=fen, source=s.source)
+            by_fen[fen] = Record(old.fen, old.history, old.move, old.phase, analysis, old.source)
+        else:
+            fen_text, move, history = s.prompt[3:].split("+")[:3]
+            fen = chess.normalize_fen(fen_text)
+            old = by_fen.get(fen) or Record(fen=fen, source=s.source)
+            by_fen[fen] = Record(old.fen, tuple(history.split()[:-1]), move, old.phase, old.analysis, old.source)
+    return list(by_fen.values())[:limit]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Documents and rows
+
+
+@dataclass
+class Documents:
+    ids: list[np.ndarray]  # [EOS] + prompt + target, int64
+    loss: list[np.ndarray]  # bool per token: whether the loss counts predicting it
+
+    def row(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Document `d` as a row of its own, closed by an EOS the loss counts."""
+        return np.append(self.ids[d], EOS_ID), np.append(self.loss[d], True)
+
+
+def tokenize(samples: Sequence[Sample], tokenizer, loss_on: str = "all") -> Documents:
+    """With ``loss_on="target"`` the loss counts the target and the EOS that opens a document (which the
+    previous document's last token predicts: the end of its completion), not the prompt."""
+    prompts = tokenizer.encoding.encode_ordinary_batch([s.prompt for s in samples])
+    targets = tokenizer.encoding.encode_ordinary_batch([s.target for s in samples])
+    ids, loss = [], []
+    for p, t in zip(prompts, targets):
+        ids.append(np.array([EOS_ID, *p, *t], dtype=np.int64))
+        mask = np.ones(len(p) + len(t) + 1, dtype=bool)
+        if loss_on == "target":
+            mask[1 : 1 + len(p)] = False
+        loss.append(mask)
+    return Documents(ids, loss)
+
+
+class Rows:
+    """Training rows of a set of documents: packed into `seq_len` tokens, or one document a row (closed by an
+    EOS the loss counts). Row `i` of the endless stream is a pure function of (seed, i): pass k over the
+    documents is its own seeded order."""
+
+    def __init__(self, docs: Documents, seq_len: int, pack: bool, seed: int = 0):
+        self.docs, self.seq_len, self.pack, self.seed = docs, seq_len, pack, seed
+        n_tokens = sum(len(d) for d in docs.ids)
+        self.per_pass = n_tokens // seq_len if pack else len(docs.ids)
+        if self.per_pass == 0:
+            raise DataError(f"the samples hold {n_tokens} tokens, fewer than one row of --seq-len {seq_len}")
+        if not pack:
+            longest = max(len(d) for d in docs.ids) + 1
+            if longest > seq_len:
+                raise DataError(f"a document of {longest} tokens does not fit --seq-len {seq_len} (one document a row; "
+                                "raise --seq-len, or --pack documents into rows)")
+        self._pass = -1
+        self._ids = self._loss = None
+        self._order: list[int] = []
+
+    def _load(self, k: int) -> None:
+        if self._pass == k:
+            return
+        order = list(range(len(self.docs.ids)))
+        random.Random(self.seed * 1_000_033 + k).shuffle(order)
+        self._order, self._pass = order, k
+        if self.pack:
+            self._ids = np.concatenate([self.docs.ids[i] for i in order])
+            self._loss = np.concatenate([self.docs.loss[i] for i in order])
+
+    def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, loss mask) of row `index`."""
+        self._load(index // self.per_pass)
+        i = index % self.per_pass
+        if self.pack:
+            span = slice(i * self.seq_len, (i + 1) * self.seq_len)
+            return self._ids[span], self._loss[span]
+        return self.docs.row(self._order[i])
+
+
+def eval_rows(docs: Documents, seq_len: int, pack: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Rows that predict every token of the documents once, in order: packed rows overlapping by one token (a
+    row's first token is context only), or one document a row."""
+    if not pack:
+        return [docs.row(d) for d in range(len(docs.ids))]
+    ids, loss = np.concatenate(docs.ids), np.concatenate(docs.loss)
+    stride = seq_len - 1
+    return [(ids[s : s + seq_len], loss[s : s + seq_len]) for s in range(0, len(ids) - 1, stride)]
+
+
+def collate(rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows right-padded to the longest: (ids [B, T], loss mask [B, T]); the loss never counts a pad."""
+    width = max(len(i) for i, _ in rows)
+    ids = np.full((len(rows), width), EOS_ID, dtype=np.int64)
+    loss = np.zeros((len(rows), width), dtype=bool)
+    for r, (i, m) in enumerate(rows):
+        ids[r, : len(i)], loss[r, : len(i)] = i, m
+    return ids, loss

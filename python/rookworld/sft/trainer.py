@@ -1,0 +1,180 @@
+"""`rookworld sft`: supervised training of a GPT-2 policy on P:/A: text, as RookWorld-LM itself was made.
+
+One step reads `rows_per_step` rows (one document each, or packed; see `rookworld.sft.samples`), split over ranks and
+micro-batches, and takes one AdamW step on the mean token NLL of the tokens the loss counts. The run around the
+steps (device, DDP, checkpoints, resume, signals, logging) is `Run`'s, shared with `rookworld train`; the output
+directory also holds the latest model itself, so it is a `--model` for `rookworld train` and for transformers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from rookworld.ground.rewards import RewardScorer
+from rookworld.ground.stockfish import StockfishPool
+from rookworld.grpo.metrics import peak_memory_gb
+from rookworld.grpo.models import LogProbs
+from rookworld.harness.run import Run
+from rookworld.harness.runlog import fmt
+from rookworld.lm.bestmove import heldout_records
+from rookworld.lm.suites import training_metrics
+from rookworld.net.logprobs import token_logprobs
+from rookworld.net.model import GPT, GPTConfig
+from rookworld.settings.config import SFTConfig
+from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, tokenize
+
+#: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation on CUDA.
+PEAK_TFLOPS = 989.4
+
+
+def summary(m: dict[str, Any]) -> list[str]:
+    """The summary line of an SFT step, after "step N/M"."""
+    return [f"loss {fmt(m, 'loss', '{:.4f}')}", f"lr {fmt(m, 'lr', '{:.2e}')}", f"{fmt(m, 'time/step', '{:.2f}')} s",
+            f"{fmt(m, 'tokens_per_s', '{:,.0f}')} tokens/s"]
+
+
+def fresh_model(cfg: SFTConfig) -> nn.Module:
+    layers, heads, width = cfg.model_shape
+    torch.manual_seed(cfg.seed)
+    return GPT(GPTConfig(n_layer=layers, n_head=heads, n_embd=width)).eval()
+
+
+def step_flops(model: nn.Module, tokens: float, counted: float, context: float) -> float:
+    """Training FLOPs (forward and backward) of a step over `tokens` tokens, `counted` of them through the lm_head:
+    6 per weight of the matmuls plus attention at `context` tokens (nanoGPT's estimate, the position table left
+    out). The lm_head's share is counted only where it runs (see `token_logprobs`'s `scored`)."""
+    c = model.config
+    n = sum(p.numel() for p in model.parameters()) - c.block_size * c.n_embd
+    head = c.vocab_size * c.n_embd
+    return tokens * (6 * (n - head) + 12 * c.n_layer * c.n_embd * context) + counted * 6 * head
+
+
+class SFTTrainer:
+    def __init__(self, cfg: SFTConfig, *, stream=None, tokenizer=None):
+        self.cfg = cfg
+        data = read_samples(cfg.data, cfg.skip_bad)  # a bad line is reported before any model is loaded
+        held_out = read_samples([cfg.eval_data], cfg.skip_bad) if cfg.eval_data else None
+        policy = fresh_model(cfg) if cfg.init is not None and cfg.resume is None else None
+        label = None
+        if cfg.init is not None:
+            layers, heads, width = cfg.model_shape
+            label = f"a fresh GPT-2 {cfg.init}: {layers} layers, {heads} heads, {width} wide"
+        self.run = run = Run(cfg, command="sft", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
+                             label=label)
+        for line in data.report():
+            run.log.say(f"warning: --data: {line}")
+        if held_out is not None:
+            for line in held_out.report():
+                run.log.say(f"warning: --eval-data: {line}")
+        self.docs = tokenize(data.samples, run.tokenizer, cfg.loss_on)
+        self.rows = Rows(self.docs, cfg.seq_len, cfg.pack, cfg.seed)
+        n_tokens = sum(len(d) for d in self.docs.ids)
+        tasks = [s.task for s in data.samples]
+        rows = f"rows of {cfg.seq_len}" if cfg.pack else "rows (a document each)"
+        run.log.say(f"data: {len(tasks)} samples ({tasks.count('P')} P:, {tasks.count('A')} A:), {n_tokens:,} "
+                    f"tokens, {self.rows.per_pass} {rows} a pass; {cfg.rows_per_step} rows a step, "
+                    f"loss on {cfg.loss_on} tokens")
+        self.logprobs = LogProbs(run.policy, compile=run.compile, entropy=False)
+        if run.dist.enabled:
+
+            self.logprobs = DDP(self.logprobs, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+        run.build_optimizer()
+        self.eval_docs = tokenize(held_out.samples, run.tokenizer, cfg.loss_on) if held_out else None
+        self.eval_records = positions(held_out.samples, cfg.eval_size) if held_out else None
+        self.pool = None
+
+    def _loss(self, batch, normalizer: float, backward: bool) -> tuple[torch.Tensor, float]:
+        """Summed NLL / normalizer of one micro-batch of rows, and how many tokens it counted."""
+        dev = self.run.device
+        ids, loss = (torch.from_numpy(a).to(dev) for a in collate(batch))
+        counted = loss[:, 1:]
+        # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
+        # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
+        with self.run.autocast():
+            if backward:  # the NLL's gradients made in the same pass over the vocabulary
+                nll = self.logprobs(ids, None, 1, 1.0, loss=lambda lp, entropy, kl, at: -lp / normalizer,
+                                    wanted=counted).loss
+            else:
+                lp = token_logprobs(self.run.policy, ids, None, start=1, compile=self.run.compile,
+                                    wanted=counted).logprobs
+                nll = -(lp.float() * counted).sum() / normalizer
+        if backward:
+            nll.backward()
+        return nll.detach(), float(counted.sum())
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, run = self.cfg, self.run
+        t0 = time.perf_counter()
+        if run.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(run.device)
+        per_rank = cfg.rows_per_step // run.dist.world
+        first = run.step * cfg.rows_per_step + run.dist.rank * per_rank
+        rows = [self.rows.row(first + i) for i in range(per_rank)]
+        # The token mean is over every rank's tokens: DDP averages the ranks' gradients.
+        tokens = run.comm.sum([float(sum(m[1:].sum() for _, m in rows))])[0]
+        run.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=run.device)
+        micro = [rows[i : i + cfg.micro_batch_size] for i in range(0, len(rows), cfg.micro_batch_size)]
+        for j, batch in enumerate(micro):
+            last = j == len(micro) - 1
+            no_sync = self.logprobs.no_sync() if run.dist.enabled and not last else contextlib.nullcontext()
+            with no_sync:
+                nll, _ = self._loss(batch, max(tokens, 1.0) / run.dist.world, backward=True)
+            total += nll
+        params = [p for g in run.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+        run.optimizer.step()
+        lr = run.optimizer.param_groups[0]["lr"]
+        run.scheduler.step()
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        step_time = time.perf_counter() - t0
+        loss, grad_norm = run.comm.mean([float(total), float(norm)])
+        run.step += 1
+        all_tokens = run.comm.sum([float(sum(len(i) for i, _ in rows))])[0]
+        context = cfg.seq_len if cfg.pack else all_tokens / (per_rank * run.dist.world)
+        # Each rank's `total` is its share of the global token mean times the number of ranks (for DDP's
+        # averaging), so their mean is the global mean.
+        m = {"step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": all_tokens / step_time,
+             "time/step": step_time, "peak_memory_gb": peak_memory_gb(run.device)}
+        if run.device.type == "cuda":
+            flops = step_flops(self.run.policy, all_tokens, tokens, context)
+            m["mfu"] = flops / step_time / (run.dist.world * PEAK_TFLOPS * 1e12)
+        return m
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """The loss on --eval-data's samples, and the --eval-suites on its positions (or the generated held-out
+        ones)."""
+        cfg, m = self.cfg, {}
+        if self.eval_docs is not None:
+            rows = eval_rows(self.eval_docs, cfg.seq_len, cfg.pack)
+            total = counted = 0.0
+            for i in range(0, len(rows), cfg.micro_batch_size):
+                nll, n = self._loss(rows[i : i + cfg.micro_batch_size], 1.0, backward=False)
+                total, counted = total + float(nll), counted + n
+            m["eval/loss"] = total / max(counted, 1.0)
+        records = self.eval_records or heldout_records(cfg.eval_size, cfg.seed)
+        if self.pool is None and any(r.analysis is None for r in records):
+
+            self.pool = StockfishPool(path=cfg.stockfish_path, workers=cfg.stockfish_workers,
+                                      depth=cfg.stockfish_depth, cache_path=cfg.stockfish_cache)
+        m.update(training_metrics(self.run.policy, self.run.tokenizer, cfg, records, RewardScorer(self.pool),
+                                  compile=self.run.compile))
+        return m
+
+    def train(self) -> dict[str, Any]:
+        return self.run.loop(self.train_step, state=dict, evaluate=self.evaluate)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        self.run.comm.close()
