@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import resource
 from typing import Any
 
 import numpy as np
@@ -12,6 +11,7 @@ from rookworld.grpo import formulas as grpo
 from rookworld.grpo.rollout import Rollout
 from rookworld.grpo.update import UpdateSums
 from rookworld.harness.distributed import Comm
+from rookworld.net.device import peak_memory_gb
 
 _TASK_CODES = {"P": 1, "A": 0}
 _UNSCORED = 3  # a row without ground truth counts in no task's statistics
@@ -107,9 +107,3 @@ def sampling_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
             # Among the groups that were scored: an unscored group has no rewards to spread.
             "groups/zero_spread": zero_spread / n_groups if n_groups else None,
             "generated_tokens": gen_tokens, "samples": rows}
-
-
-def peak_memory_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

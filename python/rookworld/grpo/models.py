@@ -13,26 +13,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from rookworld.net.logprobs import TokenLogProbs, TokenLoss, token_logprobs
+from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.model import autocast_copy, refresh_copy
 from rookworld.net.sampling import PAD_ID, GenerationOutput, generate
-
-
-class LogProbs(nn.Module):
-    """`token_logprobs` (and the value head, if any) behind a forward(), so DDP's hooks see every parameter
-    the update uses. The frozen reference comes as an argument: it is not trained, so DDP must not own it."""
-
-    def __init__(self, model: nn.Module, value_head: nn.Module | None = None, compile: bool = False,
-                 entropy: bool = True):
-        super().__init__()
-        self.model, self.value_head, self.compile, self.entropy = model, value_head, compile, entropy
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, start: int, temperature: float, *,
-                loss: TokenLoss, reference: nn.Module | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
-                wanted: torch.Tensor | None = None, group_size: int = 1) -> TokenLogProbs:
-        return token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
-                              compile=self.compile, reference=reference, kl_weights=kl_weights,
-                              value_head=self.value_head, wanted=wanted, group_size=group_size, loss=loss)
 
 
 @dataclass(frozen=True)

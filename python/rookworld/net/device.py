@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+
 import torch
 
 from rookworld.settings.config import ConfigError
@@ -25,3 +27,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         if device.index >= torch.cuda.device_count():
             raise ConfigError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """The most memory this process has held on `device`: allocated CUDA memory, or the CPU process's peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
 from rookworld.net.model import GPT, head_logits
@@ -330,3 +331,20 @@ def _loss_and_derivatives(loss: TokenLoss, lp: torch.Tensor, entropy: torch.Tens
     if g_lp is None:
         g_lp = torch.zeros_like(lp)
     return per_position.detach(), g_lp, g_ent, g_kl
+
+
+class LogProbs(nn.Module):
+    """`token_logprobs` (and the value head, if any) behind a forward(), so DDP's hooks see every parameter
+    the update uses. The frozen reference comes as an argument: it is not trained, so DDP must not own it."""
+
+    def __init__(self, model: nn.Module, value_head: nn.Module | None = None, compile: bool = False,
+                 entropy: bool = True):
+        super().__init__()
+        self.model, self.value_head, self.compile, self.entropy = model, value_head, compile, entropy
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, start: int, temperature: float, *,
+                loss: TokenLoss, reference: nn.Module | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
+                wanted: torch.Tensor | None = None, group_size: int = 1) -> TokenLogProbs:
+        return token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
+                              compile=self.compile, reference=reference, kl_weights=kl_weights,
+                              value_head=self.value_head, wanted=wanted, group_size=group_size, loss=loss)

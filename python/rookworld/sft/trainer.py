@@ -19,13 +19,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import StockfishPool
-from rookworld.grpo.metrics import peak_memory_gb
-from rookworld.grpo.models import LogProbs
 from rookworld.harness.run import Run
 from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
-from rookworld.net.logprobs import token_logprobs
+from rookworld.net.device import peak_memory_gb
+from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.model import GPT, GPTConfig
 from rookworld.settings.config import SFTConfig
 from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, tokenize

@@ -1,0 +1,159 @@
+"""The package's layers, read from its own imports: every import runs downward, no two modules import each other
+in a circle, and no module hides an import of rookworld inside a function.
+
+`python tests/test_layers.py` prints the layers and the imports between them.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "rookworld"
+
+#: Bottom to top; a module may import its own layer and the ones below. grpo and sft share a floor and stay apart.
+LAYERS = [("_core", "__init__"), ("ground",), ("settings",), ("net",), ("lm",), ("harness",), ("grpo", "sft"), ("commands",),
+          ("cli", "__main__")]
+#: Layers that load no torch, so that parsing flags and reading files stay quick.
+TORCH_FREE = ("ground", "settings")
+
+
+def floor(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "__init__"
+    for i, names in enumerate(LAYERS):
+        if part in names:
+            return i
+    raise AssertionError(f"{module} is in no layer: add its folder to LAYERS")
+
+
+def room(module: str) -> str:
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    found["rookworld._core"] = PACKAGE / "_core"  # the Rust extension: imports nothing
+    return found
+
+
+def imports(path: Path, known: set[str]) -> list[tuple[str, bool, int]]:
+    """(module imported, whether at module level, line) for each import of rookworld or torch in a file."""
+    if not path.suffix:
+        return []
+    tree = ast.parse(path.read_text())
+    local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f)}
+    out = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from rookworld.ground import chess` imports the module rookworld.ground.chess
+            targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                       for a in node.names]
+        for t in targets:
+            if t == "rookworld" or t.startswith("rookworld."):
+                out.append((t, id(node) not in local, node.lineno))
+            elif t.split(".")[0] == "torch":
+                out.append((t, id(node) not in local, node.lineno))
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {m: {t for t, _, _ in imports(p, known) if t in known and t != m} for m, p in mods.items()}
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    assert circles(graph()) == []
+
+
+def test_imports_run_downward():
+    mods = modules()
+    known = set(mods)
+    wrong = []
+    for m, path in mods.items():
+        for target, _, line in imports(path, known):
+            if not target.startswith("rookworld") or room(target) == room(m):
+                continue
+            if floor(target) > floor(m) or (floor(target) == floor(m) and room(target) != room(m)
+                                            and room(m) not in ("cli", "__main__")):
+                wrong.append(f"{path.relative_to(PACKAGE)}:{line} ({room(m)}) imports {target} ({room(target)})")
+    assert wrong == []
+
+
+def test_no_function_local_import_of_rookworld():
+    mods = modules()
+    known = set(mods)
+    hidden = [f"{p.relative_to(PACKAGE)}:{line} imports {t}" for m, p in mods.items()
+              for t, top, line in imports(p, known) if not top and t.startswith("rookworld")]
+    assert hidden == []
+
+
+def test_ground_and_settings_import_no_torch():
+    mods = modules()
+    known = set(mods)
+    heavy = [f"{p.relative_to(PACKAGE)}:{line} imports {t}" for m, p in mods.items() if room(m) in TORCH_FREE
+             for t, _, line in imports(p, known) if t.split(".")[0] == "torch"]
+    assert heavy == []
+
+
+def test_the_layers_name_every_folder():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("__")
+               and any(p.rglob("*.py"))}
+    named = {n for names in LAYERS for n in names}
+    assert folders <= named, f"folders in no layer: {folders - named}"
+
+
+if __name__ == "__main__":
+    edges = graph()
+    for i, names in enumerate(LAYERS):
+        rooms = [m for m in sorted(edges) if room(m) in names]
+        print(f"floor {i}: {', '.join(names)} ({len(rooms)} modules)")
+        for m in rooms:
+            below = sorted({room(t) for t in edges[m] if room(t) != room(m)})
+            if below:
+                print(f"    {m} -> {', '.join(below)}")
+    found = circles(edges)
+    print("circles:", found if found else "none")
+    sys.exit(1 if found else 0)
