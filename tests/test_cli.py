@@ -30,7 +30,8 @@ def test_version_and_help():
     (["positions", "--count", "2", "--out", "x", "--depth", "4"], "--depth", "--stockfish-depth"),
     (["positions", "--count", "2", "--out", "x", "--nodes=100"], "--nodes", "--stockfish-nodes"),
     (["eval", "--limit", "3"], "--limit", "--eval-size"),
-    (["eval", "--batch-size", "8"], "--batch-size", "--micro-batch-size"),
+    (["eval", "--batch-size", "8"], "--batch-size", "--decode-batch-size"),
+    (["eval", "--micro-batch-size", "8"], "--micro-batch-size", "--decode-batch-size"),
     (["eval", "--depth"], "--depth", "--stockfish-depth"),
 ])
 def test_a_renamed_flag_is_one_line_naming_the_new_one(args, old, new):

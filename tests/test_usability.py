@@ -179,8 +179,8 @@ def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(t
         proc = run_cli(args, cwd=tmp_path, env=env)
         assert proc.returncode == 2, proc.stderr
         # One line, said before any header, and no hub advice.
-        assert lines_of(proc.stderr) == [f"rookworld {args[0]}: error: " + ("--model: " if args[0] != "eval" else "")
-                                         + "no such model directory: runs/sftt"], proc.stderr
+        assert lines_of(proc.stderr) == [f"rookworld {args[0]}: error: --model: no such model directory: runs/sftt"
+                                         ], proc.stderr
         assert proc.stdout == ""
     # The default hub model out of reach: said before the header, and no run directory left behind.
     env.update(HF_HUB_CACHE=str(tmp_path / "hub"))
@@ -266,7 +266,7 @@ def test_eval_takes_a_run_directory_and_defaults_to_the_training_held_out_positi
     assert run_cli(train_args(tiny_dir, out, "--steps", "1", "--eval-every", "1", "--eval-size", "3")).returncode == 0
     result = tmp_path / "eval.json"
     proc = run_cli(["eval", "--model", str(out), "--device", "cpu", "--eval-size", "3", "--stockfish-depth", "4",
-                    "--seed", "3", "--max-new-tokens", "12", "--micro-batch-size", "64", "--out", str(result)])
+                    "--seed", "3", "--max-new-tokens", "12", "--decode-batch-size", "64", "--out", str(result)])
     assert proc.returncode == 0, proc.stderr
     got = json.loads(result.read_text())
     # The run's own model (kept at the top of its directory), named with its step in the header and the JSON.

@@ -1,6 +1,10 @@
-"""What every settings module shares: the error a bad setting raises, and a setting's flag."""
+"""What every settings module shares: the error a bad setting raises, a setting's flag, and the checks a setting
+declares (each says what is wrong in the same words in every command that takes the setting)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -15,3 +19,28 @@ def need(ok: bool, message: str) -> None:
 def flag(name: str) -> str:
     """The command-line flag of setting `name`, without its dashes."""
     return name.replace("_", "-")
+
+
+# A check takes the setting's flag (with dashes) and its value, never None, and says what is wrong, or None.
+
+
+def positive(option: str, value: Any) -> str | None:
+    return None if value >= 1 else f"{option} must be a positive integer, got {value}"
+
+
+def non_negative(option: str, value: Any) -> str | None:
+    return None if value >= 0 and value == value else f"{option} must be >= 0, got {value}"
+
+
+def above_zero(option: str, value: Any) -> str | None:
+    return None if value > 0 and value == value else f"{option} must be > 0, got {value}"
+
+
+def share(option: str, value: Any) -> str | None:
+    return None if 0.0 <= value <= 1.0 else f"{option} must lie in [0, 1], got {value}"
+
+
+def existing_files(option: str, value: Any) -> str | None:
+    """A file, or a list of files (sft's repeated --data), that exist."""
+    missing = [p for p in ([value] if isinstance(value, str) else value) if not Path(p).is_file()]
+    return f"{option}: no such file: {missing[0]}" if missing else None

@@ -1,0 +1,75 @@
+"""`rookworld eval`: a model measured by the suites RookWorld reports."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rookworld.commands.common import CliError, check_out_dir, read_positions, settings, stockfish_pool
+from rookworld.commands.model import load_lm
+from rookworld.ground import data
+from rookworld.ground.progress import Progress
+from rookworld.ground.rewards import RewardScorer
+from rookworld.ground.stockfish import StockfishNotFoundError, find_stockfish
+from rookworld.harness.checkpoint import model_step
+from rookworld.lm.answers import PROTOCOLS
+from rookworld.lm.bestmove import heldout_records
+from rookworld.lm.suites import SuiteOptions, format_report, run_suites
+from rookworld.settings.commands import EvalSettings
+from rookworld.settings.groups import parse_suites
+
+
+def _suite_options(s: EvalSettings) -> tuple[list[str], SuiteOptions]:
+    names = parse_suites(s.suite)
+    tasks = tuple(t.strip().upper() for t in s.tasks.split(",") if t.strip())
+    elo = s.opponent_elo if s.opponent_elo is not None else None if s.opponent_skill is not None else 1350
+    opts = SuiteOptions(size=s.eval_size or 128, games=s.games, seed=s.seed, max_plies=s.max_plies, tasks=tasks,
+                        decoding=PROTOCOLS[s.protocol], opponent_elo=elo, opponent_skill=s.opponent_skill,
+                        opponent_nodes=s.opponent_nodes, stockfish_path=s.stockfish_path)
+    return names, opts
+
+
+def run(args: argparse.Namespace) -> int:
+    s = settings(args, EvalSettings)
+    check_out_dir(s.out)
+    names, opts = _suite_options(s)
+    file_records = read_positions(s.data, s.skip_bad) if s.data else None
+    records = None
+    if "best-move" in names:
+        records = (data.assign_moves(file_records[: s.eval_size], s.seed) if file_records is not None
+                   else heldout_records(opts.size, s.seed))
+    mate_fens = [r.fen for r in file_records[: s.eval_size]] if file_records is not None else None
+    need_stockfish = ("mate-in-one" in names or "P" in opts.tasks and records is not None
+                      and any(r.analysis is None for r in records))
+    if need_stockfish or "vs-stockfish" in names:
+        try:
+            find_stockfish(s.stockfish_path)  # a missing engine is reported before any model is loaded
+        except StockfishNotFoundError as e:
+            raise CliError(str(e)) from None
+    lm = load_lm(s, batch_size=s.decode_batch_size, max_new_tokens=s.max_new_tokens)
+    device, directory = lm.model.device, lm.directory
+    source = f"--data {s.data}" if s.data else f"generated held-out positions, seed {s.seed}"
+    truth = (f"Stockfish depth {s.stockfish_depth}" if s.stockfish_nodes is None
+             else f"Stockfish {s.stockfish_nodes} nodes") if need_stockfish else "the file's analyses"
+    step = model_step(directory)
+    lines = [f"rookworld eval: {directory}{'' if step is None else f' (step {step})'} on {device}",
+             f"suites {','.join(names)}; {opts.decoding.describe()}, up to {s.max_new_tokens} tokens"]
+    if records is not None:
+        lines.append(f"best-move: {len(records)} positions ({source}), tasks {','.join(opts.tasks)}"
+                     f"{f'; P: ground truth from {truth}' if 'P' in opts.tasks else ''}")
+    print("\n".join(lines), file=sys.stderr)
+    pool = stockfish_pool(s) if need_stockfish else None
+    try:
+        results = run_suites(lm, names, opts, records=records, scorer=RewardScorer(pool), mate_fens=mate_fens,
+                             progress=lambda label, total, unit: Progress(total, label, unit))
+    finally:
+        if pool is not None:
+            pool.close()
+    print(format_report(results))
+    if s.out:
+        data.write_json({"model": str(directory), "model_step": step, "protocol": opts.decoding.name,
+                         "decoding": {"temperature": opts.decoding.temperature, "top_k": opts.decoding.top_k},
+                         "data": str(s.data) if s.data else f"generated (seed {s.seed})",
+                         "suites": {r.suite: r.to_dict() for r in results}}, s.out)
+        print(f"wrote {s.out}", file=sys.stderr)
+    return 0

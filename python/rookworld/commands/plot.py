@@ -1,0 +1,21 @@
+"""`rookworld plot`: training curves of one or more runs in one PNG."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rookworld.commands.common import CliError, check_out_dir, settings
+from rookworld.harness.plot import PlotError, plot_runs
+from rookworld.settings.commands import PlotSettings
+
+
+def run(args: argparse.Namespace) -> int:
+    s = settings(args, PlotSettings)
+    check_out_dir(s.out)
+    try:
+        panels = plot_runs(s.runs, s.out, title=s.title)
+    except PlotError as e:
+        raise CliError(str(e)) from None
+    print(f"wrote {s.out} ({panels} panels, {len(s.runs)} run(s))", file=sys.stderr)
+    return 0

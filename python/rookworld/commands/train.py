@@ -1,0 +1,61 @@
+"""`rookworld train` (GRPO) and `rookworld sft` (supervised): settings (a resumed run keeps its own), then the
+trainer's loop."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rookworld.commands.common import CliError
+from rookworld.ground.data import DataError
+from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
+from rookworld.grpo.trainer import Trainer
+from rookworld.harness import checkpoint
+from rookworld.harness.run import complete_message
+from rookworld.harness.rundir import check_resume
+from rookworld.net.model import ModelNotAvailableError
+from rookworld.net.tokenizer import TokenizerUnavailableError
+from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig, from_args
+from rookworld.sft.trainer import SFTTrainer
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.command
+    cls, trainer_class = (TrainConfig, Trainer) if command == "train" else (SFTConfig, SFTTrainer)
+    resume_from = None
+    try:
+        if getattr(args, "resume", None):
+            # A resumed run keeps the settings it was started with, unless flags say otherwise.
+            resume_from = checkpoint.resolve_checkpoint(args.resume)
+            check_resume(command, resume_from)
+            saved = checkpoint.load_config(resume_from)
+            given = {k for k in vars(args) if k not in ("command", "config")}
+            for key, value in saved.items():
+                if key not in given and key != "overwrite" and not getattr(args, "config", None):
+                    setattr(args, key, value)
+        cfg = from_args(args, cls)
+        done = checkpoint.step_of(resume_from) if resume_from is not None else None
+        if done is not None and done >= cfg.steps:  # said before any model or engine starts
+            print(complete_message(command, cfg, done), file=sys.stderr)
+            return 0
+        if command == "train":
+            find_stockfish(cfg.stockfish_path)  # a missing engine is reported before any model is loaded
+    except (ConfigError, checkpoint.CheckpointError, StockfishNotFoundError) as e:
+        raise CliError(str(e)) from None
+
+    try:
+        trainer = trainer_class(cfg)
+    except (ConfigError, DataError, ModelNotAvailableError, TokenizerUnavailableError, StockfishError,
+            checkpoint.CheckpointError, FileNotFoundError, NotADirectoryError) as e:
+        raise CliError(str(e)) from None
+    try:
+        trainer.train()
+    except StockfishNotFoundError as e:  # sft's evaluation starts Stockfish only when it first needs it
+        raise CliError(str(e)) from None
+    finally:
+        trainer.close()
+    if trainer.run.interrupted:
+        print(f"rookworld {command}: interrupted at step {trainer.run.step}; continue with "
+              f"rookworld {command} --resume {cfg.output_dir}", file=sys.stderr)
+        return 130
+    return 0

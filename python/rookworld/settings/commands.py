@@ -1,0 +1,160 @@
+"""The commands besides train and sft: each one's settings, composed of the shared groups and of its own (declared
+here once), and what `rookworld --help` says of it. Train's and sft's are in `rookworld.settings.config`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rookworld.settings.base import existing_files, non_negative, positive, share
+from rookworld.settings.config import SFTConfig, TrainConfig
+from rookworld.settings.declare import GAME, OPPONENT, OUTPUT, POSITIONS, SUITES_, Settings, composed, group, setting
+from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodingSettings,
+                                       EvalSizeSettings, GameSettings, IllegalShareSettings, ModelSettings,
+                                       OutputSettings, SeedSettings, StockfishNodesSettings, StockfishSettings,
+                                       suites)
+
+
+@group
+class PositionsOnly:
+    count: int | None = setting(None, "number of positions (required unless --from; with --from, at most this many)",
+                                POSITIONS, check=positive)
+    opening_share: float = setting(0.2, "share of opening positions", POSITIONS, check=share)
+    endgame_share: float = setting(0.2, "share of endgames", POSITIONS, check=share)
+    source: str | None = setting(None, "read positions from FILE (FEN, EPD or JSONL a line) instead of generating "
+                                       "them", POSITIONS, flag="from", metavar="FILE", check=existing_files)
+    annotate: bool = setting(False, "add Stockfish analyses and the P:/A: prompts and targets (what train and eval "
+                                    "read)", POSITIONS)
+    quiet: bool = setting(False, "no progress bar", OUTPUT)
+
+    def check_together(self, need) -> None:
+        need(self.opening_share + self.endgame_share <= 1.0, "--opening-share + --endgame-share must not exceed 1")
+        need(self.count is not None or self.source is not None, "--count is required (or --from FILE)")
+
+
+@composed()
+class PositionsSettings(PositionsOnly, SeedSettings, IllegalShareSettings, BadLinesSettings, OutputSettings,
+                        StockfishSettings, StockfishNodesSettings, Settings):
+    required = ("out",)
+
+
+def tasks(option: str, value: str) -> str | None:
+    names = [t.strip().upper() for t in value.split(",") if t.strip()]
+    return None if names and all(t in ("P", "A") for t in names) else f"{option} must be P, A or P,A, got {value!r}"
+
+
+@group
+class EvalOnly:
+    suite: str = setting("best-move", "suites to run, comma-separated: best-move, mate-in-one, selfplay, "
+                                      "vs-stockfish", SUITES_, check=suites)
+    tasks: str = setting("P,A", "best-move's tasks: P, A or P,A", SUITES_, check=tasks)
+    games: int = setting(8, "selfplay: start positions (each played greedy and sampled); vs-stockfish: games",
+                         GAME, check=positive)
+    opponent_elo: int | None = setting(None, "Stockfish's strength as UCI_Elo (Stockfish 15.1: 1350-2850; the "
+                                             "default is 1350)", OPPONENT, check=positive)
+    opponent_skill: int | None = setting(None, "Stockfish's strength as Skill Level 0-20 instead of an Elo", OPPONENT,
+                                         check=non_negative)
+    opponent_nodes: int = setting(20_000, "nodes Stockfish searches per move", OPPONENT, check=positive)
+    decode_batch_size: int = setting(64, "prompts decoded at once", SUITES_, check=positive)
+
+    def check_together(self, need) -> None:
+        need(self.opponent_elo is None or self.opponent_skill is None,
+             "give --opponent-elo or --opponent-skill, not both")
+        need(self.opponent_skill is None or self.opponent_skill <= 20,
+             f"--opponent-skill must lie in 0-20, got {self.opponent_skill}")
+
+
+@composed(eval_size=None)
+class EvalSettings(DataSettings, BadLinesSettings, EvalOnly, EvalSizeSettings, GameSettings, ModelSettings,
+                   DecodingSettings, SeedSettings, CompletionSettings, OutputSettings, StockfishSettings,
+                   StockfishNodesSettings, Settings):
+    # eval's decode batch had the training commands' name, which means rows per forward/backward there.
+    renamed = {"micro_batch_size": "decode_batch_size", "batch_size": "decode_batch_size"}
+    gone = {"samples": "--out holds every completion now"}
+
+
+@group
+class AskOnly:
+    position: str = setting(None, "the position (quote it: a FEN has spaces)", POSITIONS, nargs="1", metavar="FEN")
+    move: str | None = setting(None, "a move to play in it (UCI or SAN)", POSITIONS, nargs="?", metavar="MOVE")
+    history: str = setting("", "UCI moves before MOVE, oldest first, for the A: prompt", POSITIONS)
+    json: bool = setting(False, "print the answers as JSON", OUTPUT)
+
+
+@composed()
+class AskSettings(AskOnly, ModelSettings, DecodingSettings, SeedSettings, StockfishSettings, StockfishNodesSettings,
+                  Settings):
+    pass
+
+
+@group
+class PlayOnly:
+    colour: str = setting("white", "your colour", GAME, choices=("white", "black"), aliases=("color",))
+    fen: str | None = setting(None, "start from this position (a FEN) instead of the initial one", GAME)
+
+
+@composed(max_plies=400)
+class PlaySettings(PlayOnly, GameSettings, ModelSettings, DecodingSettings, SeedSettings, Settings):
+    pass
+
+
+@group
+class PlotOnly:
+    runs: list = setting([], "output directories of rookworld train or sft", OUTPUT, nargs="+", metavar="RUN_DIR")
+    title: str | None = setting(None, "a title above the panels", OUTPUT)
+
+
+@composed(out="curves.png")
+class PlotSettings(PlotOnly, OutputSettings, Settings):
+    pass
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand as `rookworld --help` and its own `--help` describe it."""
+
+    name: str
+    settings: type[Settings]
+    help: str
+    description: str
+    usage: str | None = None
+
+
+COMMANDS = [
+    Command("positions", PositionsSettings, "generate training positions (JSONL)",
+            "Generate legal, unfinished chess positions, each with the moves that led to it and a move for an A: "
+            "task. The same seed always gives the same positions."),
+    Command("eval", EvalSettings, "measure a model: best move, mate-in-one, self-play, games against Stockfish",
+            "Measures a model the way RookWorld reports its models. Suites (--suite, comma-separated): best-move "
+            "(the default: P: best move, top 5, legal best move, candidate overlap, eval error and A: next state, "
+            "FEN similarity, reward/terminated/truncated accuracy on held-out positions), mate-in-one (the B: move "
+            "mates; and is Stockfish's move), selfplay (legal half-moves before the first illegal move, greedy and "
+            "sampled), vs-stockfish (wins, draws, losses and the Elo difference against Stockfish at a fixed "
+            "strength). --data is the positions file of best-move and mate-in-one (which keeps its positions that "
+            "have a mate in one); without it, generated positions of streams no training run draws from (seed "
+            "--seed). Decoding is greedy unless --protocol rookworld (temperature 0.6, top-k 5, as RookWorld's "
+            "scripts); every report names its protocol."),
+    Command("ask", AskSettings, "the model's answer for a position (P:), and for a move played in it (A:)",
+            "Puts a position to the model: its P: answer (candidates, evals, best move), every move marked legal or "
+            "not, and, when Stockfish is there, Stockfish's five and the reward the answer would get in training. "
+            "With MOVE (UCI or SAN), also its A: answer for playing it, next to the true transition."),
+    Command("play", PlaySettings, "play a game against the model in the terminal",
+            "A game against the model. Type moves in UCI (e2e4) or SAN (e4, Nf3, O-O); 'quit' resigns. The model "
+            "plays the B: move of its P: answer; when that is illegal it falls back to its first legal candidate and "
+            "says so."),
+    Command("train", TrainConfig, "fine-tune RookWorld-LM with GRPO on P: and A: tasks",
+            "GRPO on mixed P:/A: chess tasks with verifiable rewards (Stockfish for P:, the rules for A:). Settings "
+            "come from the defaults, then --config FILE.toml, then flags; --resume DIR continues a run with its "
+            "saved settings (flags still override). Under torchrun it trains data-parallel.",
+            usage="%(prog)s [--config FILE.toml] [--model DIR] [--output-dir DIR] [options]"),
+    Command("sft", SFTConfig, "supervised training on P:/A: text (RookWorld datasets, or rookworld positions "
+            "--annotate)",
+            "Supervised training of a GPT-2 policy on RookWorld P:/A: samples, as RookWorld-LM was made: documents "
+            "are [EOS] + text, one a row (or packed into full rows with --pack); continue a checkpoint (--model) or "
+            "start a fresh GPT-2 (--init). The output directory holds the latest model, a --model for rookworld "
+            "train. Settings, --config, --resume and torchrun work as for rookworld train.",
+            usage="%(prog)s (--init SIZE | --model DIR) --data FILE [--output-dir DIR] [options]"),
+    Command("plot", PlotSettings, "draw training curves of one or more runs (needs matplotlib: pip install "
+            "'rookworld[plot]')",
+            "Reads each RUN_DIR's metrics.jsonl and draws its curves (rewards per task, KL, losses, evaluation "
+            "metrics) into one PNG, several runs overlaid, so settings compare by looking."),
+]

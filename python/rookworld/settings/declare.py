@@ -1,0 +1,165 @@
+"""How a setting is declared, once: `setting(default, help, section, check=...)` as a field of a small group
+(`@group`), and how a command's settings are composed of groups (`@composed`, with the command's own defaults
+where they differ). `Settings.validate` runs every setting's declared check, then each group's checks of how its
+settings combine; `from_dict` reads a TOML table or a saved config.json into the same fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+from rookworld.settings.base import ConfigError, flag, need
+
+# The sections of `--help`, in order (a training command lists its main settings before them all).
+MODEL, RUN, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH, ADVANTAGES, KL, LOSS, \
+    CRITIC, OPTIM, LOGGING, OUTPUT = (
+        "the model", "run: steps, output, precision, seed", "data", "positions", "suites", "vs-stockfish's opponent",
+        "the game", "sampling", "decoding", "rewards", "Stockfish", "advantages",
+        "the KL leash to the frozen reference", "the loss", "the critic (--advantage gae only)", "optimisation",
+        "logging, evaluation, checkpoints", "output")
+SECTIONS = [MODEL, RUN, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH, ADVANTAGES,
+            KL, LOSS, CRITIC, OPTIM, LOGGING, OUTPUT]
+
+#: Every declared setting: its name -> the group that declares it. A second declaration of a name is an error.
+DECLARED: dict[str, type] = {}
+
+
+def setting(default: Any, help: str, section: str, *, check: Callable[[str, Any], str | None] | None = None,
+            choices: tuple | None = None, main: bool = False, flag: str | None = None, aliases: tuple = (),
+            was: tuple = (), metavar: str | None = None, nargs: str | None = None) -> Any:
+    """A setting: its default, its one help text, its section of `--help` and its check. `main` lists it among the
+    few that matter most (training commands); `flag` spells its flag otherwise than its name (--from); `aliases`
+    are other spellings that work; `was` are old spellings that answer with the new one; `nargs` makes it a
+    positional argument."""
+    meta = {"help": help, "section": section, "main": main, "check": check, "choices": choices, "flag": flag,
+            "aliases": aliases, "was": was, "metavar": metavar, "nargs": nargs}
+    return _field(default, meta)
+
+
+def _field(default: Any, metadata: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def group(cls: type) -> type:
+    """A small group of settings, each declared here and nowhere else."""
+    cls = dataclass(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in vars(cls).get("__annotations__", {}):
+            if f.name in DECLARED:
+                raise TypeError(f"setting {f.name!r} is declared twice: in {DECLARED[f.name].__name__} and "
+                                f"{cls.__name__}")
+            DECLARED[f.name] = cls
+    return cls
+
+
+def composed(**defaults: Any) -> Callable[[type], type]:
+    """A command's settings, composed of the groups it inherits; `defaults` are its own defaults where they differ
+    from the declarations (the help, check and section stay the declared ones)."""
+
+    def wrap(cls: type) -> type:
+        inherited: dict[str, dataclasses.Field] = {}
+        for base in reversed(cls.__mro__[1:]):
+            inherited.update(getattr(base, "__dataclass_fields__", {}))
+        annotations = dict(vars(cls).get("__annotations__", {}))
+        for name, value in defaults.items():
+            base = inherited[name]  # a KeyError: only a declared setting takes a command's default
+            # A list default (sft's --data) makes the flag repeatable in that command.
+            annotations[name] = "list" if isinstance(value, list) else base.type
+            setattr(cls, name, _field(value, base.metadata))
+        cls.__annotations__ = annotations
+        return dataclass(cls)
+
+    return wrap
+
+
+def declared_fields(cls: type) -> list[dataclasses.Field]:
+    """A command's settings in the order its groups are listed (not dataclasses' order, which puts the last base's
+    first): `--help` shows them so, and `validate` checks them so."""
+    own = {f.name: f for f in dataclasses.fields(cls)}
+    order = [name for c in cls.__mro__ for name in vars(c).get("__annotations__", {})
+             if name in own and DECLARED.get(name) is c]
+    return [own[name] for name in order]
+
+
+def option(f: dataclasses.Field) -> str:
+    """How a user names the setting: its flag, or a positional argument's metavar."""
+    if f.metadata["nargs"]:
+        return f.metadata["metavar"] or f.name.upper()
+    return f"--{f.metadata['flag'] or flag(f.name)}"
+
+
+class Settings:
+    """What a command's settings share: the checks, and reading and writing them as a dict."""
+
+    #: The TOML table --config reads ([train], [sft]); None: the command takes no --config.
+    config_section: ClassVar[str | None] = None
+    #: Settings the command cannot do without.
+    required: ClassVar[tuple[str, ...]] = ()
+    #: Old spellings of this command only (old=new, names without dashes), and flags that are gone (name: why).
+    renamed: ClassVar[dict[str, str]] = {}
+    gone: ClassVar[dict[str, str]] = {}
+
+    def validate(self):
+        for f in declared_fields(type(self)):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            choices, check = f.metadata["choices"], f.metadata["check"]
+            need(choices is None or v in choices, f"{option(f)} must be one of {', '.join(choices or ())}, "
+                                                  f"got {v!r}")
+            if check is not None:
+                message = check(option(f), v)
+                need(message is None, message or "")
+        # Then each group's checks of how its settings combine, the lowest group first.
+        for cls in reversed(type(self).__mro__):
+            if "check_together" in vars(cls):
+                vars(cls)["check_together"](self, need)
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict, source: str = "config"):
+        known = {f.name for f in dataclasses.fields(cls)}
+        clean = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ConfigError(f"{source}: unknown setting {key!r}")
+            clean[name] = value
+        cfg = cls(**clean)
+        for f in dataclasses.fields(cls):  # TOML has no None; types are checked here, values in validate()
+            v = getattr(cfg, f.name)
+            if v is not None and not _type_ok(f, v):
+                raise ConfigError(f"{source}: {f.name} = {v!r} is not a {base_type(f).__name__}")
+        return cfg
+
+
+def default(cls: type, name: str) -> Any:
+    """The default of setting `name` in a command's settings."""
+    f = cls.__dataclass_fields__[name]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def base_type(f: dataclasses.Field) -> type:
+    t = str(f.type)
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str), ("list", list)):
+        if t.startswith(name):
+            return typ
+    raise TypeError(t)
+
+
+def _type_ok(f: dataclasses.Field, v: Any) -> bool:
+    t = base_type(f)
+    if t is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if t is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if t is list:
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    return isinstance(v, t)

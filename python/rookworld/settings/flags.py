@@ -1,0 +1,128 @@
+"""A command's flags, made from its settings' declarations by one function, and read back into its settings:
+defaults, then a TOML file (--config, train and sft), then flags, then the checks."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from rookworld.settings import presets
+from rookworld.settings.base import ConfigError, flag
+from rookworld.settings.declare import SECTIONS, Settings, base_type, declared_fields, option
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class Renamed(argparse.Action):
+    """The old spelling of a renamed flag: one line naming the new one."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now {self.new}")
+
+
+class Gone(argparse.Action):
+    """A flag that no longer exists: one line saying why."""
+
+    def __init__(self, option_strings, dest, why: str, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+        self.why = why
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is gone: {self.why}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type[Settings]) -> None:
+    """One flag per setting of `cls`, section by section (a command with --config lists its main settings first).
+    Defaults are SUPPRESSed, so that only the flags given override the file; `from_args` fills in the rest."""
+    main = None
+    if cls.config_section:
+        main = parser.add_argument_group("main settings (the rest below, by section)")
+        main.add_argument("--config", metavar="FILE.toml|PRESET",
+                          help="read settings from a TOML file, or a preset shipped with rookworld "
+                               f"({', '.join(presets.names())}); flags override it")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    fields = sorted(declared_fields(cls), key=lambda f: (not (main and f.metadata["main"]),
+                                                         SECTIONS.index(f.metadata["section"])))
+    for f in fields:
+        meta, default = f.metadata, _default(f)
+        section = meta["section"]
+        group = main if main and meta["main"] else groups.setdefault(section, parser.add_argument_group(section))
+        # A default of None is said in the help text itself ("default: the built-in generator").
+        shown = default is not None and "default" not in meta["help"]
+        help_text = f"{meta['help']} (default: {_shown(default)})" if shown else meta["help"]
+        if meta["nargs"]:  # a positional argument
+            group.add_argument(f.name, metavar=meta["metavar"], nargs=None if meta["nargs"] == "1" else meta["nargs"],
+                               default=default, help=help_text)
+            continue
+        typ = base_type(f)
+        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name, "help": help_text,
+                                  "required": f.name in cls.required}
+        if typ is bool:
+            kwargs.update(action=argparse.BooleanOptionalAction)
+        elif typ is list:
+            kwargs.update(action="append", metavar=meta["metavar"] or "FILE")
+        elif meta["choices"]:
+            kwargs.update(type=typ, choices=meta["choices"])
+        else:
+            kwargs.update(type=typ, metavar=meta["metavar"] or (f.name.upper().replace("_", "-") if typ is str
+                                                                else typ.__name__.upper()))
+        group.add_argument(option(f), *(f"--{a}" for a in meta["aliases"]), **kwargs)
+        for old in meta["was"]:
+            _renamed(parser, old, option(f))
+    for old, new in cls.renamed.items():
+        _renamed(parser, old, f"--{flag(new)}")
+    for name, why in cls.gone.items():
+        parser.add_argument(f"--{flag(name)}", action=Gone, why=why, dest=f"_gone_{name}")
+
+
+def _renamed(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    parser.add_argument(f"--{flag(old)}", action=Renamed, new=new, dest=f"_renamed_{old}", default=argparse.SUPPRESS)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def from_args(args: argparse.Namespace, cls: type[Settings]):
+    """A command's settings from its parsed flags (and --config's file, where the command takes one), checked."""
+    values: dict = {}
+    if getattr(args, "config", None):
+        section = cls.config_section
+        preset = presets.path(args.config) if not Path(args.config).exists() else None
+        path = preset or Path(args.config)
+        try:
+            values = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"--config: no such file or preset: {path} (presets: {', '.join(presets.names())})"
+                              ) from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"--config {path}: {e}") from None
+        if preset is not None and section not in values:
+            raise ConfigError(f"--config {args.config}: the preset has no settings for rookworld {section} (it has "
+                              f"{', '.join('rookworld ' + k for k in values)})")
+        values = dict(values.get(section, values))  # settings at the top level or under [train] / [sft]
+        source = f"preset {args.config}" if preset else str(path)
+    else:
+        source = "config"
+    for f in dataclasses.fields(cls):
+        if hasattr(args, f.name):
+            if flag(f.name) != f.name:
+                values.pop(flag(f.name), None)
+            values[f.name] = getattr(args, f.name)
+    return cls.from_dict(values, source).validate()

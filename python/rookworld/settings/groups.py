@@ -1,0 +1,140 @@
+"""The settings more than one command takes, each declared once, in small groups that commands compose
+(`rookworld.settings.config` for train and sft, `rookworld.settings.commands` for the others)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from rookworld.settings.base import existing_files, non_negative, positive, share
+from rookworld.settings.declare import DATA, DECODING, GAME, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH, SUITES_, group, setting
+from rookworld.settings.hub import is_local_path
+
+#: The evaluation suites, as --suite and --eval-suites name them.
+SUITES = ("best-move", "mate-in-one", "selfplay", "vs-stockfish")
+#: Decoding protocols of a model in use: greedy, or RookWorld's own sampling (rookworld.lm.answers.PROTOCOLS).
+PROTOCOLS = ("greedy", "rookworld")
+
+
+def parse_suites(text: str) -> list[str]:
+    """`best-move,mate-in-one` -> the names, in the order given; ValueError naming the choices."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in SUITES]
+    if not names or bad:
+        raise ValueError(f"unknown suite {bad[0] if bad else text!r}: choose from {', '.join(SUITES)}")
+    return list(dict.fromkeys(names))
+
+
+def suites(option: str, value: Any) -> str | None:
+    try:
+        parse_suites(value)
+    except ValueError as e:
+        return f"{option}: {e}"
+    return None
+
+
+def local_model(option: str, value: Any) -> str | None:
+    """A model named by a local path must be a directory (a hub repo id is looked up when it is loaded)."""
+    if is_local_path(value) and not Path(value).expanduser().is_dir():
+        return f"{option}: no such model directory: {value}"
+    return None
+
+
+def device_name(option: str, value: Any) -> str | None:
+    ok = re.fullmatch(r"auto|cpu|cuda(:\d+)?", value)
+    return None if ok else f"{option} must be cpu, cuda, cuda:N or auto, got {value!r}"
+
+
+@group
+class ModelSettings:
+    """The model, and where it runs."""
+
+    model: str | None = setting(
+        "jrahn/RookWorld-LM-124M", "the model: hub repo id, model directory, or a training run's directory (its "
+        "latest model)", MODEL, main=True, check=local_model)
+    revision: str | None = setting(None, "hub revision of --model (branch, tag or commit)", MODEL)
+    device: str = setting("auto", "cpu, cuda, cuda:N or auto (CUDA when available; under torchrun, the local rank's "
+                                  "GPU)", MODEL, check=device_name)
+
+
+@group
+class SeedSettings:
+    seed: int = setting(0, "random seed: of generated positions and A: moves, of sampling and sampled decoding, and "
+                           "of a fresh model's weights", RUN, check=non_negative)
+
+
+@group
+class StockfishSettings:
+    """The engine that scores P: answers and analyses positions."""
+
+    stockfish_path: str | None = setting(None, "Stockfish binary (default: ROOKWORLD_STOCKFISH, stockfish on PATH, "
+                                               "then /usr/games/stockfish)", STOCKFISH,
+                                         metavar="FILE")
+    stockfish_depth: int = setting(10, "Stockfish's analysis depth", STOCKFISH, check=positive, was=("depth",))
+    stockfish_workers: int | None = setting(None, "Stockfish processes (default: one per spare core; under "
+                                                  "torchrun, spare cores / ranks)", STOCKFISH, check=positive)
+    stockfish_cache: str | None = setting(None, "sqlite file that caches analyses across runs (default: none)",
+                                          STOCKFISH, metavar="FILE")
+
+
+@group
+class StockfishNodesSettings:
+    """Analysis to a node count: the commands whose analyses are not training's rewards (those go to a depth)."""
+
+    stockfish_nodes: int | None = setting(None, "analyse to a node count instead of --stockfish-depth", STOCKFISH,
+                                          check=positive, was=("nodes",))
+
+
+@group
+class DecodingSettings:
+    """How a model in use picks its tokens."""
+
+    protocol: str = setting("greedy", "decoding: greedy, or rookworld (temperature 0.6, top-k 5, as RookWorld's "
+                                      "scripts, seeded by --seed)", DECODING, choices=PROTOCOLS)
+
+
+@group
+class CompletionSettings:
+    max_new_tokens: int = setting(144, "completion length limit", SAMPLING, check=positive)
+
+
+@group
+class DataSettings:
+    data: str | None = setting(
+        None, "positions or samples: a positions file (JSONL of rookworld positions, FEN or EPD a line) for train "
+        "and eval; RookWorld text or JSONL of rookworld positions --annotate for sft, repeated for several files "
+        "(default: generated positions; sft needs files)", DATA, main=True, check=existing_files)
+
+
+@group
+class BadLinesSettings:
+    skip_bad: bool = setting(False, "skip (and count) bad lines of the input files instead of stopping at the first",
+                             DATA)
+
+
+@group
+class IllegalShareSettings:
+    illegal_share: float = setting(0.01, "share of generated A: moves that are well-formed but illegal", DATA,
+                                   check=share)
+
+
+@group
+class EvalSizeSettings:
+    eval_size: int | None = setting(128, "positions of the best-move and mate-in-one suites: the first N of the "
+                                         "positions file, or N generated (default: 128; eval's: all of --data, or 128 "
+                                         "generated)", SUITES_, check=positive,
+                                    was=("limit",))
+
+
+@group
+class GameSettings:
+    max_plies: int = setting(200, "a game stops after this many half-moves (vs-stockfish counts it a draw)", GAME,
+                             check=positive)
+
+
+@group
+class OutputSettings:
+    out: str | None = setting(None, "the file to write: positions' JSONL (- for stdout); eval's results as JSON, "
+                                    "every suite's figures and, per position or game, what the model wrote and how "
+                                    "it scored; plot's PNG", OUTPUT, metavar="FILE")
