@@ -1,15 +1,26 @@
-"""Shared fixtures: the GPT-2 vocabulary file, tiny GPT-2 models (ours and transformers')."""
+"""Shared fixtures: the GPT-2 vocabulary file, tiny GPT-2 models (ours and transformers'), and `cli`, which runs
+the `rookworld` command in this process."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import signal
 import stat
+import subprocess
 import sys
 import textwrap
+import traceback
+import warnings
 from pathlib import Path
 
-import pytest
-import torch
+# What `rookworld.cli` sets on import, set before torch first calls MKL (it is read then): the CLI's runs in this
+# process are then as reproducible bit for bit as in a fresh `rookworld` process (resume tests compare weights).
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,6 +83,65 @@ def fixed_lengths(trainer, lengths: dict[str, int]):
 
     trainer.sampler = FixedLengths(trainer.models, trainer.cfg)
     return trainer
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def cli(*args, input: str | None = None, cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """`rookworld ARGS` run in this process, as `subprocess.run([sys.executable, "-m", "rookworld", *args],
+    capture_output=True, text=True, input=input, cwd=cwd)` runs it, without importing torch anew each time.
+
+    It calls rookworld.cli.main(argv) with its own stdin (`input`, or nothing), stdout and stderr, and gives back a
+    CompletedProcess: an exit through SystemExit (--help, a bad flag) is its code, an uncaught exception a traceback
+    on stderr and status 1, as Python's own exit would be. What a run changes in the process is put back after it:
+    the working directory, the environment, torch's thread count and RNG, SIGINT/SIGTERM handlers and the warning
+    filters. Tests of the process itself (the entry point, signals, torchrun, a terminal, environment variables read
+    on import, what gets imported) start a real `python -m rookworld` instead.
+    """
+    from rookworld.cli import main
+
+    argv = [os.fspath(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    env, cwd_before = dict(os.environ), os.getcwd()
+    threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stdin = sys.stdin
+    try:
+        sys.stdin = io.StringIO(input or "")
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            # A fresh interpreter's warning filters, shown on stderr (pytest would otherwise record them).
+            warnings.resetwarnings()
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+            warnings.showwarning = _show_warning
+            if cwd is not None:
+                os.chdir(cwd)
+            try:
+                code = main(argv)
+                code = 0 if code is None else code
+            except SystemExit as e:
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:
+                    print(e.code, file=sys.stderr)
+                    code = 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.stdin = stdin
+        os.chdir(cwd_before)
+        if dict(os.environ) != env:
+            os.environ.clear()
+            os.environ.update(env)
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return subprocess.CompletedProcess(["rookworld", *argv], code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture
@@ -168,3 +238,10 @@ def fake_engine(tmp_path):
     script.write_text(f"#!{sys.executable}\n" + FAKE_ENGINE)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return str(script)
+
+
+def rookworld_process(*args, input: str | None = None, cwd=None, env=None, timeout: float = 600):
+    """A real `python -m rookworld ARGS`, for what only a fresh process shows: the entry point, environment
+    variables read when a library is imported, a process's own settings."""
+    return subprocess.run([sys.executable, "-m", "rookworld", *map(os.fspath, args)], capture_output=True, text=True,
+                          input=input, cwd=cwd, env=env, timeout=timeout)

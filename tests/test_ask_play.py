@@ -2,11 +2,10 @@
 loading and answering API the README shows."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from conftest import cli
 from rookworld.ground import chess
 from rookworld.lm.answers import RookWorldLM, read_env_answers, read_policy_answers
 from rookworld.lm.play import board_text
@@ -16,8 +15,8 @@ FEN = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
 
 
 def run_cli(*args, input=None):
-    return subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True, input=input,
-                          timeout=600)
+    """`rookworld ARGS` in this process, `input` its stdin (conftest.cli)."""
+    return cli(*args, input=input)
 
 
 def test_answers_are_read_as_the_scorer_reads_them():

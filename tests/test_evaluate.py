@@ -1,12 +1,11 @@
 """`rookworld eval`: metrics from real scored completions, and the command end to end."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from conftest import cli
 from rookworld.ground import chess
 from rookworld.ground.data import Record
 from rookworld.lm.bestmove import eval_items, summarize
@@ -57,9 +56,8 @@ def test_eval_command_end_to_end(tiny_dir, tmp_path):
     data = tmp_path / "held_out.fen"
     data.write_text("\n".join(p.fen for p in chess.generate_positions(6, 11)) + "\n")
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--data", str(data),
-                           "--stockfish-depth", "4", "--max-new-tokens", "16", "--device", "cpu", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = cli("eval", "--model", str(tiny_dir), "--data", str(data), "--stockfish-depth", "4", "--max-new-tokens",
+               "16", "--device", "cpu", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "P: policy (6 positions, greedy)" in proc.stdout and "A: environment (6 positions, greedy)" in proc.stdout
     result = json.loads(out.read_text())["suites"]["best-move"]
@@ -77,7 +75,7 @@ def test_eval_command_end_to_end(tiny_dir, tmp_path):
 
 def test_eval_bad_input(tiny_dir, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "rookworld", "eval", *args], capture_output=True, text=True)
+        return cli("eval", *args)
 
     proc = run("--model", str(tmp_path / "none"), "--data", str(tmp_path / "none.fen"))
     assert proc.returncode == 2 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
@@ -92,6 +90,5 @@ def test_eval_bad_input(tiny_dir, tmp_path):
 def test_eval_checks_its_output_before_any_work(tiny_dir, tmp_path):
     data = tmp_path / "d.fen"
     data.write_text(chess.START_FEN + "\n")
-    proc = subprocess.run([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--data", str(data),
-                           "--out", str(tmp_path / "missing" / "r.json")], capture_output=True, text=True)
+    proc = cli("eval", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "missing" / "r.json"))
     assert proc.returncode == 2 and "output directory does not exist" in proc.stderr

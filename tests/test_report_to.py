@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import rookworld_process
 from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig
 from test_sft import A_LINE, FIRST, P_LINE, sft_args, text_file
 from test_trainer import metrics, run_cli, train_args
@@ -115,8 +116,9 @@ def test_wandb_offline_logs_every_step_the_config_and_samples_and_resume_continu
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(home / "config"),
            "WANDB_CACHE_DIR": str(home / "cache"), "WANDB_DATA_DIR": str(home / "data"), "WANDB_DIR": str(home)}
     out = tmp_path / "grpo-run"
-    proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--save-every", "2", "--report-to", "wandb,tensorboard",
-                              "--wandb-project", "rookworld-test"), env=env)
+    # Real processes: W&B reads its settings from the environment once a process, and runs a service beside it.
+    proc = rookworld_process(*train_args(tiny_dir, out, "--steps", "2", "--save-every", "2", "--report-to",
+                                         "wandb,tensorboard", "--wandb-project", "rookworld-test"), env=env)
     assert proc.returncode == 0, proc.stderr
     assert (out / "tensorboard").is_dir(), "both sinks at once"
     run_id = (out / "wandb_id").read_text().strip()
@@ -147,7 +149,7 @@ def test_wandb_offline_logs_every_step_the_config_and_samples_and_resume_continu
         assert data["data"] == want and want
 
     # --resume continues the same W&B run (its settings, --report-to included, come from the checkpoint).
-    proc = run_cli(["train", "--resume", str(out), "--steps", "3"], env=env)
+    proc = rookworld_process("train", "--resume", str(out), "--steps", "3", env=env)
     assert proc.returncode == 0, proc.stderr
     assert (out / "wandb_id").read_text().strip() == run_id
     runs = offline_runs(out, run_id)
@@ -158,6 +160,7 @@ def test_wandb_offline_logs_every_step_the_config_and_samples_and_resume_continu
     assert history[3]["loss"] == pytest.approx(metrics(out)[-1]["loss"], rel=1e-12)
 
     # --overwrite starts a new run: the old W&B run's id and files go with the rest.
-    proc = run_cli(train_args(tiny_dir, out, "--steps", "1", "--overwrite", "--report-to", "none"), env=env)
+    proc = rookworld_process(*train_args(tiny_dir, out, "--steps", "1", "--overwrite", "--report-to", "none"),
+                             env=env)
     assert proc.returncode == 0, proc.stderr
     assert not (out / "wandb_id").exists() and not (out / "wandb").exists() and not (out / "tensorboard").exists()

@@ -4,12 +4,11 @@ interval, and the report; checked against python-chess as the oracle of the rule
 import json
 import math
 import random
-import subprocess
-import sys
 
 import chess as pychess
 import pytest
 
+from conftest import cli
 from rookworld.ground import chess
 from rookworld.lm.games import BLACK, WHITE, Choice, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
 from rookworld.lm.answers import GREEDY, ROOKWORLD, read_policy_answers
@@ -204,8 +203,8 @@ def test_parse_suites_and_the_report():
 # -- the command --------------------------------------------------------------------------------------------------
 
 def run_cli(*args, input=None):
-    return subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True,
-                          input=input, timeout=600)
+    """`rookworld ARGS` in this process, `input` its stdin (conftest.cli)."""
+    return cli(*args, input=input)
 
 
 @needs_stockfish

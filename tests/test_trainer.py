@@ -20,7 +20,7 @@ from rookworld.ground.rewards import Scores
 from rookworld.grpo.trainer import Trainer
 from rookworld.net.tokenizer import get_tokenizer
 
-from conftest import fixed_lengths, tiny_gpt
+from conftest import cli, fixed_lengths, tiny_gpt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,9 +109,9 @@ def train_args(model_dir, out, *extra):
             "--eval-every", "0", "--sample-every", "1", "--device", "cpu", "--seed", "3", *extra]
 
 
-def run_cli(args, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=600)
+def run_cli(args, cwd=None):
+    """`rookworld ARGS`, run in this process (conftest.cli); rookworld_process starts a real one."""
+    return cli(*args, cwd=cwd)
 
 
 def metrics(out):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import rookworld_process
 from test_trainer import metrics, run_cli, train_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -176,7 +177,7 @@ def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(t
     for args in (["eval", "--model", "runs/sftt", "--device", "cpu"],
                  ["train", "--model", "runs/sftt", "--output-dir", "runs/new", "--device", "cpu"],
                  ["sft", "--model", "runs/sftt", "--data", "runs/none.jsonl", "--device", "cpu"]):
-        proc = run_cli(args, cwd=tmp_path, env=env)
+        proc = rookworld_process(*args, cwd=tmp_path, env=env)  # HF_HUB_OFFLINE is read on import
         assert proc.returncode == 2, proc.stderr
         # One line, said before any header, and no hub advice.
         assert lines_of(proc.stderr) == [f"rookworld {args[0]}: error: --model: no such model directory: runs/sftt"
@@ -184,7 +185,7 @@ def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(t
         assert proc.stdout == ""
     # The default hub model out of reach: said before the header, and no run directory left behind.
     env.update(HF_HUB_CACHE=str(tmp_path / "hub"))
-    proc = run_cli(["train", "--output-dir", "runs/hub", "--device", "cpu"], cwd=tmp_path, env=env)
+    proc = rookworld_process("train", "--output-dir", "runs/hub", "--device", "cpu", cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "hub cannot be reached" in proc.stderr and len(lines_of(proc.stderr)) == 1
     assert proc.stdout == "" and not (tmp_path / "runs" / "hub").exists()
 
