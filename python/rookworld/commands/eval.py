@@ -11,10 +11,10 @@ from rookworld.ground import data
 from rookworld.ground.progress import Progress
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import StockfishNotFoundError, find_stockfish
-from rookworld.harness.checkpoint import model_step
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import SuiteOptions, format_report, run_suites
+from rookworld.net.sources import model_step
 from rookworld.settings.commands import EvalSettings
 from rookworld.settings.groups import parse_suites
 

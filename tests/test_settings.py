@@ -1,0 +1,138 @@
+"""Every setting is declared once (rookworld.settings): each command's flags, help texts, defaults and checks come
+from those declarations, and parsing any command's flags loads no torch."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import subprocess
+import sys
+
+import pytest
+
+from rookworld import cli
+from rookworld.settings.commands import COMMANDS
+from rookworld.settings.declare import DECLARED, declared_fields, group, option, setting
+
+#: Option strings that are no setting: argparse's own, and --config (read by train and sft before the settings).
+NOT_SETTINGS = {"-h", "--help", "--config"}
+
+
+def subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_no_flag_is_declared_twice():
+    with pytest.raises(TypeError, match="declared twice"):
+        @group
+        class Again:
+            seed: int = setting(1, "a second seed", "run")
+
+    parsers = subparsers()
+    assert set(parsers) == {c.name for c in COMMANDS}
+    for command in COMMANDS:
+        fields = {f.name: f for f in declared_fields(command.settings)}
+        assert set(fields) == {f.name for f in dataclasses.fields(command.settings)}, command.name
+        seen = set()
+        for action in parsers[command.name]._actions:
+            if action.dest.startswith(("_renamed_", "_gone_")) or (action.option_strings
+                                                                   and set(action.option_strings) <= NOT_SETTINGS):
+                continue
+            # A flag (or positional argument) of a declared setting, from the group that declares it, spelt as it
+            # is declared.
+            f = fields[action.dest]
+            owner = DECLARED[f.name]
+            assert f.metadata["help"] == owner.__dataclass_fields__[f.name].metadata["help"]
+            assert f.metadata["check"] is owner.__dataclass_fields__[f.name].metadata["check"]
+            if action.option_strings:
+                spellings = [option(f), *(f"--{a}" for a in f.metadata["aliases"])]
+                if isinstance(action, argparse.BooleanOptionalAction):
+                    spellings.append(f"--no-{option(f)[2:]}")
+                assert action.option_strings == spellings
+            seen.add(f.name)
+        assert seen == set(fields), f"{command.name}: settings without a flag: {set(fields) - seen}"
+
+
+def help_texts() -> dict[str, dict[str, str]]:
+    """setting -> command -> its help text with the command's default left out."""
+    out: dict[str, dict[str, str]] = {}
+    for name, p in subparsers().items():
+        for action in p._actions:
+            if action.help and action.help != argparse.SUPPRESS and action.dest in DECLARED:
+                out.setdefault(action.dest, {})[name] = re.sub(r" \(default: [^()]*\)$", "", action.help)
+    return out
+
+
+def test_a_setting_has_one_help_text_in_every_command():
+    texts = help_texts()
+    shared = {name: by for name, by in texts.items() if len(by) > 1}
+    assert {"seed", "model", "device", "stockfish_depth", "out", "max_plies", "data"} <= set(shared)
+    for name, by in shared.items():
+        assert len(set(by.values())) == 1, (name, by)
+
+
+def error_line(capsys, argv: list[str]) -> str:
+    assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0].split(": error: ", 1)[1]
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--stockfish-depth", "0", "--stockfish-depth must be a positive integer, got 0"),
+    ("--seed", "-1", "--seed must be >= 0, got -1"),
+    ("--device", "tpu", "--device must be cpu, cuda, cuda:N or auto, got 'tpu'"),
+])
+def test_a_setting_is_refused_in_the_same_words_by_every_command(capsys, tmp_path, flag, value, message):
+    commands = {"positions": ["--count", "1", "--out", str(tmp_path / "p.jsonl")], "eval": [],
+                "ask": ["8/8/8/8/8/8/8/K1k5 w - - 0 1"], "play": [], "train": ["--output-dir", str(tmp_path / "t")],
+                "sft": ["--init", "tiny", "--data", __file__, "--output-dir", str(tmp_path / "s")]}
+    said = {}
+    for command, args in commands.items():
+        if any(a.option_strings == [flag] for a in subparsers()[command]._actions):
+            said[command] = error_line(capsys, [command, *args, flag, value])
+    assert len(said) >= 3 and set(said.values()) == {message}, said
+
+
+def test_a_command_shows_its_own_default_of_a_shared_setting():
+    texts = {name: p.format_help() for name, p in subparsers().items()}
+    flat = {name: " ".join(t.split()) for name, t in texts.items()}
+    assert "peak learning rate (AdamW, betas 0.9/0.95) (default: 0.0003)" in flat["sft"]
+    assert "peak learning rate (AdamW, betas 0.9/0.95) (default: 3e-06)" in flat["train"]
+    assert "(default: 400)" in flat["play"] and "(default: 200)" in flat["eval"]  # --max-plies
+
+
+def test_a_micro_batch_means_rows_per_forward_backward_only():
+    parsers = subparsers()
+    for name in ("train", "sft"):
+        assert any(a.dest == "micro_batch_size" for a in parsers[name]._actions)
+    assert [a.dest for a in parsers["eval"]._actions if "--micro-batch-size" in a.option_strings] == \
+        ["_renamed_micro_batch_size"]
+
+
+def test_parsing_any_commands_flags_loads_no_torch(tmp_path):
+    """--help and a command's settings read from its flags answer at once: torch takes seconds to import."""
+    code = f"""
+import sys
+from rookworld import cli
+from rookworld.settings.commands import COMMANDS
+from rookworld.settings.flags import from_args
+parser = cli.build_parser()
+for command in COMMANDS:
+    try:
+        parser.parse_args([command.name, "--help"])
+    except SystemExit:
+        pass
+argv = {{"positions": ["--count", "3", "--out", "x.jsonl", "--stockfish-depth", "4"],
+         "eval": ["--suite", "best-move,selfplay", "--decode-batch-size", "8", "--device", "cpu"],
+         "ask": ["8/8/8/8/8/8/8/K1k5 w - - 0 1", "--protocol", "rookworld"], "play": ["--colour", "black"],
+         "train": ["--steps", "3", "--lr", "1e-4", "--output-dir", {str(tmp_path / 't')!r}],
+         "sft": ["--init", "tiny", "--data", {__file__!r}, "--lr", "1e-3"], "plot": ["runs/a", "--title", "t"]}}
+for command in COMMANDS:
+    from_args(parser.parse_args([command.name, *argv[command.name]]), command.settings)
+assert "torch" not in sys.modules, "torch was imported"
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
