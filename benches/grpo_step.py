@@ -50,9 +50,9 @@ class FixedLengths(Sampler):
         super().__init__(models, cfg)
         self.lengths = lengths
 
-    def generate(self, model, ids, mask, task, generator, samples_per_prompt):
+    def generate(self, model, ids, mask, task, generator, rows_per_prompt):
         return generate(model, ids, mask, max_new_tokens=self.lengths[task], stop_at_eos=False, generator=generator,
-                        samples_per_prompt=samples_per_prompt, **self.settings)
+                        rows_per_prompt=rows_per_prompt, **self.settings)
 
 
 def step_flops(cfg: GPTConfig, n_params: int, groups: list[tuple[int, list[int]]], mu: int, old_pass: bool,

@@ -77,9 +77,9 @@ def fixed_lengths(trainer, lengths: dict[str, int]):
     from rookworld.grpo.models import Sampler
 
     class FixedLengths(Sampler):
-        def generate(self, model, ids, mask, task, generator, samples_per_prompt):
+        def generate(self, model, ids, mask, task, generator, rows_per_prompt):
             return generate(model, ids, mask, max_new_tokens=lengths[task], stop_at_eos=False, generator=generator,
-                            samples_per_prompt=samples_per_prompt, **self.settings)
+                            rows_per_prompt=rows_per_prompt, **self.settings)
 
     trainer.sampler = FixedLengths(trainer.models, trainer.cfg)
     return trainer

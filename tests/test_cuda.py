@@ -222,7 +222,7 @@ def test_each_prompt_once_and_the_fused_pass_under_bf16_track_float64(compile):
         return -(lp + 0.1 * entropy) * weights.reshape(-1)[at.to(weights.device)]
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        s = token_logprobs(model, ids, mask, start=60, compile=compile, return_entropy=True, group_size=4, loss=loss)
+        s = token_logprobs(model, ids, mask, start=60, compile=compile, return_entropy=True, rows_per_prompt=4, loss=loss)
     s.loss.backward()
     ref_model = _model(n_layer=4, scale=2.0, seed=7).train().cpu().double()
     r = token_logprobs(ref_model, ids.cpu(), mask.cpu(), start=60, return_entropy=True)
@@ -240,12 +240,12 @@ def test_each_prompt_once_and_the_fused_pass_under_bf16_track_float64(compile):
 
 
 def test_compiled_decoding_from_prompts_computed_once_stays_greedy_in_fp32():
-    """`samples_per_prompt`: the prompt's keys and values copied into the graph's cache in place, then the same
+    """`rows_per_prompt`: the prompt's keys and values copied into the graph's cache in place, then the same
     replayed decode step: every greedy token of every copy is the fp32 argmax along its own path."""
     model = _model()
     ids, mask = _prompts(8, 24, seed=3)
     out = generate(model, ids, mask, max_new_tokens=30, temperature=0.0, stop_at_eos=False, compile=True,
-                   samples_per_prompt=3)
+                   rows_per_prompt=3)
     assert out.tokens.shape == (24, 30)
     _assert_greedy_in_fp32_up_to_bf16(model, ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), out)
 

@@ -359,7 +359,7 @@ def test_gae_advantages_take_the_k1_penalty_as_a_per_token_reward():
     values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 5.0]])
     rewards = torch.tensor([1.0, -0.5], dtype=torch.float64)
     adv, ret, _ = Objective(cfg).advantages(rewards, torch.ones(2, dtype=torch.bool), np.array(["P", "P"]), mask, mask,
-                                            Comm(DistInfo(), torch.device("cpu")), beta=beta, ref_logprobs=ref_lp,
+                                            Comm(DistInfo(), torch.device("cpu")), ref_logprobs=ref_lp,
                                             old_logprobs=old_lp, old_values=values)
     # k1 = old - ref: row 0 (0.5, -1.0, 0.0), row 1 (-0.5, 0.5). Per-token rewards r = -beta k1 (+ the reward last):
     r0 = [-0.05, 0.1, 1.0]

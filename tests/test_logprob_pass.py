@@ -72,7 +72,7 @@ def test_each_prompt_once_gives_every_output_and_gradient_of_the_full_pass(kl_we
     results = []
     for group_size in (1, G):
         s = token_logprobs(policy, ids, mask, start=P, temperature=0.8, return_entropy=True, reference=reference,
-                           kl_weights=kl_weights, value_head=head, group_size=group_size, chunk_size=5)
+                           kl_weights=kl_weights, value_head=head, rows_per_prompt=group_size, chunk_size=5)
         parts = (s.logprobs, s.entropy, s.kl, s.values)
         (sum((c * x * cmask).sum() for c, x in zip(coef, parts))).backward()
         results.append(([x.detach() * cmask for x in parts], _grads(policy, head)))
@@ -113,7 +113,7 @@ def test_the_fused_pass_gives_the_loss_and_gradients_of_autograd(group_size, tem
     weights = torch.rand(shape, generator=g, dtype=torch.float64) * wanted
     loss = _surrogate(advantages, old, weights)
     kw = dict(start=P, temperature=temperature, return_entropy=True, reference=reference, kl_weights=kl_weights,
-              wanted=wanted, group_size=group_size, chunk_size=4)
+              wanted=wanted, rows_per_prompt=rows_per_prompt, chunk_size=4)
 
     plain = token_logprobs(policy, ids, mask, **kw)
     positions = wanted.reshape(-1).nonzero().squeeze(1)
@@ -146,13 +146,13 @@ def test_the_fused_pass_with_nothing_wanted_is_a_zero_loss_that_still_backpropag
 
 
 def test_sampling_computes_each_prompt_once_and_draws_the_same_tokens():
-    """`samples_per_prompt`: G completions of each prompt from one prefill whose keys and values are copied to the
+    """`rows_per_prompt`: G completions of each prompt from one prefill whose keys and values are copied to the
     G rows: the tokens and sampling log-probs of G copies of every prompt, under the same seed."""
     policy = tiny_gpt(seed=5, scale=4.0).double()
     ids, mask = get_tokenizer().encode_batch(PROMPTS, bos=True)
     kw = dict(max_new_tokens=10, temperature=1.0, seed=3, stop_at_eos=False)
     repeated = generate(policy, ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0), **kw)
-    once = generate(policy, ids, mask, samples_per_prompt=G, **kw)
+    once = generate(policy, ids, mask, rows_per_prompt=G, **kw)
     assert torch.equal(once.tokens, repeated.tokens)
     torch.testing.assert_close(once.logprobs, repeated.logprobs, rtol=0, atol=1e-10)
     assert len({tuple(t) for t in once.tokens.tolist()}) > len(PROMPTS)  # the copies drew different tokens
@@ -194,7 +194,7 @@ def test_the_compiled_fused_pass_and_shared_trunk_give_what_eager_gives(monkeypa
     got = []
     for compile in (False, True):
         s = token_logprobs(policy, ids, mask, start=P, temperature=0.9, return_entropy=True, reference=reference,
-                           kl_weights=(0.5, 0.5), wanted=mask[:, P:], group_size=G, loss=loss, compile=compile)
+                           kl_weights=(0.5, 0.5), wanted=mask[:, P:], rows_per_prompt=G, loss=loss, compile=compile)
         s.loss.backward()
         got.append((s.loss.detach(), s.logprobs, s.entropy, s.kl, _grads(policy)))
     assert all(d in c for c in (logprobs._compiled_states, logprobs._compiled_forwards, logprobs._compiled_backwards)

@@ -18,6 +18,7 @@ import torch
 
 from rookworld.settings.config import ConfigError, TrainConfig
 from rookworld.net.tokenizer import get_tokenizer
+from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt
 from rookworld.ground.rewards import Scores
 from rookworld.grpo.trainer import Trainer
@@ -190,7 +191,7 @@ def test_the_ratio_is_to_the_same_pass_unless_the_policy_moves_within_a_step():
         # k1 makes the rollout run the sampling policy's pass even with --mu 1.
         objective = Objective(TrainConfig(mu=mu, kl_estimator="k1", beta=0.1).validate())
         assert objective.sampler_pass and objective.policy_moves == (mu > 1)
-        per_token, clipped, _ = objective.token_loss(lp, torch.zeros_like(lp), None, beta=0.1, advantages=adv,
+        per_token, clipped, _ = objective.token_loss(lp, torch.zeros_like(lp), None, advantages=adv,
                                                      old_logprobs=rollout_pass, ref_logprobs=None)
         grad = torch.autograd.grad(per_token.sum(), lp)[0]
         if mu == 1:
@@ -331,3 +332,26 @@ def test_options_survive_resume_exactly_and_checkpoints_stay_plain_gpt2(tiny_dir
     else:
         assert [r["baseline/P"] for r in ra] == [r["baseline/P"] for r in rb]
         assert all(r["baseline/P"] is not None for r in ra)
+
+
+def test_the_objective_owns_each_steps_beta_through_warm_up():
+    """beta ramps over --beta-warmup-steps; the step's beta weighs the loss's KL term (k3, checked by hand in
+    float64, value and gradient) and is what the metrics report, with no beta passed around."""
+    cfg = TrainConfig(beta=0.1, beta_warmup_steps=4, kl_estimator="k3").validate()
+    objective = Objective(cfg)
+    seen = []
+    for step in range(6):
+        objective.begin_step(step)
+        seen.append(objective.step_beta)
+    assert seen == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.1])
+    objective.begin_step(1)
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, -0.5]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -1.0, 0.5]], dtype=torch.float64)
+    per_token, _, kl = objective.token_loss(lp, None, None, advantages=adv, old_logprobs=None, ref_logprobs=ref)
+    d = (ref - lp).detach()
+    k3 = torch.exp(d) - d - 1.0
+    # mu 1: the ratio is 1 and its gradient is the advantage's; k3's gradient in lp is 1 - exp(ref - lp).
+    assert torch.allclose(per_token.detach(), -adv + 0.05 * k3, atol=1e-12)
+    grad = torch.autograd.grad(per_token.sum(), lp)[0]
+    assert torch.allclose(grad, -adv + 0.05 * (1.0 - torch.exp(d)), atol=1e-12)

@@ -468,7 +468,7 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
     from rookworld.grpo.models import micro_batches
 
     _, _, t = _cut_step(tmp_path, 4, tiny_gpt(seed=3))
-    assert t.models.prompt_group == 3
+    assert t.models.rows_per_prompt == 3
     ids, pmask = t.run.tokenizer.encode_batch([p.text for p in t.prompts.batch(0)], bos=True)
     ids, pmask = ids.repeat_interleave(3, 0), pmask.repeat_interleave(3, 0)
     torch.manual_seed(0)
@@ -512,8 +512,8 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
     calls = []
     real_generate = t.sampler.generate
 
-    def spy(model, ids, mask, task, generator, samples_per_prompt):
-        out = real_generate(model, ids, mask, task, generator, samples_per_prompt)
+    def spy(model, ids, mask, task, generator, rows_per_prompt):
+        out = real_generate(model, ids, mask, task, generator, rows_per_prompt)
         calls.append((ids.clone(), mask.clone(), limits[task], out))
         return out
 
@@ -557,7 +557,7 @@ def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_cop
     assert all(torch.equal(v, before[k]) for k, v in reference.state_dict().items())  # the caller's is untouched
 
     ids, mask = t.run.tokenizer.encode_batch([p.text for p in t.prompts.batch(0)], bos=True)
-    kw = dict(max_new_tokens=8, temperature=1.0, seed=1, stop_at_eos=False, dtype=torch.bfloat16, samples_per_prompt=2)
+    kw = dict(max_new_tokens=8, temperature=1.0, seed=1, stop_at_eos=False, dtype=torch.bfloat16, rows_per_prompt=2)
     sampled = generate(t.models.sampling_model(), ids, mask, **kw)  # the copy, brought up to the updated weights
     expected = generate(t.run.policy, ids, mask, **kw)
     assert torch.equal(sampled.tokens, expected.tokens) and torch.equal(sampled.logprobs, expected.logprobs)

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from rookworld.grpo import formulas as grpo
+from rookworld.grpo.objective import Objective
 from rookworld.grpo.rollout import Rollout
 from rookworld.grpo.update import UpdateSums
 from rookworld.harness.distributed import Comm
@@ -25,15 +26,15 @@ def _mean(x: np.ndarray) -> float | None:
     return float(np.mean(x)) if len(x) else None
 
 
-def step_metrics(comm: Comm, rollout: Rollout, sums: UpdateSums, *, measured_kl: bool, step_time: float,
+def step_metrics(comm: Comm, rollout: Rollout, sums: UpdateSums, objective: Objective, *, step_time: float,
                  update_time: float) -> dict[str, Any]:
     """What one GRPO step did, over every rank (metrics.jsonl's row, less what the trainer adds)."""
-    m = {**reward_metrics(comm, rollout), **update_metrics(comm, rollout, sums, measured_kl=measured_kl)}
+    m = {**reward_metrics(comm, rollout), **update_metrics(comm, rollout, sums, measured_kl=objective.measures_kl)}
     sampled = sampling_metrics(comm, rollout)
     samples, tokens = sampled.pop("samples"), sampled.pop("generated_tokens")
     m.update(sampled)
     m.update(rollout.info)
-    m.update({"beta": rollout.beta, "samples_per_s": samples / step_time, "tokens_per_s": tokens / step_time,
+    m.update({"beta": objective.step_beta, "samples_per_s": samples / step_time, "tokens_per_s": tokens / step_time,
               "time/step": step_time, "time/update": update_time, **{f"time/{k}": v for k, v in rollout.times.items()},
               "peak_memory_gb": peak_memory_gb(rollout.ids.device)})
     return m

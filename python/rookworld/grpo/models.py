@@ -28,18 +28,18 @@ class MicroBatch:
 
 
 def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np.ndarray, prompt_width: int,
-                  size: int, group_size: int = 1) -> list[MicroBatch]:
-    """Splits `rows` into micro-batches of about `size` rows of similar length, whole groups of `group_size`
+                  size: int, rows_per_prompt: int = 1) -> list[MicroBatch]:
+    """Splits `rows` into micro-batches of about `size` rows of similar length, whole groups of `rows_per_prompt`
     consecutive rows each (rows that share a prompt computed once: at least one group a micro-batch).
 
     Every log-prob pass costs rows x columns of the block it is given, and an A: row (long prompt, long
     completion) is about twice as long as a P: row: padding all of them to the longest would make about 40% of
     the work padding. Sorting by length and cutting each micro-batch to its own columns keeps that near zero.
     Exact: positions come from the attention mask, and the cut columns are padding to every row kept."""
-    groups = np.asarray(rows).reshape(-1, group_size)
+    groups = np.asarray(rows).reshape(-1, rows_per_prompt)
     length = prompt_lens[groups[:, 0]] + completion_lens[groups].max(1)
     order = groups[np.argsort(length, kind="stable")]
-    out, per = [], max(1, size // group_size)
+    out, per = [], max(1, size // rows_per_prompt)
     for i in range(0, len(order), per):
         chunk = order[i : i + per].reshape(-1)
         out.append(MicroBatch(chunk, prompt_width - int(prompt_lens[chunk].max()),
@@ -48,12 +48,12 @@ def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np
 
 
 class Models:
-    """The networks and how they run. `prompt_group`: rows per prompt computed once, in sampling and in every
-    log-prob pass (the group size; 1 computes every row's prompt, --no-shared-prompt)."""
+    """The networks and how they run. `rows_per_prompt`: consecutive rows whose prompt is computed once, in
+    sampling and in every log-prob pass: a group (--group-size) with --shared-prompt, else 1."""
 
     def __init__(self, policy: nn.Module, reference: nn.Module | None, value_head: nn.Module | None,
                  device: torch.device, amp_dtype: torch.dtype | None, compile: bool, ddp: bool,
-                 autocast: Callable[[], contextlib.AbstractContextManager], prompt_group: int = 1):
+                 autocast: Callable[[], contextlib.AbstractContextManager], rows_per_prompt: int = 1):
         # Under autocast, sampling and the frozen reference read weights stored in the compute dtype: the same
         # bits, without every decode step and every log-prob pass casting every weight again.
         casts = amp_dtype is not None and policy.dtype != amp_dtype
@@ -62,10 +62,9 @@ class Models:
             reference = autocast_copy(reference, amp_dtype)
         self.policy, self.reference, self.value_head = policy, reference, value_head
         self.device, self.amp_dtype, self.compile, self.autocast = device, amp_dtype, compile, autocast
-        self.prompt_group = prompt_group
+        self.rows_per_prompt = rows_per_prompt
         self.logprobs: nn.Module = LogProbs(policy, value_head, compile)
         if ddp:
-
             self.logprobs = DDP(self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
 
     def sampling_model(self) -> nn.Module:
@@ -91,7 +90,7 @@ class Models:
             with self.autocast():
                 s = token_logprobs(model, ids[rows, cols], mask[rows, cols], start=prompt_width - b.left,
                                    temperature=temperature, compile=self.compile,
-                                   value_head=self.value_head if values else None, group_size=self.prompt_group)
+                                   value_head=self.value_head if values else None, rows_per_prompt=self.rows_per_prompt)
             lp[rows, : b.width] = s.logprobs.float()
             if vals is not None:
                 vals[rows, : b.width] = s.values.float()
@@ -101,7 +100,7 @@ class Models:
 class Sampler:
     """A rollout's completions: `group_size` for each of the left-padded prompts [n, P], consecutive rows, with the
     run's sampling settings, one `generate` call per task; each prompt computed once unless
-    `models.prompt_group` is 1.
+    `models.rows_per_prompt` is 1.
 
     A: prompts are about twice as wide as P: prompts and their completions about twice as long, and a batch
     decodes until its longest row is done: sampled together, every P: row would ride along for the A: rows'
@@ -120,7 +119,7 @@ class Sampler:
                  generator: torch.Generator) -> GenerationOutput:
         P, n, G = ids.shape[1], ids.shape[0] * group_size, group_size
         model, device = self.models.sampling_model(), self.models.device
-        prompt_lens, once = mask.sum(1).cpu().numpy(), self.models.prompt_group > 1
+        prompt_lens, once = mask.sum(1).cpu().numpy(), self.models.rows_per_prompt > 1
         parts = []
         for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
             prompts = np.flatnonzero(tasks == task)
@@ -143,7 +142,7 @@ class Sampler:
         return out
 
     def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, task: str,
-                 generator: torch.Generator, samples_per_prompt: int) -> GenerationOutput:
-        """The completions of one task's prompts, `samples_per_prompt` each."""
+                 generator: torch.Generator, rows_per_prompt: int) -> GenerationOutput:
+        """The completions of one task's prompts, `rows_per_prompt` each."""
         return generate(model, ids, mask, max_new_tokens=self.max_new_tokens, generator=generator,
-                        samples_per_prompt=samples_per_prompt, **self.settings)
+                        rows_per_prompt=rows_per_prompt, **self.settings)

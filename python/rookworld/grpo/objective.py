@@ -60,6 +60,8 @@ class Objective:
         self.std_scaling = std_scaling(cfg)
         #: beta before warm-up, moved by the --kl-target controller.
         self.beta = cfg.beta
+        #: beta in the current step (`begin_step`): what the advantages' and the loss's KL terms weigh by.
+        self.step_beta = self.beta_at(0)
         #: --baseline ema: each task's moving average reward, by task name.
         self.baselines: dict[str, float] = {}
 
@@ -93,6 +95,10 @@ class Objective:
 
     # -- beta ----------------------------------------------------------------------------------------------------
 
+    def begin_step(self, step: int) -> None:
+        """Fixes beta for step `step`: its rollout and every epoch of its update use the same one."""
+        self.step_beta = self.beta_at(step)
+
     def beta_at(self, step: int) -> float:
         """beta in step `step` (from 0): ramped up linearly over --beta-warmup-steps."""
         if self.cfg.beta_warmup_steps:
@@ -122,7 +128,7 @@ class Objective:
         return mask
 
     def advantages(self, rewards: torch.Tensor, valid: torch.Tensor, tasks: np.ndarray, completion_mask: torch.Tensor,
-                   loss_mask: torch.Tensor, comm: Comm, *, beta: float, ref_logprobs: torch.Tensor | None,
+                   loss_mask: torch.Tensor, comm: Comm, *, ref_logprobs: torch.Tensor | None,
                    old_logprobs: torch.Tensor | None, old_values: torch.Tensor | None
                    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
         """Per-token advantages [n, N], the value targets (GAE; else None) and the baselines' metrics, from each
@@ -131,7 +137,7 @@ class Objective:
         k1's KL is a per-token reward -beta k1 (the sampling policy's log-probs against the reference's): its
         return-to-go is subtracted from GRPO's advantages, or enters GAE with the task reward (PPO-RLHF)."""
         cm = completion_mask.float()
-        penalty = beta * grpo.kl_k1(old_logprobs, ref_logprobs) * cm if self.kl_in_advantages else None
+        penalty = self.step_beta * grpo.kl_k1(old_logprobs, ref_logprobs) * cm if self.kl_in_advantages else None
         if self.critic:
             return *self._gae(rewards, cm, loss_mask, penalty, old_values, comm), {}
         advantages, info = self._completion_advantages(rewards, valid, tasks, comm)
@@ -183,7 +189,7 @@ class Objective:
     # -- the loss ------------------------------------------------------------------------------------------------
 
     def token_loss(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, kl: torch.Tensor | None, *,
-                   beta: float, advantages: torch.Tensor, old_logprobs: torch.Tensor | None,
+                   advantages: torch.Tensor, old_logprobs: torch.Tensor | None,
                    ref_logprobs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The policy's loss of each completion token (any shape, all alike), from the update's pass (log-probs,
         entropy, the exact KL if it ran) and the rollout's; with what the metrics count of it: (loss, clipped,
@@ -195,8 +201,8 @@ class Objective:
             kl = _SAMPLED_KL[cfg.kl_estimator](logprobs, ref_logprobs)
         if kl is not None:
             kl = kl.float()
-            if beta > 0 and self.kl_in_loss:
-                per_token = per_token + beta * kl
+            if self.step_beta > 0 and self.kl_in_loss:
+                per_token = per_token + self.step_beta * kl
         if cfg.entropy_coef > 0:
             per_token = per_token - cfg.entropy_coef * entropy
         return per_token, clipped, kl

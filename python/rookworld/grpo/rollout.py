@@ -67,13 +67,13 @@ class Rollout:
     rows per prompt; token tensors are [rows, prompt width + completion width], the prompts left-padded."""
 
     prompts: list[Prompt]  # one per group
+    group_size: int  # completions per prompt, consecutive rows: the run's --group-size
     completions: list[str]
     scores: Scores  # with `valid` filled in
     ids: torch.Tensor  # [n, P + N]
     mask: torch.Tensor  # [n, P + N] bool
     prompt_width: int  # P
     stopped: torch.Tensor  # [n] bool: the completion ended with EOS, not at --max-new-tokens
-    beta: float
     ref_logprobs: torch.Tensor | None = None  # [n, N] (None with the exact KL, which runs the reference in the update)
     old_logprobs: torch.Tensor | None = None  # [n, N] the sampling policy's, when the objective needs them
     old_values: torch.Tensor | None = None  # [n, N] the critic's (GAE)
@@ -82,10 +82,6 @@ class Rollout:
     returns: torch.Tensor | None = None  # [n, N] the critic's targets (GAE)
     info: dict[str, Any] = field(default_factory=dict)  # metrics of the rollout itself (baselines)
     times: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def group_size(self) -> int:
-        return len(self.completions) // len(self.prompts)
 
     @property
     def tasks(self) -> np.ndarray:
@@ -122,8 +118,8 @@ class Rollout:
                 "ref_logprobs": cut(self.ref_logprobs), "old_values": cut(self.old_values),
                 "returns": cut(self.returns)}
 
-    def micro_batches(self, rows: np.ndarray, size: int, prompt_group: int):
-        return micro_batches(rows, self.prompt_lens, self.completion_lens, self.prompt_width, size, prompt_group)
+    def micro_batches(self, rows: np.ndarray, size: int, rows_per_prompt: int):
+        return micro_batches(rows, self.prompt_lens, self.completion_lens, self.prompt_width, size, rows_per_prompt)
 
 
 def seed_of(*parts: int) -> int:
@@ -133,6 +129,7 @@ def seed_of(*parts: int) -> int:
 def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler, comm: Comm, tokenizer,
                     reward_fn: RewardFn, prompts: list[Prompt], *, step: int, log) -> Rollout:
     G, device = cfg.group_size, models.device
+    objective.begin_step(step)
     t0 = time.perf_counter()
     # 1. Sample G completions per prompt.
     ids, pmask = tokenizer.encode_batch([p.text for p in prompts], bos=True, device=device)
@@ -151,11 +148,11 @@ def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler,
                                        "failed after retries) and were left out of this step")
     r = Rollout(prompts=prompts, completions=completions, scores=dataclasses.replace(scores, valid=valid),
                 ids=torch.cat([ids, out.tokens], dim=1), mask=torch.cat([pmask, out.mask], dim=1),
-                prompt_width=ids.shape[1], stopped=out.stopped, beta=objective.beta_at(step))
+                prompt_width=ids.shape[1], stopped=out.stopped, group_size=G)
     t_reward = time.perf_counter()
 
     # 3. The reference's (and the sampling policy's) log-probs, once per rollout; then the advantages.
-    batches = r.micro_batches(np.arange(len(completions)), cfg.micro_batch_size, models.prompt_group)
+    batches = r.micro_batches(np.arange(len(completions)), cfg.micro_batch_size, models.rows_per_prompt)
     if objective.reference_pass:
         r.ref_logprobs, _ = models.rollout_logprobs(models.reference, r.ids, r.mask, r.prompt_width, batches,
                                                     cfg.temperature)
@@ -165,7 +162,7 @@ def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler,
     with torch.no_grad():
         r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
         r.advantages, r.returns, r.info = objective.advantages(
-            r.rewards, r.valid, r.tasks, r.completion_mask, r.loss_mask, comm, beta=r.beta,
+            r.rewards, r.valid, r.tasks, r.completion_mask, r.loss_mask, comm,
             ref_logprobs=r.ref_logprobs, old_logprobs=r.old_logprobs, old_values=r.old_values)
     _sync(device)
     r.times = {"generate": t_gen - t0, "reward": t_reward - t_gen, "reference": time.perf_counter() - t_reward}

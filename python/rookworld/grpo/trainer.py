@@ -118,7 +118,7 @@ class Trainer:
             if run.resume_from is not None:
                 checkpoint.load_module(run.resume_from, VALUE_HEAD_NAME, value_head)
         return Models(run.policy, reference, value_head, run.device, run.amp_dtype, run.compile, run.dist.enabled,
-                      run.autocast, prompt_group=cfg.group_size if cfg.shared_prompt else 1)
+                      run.autocast, rows_per_prompt=cfg.group_size if cfg.shared_prompt else 1)
 
     def _chess_reward(self) -> ChessReward:
         cfg, run = self.cfg, self.run
@@ -154,7 +154,7 @@ class Trainer:
             run.log.warn("skipped", step + 1, f"{sums.skipped} of {cfg.mu * cfg.minibatches} minibatch(es) had no "
                                               "usable token (no reward spread, truncated or unscored): no optimizer "
                                               "step for them")
-        m = {"step": step + 1, "lr": lr, **step_metrics(run.comm, rollout, sums, measured_kl=self.objective.measures_kl,
+        m = {"step": step + 1, "lr": lr, **step_metrics(run.comm, rollout, sums, self.objective,
                                                          step_time=t_end - t0, update_time=t_end - t_update)}
         # What the step moves on: the counter, the best reward and (toward --kl-target) beta.
         run.step += 1

@@ -52,7 +52,7 @@ def update(cfg, objective: Objective, models: Models, optimizer: torch.optim.Opt
             totals = Totals(mb_tokens / comm.info.world, mb_sequences / comm.info.world, float(len(mb)))
             optimizer.zero_grad(set_to_none=True)
             # Gradients add up over micro-batches, so their order and make-up within the minibatch are free.
-            micro = rollout.micro_batches(mb.numpy(), cfg.micro_batch_size, models.prompt_group)
+            micro = rollout.micro_batches(mb.numpy(), cfg.micro_batch_size, models.rows_per_prompt)
             for j, b in enumerate(micro):
                 last = j == len(micro) - 1
                 no_sync = models.logprobs.no_sync() if comm.info.enabled and not last else contextlib.nullcontext()
@@ -78,21 +78,21 @@ def micro_batch_loss(cfg, objective: Objective, models: Models, r: Rollout, b: M
     at = lambda name, i: None if flat[name] is None else flat[name][i]  # noqa: E731
 
     def token_loss(lp, entropy, kl, i):
-        return objective.token_loss(lp, entropy, kl, beta=r.beta, advantages=at("advantages", i),
+        return objective.token_loss(lp, entropy, kl, advantages=at("advantages", i),
                                     old_logprobs=at("old_logprobs", i), ref_logprobs=at("ref_logprobs", i))[0] \
             * flat["weights"][i]
 
     with models.autocast():
         out = models.logprobs(r.ids[rows, cols], r.mask[rows, cols], P - b.left, cfg.temperature, loss=token_loss,
                               reference=models.reference if objective.exact_kl else None,
-                              kl_weights=objective.kl_weights, wanted=m, group_size=models.prompt_group)
+                              kl_weights=objective.kl_weights, wanted=m, rows_per_prompt=models.rows_per_prompt)
     loss, v_loss = out.loss, None
     if out.values is not None:
         v_term, v_loss = objective.value_loss(out.values.float(), cut["old_values"], cut["returns"])
         loss = loss + (v_term * weights).sum()
     loss.backward()
     with torch.no_grad():  # what the metrics count of the micro-batch
-        _, clipped, kl = objective.token_loss(out.logprobs, out.entropy, out.kl, beta=r.beta, **{
+        _, clipped, kl = objective.token_loss(out.logprobs, out.entropy, out.kl, **{
             k: cut[k] for k in ("advantages", "old_logprobs", "ref_logprobs")})
         mf, s = m.float(), acc.sums
         s["loss"] += loss.detach()
@@ -105,6 +105,6 @@ def micro_batch_loss(cfg, objective: Objective, models: Models, r: Rollout, b: M
         if v_loss is not None:
             s["value_loss"] += (v_loss.detach() * mf).sum()
     # Token slots the passes computed: each micro-batch's prompts (once a group when shared), and its completions.
-    prompts = b.rows[:: models.prompt_group]
+    prompts = b.rows[:: models.rows_per_prompt]
     acc.slots += len(prompts) * (P - b.left) + len(b.rows) * W
     acc.real += int(r.prompt_lens[prompts].sum() + r.completion_lens[b.rows].sum())

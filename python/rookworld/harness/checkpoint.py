@@ -23,13 +23,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rookworld.ground.files import atomic_write, publish, temporary_directory
-from rookworld.net.sources import (
-    CONFIG_FILE,
-    LATEST,
-    STATE_FILE,
-    CheckpointError,
-    list_checkpoints,
-)
+# The layout is read without torch in net.sources; the harness's callers find all of a checkpoint's API here.
+from rookworld.net.sources import (CONFIG_FILE, LATEST, STATE_FILE, CheckpointError,  # noqa: F401
+                                   list_checkpoints, resolve_checkpoint, step_of)
 
 
 def rng_state() -> dict[str, Any]:

@@ -97,9 +97,9 @@ class Decoder:
         else:
             self.cache = KVCache(model.config, batch_size, max_len, self.device, compute_dtype)
 
-    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, repeats: int = 1) -> torch.Tensor:
-        """Logits [B, V] after the prompts [B / repeats, P] (mask: bool, False on left padding), each prompt computed
-        once and its keys and values copied to its `repeats` consecutive rows of the cache, in place (a CUDA
+    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, rows_per_prompt: int = 1) -> torch.Tensor:
+        """Logits [B, V] after the prompts [B / rows_per_prompt, P] (mask: bool, False on left padding), each prompt computed
+        once and its keys and values copied to its `rows_per_prompt` consecutive rows of the cache, in place (a CUDA
         graph's addresses stay valid)."""
         P = input_ids.shape[1]
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
@@ -107,13 +107,13 @@ class Decoder:
             hidden, kvs = self.model.prompt_trunk(input_ids, mask)
             logits = head_logits(hidden[:, -1], self.model.lm_head.weight)
         for layer, (k, v) in enumerate(kvs):
-            self.cache.kv[layer, 0, :, :, :P] = k.repeat_interleave(repeats, 0)
-            self.cache.kv[layer, 1, :, :, :P] = v.repeat_interleave(repeats, 0)
-        mask = mask.repeat_interleave(repeats, 0)
+            self.cache.kv[layer, 0, :, :, :P] = k.repeat_interleave(rows_per_prompt, 0)
+            self.cache.kv[layer, 1, :, :, :P] = v.repeat_interleave(rows_per_prompt, 0)
+        mask = mask.repeat_interleave(rows_per_prompt, 0)
         self.cache.valid[:, :P] = mask
         self.write_pos = torch.tensor([P], dtype=torch.long, device=self.device)
         self.position_ids = mask.sum(1, keepdim=True)  # next position of every row: its real prompt length
-        return logits.repeat_interleave(repeats, 0)
+        return logits.repeat_interleave(rows_per_prompt, 0)
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """Logits after appending `token` [B] to every row."""

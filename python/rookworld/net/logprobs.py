@@ -2,7 +2,7 @@
 them the entropy, the exact KL to a reference and a value head's estimates.
 
 Two things keep it cheap:
-- A group's prompt once. With `group_size` G, rows come in groups of G that share their prompt columns: the prompt
+- A group's prompt once. With `rows_per_prompt` G (a GRPO group when its prompt is shared), rows come in groups of G that share their prompt columns: the prompt
   goes through the trunk once per group and its G completions attend to its keys and values
   (`GPT.prompt_trunk`, `GPT.continue_trunk`); the backward flows into the prompt's computation once.
 - One pass over the vocabulary. The lm_head and the log-softmax run on chunks of positions sized by their bytes
@@ -91,17 +91,17 @@ _compiled_chunks: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {}
 
 
 def _states(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, start: int,
-            group_size: int) -> torch.Tensor:
+            rows_per_prompt: int) -> torch.Tensor:
     """The hidden state that predicts each token from `start` on [B, T - start, n_embd]: position t - 1's."""
-    if group_size == 1:
+    if rows_per_prompt == 1:
         return model.trunk(input_ids, attention_mask)[:, start - 1 : -1]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
-    prompt_ids, prompt_mask = input_ids[::group_size, :start], attention_mask[::group_size, :start]
+    prompt_ids, prompt_mask = input_ids[::rows_per_prompt, :start], attention_mask[::rows_per_prompt, :start]
     prompt, prefix = model.prompt_trunk(prompt_ids, prompt_mask)
     completions = model.continue_trunk(input_ids[:, start:], attention_mask[:, start:], prefix, prompt_mask)
     # The prompt's last state predicts the first completion token (prompts are left-padded: it is a real token).
-    return torch.cat([prompt[:, -1:].repeat_interleave(group_size, 0), completions[:, :-1]], dim=1)
+    return torch.cat([prompt[:, -1:].repeat_interleave(rows_per_prompt, 0), completions[:, :-1]], dim=1)
 
 
 # Eager under bf16 autocast, the trunk's LayerNorms, GELUs, residual adds and casts each read and write the
@@ -115,11 +115,11 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
                    chunk_size: int | None = None, temperature: float = 1.0, return_entropy: bool = False,
                    compile: bool = False, reference: GPT | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
                    value_head: torch.nn.Module | None = None, wanted: torch.Tensor | None = None,
-                   group_size: int = 1, loss: TokenLoss | None = None) -> TokenLogProbs:
+                   rows_per_prompt: int = 1, loss: TokenLoss | None = None) -> TokenLogProbs:
     """log p(input_ids[:, t] | input_ids[:, :t]) for t in [start, T): logprobs [B, T - start].
 
     For GRPO, input_ids = prompt (left-padded, width P) + completion, and start = P gives the completion's
-    per-token log-probs; `group_size` G says that rows come in groups of G with the same prompt columns (computed
+    per-token log-probs; `rows_per_prompt` G says that rows come in groups of G with the same prompt columns (computed
     once a group). Entropy (optional) is that of the same, temperature-scaled, distribution. Autocast, if any, is
     the caller's. `chunk_size`: positions per vocabulary chunk (default `chunk_rows`).
     compile: the trunk and the per-chunk log-softmax through torch.compile (a warning and eager if it fails).
@@ -137,13 +137,13 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
     N, device_type = T - start, input_ids.device.type
     states = maybe_compiled(_states, _compiled_states, device_type, compile)
     hidden, states = run_or_fall_back(states, _states, device_type, model, input_ids, attention_mask, start,
-                                      group_size)
+                                      rows_per_prompt)
     hidden = hidden.reshape(B * N, -1)
     ref_hidden = None
     if reference is not None:
         with torch.no_grad():
             ref_hidden = run_or_fall_back(states, _states, device_type, reference, input_ids, attention_mask, start,
-                                          group_size)[0].reshape(B * N, -1)
+                                          rows_per_prompt)[0].reshape(B * N, -1)
     positions = None if wanted is None else _wanted_positions(wanted, B, N)
     pick = (lambda x: x) if positions is None else (lambda x: x[positions])  # noqa: E731
     head = _VocabPass(model.lm_head.weight, None if reference is None else reference.lm_head.weight.detach(),
@@ -344,7 +344,7 @@ class LogProbs(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, start: int, temperature: float, *,
                 loss: TokenLoss, reference: nn.Module | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
-                wanted: torch.Tensor | None = None, group_size: int = 1) -> TokenLogProbs:
+                wanted: torch.Tensor | None = None, rows_per_prompt: int = 1) -> TokenLogProbs:
         return token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
                               compile=self.compile, reference=reference, kl_weights=kl_weights,
-                              value_head=self.value_head, wanted=wanted, group_size=group_size, loss=loss)
+                              value_head=self.value_head, wanted=wanted, rows_per_prompt=rows_per_prompt, loss=loss)

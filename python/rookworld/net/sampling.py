@@ -116,11 +116,11 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
              max_new_tokens: int | torch.Tensor = 144, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, stop_at_eos: bool = True, seed: int | None = None,
              generator: torch.Generator | None = None, compile: bool | None = None,
-             dtype: torch.dtype | None = None, samples_per_prompt: int = 1) -> GenerationOutput:
+             dtype: torch.dtype | None = None, rows_per_prompt: int = 1) -> GenerationOutput:
     """Sample completions for a left-padded batch of prompts.
 
     input_ids / attention_mask: [B, P], left-padded (see `rookworld.net.tokenizer`); mask None = no padding.
-    samples_per_prompt: completions per prompt, consecutive rows of the output (B x samples_per_prompt rows), the
+    rows_per_prompt: completions per prompt, consecutive rows of the output (B x rows_per_prompt rows), the
         prompt computed once for all of them.
     max_new_tokens: one limit, or one per output row (a tensor). A row stops at its limit or, with stop_at_eos, after
         emitting EOS_ID (the EOS is part of the completion and of its mask). stop_at_eos=False generates
@@ -137,7 +137,7 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     """
     device = model.device
     input_ids = input_ids.to(device)
-    P, B = input_ids.shape[1], input_ids.shape[0] * samples_per_prompt
+    P, B = input_ids.shape[1], input_ids.shape[0] * rows_per_prompt
     mask = (
         attention_mask.to(device=device, dtype=torch.bool)
         if attention_mask is not None
@@ -157,7 +157,7 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     model.eval()  # dropout must be off while sampling, whatever the trainer left it at
     try:
         decoder = Decoder(model, B, P + N, dtype, compile)
-        logits = decoder.prefill(input_ids, mask, samples_per_prompt)
+        logits = decoder.prefill(input_ids, mask, rows_per_prompt)
         return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator)
     finally:
         model.train(was_training)
