@@ -3,6 +3,7 @@ declares (each says what is wrong in the same words in every command that takes 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,11 @@ def positive(option: str, value: Any) -> str | None:
 
 
 def non_negative(option: str, value: Any) -> str | None:
-    return None if value >= 0 and value == value else f"{option} must be >= 0, got {value}"
+    return None if value >= 0 and not math.isnan(value) else f"{option} must be >= 0, got {value}"
 
 
 def above_zero(option: str, value: Any) -> str | None:
-    return None if value > 0 and value == value else f"{option} must be > 0, got {value}"
+    return None if value > 0 and not math.isnan(value) else f"{option} must be > 0, got {value}"
 
 
 def share(option: str, value: Any) -> str | None:

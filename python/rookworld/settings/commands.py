@@ -4,14 +4,14 @@ here once), and what `rookworld --help` says of it. Train's and sft's are in `ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rookworld.settings.base import existing_files, non_negative, positive, share
 from rookworld.settings.config import SFTConfig, TrainConfig
 from rookworld.settings.declare import GAME, OPPONENT, OUTPUT, POSITIONS, SUITES_, Settings, composed, group, setting
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodingSettings,
                                        EvalSizeSettings, GameSettings, IllegalShareSettings, ModelSettings,
-                                       OutputSettings, SeedSettings, StockfishNodesSettings, StockfishSettings,
-                                       suites)
+                                       OutputSettings, SeedSettings, StockfishNodesSettings, StockfishSettings, suites)
 
 
 @group
@@ -68,8 +68,8 @@ class EvalSettings(DataSettings, BadLinesSettings, EvalOnly, EvalSizeSettings, G
                    DecodingSettings, SeedSettings, CompletionSettings, OutputSettings, StockfishSettings,
                    StockfishNodesSettings, Settings):
     # eval's decode batch had the training commands' name, which means rows per forward/backward there.
-    renamed = {"micro_batch_size": "decode_batch_size", "batch_size": "decode_batch_size"}
-    gone = {"samples": "--out holds every completion now"}
+    renamed: ClassVar[dict[str, str]] = {"micro_batch_size": "decode_batch_size", "batch_size": "decode_batch_size"}
+    gone: ClassVar[dict[str, str]] = {"samples": "--out holds every completion now"}
 
 
 @group

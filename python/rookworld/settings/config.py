@@ -13,7 +13,7 @@ from typing import Any
 
 from rookworld.ground.rewards import SHAPINGS
 from rookworld.settings import objective
-from rookworld.settings.base import ConfigError, existing_files, flag, need, non_negative, positive, share
+from rookworld.settings.base import ConfigError, above_zero, existing_files, flag, need, non_negative, positive, share
 from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, LOSS, MODEL, OPTIM, REWARDS, RUN,
                                         SAMPLING, Settings, composed, default, group, setting)
 from rookworld.settings.flags import from_args
@@ -23,8 +23,8 @@ from rookworld.settings.groups import (SUITES, BadLinesSettings, CompletionSetti
 from rookworld.settings.hub import is_local_path
 
 # Named here too, where the training code and its tests have always found them.
-__all__ = ["RunConfig", "TrainConfig", "SFTConfig", "ConfigError", "from_args", "default", "SUITES", "parse_suites",
-           "MODEL_SIZES", "REPORTERS"]
+__all__ = ["MODEL_SIZES", "REPORTERS", "SUITES", "ConfigError", "RunConfig", "SFTConfig", "TrainConfig", "default",
+           "from_args", "parse_suites"]
 
 #: What --report-to names, as TRL's report_to: where the figures go besides metrics.jsonl and samples.jsonl.
 REPORTERS = ("tensorboard", "wandb", "none")
@@ -74,7 +74,7 @@ class OptimizerSettings:
     micro_batch_size: int = setting(64, "rows per forward/backward (gradient accumulation within an optimizer step)",
                                     OPTIM, check=positive)
     lr: float = setting(3e-6, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM, main=True,
-                        check=lambda option, v: None if v > 0 and v == v else f"{option} must be > 0, got {v}")
+                        check=above_zero)
     min_lr_ratio: float = setting(0.1, "cosine decay ends at lr x this", OPTIM, check=share)
     warmup_steps: int = setting(10, "linear learning-rate warm-up steps", OPTIM, check=non_negative)
     weight_decay: float = setting(0.0, "AdamW weight decay (of weight matrices only)", OPTIM, check=non_negative)

@@ -7,8 +7,9 @@ settings combine; `from_dict` reads a TOML table or a saved config.json into the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from rookworld.settings.base import ConfigError, flag, need
 

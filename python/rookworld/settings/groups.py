@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from rookworld.settings.base import existing_files, non_negative, positive, share
-from rookworld.settings.declare import DATA, DECODING, GAME, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH, SUITES_, group, setting
+from rookworld.settings.declare import (DATA, DECODING, GAME, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH, SUITES_, group,
+                                        setting)
 from rookworld.settings.hub import is_local_path
 
 #: The evaluation suites, as --suite and --eval-suites name them.
