@@ -113,7 +113,7 @@ def test_the_fused_pass_gives_the_loss_and_gradients_of_autograd(group_size, tem
     weights = torch.rand(shape, generator=g, dtype=torch.float64) * wanted
     loss = _surrogate(advantages, old, weights)
     kw = dict(start=P, temperature=temperature, return_entropy=True, reference=reference, kl_weights=kl_weights,
-              wanted=wanted, rows_per_prompt=rows_per_prompt, chunk_size=4)
+              wanted=wanted, rows_per_prompt=group_size, chunk_size=4)
 
     plain = token_logprobs(policy, ids, mask, **kw)
     positions = wanted.reshape(-1).nonzero().squeeze(1)

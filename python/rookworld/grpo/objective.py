@@ -16,9 +16,7 @@ import torch
 
 from rookworld.grpo import formulas as grpo
 from rookworld.harness.distributed import Comm
-from rookworld.settings.objective import (
-    KL_DIRECTIONS,
-)
+from rookworld.settings.objective import KL_DIRECTIONS
 
 _SAMPLED_KL = {"k1": grpo.kl_k1, "k2": grpo.kl_k2, "k3": grpo.kl_k3}
 

@@ -241,7 +241,7 @@ def run_suites(lm: RookWorldLM, names: Sequence[str], opts: SuiteOptions, *, rec
 def training_metrics(model, tokenizer, cfg, records, scorer, *, compile: bool | None = None) -> dict[str, Any]:
     """Training's periodic evaluation: the config's --eval-suites, as eval/<section>/<metric> (best-move's
     sections are the tasks: eval/P/..., eval/A/...)."""
-    lm = RookWorldLM(model, tokenizer, batch_size=cfg.micro_batch_size, max_new_tokens=cfg.max_new_tokens,
+    lm = RookWorldLM(model, tokenizer, batch_size=cfg.decode_batch_size, max_new_tokens=cfg.max_new_tokens,
                      compile=compile)
     opts = SuiteOptions(size=cfg.eval_size, games=cfg.eval_games, seed=cfg.seed, stockfish_path=cfg.stockfish_path)
     results = run_suites(lm, parse_suites(cfg.eval_suites), opts, records=records, scorer=scorer)

@@ -9,9 +9,10 @@ from typing import ClassVar
 from rookworld.settings.base import existing_files, non_negative, positive, share
 from rookworld.settings.config import SFTConfig, TrainConfig
 from rookworld.settings.declare import GAME, OPPONENT, OUTPUT, POSITIONS, SUITES_, Settings, composed, group, setting
-from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodingSettings,
-                                       EvalSizeSettings, GameSettings, IllegalShareSettings, ModelSettings,
-                                       OutputSettings, SeedSettings, StockfishNodesSettings, StockfishSettings, suites)
+from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
+                                       DecodingSettings, EvalSizeSettings, GameSettings, IllegalShareSettings,
+                                       ModelSettings, OutputSettings, SeedSettings, StockfishNodesSettings,
+                                       StockfishSettings, suites)
 
 
 @group
@@ -54,7 +55,6 @@ class EvalOnly:
     opponent_skill: int | None = setting(None, "Stockfish's strength as Skill Level 0-20 instead of an Elo", OPPONENT,
                                          check=non_negative)
     opponent_nodes: int = setting(20_000, "nodes Stockfish searches per move", OPPONENT, check=positive)
-    decode_batch_size: int = setting(64, "prompts decoded at once", SUITES_, check=positive)
 
     def check_together(self, need) -> None:
         need(self.opponent_elo is None or self.opponent_skill is None,
@@ -65,7 +65,7 @@ class EvalOnly:
 
 @composed(eval_size=None)
 class EvalSettings(DataSettings, BadLinesSettings, EvalOnly, EvalSizeSettings, GameSettings, ModelSettings,
-                   DecodingSettings, SeedSettings, CompletionSettings, OutputSettings, StockfishSettings,
+                   DecodingSettings, DecodeBatchSettings, SeedSettings, CompletionSettings, OutputSettings, StockfishSettings,
                    StockfishNodesSettings, Settings):
     # eval's decode batch had the training commands' name, which means rows per forward/backward there.
     renamed: ClassVar[dict[str, str]] = {"micro_batch_size": "decode_batch_size", "batch_size": "decode_batch_size"}

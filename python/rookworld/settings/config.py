@@ -17,9 +17,9 @@ from rookworld.settings.base import ConfigError, above_zero, existing_files, fla
 from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, LOSS, MODEL, OPTIM, REWARDS, RUN,
                                         SAMPLING, Settings, composed, default, group, setting)
 from rookworld.settings.flags import from_args
-from rookworld.settings.groups import (SUITES, BadLinesSettings, CompletionSettings, DataSettings, EvalSizeSettings,
-                                       IllegalShareSettings, ModelSettings, SeedSettings, StockfishSettings,
-                                       parse_suites, suites)
+from rookworld.settings.groups import (SUITES, BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
+                                       EvalSizeSettings, IllegalShareSettings, ModelSettings, SeedSettings,
+                                       StockfishSettings, parse_suites, suites)
 from rookworld.settings.hub import is_local_path
 
 # Named here too, where the training code and its tests have always found them.
@@ -113,7 +113,7 @@ class LoggingSettings:
 
 @composed()
 class RunConfig(ModelSettings, RunSettings, SeedSettings, OptimizerSettings, LoggingSettings, EvaluationSettings,
-                EvalSizeSettings, CompletionSettings, StockfishSettings, Settings):
+                EvalSizeSettings, DecodeBatchSettings, CompletionSettings, StockfishSettings, Settings):
     """What every training command shares."""
 
     def check_together(self, need) -> None:
@@ -298,8 +298,8 @@ class RowSettings:
     rows_per_step: int = setting(32, "rows per optimizer step (over all ranks)", DATA, check=positive)
 
 
-@composed(model=None, steps=1000, output_dir="runs/sft", data=[], micro_batch_size=16, lr=3e-4, warmup_steps=50,
-          weight_decay=0.1, log_every=10, eval_every=100, save_every=200)
+@composed(model=None, steps=1000, output_dir="runs/sft", data=[], micro_batch_size=16, decode_batch_size=16,
+          lr=3e-4, warmup_steps=50, weight_decay=0.1, log_every=10, eval_every=100, save_every=200)
 class SFTConfig(RunConfig, FreshModelSettings, DataSettings, BadLinesSettings, RowSettings):
     """`rookworld sft`: supervised training on P:/A: text, as RookWorld-LM itself was made."""
 

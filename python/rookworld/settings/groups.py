@@ -96,6 +96,14 @@ class DecodingSettings:
 
 
 @group
+class DecodeBatchSettings:
+    # Not --micro-batch-size: that is rows per forward/backward in training, and a training run's evaluation
+    # decodes too.
+    decode_batch_size: int = setting(64, "prompts decoded at once (eval, and a training run's evaluation)", SAMPLING,
+                                     check=positive)
+
+
+@group
 class CompletionSettings:
     max_new_tokens: int = setting(144, "completion length limit", SAMPLING, check=positive)
 

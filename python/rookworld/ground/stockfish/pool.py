@@ -19,14 +19,8 @@ from dataclasses import dataclass, field
 from rookworld.ground import chess as _chess
 from rookworld.ground.stockfish.analysis import Analysis
 from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
-from rookworld.ground.stockfish.engine import (
-    Engine,
-    EngineFailure,
-    EngineHung,
-    StockfishError,
-    find_stockfish,
-    ranked_candidates,
-)
+from rookworld.ground.stockfish.engine import (Engine, EngineFailure, EngineHung, StockfishError, find_stockfish,
+                                               ranked_candidates)
 
 
 @dataclass(frozen=True, slots=True)
