@@ -257,3 +257,23 @@ def test_training_evaluates_the_suites_it_is_given(tiny_dir, tmp_path):
     assert "mate-in-one 0%" in proc.stderr and "selfplay 0.0 legal half-moves" in proc.stderr
     bad = run_cli(*train_args(tiny_dir, tmp_path / "bad", "--eval-suites", "mate-in-9"))
     assert bad.returncode == 2 and "--eval-suites: unknown suite 'mate-in-9'" in bad.stderr
+
+
+def test_a_training_runs_evaluation_decodes_in_batches_of_decode_batch_size():
+    """--micro-batch-size is rows per forward/backward; a training run's evaluation decodes --decode-batch-size
+    prompts at once."""
+    from conftest import tiny_gpt
+    from rookworld.ground.rewards import RewardScorer
+    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.lm.bestmove import heldout_records
+    from rookworld.lm.suites import training_metrics
+    from rookworld.net.tokenizer import get_tokenizer
+    from rookworld.settings.config import TrainConfig
+
+    model = tiny_gpt(scale=4.0)
+    rows = []
+    model.transformer.wte.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
+    cfg = TrainConfig(micro_batch_size=64, decode_batch_size=3, eval_size=7, max_new_tokens=4, eval_suites="best-move")
+    with StockfishPool(workers=1, depth=2) as pool:
+        metrics = training_metrics(model, get_tokenizer(None), cfg, heldout_records(7), RewardScorer(pool))
+    assert rows and max(rows) == 3 and "eval/P/format_valid" in metrics and "eval/A/format_valid" in metrics
