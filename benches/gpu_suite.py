@@ -151,8 +151,10 @@ def source_commit(pack: Path | None) -> str | None:
 
 
 def stage_cuda_tests(s: Suite) -> tuple[str, dict, str]:
+    # One process (not pyproject's -n auto): the CUDA tests share one GPU, and pytest-xdist may not be installed here.
     code, text = s.run(python() + ["-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-q", "-rfEs",
-                                   "-p", "no:cacheprovider", "--durations=5"], cap=300)
+                                   "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=", "--durations=5"],
+                       cap=300)
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", text.splitlines()[-1]
                                                  if text.strip() else "")}
     f = {**counts, "failures": re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)}
