@@ -1,4 +1,5 @@
-"""The `rookworld` command as a user runs it: the installed console script, real files, real Stockfish."""
+"""The `rookworld` command as a user runs it: `python -m rookworld`, real files, real Stockfish. The command runs in
+this process (conftest.cli) except where the process is what is tested: the entry point, and what gets imported."""
 
 import json
 import subprocess
@@ -8,13 +9,14 @@ import chess as pychess
 import pytest
 
 import rookworld
+from conftest import cli, rookworld_process
 from rookworld.ground import chess
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import find_stockfish
 
 
 def run(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True, timeout=300)
+    proc = cli(*args)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}: {proc.stderr}")
     return proc
@@ -24,6 +26,11 @@ def test_version_and_help():
     assert run("--version").stdout.strip() == f"rookworld {rookworld.__version__}"
     assert "positions" in run("--help").stdout
     assert "--count" in run("positions", "--help").stdout
+    # The same through the entry point, a process of its own.
+    proc = rookworld_process("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"rookworld {rookworld.__version__}", proc.stderr
+    proc = rookworld_process("positions", "--help")
+    assert proc.returncode == 0 and "--count" in proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("args, old, new", [
@@ -96,7 +103,7 @@ def test_positions_writes_the_same_file_for_the_same_seed(tmp_path):
      "--stockfish-path"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, args, message):
-    proc = subprocess.run([sys.executable, "-m", "rookworld", *args], capture_output=True, text=True, cwd=tmp_path)
+    proc = cli(*args, cwd=tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
