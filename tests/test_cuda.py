@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from conftest import constant_gpt
-from test_trainer import metrics, run_cli
+from conftest import constant_gpt, rookworld_process
+from test_trainer import metrics
 from rookworld.net import compiling, logprobs
 from rookworld.net.logprobs import token_logprobs
 from rookworld.net.model import GPT, GPTConfig, autocast_copy, refresh_copy
@@ -248,6 +248,12 @@ def test_compiled_decoding_from_prompts_computed_once_stays_greedy_in_fp32():
                    rows_per_prompt=3)
     assert out.tokens.shape == (24, 30)
     _assert_greedy_in_fp32_up_to_bf16(model, ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), out)
+
+
+def run_cli(args):
+    """A real `rookworld` process, not conftest.cli: each CUDA run starts with its own CUDA context, allocator and
+    compiled graphs, as a user's does (the peak memory --auto-batch measures is then the run's own)."""
+    return rookworld_process(*args)
 
 
 def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path):
