@@ -197,7 +197,7 @@ def _modes(root: Path) -> dict[str, int]:
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_files_and_directories_written_respect_the_umask(tiny_dir, tmp_path, umask):
     out = tmp_path / "run"
-    old = os.umask(umask)  # the child inherits it
+    old = os.umask(umask)  # the runs below (in this process) write under it
     try:
         proc = run_cli(train_args(tiny_dir, out, "--steps", "1"))
         assert proc.returncode == 0, proc.stderr
