@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -56,22 +57,45 @@ class FixedLengths(Sampler):
 
 
 def step_flops(cfg: GPTConfig, n_params: int, groups: list[tuple[int, list[int]]], mu: int, old_pass: bool,
-               reference_passes: int, shared: bool) -> float:
-    """Model FLOPs of one GRPO step over its groups (prompt tokens, each completion's tokens): the work the model
-    must do, whatever padding the implementation adds (2 per multiply-add; attention included; embedding lookups
+               reference_passes: int, shared: bool) -> dict[str, float]:
+    """Model FLOPs of one GRPO step over its groups (prompt tokens, each completion's tokens), by phase
+    (generate, reference: the reference's and the sampling policy's passes, update): the work the model must do,
+    whatever padding the implementation adds (2 per multiply-add; attention included; embedding lookups
     excluded; the lm_head only where a token is predicted). The reference runs once per rollout, or once per
-    epoch for the exact KL. With `shared`, each group's prompt goes through the trunk once, else once per row."""
+    epoch for the exact KL (then in the update's time). With `shared`, each group's prompt goes through the trunk
+    once, else once per row."""
     head = cfg.vocab_size * cfg.n_embd
     trunk = n_params - cfg.block_size * cfg.n_embd - head  # the position table is a lookup; wte counts as lm_head
     attn = lambda ctx: 4 * cfg.n_layer * ctx * cfg.n_embd  # QK^T and AV per token at context ctx  # noqa: E731
-    total = 0.0
+    total = {"generate": 0.0, "reference": 0.0, "update": 0.0}
+    exact = reference_passes > 1  # the exact KL's reference runs inside the update
     for prompt_len, lengths in groups:
         prompts = 1 if shared else len(lengths)
         prompt = prompts * (2 * trunk * prompt_len + attn(prompt_len / 2) * prompt_len)
         gen = prompt + sum(2 * (trunk + head) * n + sum(attn(prompt_len + i) for i in range(n)) for n in lengths)
         fwd = prompt + sum(2 * (trunk + head) * n + attn(prompt_len + n / 2) * n for n in lengths)
-        total += gen + reference_passes * fwd + (fwd if old_pass else 0) + mu * 3 * fwd
+        total["generate"] += gen
+        total["reference"] += (0 if exact else reference_passes * fwd) + (fwd if old_pass else 0)
+        total["update"] += mu * 3 * fwd + (reference_passes * fwd if exact else 0)
     return total
+
+
+def mm_peak_gflops(device: str, n: int = 2048, repeats: int = 5) -> float:
+    """What torch.mm reaches here at n x n x n in float32 with the threads the run used: the machine's own limit
+    that each phase's GFLOP/s is read against."""
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
 
 
 def main() -> int:
@@ -125,6 +149,7 @@ def main() -> int:
               f"{args.group}; completions P:{lengths['P']} A:{lengths['A']} tokens; mix {args.task_mix}",
               file=sys.stderr)
         rows = []
+        workers = trainer.pool.workers if trainer.pool is not None else None
         try:
             for i in range(args.warmup + args.steps):
                 m = trainer.train_step()
@@ -146,8 +171,10 @@ def main() -> int:
     objective = trainer.objective  # which passes a step runs is the objective's to say
     old_pass = objective.sampler_pass
     reference_passes = 0 if not objective.measures_kl else args.mu if objective.exact_kl else 1
-    flops = statistics.mean(step_flops(mcfg, n_params, g, args.mu, old_pass, reference_passes,
-                                       not args.no_shared_prompt) for g in groups_of_steps)
+    per_step = [step_flops(mcfg, n_params, g, args.mu, old_pass, reference_passes, not args.no_shared_prompt)
+                for g in groups_of_steps]
+    phase_flops = {k: statistics.mean(f[k] for f in per_step) for k in per_step[0]}
+    flops = sum(phase_flops.values())
     step_time = med("time/step")
     figures = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -158,12 +185,27 @@ def main() -> int:
         "mfu": flops / step_time / (args.peak_tflops * 1e12) if args.device.startswith("cuda") else None,
         "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "compile": not args.no_compile,
         "update_padding": med("padding"), "kl_estimator": args.kl_estimator, "advantage": args.advantage,
-        "shared_prompt": not args.no_shared_prompt,
+        "shared_prompt": not args.no_shared_prompt, "threads": torch.get_num_threads(),
+        "stockfish_workers": workers,
+        "p_prompts": statistics.mean(sum(p.task == "P" for p in trainer.prompts.batch(i))
+                                     for i in range(args.warmup, args.warmup + args.steps)),
+        # Model FLOPs a phase does over the time it took (2 a multiply-add; see step_flops).
+        "gflops": {k: phase_flops[k] / med(f"time/{k}") / 1e9 for k in phase_flops},
+        "step_gflops": flops / step_time / 1e9,
+        "mm_peak_gflops": mm_peak_gflops(args.device) if args.device == "cpu" else None,
     }
     print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.2f}")
     print(f"{'generated tokens/s':<22}{figures['generated_tokens_per_s']:>12,.0f}")
+    print(f"torch threads {figures['threads']}, Stockfish workers {figures['stockfish_workers']}, "
+          f"{figures['p_prompts']:.0f} P: prompts a step")
     for k in ("step_s", "generate_s", "reward_s", "reference_s", "update_s"):
-        print(f"{k.replace('_s', ' (s)'):<22}{figures[k]:>12.3f}")
+        phase = k.removesuffix("_s")
+        rate = figures["step_gflops"] if phase == "step" else figures["gflops"].get(phase)
+        peak = figures["mm_peak_gflops"]
+        shown = "" if rate is None else f"{rate:>10.1f} GFLOP/s" + (f" ({100 * rate / peak:.0f}% of mm)" if peak else "")
+        print(f"{k.replace('_s', ' (s)'):<22}{figures[k]:>12.3f}{shown}")
+    if figures["mm_peak_gflops"]:
+        print(f"{'torch.mm 2048^3':<22}{figures['mm_peak_gflops']:>12.1f} GFLOP/s (the CPU's own limit here)")
     mfu = "n/a" if figures["mfu"] is None else f"{100 * figures['mfu']:.1f}%"
     print(f"{'MFU':<22}{mfu:>12}")
     print(f"{'peak memory (GB)':<22}{figures['peak_memory_gb']:>12.2f}")

@@ -202,22 +202,83 @@ def test_sampler_draws_from_the_right_distribution():
             assert torch.allclose(policy_logprobs[sel], torch.tensor(math.log(p1)), atol=1e-4)
 
 
+def _chi_square(counts: torch.Tensor, p: torch.Tensor) -> float:
+    """Pearson's statistic of `counts` against probabilities `p` (float64)."""
+    expected = p * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
 @pytest.mark.slow
-def test_the_draw_keeps_the_mass_of_tokens_far_below_the_winner():
-    """10,000 tail tokens, each 2e-8 of the top token's probability, hold 2e-4 of the mass: about 20 of 100,000
-    draws. With float32 uniforms (multiples of 2^-24) E = -log U is never below 6e-8, so such a token only won
-    against a top token whose E was above 3: about 3 draws (measured: 1), the rest of their mass moved to the
-    top token."""
-    tail_tokens, rows, ratio = 10_000, 100_000, 2e-8
-    logits = torch.full((tail_tokens + 1,), math.log(ratio))
-    logits[0] = 0.0
-    g = torch.Generator().manual_seed(0)
-    tail = 0
-    for _ in range(rows // 250):  # 20 MB of uniforms a batch: reused memory, not fresh pages every time
-        tokens, _ = sample_next(logits.expand(250, -1), generator=g)
-        tail += int((tokens != 0).sum())
-    expected = rows * tail_tokens * ratio / (1 + tail_tokens * ratio)
-    assert 0.5 * expected <= tail <= 2 * expected, (tail, expected)
+def test_the_draw_passes_a_chi_square_test_down_to_tokens_far_below_the_winner():
+    """100,000 draws against the distribution, by Pearson's chi-square in float64: the winner, four tokens from 10%
+    to 0.1% of it, and 25,000 tail tokens each 8e-9 of it (2e-4 of the mass together: about 20 draws). 5 degrees
+    of freedom: below 20.5 with probability 0.999 when the draw is exact. The Gumbel race with float32 uniforms
+    (E = -log U never below 6e-8) drew none of them on this seed, a statistic of 25."""
+    tail_tokens, rows = 25_000, 100_000
+    ratios = torch.tensor([1.0, 0.1, 0.02, 0.005, 0.001] + [8e-9] * tail_tokens, dtype=torch.float64)
+    p = ratios / ratios.sum()
+    bins = torch.cat([p[:5], p[5:].sum().reshape(1)])
+    g = torch.Generator().manual_seed(11)
+    counts = torch.zeros(6, dtype=torch.float64)
+    for _ in range(rows // 500):
+        tokens, _ = sample_next(ratios.log().float().expand(500, -1), generator=g)
+        counts += torch.bincount(tokens.clamp(max=5), minlength=6).double()
+    assert bins[5] * rows > 15 and counts[5] > 0
+    assert _chi_square(counts, bins) < 20.5, (counts.tolist(), (bins * rows).tolist())
+
+
+@pytest.mark.parametrize("kw", [{"temperature": 0.7}, {"temperature": 1.3, "top_k": 4}, {"top_p": 0.9},
+                                {"temperature": 0.5, "top_k": 5, "top_p": 0.99}])
+def test_the_draw_passes_a_chi_square_test_with_temperature_top_k_and_top_p(kw):
+    """50,000 draws from six tokens against the tempered, restricted distribution computed by hand in float64
+    (top-k keeps the k likeliest, top-p the shortest prefix whose mass reaches p): 5 degrees of freedom, below
+    20.5 with probability 0.999; a token outside the support is never drawn."""
+    probs = torch.tensor([0.35, 0.25, 0.2, 0.1, 0.07, 0.03], dtype=torch.float64)
+    weights = probs ** (1 / kw.get("temperature", 1.0))
+    keep = torch.ones(6, dtype=torch.bool)
+    if "top_k" in kw:
+        keep[kw["top_k"]:] = False
+    if "top_p" in kw:
+        q = weights * keep / (weights * keep).sum()
+        keep &= (q.cumsum(0) - q) < kw["top_p"]
+    p = weights * keep / (weights * keep).sum()
+    tokens, _ = sample_next(probs.log().float().expand(50_000, -1), generator=torch.Generator().manual_seed(3), **kw)
+    counts = torch.bincount(tokens, minlength=6).double()
+    assert counts[~keep].sum() == 0
+    assert _chi_square(counts[keep], p[keep]) < 20.5, (kw, counts.tolist(), (p * 50_000).tolist())
+
+
+def test_each_token_holds_a_step_of_the_uniform_as_wide_as_its_probability():
+    """The draw inverts the float64 running sum: a uniform just inside a token's step [F(i-1), F(i)) draws it,
+    even for a token of 1e-12 of the winner's probability, and a token of probability 0 (removed by top-p) holds
+    no step at all."""
+    ratios = torch.tensor([1.0, 1e-12, 0.5, 0.0, 1e-9, 0.25], dtype=torch.float64)
+    logits = ratios.log().float()
+    cdf = (logits - logits.max()).exp().double().cumsum(0)
+    cdf = cdf / cdf[-1]
+    lows = torch.cat([torch.zeros(1, dtype=torch.float64), cdf[:-1]])
+    for i, (low, high) in enumerate(zip(lows.tolist(), cdf.tolist())):
+        if high == low:
+            continue
+        inside = torch.tensor([[low + (high - low) * f] for f in (1e-3, 0.5, 0.999)], dtype=torch.float64)
+        choice, _ = sampling._draw(logits.expand(3, -1), inside)
+        assert choice.squeeze(1).tolist() == [i] * 3, (i, low, high)
+    steps = (cdf - lows).tolist()
+    assert steps[3] == 0.0 and steps[1] == pytest.approx(1e-12 / 1.75, rel=1e-3)
+
+
+def test_the_draw_is_reproducible_under_a_seed_and_one_uniform_a_row():
+    """The same generator seed gives the same tokens; the generator advances by one float64 a row, not a token."""
+    logits = torch.randn(8, V, generator=torch.Generator().manual_seed(3)) * 2
+    first = sample_next(logits, generator=torch.Generator().manual_seed(4))
+    again = sample_next(logits, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    g = torch.Generator().manual_seed(4)
+    sample_next(logits, generator=g)
+    after = torch.rand(1, generator=g, dtype=torch.float64)
+    h = torch.Generator().manual_seed(4)
+    torch.rand((8, 1), generator=h, dtype=torch.float64)
+    assert torch.equal(after, torch.rand(1, generator=h, dtype=torch.float64))
 
 
 @pytest.mark.slow
@@ -232,7 +293,7 @@ def test_the_compiled_draw_is_the_eager_one(monkeypatch):
         compiled = sample_next(logits, generator=torch.Generator().manual_seed(9), compile=True, **kw)
         assert torch.equal(eager[0], compiled[0]), kw
         torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-4)
-    assert "cpu" in sampling._compiled_races and "cpu" not in compiling.failed
+    assert "cpu" in sampling._compiled_draws and "cpu" not in compiling.failed
     small = _peaked_logits()[:64].expand(20000, 64)
     tokens, logp = sample_next(small, generator=torch.Generator().manual_seed(5), compile=True)
     freq = torch.stack([(tokens == t).float().mean() for t in (11, 22, 33, 44)])

@@ -3,7 +3,7 @@ and push the policy toward the better ones, with a KL leash to the frozen refere
 
 One step, `Trainer.train_step`:
   1-3. `collect_rollout`: G completions per prompt (one sampling batch per task), rewards (Stockfish for P:,
-       analysed ahead while the GPU samples; the rules for A:), the reference's (and, where the objective needs
+       analysed ahead while a GPU samples, on the CPU while torch waits; the rules for A:), the reference's (and, where the objective needs
        them, the sampling policy's) log-probs, once, and the advantages;
   4.   `update`: `mu` epochs of minibatch optimizer steps with gradient accumulation over micro-batches;
   5.   metrics, reduced over ranks; then the step counter, the best reward and beta move on.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -122,8 +121,10 @@ class Trainer:
 
     def _chess_reward(self) -> ChessReward:
         cfg, run = self.cfg, self.run
-        workers = cfg.stockfish_workers or max(1, ((os.cpu_count() or 2) - 1) // run.dist.local_world)
-        run.cpu_threads_beside(workers)
+        # On CUDA the engines analyse the next step's prompts while the GPU samples, beside the one core that drives
+        # it; on the CPU they analyse in the reward phase, when torch waits for them, on every core.
+        workers = cfg.stockfish_workers or (max(1, run.cores - 1) if run.device.type == "cuda" else run.cores)
+        run.use_every_core()
         self.pool = StockfishPool(path=cfg.stockfish_path, workers=workers, depth=cfg.stockfish_depth,
                                   cache_path=cfg.stockfish_cache)
         run.log.say(f"rewards: Stockfish {self.pool.path} (depth {cfg.stockfish_depth}, {workers} worker"
@@ -138,7 +139,7 @@ class Trainer:
         if run.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(run.device)
         prompts = self.prompts.batch(step)
-        if step + 1 < cfg.steps:
+        if step + 1 < cfg.steps and run.device.type == "cuda":
             self.reward_fn.prefetch(self.prompts.batch(step + 1))  # Stockfish works while the GPU samples
 
         rollout = collect_rollout(cfg, self.objective, self.models, self.sampler, run.comm, run.tokenizer,

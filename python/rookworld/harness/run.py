@@ -204,9 +204,15 @@ class Run:
             self.log.close()
         return last
 
-    def cpu_threads_beside(self, workers: int) -> None:
-        """On the CPU, torch's threads and `workers` other processes (Stockfish) share the cores; oversubscribed
-        OpenMP threads spin against busy engines and run an order of magnitude slower."""
+    @property
+    def cores(self) -> int:
+        """This rank's share of the machine's cores."""
+        return max(1, (os.cpu_count() or 1) // self.dist.local_world)
+
+    def use_every_core(self) -> None:
+        """On the CPU, torch takes every core of this rank's share for every phase (an explicit OMP_NUM_THREADS
+        is obeyed). Nothing else computes while it does: Stockfish analyses while torch waits (the reward phase,
+        an evaluation's scoring), so no core is kept for it; kept, it idled through generation and the update
+        for the second or so an engine works in a step."""
         if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-            cores = max(1, (os.cpu_count() or 1) // self.dist.local_world)
-            torch.set_num_threads(max(1, cores - workers))
+            torch.set_num_threads(self.cores)

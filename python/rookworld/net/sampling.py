@@ -45,23 +45,26 @@ def _top_p_filter(sorted_logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the top token always survives
 
 
-def _race(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draw and its log-prob from (tempered, filtered) logits [B, K] and uniforms of the same shape.
+def _draw(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draw and its log-prob from (tempered, filtered) logits [B, K] and one uniform [B, 1] a row.
 
-    Exponential race (Gumbel-max): argmax_i p_i / E_i with E_i = -log(U_i) ~ Exp(1) is a draw from p, and so is
-    argmax_i (logit_i - log E_i), since log p_i differs from logit_i by one constant per row: no log-softmax is
-    written. U = 0 gives E = inf: that token just cannot win. Compiled, this is one pass over the logits and the
-    uniforms instead of a dozen. The uniforms are float64 (E float32 again): float32 ones are multiples of
-    2^-24, so E is never below 6e-8 and a token below about 6e-8 of the winner's probability could never win
-    against a winner whose E is near 1: its mass moved to the likelier tokens."""
-    # Out of place: compiled, an input changed in place would be written back; float32 keeps E's tail (to 1e-38).
-    exponential = (-uniform.log()).to(scaled.dtype)
-    choice = (scaled - exponential.log()).argmax(-1, keepdim=True)
-    token_logp = scaled.gather(-1, choice).squeeze(-1) - scaled.logsumexp(-1)
+    Inversion: the first token whose cumulative weight exceeds U times the total. Exact to float64's rounding of
+    the sum: the weights exp(logit - max) are float32 (down to 1e-38 of the top token), summed in float64, so a
+    token of 1e-12 of the total still moves the sum it is added to, and keeps its mass. A weight of 0 (a token
+    top-p removed) never holds a step of the sum, so it is never drawn. One uniform a row instead of one a token
+    (the Gumbel race drew K float64 uniforms and took two logarithms of each); compiled, the weights and their
+    sum are one pass over the logits."""
+    top = scaled.amax(-1, keepdim=True)
+    weights = (scaled - top).exp()
+    cumulative = weights.double().cumsum(-1)
+    total = cumulative[:, -1:]
+    # right=True: the first index whose sum is above the target; a U of 0 takes the first token with weight.
+    choice = torch.searchsorted(cumulative, uniform * total, right=True).clamp_(max=scaled.shape[-1] - 1)
+    token_logp = scaled.gather(-1, choice).squeeze(-1) - (top.squeeze(-1) + total.squeeze(-1).log().to(scaled.dtype))
     return choice, token_logp
 
 
-_compiled_races: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+_compiled_draws: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 def sample_next(
@@ -89,18 +92,18 @@ def sample_next(
     if top_p is not None and top_p < 1.0:
         scaled = _top_p_filter(scaled, top_p)
     device_type = scaled.device.type
-    race = maybe_compiled(_race, _compiled_races, device_type, compile)
-    # On the CPU, rows a block at a time: a block's float64 uniforms and noise stay under glibc's 32 MiB mmap
-    # threshold, so their memory is reused instead of mapped and faulted in anew at every draw.
+    draw = maybe_compiled(_draw, _compiled_draws, device_type, compile)
+    # On the CPU, rows a block at a time: a block's float64 sums stay under glibc's 32 MiB mmap threshold, so
+    # their memory is reused instead of mapped and faulted in anew at every draw.
     B, K = scaled.shape
     block = B if device_type == "cuda" else max(1, (24 << 20) // (8 * K))
     parts = []
     for i in range(0, max(B, 1), block):
-        # Uniforms from rand, outside any compiled code, so that `generator` makes runs reproducible (and not from
-        # exponential_(), 5x slower on CPU); the race never syncs with the host, unlike torch.multinomial.
+        # Uniforms from rand, outside any compiled code, so that `generator` makes runs reproducible; the draw
+        # never syncs with the host, unlike torch.multinomial.
         rows = scaled[i : i + block]
-        uniform = torch.rand(rows.shape, generator=generator, device=scaled.device, dtype=torch.float64)
-        out, race = run_or_fall_back(race, _race, device_type, rows, uniform)
+        uniform = torch.rand((rows.shape[0], 1), generator=generator, device=scaled.device, dtype=torch.float64)
+        out, draw = run_or_fall_back(draw, _draw, device_type, rows, uniform)
         parts.append(out)
     choice, token_logp = (torch.cat(x) for x in zip(*parts))
     token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)

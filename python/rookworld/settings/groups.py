@@ -73,8 +73,9 @@ class StockfishSettings:
                                                "then /usr/games/stockfish)", STOCKFISH,
                                          metavar="FILE")
     stockfish_depth: int = setting(10, "Stockfish's analysis depth", STOCKFISH, check=positive, was=("depth",))
-    stockfish_workers: int | None = setting(None, "Stockfish processes (default: one per spare core; under "
-                                                  "torchrun, spare cores / ranks)", STOCKFISH, check=positive)
+    stockfish_workers: int | None = setting(None, "Stockfish processes (default: one per core, which "
+                                                  "analyse while torch waits; GRPO on CUDA: one per core but the "
+                                                  "one driving the GPU; under torchrun, a rank's share)", STOCKFISH, check=positive)
     stockfish_cache: str | None = setting(None, "sqlite file that caches analyses across runs (default: none)",
                                           STOCKFISH, metavar="FILE")
 

@@ -70,7 +70,7 @@ class StockfishPool:
     """Stockfish processes analysing FENs in the background, one per worker thread.
 
     ``depth`` or ``nodes`` limits each search (``go nodes N`` when ``nodes`` is given, else
-    ``go depth N``); ``multipv`` candidates per position; ``workers`` defaults to one per spare core.
+    ``go depth N``); ``multipv`` candidates per position; ``workers`` defaults to one per core.
     Results are cached in memory (LRU of ``max_cached`` entries) keyed by the normalized FEN and the
     search limits, and in the sqlite file ``cache_path`` when given.
     """
@@ -98,8 +98,8 @@ class StockfishPool:
             raise ValueError(f"multipv must be in 1..500, got {multipv}")
         if hash_mb < 1 or threads < 1:
             raise ValueError(f"hash_mb and threads must be >= 1, got {hash_mb}, {threads}")
-        if workers is None:
-            workers = max(1, (os.cpu_count() or 1) - 1)
+        if workers is None:  # the callers analyse while torch waits, not beside it
+            workers = os.cpu_count() or 1
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if timeout_s is not None and timeout_s <= 0:
