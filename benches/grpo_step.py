@@ -80,20 +80,15 @@ def step_flops(cfg: GPTConfig, n_params: int, groups: list[tuple[int, list[int]]
     return total
 
 
-def mm_peak_gflops(device: str, n: int = 2048, repeats: int = 5) -> float:
-    """What torch.mm reaches here at n x n x n in float32 with the threads the run used: the machine's own limit
-    that each phase's GFLOP/s is read against."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+def mm_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """On the CPU, what torch.mm reaches here at n x n x n in float32 with the threads the run used: the machine's
+    own limit that each phase's GFLOP/s is read against."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
         t0 = time.perf_counter()
         torch.mm(a, b)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e9
 
@@ -159,8 +154,10 @@ def main() -> int:
                 if i >= args.warmup:
                     rows.append(m)
             groups_of_steps = []  # (prompt tokens, [completion tokens]) of every group of each measured step
+            p_prompts = []
             for i in range(args.warmup, args.warmup + args.steps):
                 prompts = trainer.prompts.batch(i)
+                p_prompts.append(sum(p.task == "P" for p in prompts))
                 _, mask = trainer.run.tokenizer.encode_batch([p.text for p in prompts], bos=True)
                 groups_of_steps.append([(int(n), [lengths[p.task]] * args.group) for p, n in zip(prompts, mask.sum(1))])
         finally:
@@ -187,12 +184,11 @@ def main() -> int:
         "update_padding": med("padding"), "kl_estimator": args.kl_estimator, "advantage": args.advantage,
         "shared_prompt": not args.no_shared_prompt, "threads": torch.get_num_threads(),
         "stockfish_workers": workers,
-        "p_prompts": statistics.mean(sum(p.task == "P" for p in trainer.prompts.batch(i))
-                                     for i in range(args.warmup, args.warmup + args.steps)),
+        "p_prompts": statistics.mean(p_prompts),
         # Model FLOPs a phase does over the time it took (2 a multiply-add; see step_flops).
         "gflops": {k: phase_flops[k] / med(f"time/{k}") / 1e9 for k in phase_flops},
         "step_gflops": flops / step_time / 1e9,
-        "mm_peak_gflops": mm_peak_gflops(args.device) if args.device == "cpu" else None,
+        "mm_peak_gflops": mm_peak_gflops() if args.device == "cpu" else None,
     }
     print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.2f}")
     print(f"{'generated tokens/s':<22}{figures['generated_tokens_per_s']:>12,.0f}")

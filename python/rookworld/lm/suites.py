@@ -24,7 +24,7 @@ from rookworld.ground import chess
 from rookworld.lm.answers import GREEDY, ROOKWORLD, Decoding, RookWorldLM
 from rookworld.lm.bestmove import evaluate
 from rookworld.lm.games import BLACK, WHITE, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
-from rookworld.settings.config import SUITES, parse_suites
+from rookworld.settings.groups import SUITES, parse_suites
 
 #: Seed offsets of the suites' own positions: streams no training run or other suite draws from.
 MATE_SEED_OFFSET = 2_000_003

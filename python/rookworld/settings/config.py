@@ -17,14 +17,13 @@ from rookworld.settings.base import ConfigError, above_zero, existing_files, fla
 from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, LOSS, MODEL, OPTIM, REWARDS, RUN,
                                         SAMPLING, Settings, composed, default, group, setting)
 from rookworld.settings.flags import from_args
-from rookworld.settings.groups import (SUITES, BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
+from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
                                        EvalSizeSettings, IllegalShareSettings, ModelSettings, SeedSettings,
-                                       StockfishSettings, parse_suites, suites)
+                                       StockfishSettings, suites)
 from rookworld.settings.hub import is_local_path
 
 # Named here too, where the training code and its tests have always found them.
-__all__ = ["MODEL_SIZES", "REPORTERS", "SUITES", "ConfigError", "RunConfig", "SFTConfig", "TrainConfig", "default",
-           "from_args", "parse_suites"]
+__all__ = ["MODEL_SIZES", "REPORTERS", "ConfigError", "RunConfig", "SFTConfig", "TrainConfig", "default", "from_args"]
 
 #: What --report-to names, as TRL's report_to: where the figures go besides metrics.jsonl and samples.jsonl.
 REPORTERS = ("tensorboard", "wandb", "none")
