@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
-from rookworld.net.model import GPT, head_logits
+from rookworld.net.model import GPT, add_head_grad, head_logits
 
 #: loss(logprobs, entropy, kl, positions) -> the loss of each position [c]: a chunk's positions are given as their
 #: flat indices into [B * (T - start)]; entropy and kl are None where not computed.
@@ -221,10 +221,10 @@ class _FusedHead(torch.autograd.Function):
         for i in range(0, max(len(targets), 1), vocab.chunk):
             c = slice(i, i + vocab.chunk)
             rh = None if ref_hidden is None else ref_hidden[c]
-            stats, grads = _fused_chunk(hidden[c], targets[c], rh, positions[c], loss, vocab)
+            stats, dz = _fused_chunk(hidden[c], targets[c], rh, positions[c], loss, vocab)
             total += stats.loss
-            dh[c] = grads[0].to(dh.dtype)
-            dw += grads[1]
+            dh[c] = head_logits(dz, weight.t()).to(dh.dtype)  # dz @ W
+            add_head_grad(dw, dz, hidden[c], weight)
             parts.append((stats.logprobs, stats.entropy, stats.kl))
         ctx.save_for_backward(dh, dw.to(weight.dtype))
         # Statistics not made come back empty (an autograd.Function returns tensors).
@@ -248,9 +248,9 @@ class _ChunkStats:
 
 def _fused_chunk(hidden: torch.Tensor, targets: torch.Tensor, ref_hidden: torch.Tensor | None,
                  positions: torch.Tensor, loss: TokenLoss, vocab: _VocabPass
-                 ) -> tuple[_ChunkStats, tuple[torch.Tensor, torch.Tensor]]:
-    """One chunk of `_FusedHead`: its statistics and loss, and the loss's gradients w.r.t. the chunk's hidden states
-    and the head's weight. The passes over [chunk, vocab] before and after the loss (compiled where asked, each
+                 ) -> tuple[_ChunkStats, torch.Tensor]:
+    """One chunk of `_FusedHead`: its statistics and loss, and the loss's gradient w.r.t. the chunk's (tempered)
+    logits [chunk, V]. The passes over [chunk, vocab] before and after the loss (compiled where asked, each
     into a few fused kernels) surround the loss's own derivatives, taken over [chunk] numbers."""
     device_type = hidden.device.type
     forward = maybe_compiled(_vocab_forward, _compiled_forwards, device_type, vocab.compile, dynamic=True)
@@ -259,10 +259,9 @@ def _fused_chunk(hidden: torch.Tensor, targets: torch.Tensor, ref_hidden: torch.
     (lp, entropy, kl, logp, p, logq, q, kl_f), _ = run_or_fall_back(forward, _vocab_forward, device_type, *args)
     per_position, g_lp, g_ent, g_kl = _loss_and_derivatives(loss, lp, entropy, kl, positions)
     backward = maybe_compiled(_vocab_backward, _compiled_backwards, device_type, vocab.compile, dynamic=True)
-    args = (hidden, targets, vocab.weight, vocab.temperature, vocab.kl_weights, logp, p, logq, q, entropy, kl_f,
-            g_lp, g_ent, g_kl)
-    grads, _ = run_or_fall_back(backward, _vocab_backward, device_type, *args)
-    return _ChunkStats(lp, entropy, kl, per_position.sum()), grads
+    args = (targets, vocab.temperature, vocab.kl_weights, logp, p, logq, q, entropy, kl_f, g_lp, g_ent, g_kl)
+    dz, _ = run_or_fall_back(backward, _vocab_backward, device_type, *args)
+    return _ChunkStats(lp, entropy, kl, per_position.sum()), dz
 
 
 def _vocab_forward(hidden, targets, weight, temperature, with_entropy, ref_hidden, ref_weight, kl_weights):
@@ -290,10 +289,10 @@ def _vocab_forward(hidden, targets, weight, temperature, with_entropy, ref_hidde
     return lp, entropy, kl, logp, p, logq, q, kl_f
 
 
-def _vocab_backward(hidden, targets, weight, temperature, kl_weights, logp, p, logq, q, entropy, kl_f, g_lp, g_ent,
-                    g_kl):
-    """The gradients w.r.t. the chunk's hidden states and the head's weight of a loss whose derivatives w.r.t. each
-    position's log-prob, entropy and KL are g_lp, g_ent, g_kl. With z the tempered logits: d log p_y / dz = e_y - p;
+def _vocab_backward(targets, temperature, kl_weights, logp, p, logq, q, entropy, kl_f, g_lp, g_ent, g_kl):
+    """The gradient w.r.t. the chunk's logits of a loss whose derivatives w.r.t. each position's log-prob, entropy
+    and KL are g_lp, g_ent, g_kl (the head's own gradients are this through its weight and hidden states). With z
+    the tempered logits: d log p_y / dz = e_y - p;
     dH/dz = -p (log p + H); dKL_f/dz = p (log p - log q - KL_f); dKL_r/dz = p - q."""
     w_f, w_r = kl_weights
     coef = g_lp.unsqueeze(-1)
@@ -305,9 +304,7 @@ def _vocab_backward(hidden, targets, weight, temperature, kl_weights, logp, p, l
     if g_kl is not None and w_r:
         dz = dz + (g_kl * w_r).unsqueeze(-1) * (p - q)
     dz = dz.scatter_add(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1))
-    if temperature != 1.0:
-        dz = dz / temperature
-    return head_logits(dz, weight.t()), head_logits(dz.t(), hidden.t())  # dz @ W, dz^T @ h
+    return dz / temperature if temperature != 1.0 else dz
 
 
 # Eager, the passes of _vocab_forward and _vocab_backward over [chunk, vocab] (logsumexp, exp, gather, the

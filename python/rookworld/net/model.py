@@ -178,7 +178,7 @@ def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     to bf16, GPT-2's logits of -50 to -100 lose 0.1-0.3 each, which the log-softmax keeps (a log-prob error of
     0.12 on average, against 0.006 for the inputs' rounding alone)."""
     device_type = hidden.device.type
-    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+    dtype = _head_dtype(hidden, weight)
     if dtype not in (torch.bfloat16, torch.float16):
         logits = F.linear(hidden, weight)
         return logits if logits.dtype == torch.float64 else logits.float()
@@ -188,6 +188,21 @@ def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             # bf16 tensor cores, fp32 out (no autograd formula is needed where nothing wants a gradient).
             return torch.mm(h.reshape(-1, h.shape[-1]), w.t(), torch.float32).view(*h.shape[:-1], w.shape[0])
         return F.linear(h.float(), w.float())  # the rounded inputs' products are exact in float32
+
+
+def add_head_grad(grad: torch.Tensor, dz: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> None:
+    """grad += dz^T @ hidden: a chunk's share of the lm_head weight's gradient [V, C] (float32), rounded as
+    `head_logits` rounds. In float32, accumulated in place: a fresh [V, C] product a chunk is 154 MB of new pages
+    for GPT-2 (the allocator maps blocks that large afresh), which took longer than the product itself on the CPU."""
+    if _head_dtype(hidden, weight) in (torch.bfloat16, torch.float16):
+        grad += head_logits(dz.t(), hidden.t())
+    else:
+        grad.addmm_(dz.t().to(grad.dtype), hidden.to(grad.dtype))
+
+
+def _head_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    device_type = hidden.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
 
 
 def _padded_causal(attention_mask: torch.Tensor) -> torch.Tensor:
