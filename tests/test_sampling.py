@@ -94,6 +94,33 @@ def test_kv_cache_matches_full_recomputation(tiny_model):
         assert torch.equal(a.tokens, tokens) and torch.allclose(a.logprobs.double(), logps, atol=1e-6)
 
 
+def test_groups_whose_rows_are_done_leave_the_batch_and_no_draw_changes(tiny_model):
+    """Eager decoding keeps each prompt once for its rows and drops a group when all its rows are done. In float64,
+    rows of 3 prompts x 2 with limits 2, 5 and 9 draw exactly the tokens of a full recomputation of every row
+    (which keeps all rows to the end), up to their limits; and after a drop the decoder's logits are the kept
+    rows' logits of a decoder that dropped nothing."""
+    model = tiny_model.double()
+    ids, mask = _prompts(B=3, T=10, seed=2)
+    limits = torch.tensor([2, 2, 5, 5, 9, 9])
+    out = generate(model, ids, mask, max_new_tokens=limits, seed=11, stop_at_eos=False, rows_per_prompt=2)
+    tokens, logps = _recomputed_generate(model, ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0), 9, seed=11)
+    assert out.lengths.tolist() == limits.tolist()
+    for row, n in enumerate(limits.tolist()):
+        assert out.tokens[row, :n].tolist() == tokens[row, :n].tolist()
+        torch.testing.assert_close(out.logprobs[row, :n], logps[row, :n].float(), rtol=0, atol=1e-6)
+
+    with torch.no_grad():
+        whole, dropping = (decoding.Decoder(model, 6, 10 + 4, None, False) for _ in range(2))
+        for d in (whole, dropping):
+            d.prefill(ids, mask, rows_per_prompt=2)
+        step = torch.arange(6) + 7
+        whole.step(step), dropping.step(step)
+        kept = dropping.drop_done(torch.tensor([False, False, True, True, True, False]))  # group 1 is done
+        assert kept.tolist() == [True, True, False, False, True, True]
+        torch.testing.assert_close(dropping.step(step[kept]), whole.step(step)[kept], rtol=0, atol=1e-10)
+        assert dropping.drop_done(torch.zeros(4, dtype=torch.bool)) is None
+
+
 def test_greedy_is_deterministic_and_matches_reference(tiny_model):
     ids, mask = _prompts()
     a = generate(tiny_model, ids, mask, max_new_tokens=16, temperature=0.0, stop_at_eos=False)

@@ -1,8 +1,11 @@
-"""Next-token logits of a batch, one token per row at a time, against a preallocated `KVCache`.
+"""Next-token logits of a batch, one token per row at a time, against a cache of keys and values.
 
-The prompts are prefilled once; every decode step after that has the same shapes (the cache is written at a
-position *tensor*), so on CUDA the step is compiled with `torch.compile(mode="reduce-overhead")` and replayed as a
-CUDA graph. A graph has its cache's addresses baked in, so compiled decoding keeps its caches between calls.
+The prompts are prefilled once, each group's prompt once. Compiled, every decode step after that has the same
+shapes (a preallocated `KVCache`, written at a position *tensor*), so on CUDA the step is compiled with
+`torch.compile(mode="reduce-overhead")` and replayed as a CUDA graph; a graph has its cache's addresses baked in, so
+compiled decoding keeps its caches between calls. Eager (the CPU's default), a `GroupCache` keeps each group's
+prompt once, attention reads only the slots written so far, and groups whose rows are all done leave the batch
+(`Decoder.drop_done`): a finished row costs nothing more.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
-from rookworld.net.model import GPT, KVCache, head_logits
+from rookworld.net.model import GPT, GroupCache, KVCache, head_logits
 
 # Round the cache length up to a multiple of this when compiling, so that prompts of slightly different widths
 # reuse one compiled graph (each distinct shape is a recompilation and another CUDA graph).
@@ -29,7 +32,7 @@ _cache_pool: weakref.WeakKeyDictionary[GPT, OrderedDict[tuple, KVCache]] = weakr
 
 def decode_step(
     model: GPT,
-    cache: KVCache,
+    cache: KVCache | GroupCache,
     tokens: torch.Tensor,
     position_ids: torch.Tensor,
     write_pos: torch.Tensor,
@@ -91,29 +94,44 @@ class Decoder:
         mode = "reduce-overhead" if device_type == "cuda" else None
         self.step_fn = maybe_compiled(decode_step, _compiled_steps, device_type, compile, mode=mode, dynamic=False)
         self.compile = self.step_fn is not decode_step
+        self.max_len = max_len
+        self.cache: KVCache | GroupCache | None = None
         if self.compile:
             max_len = -(-max_len // CACHE_LEN_BUCKET) * CACHE_LEN_BUCKET
             self.cache = _pooled_cache(model, batch_size, max_len, compute_dtype)
-        else:
-            self.cache = KVCache(model.config, batch_size, max_len, self.device, compute_dtype)
 
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, rows_per_prompt: int = 1) -> torch.Tensor:
-        """Logits [B, V] after the prompts [B / rows_per_prompt, P] (mask: bool, False on left padding), each prompt computed
-        once and its keys and values copied to its `rows_per_prompt` consecutive rows of the cache, in place (a CUDA
-        graph's addresses stay valid)."""
+        """Logits [B, V] after the prompts [B / rows_per_prompt, P] (mask: bool, False on left padding), each prompt
+        computed once: kept once for its `rows_per_prompt` consecutive rows (eager), or its keys and values copied
+        to each of them in the static cache, in place (a CUDA graph's addresses stay valid)."""
         P = input_ids.shape[1]
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
                             enabled=self.amp_dtype is not None):
             hidden, kvs = self.model.prompt_trunk(input_ids, mask)
             logits = head_logits(hidden[:, -1], self.model.lm_head.weight)
+        self.rows_per_prompt = rows_per_prompt
+        self.write_pos = torch.tensor([P], dtype=torch.long, device=self.device)
+        self.position_ids = mask.sum(1, keepdim=True).repeat_interleave(rows_per_prompt, 0)  # each row's next
+        if not self.compile:
+            self.cache = GroupCache(kvs, mask, rows_per_prompt, self.max_len - P)
+            return logits.repeat_interleave(rows_per_prompt, 0)
         for layer, (k, v) in enumerate(kvs):
             self.cache.kv[layer, 0, :, :, :P] = k.repeat_interleave(rows_per_prompt, 0)
             self.cache.kv[layer, 1, :, :, :P] = v.repeat_interleave(rows_per_prompt, 0)
-        mask = mask.repeat_interleave(rows_per_prompt, 0)
-        self.cache.valid[:, :P] = mask
-        self.write_pos = torch.tensor([P], dtype=torch.long, device=self.device)
-        self.position_ids = mask.sum(1, keepdim=True)  # next position of every row: its real prompt length
+        self.cache.valid[:, :P] = mask.repeat_interleave(rows_per_prompt, 0)
         return logits.repeat_interleave(rows_per_prompt, 0)
+
+    def drop_done(self, done: torch.Tensor) -> torch.Tensor | None:
+        """Eager decoding: drops every group whose rows are all done (done: [B] bool over the decoder's rows) and
+        returns the rows kept ([B] bool), or None when none is dropped (always, compiled: its shapes are static)."""
+        if not isinstance(self.cache, GroupCache):
+            return None
+        group_done = done.view(-1, self.rows_per_prompt).all(1)
+        if not bool(group_done.any()):
+            return None
+        rows = self.cache.keep(torch.nonzero(~group_done).squeeze(1))
+        self.position_ids = self.position_ids[rows]
+        return (~group_done).repeat_interleave(self.rows_per_prompt)
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """Logits after appending `token` [B] to every row."""

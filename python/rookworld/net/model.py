@@ -7,8 +7,9 @@ in the style of nanoGPT's model.py. Attention goes through `F.scaled_dot_product
 Two things differ from a textbook GPT-2, both for RL:
 - Left-padded batches are first-class: position ids come from the attention mask, and padded keys are masked,
   so a prompt's logits do not depend on the padding around it.
-- `trunk()` can read and write a preallocated `KVCache` at an index tensor. The decoder in
-  `rookworld.net.decoding` relies on that to keep shapes static (needed for CUDA graphs).
+- `trunk()` can decode against a cache: a preallocated `KVCache` written at an index tensor, whose static shapes
+  CUDA graphs need, or a `GroupCache`, which keeps each group's shared prompt once and reads only the slots
+  written so far (eager decoding). The decoder in `rookworld.net.decoding` picks one.
 """
 
 from __future__ import annotations
@@ -166,6 +167,88 @@ class KVCache:
         """Views of one layer's keys and values, [B, n_head, max_len, head_dim] each."""
         return self.kv[layer, 0], self.kv[layer, 1]
 
+    def begin(self, write_pos: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
+        """Marks slots write_pos [T] valid where new_valid [B, T] says so, and returns the mask [B, 1, T, max_len]
+        of the keys each of the T new tokens sees: the valid slots at or before its own."""
+        self.valid.index_copy_(1, write_pos, new_valid)
+        key_pos = torch.arange(self.max_len, device=write_pos.device)
+        query_pos = write_pos.unsqueeze(1)  # [T, 1]
+        allowed = self.valid.unsqueeze(1) & (key_pos <= query_pos)  # [B, T, max_len]
+        # A padding query has no valid key; letting it see itself keeps SDPA from producing NaN rows.
+        return (allowed | (key_pos == query_pos)).unsqueeze(1)  # broadcast over heads
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write_pos: torch.Tensor,
+               mask: torch.Tensor) -> torch.Tensor:
+        """Writes the new tokens' keys and values [B, nh, T, hd] at write_pos, then attends over the whole
+        (static-size) cache under `begin`'s mask: [B, nh, T, hd]."""
+        # Writing at an index *tensor* keeps the step shape-static and capturable in a CUDA graph.
+        self.write(layer, k, v, write_pos)
+        k, v = self.layer(layer)
+        return F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask)
+
+
+class GroupCache:
+    """Keys and values for eager decoding, where rows come in groups of `rows_per_prompt` that share a prompt:
+    each group's prompt once [g, n_head, P, head_dim] a layer (`GPT.prompt_trunk`'s keys and values), and each
+    row's own tokens after it, in order. Attention reads a prompt once for its group (one [rows, hd] x [hd, P]
+    product a head, not one matrix-vector product a row over a copy) and only the own slots written so far;
+    `keep` drops whole groups whose rows are done. Its shapes change as decoding goes, so it is not for CUDA
+    graphs (`KVCache` is).
+    """
+
+    def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], prefix_mask: torch.Tensor,
+                 rows_per_prompt: int, max_new: int) -> None:
+        k = prefix[0][0]
+        g, H, P, D = k.shape
+        self.rows_per_prompt = rows_per_prompt
+        self.prefix = [(pk.contiguous(), pv.contiguous()) for pk, pv in prefix]
+        self.prefix_bias = torch.zeros(g, 1, 1, P, device=k.device, dtype=torch.float32).masked_fill(
+            ~prefix_mask.to(torch.bool).view(g, 1, 1, P), float("-inf"))  # left padding is never seen
+        self.own = k.new_zeros(len(prefix), 2, g * rows_per_prompt, H, max_new, D)
+        self.length = 0  # own slots written
+        self._start = 0
+
+    def begin(self, write_pos: torch.Tensor, new_valid: torch.Tensor) -> None:
+        """Takes the next T own slots (write_pos is `KVCache`'s; here slots follow each other). Every new token
+        is a real one: decoding has no padding after the prompt."""
+        T = new_valid.shape[1]
+        if self.length + T > self.own.shape[4]:
+            raise ValueError(f"GroupCache holds {self.own.shape[4]} new tokens a row; {self.length + T} asked")
+        self._start, self.length = self.length, self.length + T
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write_pos: torch.Tensor,
+               mask: None) -> torch.Tensor:
+        """Attention of the new tokens q [B, nh, T, hd] (keys and values k, v) over their prompt and every own
+        token up to theirs: [B, nh, T, hd]."""
+        B, H, T, D = q.shape
+        g, r, s, n = B // self.rows_per_prompt, self.rows_per_prompt, self._start, self.length
+        own = self.own[layer]
+        own[0, :, :, s:n], own[1, :, :, s:n] = k, v
+        own_k, own_v = own[0, :, :, :n], own[1, :, :, :n]
+        prefix_k, prefix_v = self.prefix[layer]
+        q = q.to(own.dtype) * (1.0 / math.sqrt(D))
+        P = prefix_k.shape[2]
+        by_group = lambda x: x.view(g, r, H, T, -1).transpose(1, 2).reshape(g, H, r * T, -1)  # noqa: E731
+        by_row = lambda x: x.view(g, H, r, T, -1).transpose(1, 2).reshape(B, H, T, -1)  # noqa: E731
+        prompt_scores = (by_group(q) @ prefix_k.transpose(-1, -2)).float() + self.prefix_bias  # [g, nh, r * T, P]
+        scores = torch.cat([by_row(prompt_scores), (q @ own_k.transpose(-1, -2)).float()], dim=-1)
+        if T > 1:  # the new tokens see each other causally
+            seen = torch.ones(T, n, dtype=torch.bool, device=q.device).tril(s)
+            scores[..., P:] = scores[..., P:].masked_fill(~seen, float("-inf"))
+        weights = scores.softmax(-1).to(own.dtype)
+        return by_row(by_group(weights[..., :P]) @ prefix_v) + weights[..., P:] @ own_v
+
+    def keep(self, groups: torch.Tensor) -> torch.Tensor:
+        """Keeps only these groups (indices, ascending), dropping the others' rows; returns the rows kept."""
+        r = self.rows_per_prompt
+        rows = (groups.unsqueeze(1) * r + torch.arange(r, device=groups.device)).reshape(-1)
+        self.prefix = [(k[groups], v[groups]) for k, v in self.prefix]
+        self.prefix_bias = self.prefix_bias[groups]
+        own = self.own.new_empty(self.own.shape[:2] + (len(rows),) + self.own.shape[3:])
+        own[:, :, :, :, : self.length] = self.own[:, :, rows, :, : self.length]
+        self.own = own
+        return rows
+
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids for a (left-)padded batch: the first real token of every row gets position 0."""
@@ -228,7 +311,7 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         attn_mask: torch.Tensor | None,
-        kv_cache: KVCache | None = None,
+        kv_cache: KVCache | GroupCache | None = None,
         write_pos: torch.Tensor | None = None,
         prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -245,21 +328,18 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         own = (k, v)
         if kv_cache is not None:
-            # Write this step's keys/values into their slots, then attend over the whole (static-size) cache.
-            # Writing at an index *tensor* keeps the step shape-static and capturable in a CUDA graph.
-            kv_cache.write(self.layer_idx, k, v, write_pos)
-            k, v = kv_cache.layer(self.layer_idx)
-            q = q.to(k.dtype)
-        elif prefix is not None:
-            k, v = _after_prefix(prefix[0], k), _after_prefix(prefix[1], v)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=attn_mask is None,
-        )
+            y = kv_cache.attend(self.layer_idx, q, k, v, write_pos, attn_mask)
+        else:
+            if prefix is not None:
+                k, v = _after_prefix(prefix[0], k), _after_prefix(prefix[1], v)
+            y = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                dropout_p=self.dropout if self.training else 0.0,
+                is_causal=attn_mask is None,
+            )
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y)), own
 
@@ -299,7 +379,7 @@ class Block(nn.Module):
         self,
         x: torch.Tensor,
         attn_mask: torch.Tensor | None,
-        kv_cache: KVCache | None = None,
+        kv_cache: KVCache | GroupCache | None = None,
         write_pos: torch.Tensor | None = None,
         prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -356,7 +436,7 @@ class GPT(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
+        kv_cache: KVCache | GroupCache | None = None,
         write_pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states [B, T, n_embd] (after ln_f), before the lm_head.
@@ -381,13 +461,7 @@ class GPT(nn.Module):
             new_valid = attention_mask
             if new_valid is None:
                 new_valid = torch.ones(B, T, dtype=torch.bool, device=device)
-            kv_cache.valid.index_copy_(1, write_pos, new_valid)
-            key_pos = torch.arange(kv_cache.max_len, device=device)
-            query_pos = write_pos.unsqueeze(1)  # [T, 1]
-            allowed = kv_cache.valid.unsqueeze(1) & (key_pos <= query_pos)  # [B, T, max_len]
-            # A padding query has no valid key; letting it see itself keeps SDPA from producing NaN rows.
-            allowed = allowed | (key_pos == query_pos)
-            attn_mask: torch.Tensor | None = allowed.unsqueeze(1)  # broadcast over heads
+            attn_mask: torch.Tensor | None = kv_cache.begin(write_pos, new_valid)
         elif attention_mask is not None:
             attn_mask = _padded_causal(attention_mask).unsqueeze(1)
         else:

@@ -74,11 +74,13 @@ def sample_next(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     compile: bool = False,
+    uniform: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row from logits [B, V] (float32). Returns (tokens [B], sampling log-probs [B]).
 
     temperature <= 0 means greedy (log-prob 0: the distribution sampled from is a point mass).
     compile: fuse the draw into one pass (torch.compile; a warning and eager if compiling fails).
+    uniform: the draw's float64 uniforms [B, 1], one a row; drawn from `generator` when not given.
     """
     if temperature <= 0:
         return logits.argmax(-1), torch.zeros(logits.shape[0], device=logits.device)
@@ -97,13 +99,13 @@ def sample_next(
     # their memory is reused instead of mapped and faulted in anew at every draw.
     B, K = scaled.shape
     block = B if device_type == "cuda" else max(1, (24 << 20) // (8 * K))
-    parts = []
-    for i in range(0, max(B, 1), block):
+    if uniform is None:
         # Uniforms from rand, outside any compiled code, so that `generator` makes runs reproducible; the draw
         # never syncs with the host, unlike torch.multinomial.
-        rows = scaled[i : i + block]
-        uniform = torch.rand((rows.shape[0], 1), generator=generator, device=scaled.device, dtype=torch.float64)
-        out, draw = run_or_fall_back(draw, _draw, device_type, rows, uniform)
+        uniform = torch.rand((B, 1), generator=generator, device=scaled.device, dtype=torch.float64)
+    parts = []
+    for i in range(0, max(B, 1), block):
+        out, draw = run_or_fall_back(draw, _draw, device_type, scaled[i : i + block], uniform[i : i + block])
         parts.append(out)
     choice, token_logp = (torch.cat(x) for x in zip(*parts))
     token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)
@@ -190,20 +192,28 @@ def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int
     done = limits <= 0
     stopped = torch.zeros(B, dtype=torch.bool, device=device)
     check_every = 16 if device.type == "cuda" else 1  # "all rows done?" is a host sync
+    rows = torch.arange(B, device=device)  # the output rows that the decoder's rows are
     for step in range(N):
-        token, token_logp = sample_next(logits, temperature, top_k, top_p, generator, decoder.compile)
-        alive = ~done
+        # A uniform for every row, done or dropped ones too, so that each row's draws do not depend on the others'.
+        uniform = None if temperature <= 0 else torch.rand((B, 1), generator=generator, device=device,
+                                                          dtype=torch.float64)[rows]
+        token, token_logp = sample_next(logits, temperature, top_k, top_p, generator, decoder.compile, uniform)
+        row_done = done[rows]
+        alive = ~row_done
         token = torch.where(alive, token, PAD_ID)
-        tokens[:, step] = token
-        out_mask[:, step] = alive
-        logprobs[:, step] = token_logp.masked_fill(done, 0.0)
+        tokens[rows, step] = token
+        out_mask[rows, step] = alive
+        logprobs[rows, step] = token_logp.masked_fill(row_done, 0.0).to(logprobs.dtype)
         if stop_at_eos:
             hit_eos = alive & (token == EOS_ID)
-            stopped |= hit_eos
-            done = done | hit_eos
-        done = done | (limits <= step + 1)
+            stopped[rows] |= hit_eos
+            row_done = row_done | hit_eos
+        done[rows] = row_done | (limits[rows] <= step + 1)
         if step + 1 == N or ((step + 1) % check_every == 0 and bool(done.all())):
             break
+        kept = decoder.drop_done(done[rows])
+        if kept is not None:
+            rows, token = rows[kept], token[kept]
         logits = decoder.step(token)
     lengths = out_mask.sum(1)
     width = int(lengths.max()) if B else 0  # one sync at the end: drop columns that no row reached
