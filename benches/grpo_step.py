@@ -51,8 +51,9 @@ class FixedLengths(Sampler):
         super().__init__(models, cfg)
         self.lengths = lengths
 
-    def generate(self, model, ids, mask, task, generator, rows_per_prompt):
-        return generate(model, ids, mask, max_new_tokens=self.lengths[task], stop_at_eos=False, generator=generator,
+    def generate(self, model, ids, mask, tasks, generator, rows_per_prompt):
+        limits = torch.tensor([self.lengths[t] for t in tasks]).repeat_interleave(rows_per_prompt)
+        return generate(model, ids, mask, max_new_tokens=limits, stop_at_eos=False, generator=generator,
                         rows_per_prompt=rows_per_prompt, **self.settings)
 
 

@@ -498,8 +498,12 @@ def test_a_prompts_come_at_an_exact_rate(mix):
         assert counts <= {math.floor(n * (1 - mix) + 1e-9), math.ceil(n * (1 - mix) - 1e-9)}, (n, counts)
 
 
-def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
-    """P: rows are not padded to A: prompts' width nor decoded for A:'s length; rows come back where they were."""
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=[pytest.mark.slow, pytest.mark.skipif(
+    not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")])])
+def test_tasks_are_sampled_together_when_decoding_eagerly_and_apart_when_compiled(tmp_path, monkeypatch, compile):
+    """Eager decoding drops finished groups, so every task goes in one batch, each row with its task's length;
+    compiled decoding (static shapes) samples each task in its own batch, so that P: rows are neither padded to
+    A: prompts' width nor decoded for A:'s length. Either way rows come back where they were."""
     from rookworld.grpo.prompts import PromptSource
 
     cfg = TrainConfig(steps=1, prompts_per_step=5, group_size=2, max_new_tokens=9, task_mix=0.6, beta=0.0,
@@ -509,12 +513,13 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
                 prompts=PromptSource(cfg), stream=open(os.devnull, "w"))
     limits = {"P": 3, "A": 7}
     fixed_lengths(t, limits)
+    t.sampler.settings["compile"] = compile  # a run compiles on CUDA alone; the sampler's choice is the same here
     calls = []
     real_generate = t.sampler.generate
 
-    def spy(model, ids, mask, task, generator, rows_per_prompt):
-        out = real_generate(model, ids, mask, task, generator, rows_per_prompt)
-        calls.append((ids.clone(), mask.clone(), limits[task], out))
+    def spy(model, ids, mask, tasks, generator, rows_per_prompt):
+        out = real_generate(model, ids, mask, tasks, generator, rows_per_prompt)
+        calls.append((ids.clone(), mask.clone(), tasks.copy(), out))
         return out
 
     monkeypatch.setattr(t.sampler, "generate", spy)
@@ -523,16 +528,20 @@ def test_each_task_is_sampled_in_its_own_batch(tmp_path, monkeypatch):
     prompt_tasks = np.array([p.task for p in prompts])
     tasks = np.repeat(prompt_tasks, 2)
     assert (tasks == "P").sum() == 6 and (tasks == "A").sum() == 4  # 3 P: and 2 A: prompts: the exact mix
-    gen = torch.Generator().manual_seed(0)
-    out = t.sampler(ids, pmask, prompt_tasks, 2, gen)
-    # Each task's prompts go once (the shared prompt), their completions come back in groups of 2.
-    assert [len(c[0]) for c in calls] == [3, 2] and [c[2] for c in calls] == [3, 7]
-    for (c_ids, c_mask, limit, c_out), task in zip(calls, ("P", "A")):
+    out = t.sampler(ids, pmask, prompt_tasks, 2, torch.Generator().manual_seed(0))
+    # Each prompt goes once (the shared prompt), its completions come back in groups of 2.
+    if compile:
+        assert [c[2].tolist() for c in calls] == [["P"] * 3, ["A"] * 2]
+    else:
+        assert len(calls) == 1 and calls[0][2].tolist() == prompt_tasks.tolist()
+    for c_ids, c_mask, c_tasks, c_out in calls:
+        rows = np.concatenate([np.flatnonzero(prompt_tasks == task) for task in dict.fromkeys(c_tasks)])
+        rows = np.sort(rows)[:, None] * 2 + np.arange(2)
+        assert c_ids.shape[1] == int(pmask[rows[:, 0] // 2].sum(1).max())  # no column that is padding everywhere
+        assert torch.equal(out.tokens[rows.reshape(-1), : c_out.tokens.shape[1]], c_out.tokens)
+    for task, limit in limits.items():
         rows = np.flatnonzero(tasks == task)
-        assert c_ids.shape[1] == int(pmask[prompt_tasks == task].sum(1).max())
-        assert c_mask[:, 0].any()  # no column that is padding in every row
-        assert torch.equal(out.tokens[rows, :limit], c_out.tokens) and (out.lengths[rows] == limit).all()
-        assert not out.mask[rows, limit:].any()
+        assert (out.lengths[rows] == limit).all() and not out.mask[rows, limit:].any()
     assert out.tokens.shape[1] == 7
 
 

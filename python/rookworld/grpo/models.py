@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.net.logprobs import LogProbs, token_logprobs
+from rookworld.net.decoding import decodes_eagerly
 from rookworld.net.model import autocast_copy, refresh_copy
 from rookworld.net.sampling import PAD_ID, GenerationOutput, generate
 
@@ -99,12 +100,13 @@ class Models:
 
 class Sampler:
     """A rollout's completions: `group_size` for each of the left-padded prompts [n, P], consecutive rows, with the
-    run's sampling settings, one `generate` call per task; each prompt computed once unless
-    `models.rows_per_prompt` is 1.
+    run's sampling settings; each prompt computed once unless `models.rows_per_prompt` is 1.
 
     A: prompts are about twice as wide as P: prompts and their completions about twice as long, and a batch
-    decodes until its longest row is done: sampled together, every P: row would ride along for the A: rows'
-    extra steps, in a KV cache sized for them. Apart, each task's batch stops and sizes its cache on its own.
+    decodes until its longest row is done. Decoding eagerly (the CPU), groups whose rows are done leave the batch,
+    so one `generate` call takes every task: P: rows stop costing when they are done, and the rows still decoding
+    share taller matrix products. Compiled (CUDA graphs, static shapes), every row would ride along to the end, in
+    a KV cache sized for the longest: one call per task there, each stopping and sizing its cache on its own.
     """
 
     def __init__(self, models: Models, cfg):
@@ -120,14 +122,17 @@ class Sampler:
         P, n, G = ids.shape[1], ids.shape[0] * group_size, group_size
         model, device = self.models.sampling_model(), self.models.device
         prompt_lens, once = mask.sum(1).cpu().numpy(), self.models.rows_per_prompt > 1
+        together = decodes_eagerly(device, self.settings["compile"])
+        # Tasks in first-seen order: fixed for a step, so seeded runs repeat exactly.
+        batches = [np.arange(len(tasks))] if together else [np.flatnonzero(tasks == t) for t in dict.fromkeys(tasks)]
         parts = []
-        for task in dict.fromkeys(tasks):  # first-seen order: fixed for a step, so seeded runs repeat exactly
-            prompts = np.flatnonzero(tasks == task)
+        for prompts in batches:
             index, left = torch.from_numpy(prompts).to(device), P - int(prompt_lens[prompts].max())
-            task_ids, task_mask = ids[index, left:], mask[index, left:]
+            batch_ids, batch_mask, batch_tasks = ids[index, left:], mask[index, left:], tasks[prompts]
             if not once:  # every row's prompt computed: the prompts repeated, the rows in the same order
-                task_ids, task_mask = task_ids.repeat_interleave(G, 0), task_mask.repeat_interleave(G, 0)
-            out = self.generate(model, task_ids, task_mask, task, generator, G if once else 1)
+                batch_ids, batch_mask = batch_ids.repeat_interleave(G, 0), batch_mask.repeat_interleave(G, 0)
+                batch_tasks = batch_tasks.repeat(G)
+            out = self.generate(model, batch_ids, batch_mask, batch_tasks, generator, G if once else 1)
             parts.append(((index[:, None] * G + torch.arange(G, device=device)).reshape(-1), out))
         width = max((o.tokens.shape[1] for _, o in parts), default=0)
         out = GenerationOutput(tokens=torch.full((n, width), PAD_ID, dtype=torch.long, device=device),
@@ -141,8 +146,8 @@ class Sampler:
             out.lengths[rows], out.stopped[rows] = o.lengths, o.stopped
         return out
 
-    def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, task: str,
+    def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray,
                  generator: torch.Generator, rows_per_prompt: int) -> GenerationOutput:
-        """The completions of one task's prompts, `rows_per_prompt` each."""
+        """The completions of these prompts (`tasks`: each one's task), `rows_per_prompt` each."""
         return generate(model, ids, mask, max_new_tokens=self.max_new_tokens, generator=generator,
                         rows_per_prompt=rows_per_prompt, **self.settings)

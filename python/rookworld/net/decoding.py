@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from rookworld.net import compiling
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
 from rookworld.net.model import GPT, GroupCache, KVCache, head_logits
 
@@ -72,6 +73,13 @@ def release_caches(model: GPT | None = None) -> None:
         _cache_pool.pop(model, None)
 
 
+def decodes_eagerly(device: torch.device, compile: bool | None) -> bool:
+    """Whether a `Decoder` on `device` with this `compile` setting runs eagerly, against a `GroupCache` whose done
+    groups leave the batch (else compiled, against a static `KVCache`)."""
+    compile = (device.type == "cuda") if compile is None else compile
+    return not compile or device.type in compiling.failed
+
+
 class Decoder:
     """Next-token logits [B, V] (float32) of a left-padded batch: `prefill` the prompts, then `step` one token per
     row at a time, for up to `max_len` positions in all.
@@ -89,7 +97,7 @@ class Decoder:
         default_dtype = torch.bfloat16 if device_type == "cuda" and model.dtype == torch.float32 else model.dtype
         compute_dtype = dtype or default_dtype
         self.amp_dtype = compute_dtype if compute_dtype != model.dtype else None
-        compile = (device_type == "cuda") if compile is None else compile
+        compile = not decodes_eagerly(self.device, compile)
         # reduce-overhead = inductor + CUDA graphs: the ~100 small kernels of a decode step become one replay.
         mode = "reduce-overhead" if device_type == "cuda" else None
         self.step_fn = maybe_compiled(decode_step, _compiled_steps, device_type, compile, mode=mode, dynamic=False)
