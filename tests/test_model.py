@@ -294,3 +294,4 @@ def test_refresh_copy_follows_the_model_in_place():
     assert refresh_copy(copy, model) is copy
     assert torch.equal(_logits_under_bf16_autocast(copy, ids, mask), expected)
     assert {name: p.data_ptr() for name, p in copy.named_parameters()} == addresses  # CUDA graphs stay valid
+

@@ -85,6 +85,7 @@ class Trainer:
                 raise ConfigError(f"--data {cfg.data}: no position with a legal move")
             records = assign_moves(records, cfg.seed)
         self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary)
+        run.use_every_core()
         if finished:
             run.log.say(f"warning: --data {cfg.data}: {finished_message(finished, len(records) + len(finished))}")
         self.objective = Objective(cfg, reference_given=reference is not None)
@@ -124,7 +125,6 @@ class Trainer:
         # On CUDA the engines analyse the next step's prompts while the GPU samples, beside the one core that drives
         # it; on the CPU they analyse in the reward phase, when torch waits for them, on every core.
         workers = cfg.stockfish_workers or (max(1, run.cores - 1) if run.device.type == "cuda" else run.cores)
-        run.use_every_core()
         self.pool = StockfishPool(path=cfg.stockfish_path, workers=workers, depth=cfg.stockfish_depth,
                                   cache_path=cfg.stockfish_cache)
         run.log.say(f"rewards: Stockfish {self.pool.path} (depth {cfg.stockfish_depth}, {workers} worker"

@@ -187,6 +187,38 @@ class KVCache:
         return F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask)
 
 
+def grouped_attention(q: torch.Tensor, own_k: torch.Tensor, own_v: torch.Tensor, prefix_k: torch.Tensor,
+                      prefix_v: torch.Tensor, prefix_bias: torch.Tensor, first: int) -> torch.Tensor:
+    """Attention of rows that come in groups sharing a prompt: queries q [B, nh, T, hd] over their group's prompt
+    (keys and values [g, nh, P, hd], B / g consecutive rows a group; prefix_bias [g, 1, 1, P] float, -inf on
+    padding) and over their own keys and values [B, nh, n, hd], the T queries being own positions first ..
+    first + T - 1, each seeing own keys up to its own. [B, nh, T, hd].
+
+    A prompt's keys are read once for its group (one [rows x T, hd] x [hd, P] product a head), not copied to every
+    row. Scores and softmax in float32 at least. A right-padded query sees its padding neighbours before it (harmless: its
+    output is never used), as a real query never does."""
+    B, H, T, D = q.shape
+    g, P, n = prefix_k.shape[0], prefix_k.shape[2], own_k.shape[2]
+    r = B // g
+    by_group = lambda x: x.view(g, r, H, T, -1).transpose(1, 2).reshape(g, H, r * T, -1)  # noqa: E731
+    by_row = lambda x: x.view(g, H, r, T, -1).transpose(1, 2).reshape(B, H, T, -1)  # noqa: E731
+    q, wide = q * (1.0 / math.sqrt(D)), torch.promote_types(q.dtype, torch.float32)
+    prompt_scores = (by_group(q) @ prefix_k.transpose(-1, -2)).to(wide) + prefix_bias  # [g, nh, r * T, P]
+    own_scores = (q @ own_k.transpose(-1, -2)).to(wide)  # [B, nh, T, n]
+    if first + T < n or T > 1:
+        seen = torch.ones(T, n, dtype=torch.bool, device=q.device).tril(first)
+        own_scores = own_scores.masked_fill(~seen, float("-inf"))
+    weights = torch.cat([by_row(prompt_scores), own_scores], dim=-1).softmax(-1).to(q.dtype)
+    return by_row(by_group(weights[..., :P]) @ prefix_v) + weights[..., P:] @ own_v
+
+
+def prompt_bias(prompt_mask: torch.Tensor) -> torch.Tensor:
+    """`grouped_attention`'s bias [g, 1, 1, P] from prompts' mask [g, P]: 0 on real tokens, -inf on padding."""
+    g, P = prompt_mask.shape
+    bias = torch.zeros(g, 1, 1, P, device=prompt_mask.device)
+    return bias.masked_fill(~prompt_mask.to(torch.bool).view(g, 1, 1, P), float("-inf"))
+
+
 class GroupCache:
     """Keys and values for eager decoding, where rows come in groups of `rows_per_prompt` that share a prompt:
     each group's prompt once [g, n_head, P, head_dim] a layer (`GPT.prompt_trunk`'s keys and values), and each
@@ -202,8 +234,7 @@ class GroupCache:
         g, H, P, D = k.shape
         self.rows_per_prompt = rows_per_prompt
         self.prefix = [(pk.contiguous(), pv.contiguous()) for pk, pv in prefix]
-        self.prefix_bias = torch.zeros(g, 1, 1, P, device=k.device, dtype=torch.float32).masked_fill(
-            ~prefix_mask.to(torch.bool).view(g, 1, 1, P), float("-inf"))  # left padding is never seen
+        self.prefix_bias = prompt_bias(prefix_mask)
         self.own = k.new_zeros(len(prefix), 2, g * rows_per_prompt, H, max_new, D)
         self.length = 0  # own slots written
         self._start = 0
@@ -220,23 +251,12 @@ class GroupCache:
                mask: None) -> torch.Tensor:
         """Attention of the new tokens q [B, nh, T, hd] (keys and values k, v) over their prompt and every own
         token up to theirs: [B, nh, T, hd]."""
-        B, H, T, D = q.shape
-        g, r, s, n = B // self.rows_per_prompt, self.rows_per_prompt, self._start, self.length
+        s, n = self._start, self.length
         own = self.own[layer]
         own[0, :, :, s:n], own[1, :, :, s:n] = k, v
-        own_k, own_v = own[0, :, :, :n], own[1, :, :, :n]
         prefix_k, prefix_v = self.prefix[layer]
-        q = q.to(own.dtype) * (1.0 / math.sqrt(D))
-        P = prefix_k.shape[2]
-        by_group = lambda x: x.view(g, r, H, T, -1).transpose(1, 2).reshape(g, H, r * T, -1)  # noqa: E731
-        by_row = lambda x: x.view(g, H, r, T, -1).transpose(1, 2).reshape(B, H, T, -1)  # noqa: E731
-        prompt_scores = (by_group(q) @ prefix_k.transpose(-1, -2)).float() + self.prefix_bias  # [g, nh, r * T, P]
-        scores = torch.cat([by_row(prompt_scores), (q @ own_k.transpose(-1, -2)).float()], dim=-1)
-        if T > 1:  # the new tokens see each other causally
-            seen = torch.ones(T, n, dtype=torch.bool, device=q.device).tril(s)
-            scores[..., P:] = scores[..., P:].masked_fill(~seen, float("-inf"))
-        weights = scores.softmax(-1).to(own.dtype)
-        return by_row(by_group(weights[..., :P]) @ prefix_v) + weights[..., P:] @ own_v
+        return grouped_attention(q.to(own.dtype), own[0, :, :, :n], own[1, :, :, :n], prefix_k, prefix_v,
+                                 self.prefix_bias, s)
 
     def keep(self, groups: torch.Tensor) -> torch.Tensor:
         """Keeps only these groups (indices, ascending), dropping the others' rows; returns the rows kept."""
@@ -319,7 +339,8 @@ class CausalSelfAttention(nn.Module):
         its completions then attend to as their `prefix`).
 
         prefix: the keys and values [g, nh, P, hd] of g prompts, each shared by B / g consecutive rows: the T
-        positions attend to them before their own, and `attn_mask` covers the P + T keys.
+        positions attend to them before their own. `attn_mask` is then either the bool mask over the P + T keys
+        (SDPA over each row's copy of its prompt) or the prompts' float bias [g, 1, 1, P] (`grouped_attention`).
         """
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
@@ -329,6 +350,8 @@ class CausalSelfAttention(nn.Module):
         own = (k, v)
         if kv_cache is not None:
             y = kv_cache.attend(self.layer_idx, q, k, v, write_pos, attn_mask)
+        elif prefix is not None and attn_mask.dtype != torch.bool:  # the prompts' bias: see GPT.continue_trunk
+            y = grouped_attention(q, k, v, prefix[0].to(q.dtype), prefix[1].to(q.dtype), attn_mask, 0)
         else:
             if prefix is not None:
                 k, v = _after_prefix(prefix[0], k), _after_prefix(prefix[1], v)
@@ -483,11 +506,17 @@ class GPT(nn.Module):
         real tokens, then causally to their own, at the positions that follow the prompt's. The same states as
         `trunk` over prompt + continuation, with the prompt computed once per group."""
         B, T = input_ids.shape
-        attention_mask = attention_mask.to(torch.bool)
-        prefix_mask = prefix_mask.to(torch.bool).repeat_interleave(B // prefix_mask.shape[0], 0)
+        g, P = prefix_mask.shape
+        attention_mask, prompt_mask = attention_mask.to(torch.bool), prefix_mask.to(torch.bool)
+        prefix_mask = prompt_mask.repeat_interleave(B // g, 0)
         position_ids = prefix_mask.sum(1, keepdim=True) + positions_from_mask(attention_mask)
-        seen = prefix_mask.unsqueeze(1).expand(B, T, prefix_mask.shape[1])
-        mask = torch.cat([seen, _padded_causal(attention_mask)], dim=2).unsqueeze(1)
+        if input_ids.device.type == "cpu" and not (self.training and self.config.dropout > 0):
+            # On the CPU the copies of each prompt for its rows (and their gradients' sums) cost more than the
+            # attention itself; on a GPU SDPA's fused kernels, which never hold the scores, are worth them.
+            mask = prompt_bias(prompt_mask)
+        else:
+            seen = prefix_mask.unsqueeze(1).expand(B, T, P)
+            mask = torch.cat([seen, _padded_causal(attention_mask)], dim=2).unsqueeze(1)
         return self._layers(input_ids, position_ids, mask, prefix=prefix)[0]
 
     def _layers(self, input_ids, position_ids, attn_mask, kv_cache=None, write_pos=None, prefix=None, keep=False):
