@@ -295,3 +295,29 @@ def test_refresh_copy_follows_the_model_in_place():
     assert torch.equal(_logits_under_bf16_autocast(copy, ids, mask), expected)
     assert {name: p.data_ptr() for name, p in copy.named_parameters()} == addresses  # CUDA graphs stay valid
 
+
+def test_keeping_freed_memory_stops_chunks_of_logits_faulting_in_fresh_pages():
+    """glibc trims its heap when enough lies free at the top, so freeing a few 25 MB tensors at once hands their
+    pages back and the next ones fault them in again; after `keep_freed_memory` they are reused. Counted in a
+    child process: the setting is the whole process's."""
+    script = textwrap.dedent("""
+        import resource, torch
+        from rookworld.net import device
+        def faults(rounds=4):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            for _ in range(rounds):
+                chunks = [torch.empty(125, 50257).fill_(1.0) for _ in range(4)]  # 25 MB each, freed together
+                del chunks
+            return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        faults(1)
+        default = faults()
+        kept = device.keep_freed_memory()
+        faults(1)
+        print(default, kept, faults())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    default, kept, after = int(out[0]), out[1], int(out[2])
+    assert kept == "True"
+    assert default > 4 * 6_000  # 6,135 pages of 4 KiB a chunk, faulted again in every round but the first
+    assert after < 1_000
+

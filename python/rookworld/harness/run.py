@@ -22,7 +22,7 @@ from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm, init_distributed
 from rookworld.harness.rundir import prepare_output_dir
 from rookworld.harness.runlog import RunLog, Summary
-from rookworld.net.device import resolve_device
+from rookworld.net.device import keep_freed_memory, resolve_device
 from rookworld.net.model import from_pretrained, model_directory
 from rookworld.net.tokenizer import get_tokenizer
 from rookworld.settings.config import RunConfig
@@ -213,6 +213,9 @@ class Run:
         """On the CPU, torch takes every core of this rank's share for every phase (an explicit OMP_NUM_THREADS
         is obeyed). Nothing else computes while it does: Stockfish analyses while torch waits (the reward phase,
         an evaluation's scoring), so no core is kept for it; kept, it idled through generation and the update
-        for the second or so an engine works in a step."""
-        if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        for the second or so an engine works in a step. Freed memory is kept for reuse (`keep_freed_memory`)."""
+        if self.device.type != "cpu":
+            return
+        keep_freed_memory()
+        if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(self.cores)
