@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.decoding import decodes_eagerly
+from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.model import autocast_copy, refresh_copy
 from rookworld.net.sampling import PAD_ID, GenerationOutput, generate
 

@@ -85,7 +85,6 @@ class Trainer:
                 raise ConfigError(f"--data {cfg.data}: no position with a legal move")
             records = assign_moves(records, cfg.seed)
         self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary)
-        run.use_every_core()
         if finished:
             run.log.say(f"warning: --data {cfg.data}: {finished_message(finished, len(records) + len(finished))}")
         self.objective = Objective(cfg, reference_given=reference is not None)

@@ -54,6 +54,7 @@ class Run:
         cfg.check_world(self.dist.world)
         self.device = resolve_device(cfg.device, self.dist.local_rank)
         self.comm = Comm(self.dist, self.device)
+        self.use_every_core()
         if kind == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True

@@ -208,10 +208,11 @@ def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int
             hit_eos = alive & (token == EOS_ID)
             stopped[rows] |= hit_eos
             row_done = row_done | hit_eos
-        done[rows] = row_done | (limits[rows] <= step + 1)
+        row_done = row_done | (limits[rows] <= step + 1)
+        done[rows] = row_done
         if step + 1 == N or ((step + 1) % check_every == 0 and bool(done.all())):
             break
-        kept = decoder.drop_done(done[rows])
+        kept = decoder.drop_done(row_done)
         if kept is not None:
             rows, token = rows[kept], token[kept]
         logits = decoder.step(token)

@@ -67,7 +67,6 @@ class SFTTrainer:
             label = f"a fresh GPT-2 {cfg.init}: {layers} layers, {heads} heads, {width} wide"
         self.run = run = Run(cfg, command="sft", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
                              label=label)
-        run.use_every_core()
         for line in data.report():
             run.log.say(f"warning: --data: {line}")
         if held_out is not None:
