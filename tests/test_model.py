@@ -104,6 +104,11 @@ def test_save_load_round_trip_and_overwrite(tmp_path):
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
 
+    # Laid out as a fresh model's parameters are (the file's Conv1D weights are [in, out]), so that AdamW's
+    # moments, made in a parameter's layout, are the same in a run that loaded its model and in one that did not.
+    assert [(n, p.stride()) for n, p in loaded.named_parameters()] == [(n, p.stride())
+                                                                      for n, p in model.named_parameters()]
+
     bf16 = from_pretrained(target, dtype=torch.bfloat16)
     assert bf16.dtype == torch.bfloat16
     assert torch.equal(bf16.transformer.wte.weight, model.transformer.wte.weight.bfloat16())

@@ -578,3 +578,33 @@ def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_cop
     got, _ = t.models.rollout_logprobs(t.models.reference, full_ids, full_mask, P, batches, 1.0)
     want, _ = t.models.rollout_logprobs(reference, full_ids, full_mask, P, batches, 1.0)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_resumed_adamw_moments_take_their_parameter_s_layout(fused):
+    """Moments saved beside a contiguous parameter, loaded for a transposed one (a model read from a Hugging Face
+    file by an earlier rookworld): the next step is AdamW's, computed here in float64, for the fused kernel too
+    (which pairs elements by memory order)."""
+    from rookworld.harness.checkpoint import load_optimizer_state
+
+    g = torch.Generator().manual_seed(0)
+    w0, grads = torch.randn(8, 6, generator=g), [torch.randn(8, 6, generator=g) for _ in range(2)]
+    lr, b1, b2, eps, wd = 1e-2, 0.9, 0.95, 1e-8, 0.1
+    saved = torch.nn.Parameter(w0.clone())
+    first = torch.optim.AdamW([saved], lr=lr, betas=(b1, b2), weight_decay=wd, fused=fused)
+    saved.grad = grads[0].clone()
+    first.step()
+    resumed = torch.nn.Parameter(saved.detach().t().contiguous().t())  # the same values, transposed in memory
+    second = torch.optim.AdamW([resumed], lr=lr, betas=(b1, b2), weight_decay=wd, fused=fused)
+    load_optimizer_state(second, first.state_dict())
+    assert all(v.stride() == resumed.stride() for v in second.state[resumed].values() if v.dim() == 2)
+    resumed.grad = grads[1].t().contiguous().t()  # autograd gives a gradient its parameter's layout
+    second.step()
+
+    p, m, v = w0.double(), torch.zeros(8, 6, dtype=torch.float64), torch.zeros(8, 6, dtype=torch.float64)
+    for t, grad in enumerate(grads, start=1):
+        grad = grad.double()
+        p = p * (1 - lr * wd)
+        m, v = b1 * m + (1 - b1) * grad, b2 * v + (1 - b2) * grad**2
+        p = p - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+    assert torch.allclose(resumed.detach().double(), p, atol=1e-6)

@@ -88,6 +88,20 @@ def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> di
         raise CheckpointError(f"cannot read {checkpoint / STATE_FILE}: {e}") from None
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """`optimizer.load_state_dict(state)`, each state tensor then laid out as its parameter is. torch's fused AdamW
+    pairs a parameter's elements with its moments' by memory order, so moments saved from a parameter of another
+    layout (a run that started from a Hugging Face file, whose Conv1D weights were loaded as transposed views)
+    would update the wrong elements: measured, an SFT run resumed that way drifted from the unbroken one."""
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            moments = optimizer.state.get(p, {})
+            for key, value in moments.items():
+                if torch.is_tensor(value) and value.shape == p.shape and value.stride() != p.stride():
+                    moments[key] = torch.empty_like(p).copy_(value)
+
+
 def load_module(checkpoint: Path, name: str, module: torch.nn.Module) -> None:
     """Loads NAME.safetensors of a checkpoint into `module` (see `save_checkpoint`)."""
     path = checkpoint / f"{name}.safetensors"

