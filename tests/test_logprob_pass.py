@@ -133,6 +133,8 @@ def test_the_fused_pass_gives_the_loss_and_gradients_of_autograd(group_size, tem
     for k in expected:
         assert expected[k].abs().sum() > 0, k
         torch.testing.assert_close(got[k], 2.0 * expected[k], rtol=0, atol=1e-10, msg=k)
+    with pytest.raises(RuntimeError, match="gives its gradients once"):  # they were scaled in place, and handed on
+        fused.loss.backward()
 
 
 def test_the_fused_pass_with_nothing_wanted_is_a_zero_loss_that_still_backpropagates():
