@@ -47,8 +47,8 @@ def model_config(args: argparse.Namespace) -> GPTConfig:
 class FixedLengths(Sampler):
     """Every completion exactly `lengths[task]` tokens, EOS or not: the same work whatever random weights write."""
 
-    def __init__(self, models, cfg, lengths: dict[str, int]):
-        super().__init__(models, cfg)
+    def __init__(self, models, cfg, eos_id: int, lengths: dict[str, int]):
+        super().__init__(models, cfg, eos_id)
         self.lengths = lengths
 
     def generate(self, model, ids, mask, tasks, generator, rows_per_prompt):
@@ -139,7 +139,7 @@ def main() -> int:
         policy = GPT(mcfg).to(args.device)
         reference = copy.deepcopy(policy) if args.beta > 0 else None
         trainer = Trainer(cfg, policy=policy, reference=reference, stream=open(os.devnull, "w"))
-        trainer.sampler = FixedLengths(trainer.models, cfg, lengths)
+        trainer.sampler = FixedLengths(trainer.models, cfg, trainer.run.tokenizer.eos_id, lengths)
         n_params = sum(p.numel() for p in policy.parameters())
         print(f"model: {n_params / 1e6:.1f}M parameters on {args.device}; {args.prompts} prompts x group "
               f"{args.group}; completions P:{lengths['P']} A:{lengths['A']} tokens; mix {args.task_mix}",

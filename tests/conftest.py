@@ -35,7 +35,7 @@ torch.set_num_threads(1)
 TINY = dict(n_layer=2, n_head=2, n_embd=64, vocab_size=50257, n_positions=128)
 
 
-def tiny_gpt(seed: int = 0, scale: float = 1.0):
+def tiny_gpt(seed: int = 0, scale: float = 1.0, vocab_size: int = TINY["vocab_size"]):
     """A random rookworld GPT in eval mode. scale > 1 sharpens its next-token distributions (GPT-2's init gives
     nearly uniform ones), so that sampling and greedy decoding depend visibly on the context."""
     from rookworld.net.model import GPT, GPTConfig
@@ -44,7 +44,7 @@ def tiny_gpt(seed: int = 0, scale: float = 1.0):
     model = GPT(
         GPTConfig(
             block_size=TINY["n_positions"],
-            vocab_size=TINY["vocab_size"],
+            vocab_size=vocab_size,
             n_layer=TINY["n_layer"],
             n_head=TINY["n_head"],
             n_embd=TINY["n_embd"],
@@ -64,7 +64,7 @@ def constant_gpt(logits: torch.Tensor):
     ln_f's weight is zeroed and its bias is the first unit vector, so the final hidden state is e_0 and the
     (tied) lm_head returns column 0 of wte. Sampling tests can then compare against a known distribution.
     """
-    model = tiny_gpt()
+    model = tiny_gpt(vocab_size=len(logits))
     with torch.no_grad():
         model.transformer.ln_f.weight.zero_()
         model.transformer.ln_f.bias.zero_()
@@ -85,7 +85,7 @@ def fixed_lengths(trainer, lengths: dict[str, int]):
             return generate(model, ids, mask, max_new_tokens=limits, stop_at_eos=False, generator=generator,
                             rows_per_prompt=rows_per_prompt, **self.settings)
 
-    trainer.sampler = FixedLengths(trainer.models, trainer.cfg)
+    trainer.sampler = FixedLengths(trainer.models, trainer.cfg, trainer.run.tokenizer.eos_id)
     return trainer
 
 

@@ -15,7 +15,7 @@ from rookworld.net import compiling, logprobs
 from rookworld.net.logprobs import token_logprobs
 from rookworld.net.model import head_logits
 from rookworld.net.sampling import generate
-from rookworld.net.tokenizer import get_tokenizer
+from rookworld.net.tokenizer import chess_tokenizer, get_tokenizer
 from rookworld.net.value import ValueHead
 
 # Real prompts of both tasks, of different lengths (left-padded together).
@@ -27,23 +27,24 @@ PROMPTS = [
 G = 3
 
 
-def _groups(seed: int = 0, width: int = 7):
+def _groups(seed: int = 0, width: int = 7, tokenizer=None):
     """G completions of each prompt, right-padded to `width`, of random lengths (one of them empty): the rows of a
     rollout, (ids, mask, prompt width)."""
-    ids, mask = get_tokenizer().encode_batch(PROMPTS, bos=True)
+    tokenizer = tokenizer or get_tokenizer()
+    ids, mask = tokenizer.encode_batch(PROMPTS, bos=True)
     ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
     g = torch.Generator().manual_seed(seed)
     n = len(ids)
     lengths = torch.randint(1, width + 1, (n,), generator=g)
     lengths[4] = 0
-    completion = torch.randint(0, 50000, (n, width), generator=g)
+    completion = torch.randint(0, min(50000, tokenizer.eos_id), (n, width), generator=g)
     cmask = torch.arange(width)[None] < lengths[:, None]
     return torch.cat([ids, completion], 1), torch.cat([mask, cmask], 1), ids.shape[1]
 
 
-def _models():
-    policy = tiny_gpt(seed=2, scale=3.0).double()
-    reference = tiny_gpt(seed=3, scale=3.0).double().requires_grad_(False)
+def _models(vocab_size: int = 50257):
+    policy = tiny_gpt(seed=2, scale=3.0, vocab_size=vocab_size).double()
+    reference = tiny_gpt(seed=3, scale=3.0, vocab_size=vocab_size).double().requires_grad_(False)
     head = ValueHead(64).double()
     with torch.no_grad():
         head.proj.weight.copy_(torch.linspace(-1, 1, 64))
@@ -97,14 +98,14 @@ def _surrogate(advantages, old, weights):
     return loss
 
 
-@pytest.mark.parametrize("group_size, temperature, kl_weights", [(1, 1.0, (1.0, 0.0)), (G, 0.7, (0.0, 1.0)),
-                                                                  (G, 1.3, (0.5, 0.5))])
-def test_the_fused_pass_gives_the_loss_and_gradients_of_autograd(group_size, temperature, kl_weights):
+@pytest.mark.parametrize("group_size, temperature, kl_weights, vocab_size", [
+    (1, 1.0, (1.0, 0.0), 50257), (G, 0.7, (0.0, 1.0), 50257), (G, 1.3, (0.5, 0.5), 50257), (G, 1.3, (0.5, 0.5), 4364)])
+def test_the_fused_pass_gives_the_loss_and_gradients_of_autograd(group_size, temperature, kl_weights, vocab_size):
     """A loss of each position's log-prob, entropy and exact KL: its value and the gradient of every parameter,
     made in the forward of the fused pass (no logits kept, none recomputed), equal autograd's through the plain pass
-    (chunks checkpointed), in float64, with some positions not wanted."""
-    policy, reference, _ = _models()
-    ids, mask, P = _groups(seed=4)
+    (chunks checkpointed), in float64, with some positions not wanted; with GPT-2's vocabulary and the chess one."""
+    policy, reference, _ = _models(vocab_size)
+    ids, mask, P = _groups(seed=4, tokenizer=chess_tokenizer() if vocab_size != 50257 else None)
     g = torch.Generator().manual_seed(2)
     shape = mask[:, P:].shape
     wanted = mask[:, P:] & (torch.rand(shape, generator=g) < 0.8)

@@ -19,14 +19,14 @@ EOS = 50256
 V = 50257
 
 
-def _prompts(B: int = 4, T: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _prompts(B: int = 4, T: int = 12, seed: int = 0, eos: int = EOS) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, EOS, (B, T), generator=g)
+    ids = torch.randint(0, eos, (B, T), generator=g)
     mask = torch.ones(B, T, dtype=torch.bool)
     for row in range(1, B):
         pad = (3 * row) % (T - 2)
         mask[row, :pad] = False
-        ids[row, :pad] = EOS
+        ids[row, :pad] = eos
     return ids, mask
 
 
@@ -147,12 +147,14 @@ def test_left_padding_does_not_change_completions(tiny_model):
     assert torch.equal(a.tokens, b.tokens) and torch.allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
-def test_stops_at_eos_and_pads_after_it():
-    logits = torch.zeros(V)
-    logits[EOS] = math.log(0.3 * (V - 1) / 0.7)  # P(EOS) = 0.3 at every step
+@pytest.mark.parametrize("vocab_size", [V, 4364])  # GPT-2's vocabulary, the chess one (EOS its last id)
+def test_stops_at_eos_and_pads_after_it(vocab_size):
+    EOS = vocab_size - 1
+    logits = torch.zeros(vocab_size)
+    logits[EOS] = math.log(0.3 * (vocab_size - 1) / 0.7)  # P(EOS) = 0.3 at every step
     model = constant_gpt(logits)
-    ids, mask = _prompts(B=64, T=5)
-    out = generate(model, ids, mask, max_new_tokens=20, seed=0)
+    ids, mask = _prompts(B=64, T=5, eos=EOS)
+    out = generate(model, ids, mask, max_new_tokens=20, seed=0, eos_id=EOS)
     first_eos = []
     for row in range(64):
         tokens, m = out.tokens[row].tolist(), out.mask[row].tolist()

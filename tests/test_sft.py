@@ -118,7 +118,7 @@ def test_rows_are_a_pure_function_of_seed_and_index_and_each_pass_covers_every_t
     lengths = rng.integers(5, 40, 30)
     from rookworld.sft.samples import Documents
 
-    docs = Documents([rng.integers(0, 50000, n) for n in lengths], [rng.random(n) < 0.7 for n in lengths])
+    docs = Documents([rng.integers(0, 50000, n) for n in lengths], [rng.random(n) < 0.7 for n in lengths], EOS_ID)
     rows = Rows(docs, seq_len=16, pack=True, seed=3)
     assert rows.per_pass == int(lengths.sum()) // 16
     everything = np.sort(np.concatenate(docs.ids))
@@ -159,7 +159,7 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
     model = copy.deepcopy(t.run.policy).double()
     rows = [t.rows.row(i) for i in range(5)]
     m = t.train_step()
-    ids, loss = (torch.from_numpy(a) for a in collate(rows))
+    ids, loss = (torch.from_numpy(a) for a in collate(rows, EOS_ID))
     attn = torch.arange(ids.shape[1]) < torch.tensor([len(i) for i, _ in rows])[:, None]  # the pads masked out
     logp = model(ids, attn).log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     counted = loss[:, 1:]
@@ -236,6 +236,45 @@ def test_sft_end_to_end_gives_a_model_that_train_and_transformers_load(tmp_path)
     assert bad.returncode == 2 and "--data: no such file" in bad.stderr
     both = run_cli(sft_args(data, held_out, tmp_path / "y", "--steps", "1", "--model", str(out)))
     assert both.returncode == 2 and "give one" in both.stderr
+
+
+def test_a_fresh_model_with_the_chess_vocabulary_trains_evaluates_and_loads_in_transformers(tmp_path):
+    """sft --vocabulary chess: a 4,364-row head; train, eval and ask read the model's own vocabulary from its
+    directory, and transformers' Auto classes load model and tokenizer as they are."""
+    data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST, P_LINE)
+    held_out = text_file(tmp_path, "held_out.txt", A_LINE, P_LINE)
+    out = tmp_path / "sft"
+    proc = run_cli(sft_args(data, held_out, out, "--steps", "2", "--eval-every", "2", "--vocabulary", "chess"))
+    assert proc.returncode == 0, proc.stderr
+    assert "model: a fresh GPT-2 tiny: 2 layers, 2 heads, 32 wide, the chess vocabulary (" in proc.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == 4364 and config["eos_token_id"] == config["bos_token_id"] == 4363
+    assert "eval/P/format_valid" in metrics(out)[-1]
+    chess = get_tokenizer(out)
+    assert chess.vocab_size == 4364 and chess.eos_id == 4363
+    transformers = pytest.importorskip("transformers")
+    from rookworld.net.model import from_pretrained
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = chess.encode(FIRST, bos=True)
+    assert hf_tok("<|endoftext|>" + FIRST)["input_ids"] == ids and hf_tok.eos_token_id == 4363
+    with torch.no_grad():
+        assert torch.allclose(hf(torch.tensor([ids])).logits, from_pretrained(out)(torch.tensor([ids])), atol=1e-4)
+    grpo = run_cli(["train", "--model", str(out), "--output-dir", str(tmp_path / "grpo"), "--steps", "1",
+                    "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--stockfish-depth", "4",
+                    "--stockfish-workers", "1", "--eval-every", "0", "--device", "cpu"])
+    assert grpo.returncode == 0, grpo.stderr
+    assert get_tokenizer(tmp_path / "grpo").vocab_size == 4364
+    ask = run_cli(["ask", "--model", str(tmp_path / "grpo"), "--device", "cpu", "--stockfish-depth", "4",
+                   "8/8/8/8/8/8/8/K6k w - - 0 1"])
+    assert ask.returncode == 0 and "completion" in ask.stdout, ask.stderr
+    again = run_cli(["sft", "--model", str(out), "--data", str(data), "--vocabulary", "chess", "--output-dir",
+                     str(tmp_path / "x")])
+    assert again.returncode == 2 and "--vocabulary is a fresh model's" in again.stderr
+    typo = text_file(tmp_path, "typo.txt", P_LINE, P_LINE.replace("M: ", "M: x", 1))
+    bad = run_cli(sft_args(typo, held_out, tmp_path / "y", "--steps", "1", "--vocabulary", "chess"))
+    assert bad.returncode != 0 and "typo.txt:2: 'x'" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
 def test_sft_resume_gives_the_same_weights_as_an_unbroken_run(tmp_path):

@@ -149,3 +149,75 @@ def test_a_file_that_is_not_gpt2_is_rejected(monkeypatch, tmp_path):
     small.write_text("IQ== 0\nnot base64! 1\n")
     with pytest.raises(TokenizerUnavailableError, match="cannot be read"):
         tok_module.load_encoding()
+
+
+# -- the chess vocabulary ------------------------------------------------------------------------------------
+
+
+def chess_texts(n: int, seed: int) -> list[str]:
+    """P: lines of `n` generated positions in RookWorld's padded layout and unpadded (candidates among the legal
+    moves, evaluations as Python prints floats), and their A: prompts with targets from the Rust core."""
+    import random
+
+    from rookworld.ground.chess import env_targets, generate_positions, legal_moves_batch
+
+    positions = generate_positions(n, seed)
+    fens = [p.fen for p in positions]
+    prompts = [p.env_prompt for p in positions]
+    rng, texts = random.Random(seed), []
+    for fen, legal, prompt, target in zip(fens, legal_moves_batch(fens), prompts, env_targets(prompts)):
+        moves = rng.sample(legal, min(5, len(legal)))
+        evals = " ".join(str(round(rng.uniform(-15, 15), rng.choice((0, 1, 2)))) for _ in moves)
+        texts.append("P: " + fen.ljust(90) + "M: " + " ".join(moves).ljust(30) + "E: " + evals.ljust(40) + "B: "
+                     + moves[0])
+        texts.append(f"P: {fen} M: {' '.join(moves)} E: {evals} B: {moves[0]}\n")
+        texts.append(prompt + target)
+    return texts
+
+
+def test_the_chess_vocabulary_splits_p_and_a_text_into_gpt2_s_tokens():
+    """120,000 texts of both layouts and both tasks, and the real samples: the same token strings as GPT-2's."""
+    import numpy as np
+
+    from rookworld.net.tokenizer import CHESS_ALPHABET, chess_tokenizer
+
+    gpt2, chess = get_tokenizer(), chess_tokenizer()
+    assert chess.vocab_size == 4364 and chess.eos_id == chess.pad_id == 4363 and chess.alphabet == CHESS_ALPHABET
+    # Each chess id's GPT-2 id: the same bytes, ranked in the same order.
+    to_gpt2 = np.array([gpt2.encoding.encode_single_token(chess.encoding.decode_single_token_bytes(i))
+                        for i in range(chess.eos_id)])
+    assert (np.diff(to_gpt2) > 0).all()
+    texts = chess_texts(40_000, seed=11) + [P_SAMPLE, P_PROMPT, P_PROMPT + " ", P_COMPLETION, A_PROMPT, A_TARGET,
+                                            A_FIRST]
+    want, got = gpt2.encoding.encode_ordinary_batch(texts), chess.encoding.encode_ordinary_batch(texts)
+    assert [len(w) for w in want] == [len(g) for g in got]
+    assert np.array_equal(np.concatenate(want), to_gpt2[np.concatenate(got)])
+    assert chess.decode(chess.encode(texts[0], bos=True)) == "<|endoftext|>" + texts[0]
+    assert len({t for w in want for t in w}) > 200  # the texts used much of what P: and A: text can use
+
+
+def test_the_chess_vocabulary_round_trips_through_its_files_and_transformers(tmp_path):
+    from transformers import GPT2TokenizerFast
+
+    from rookworld.net.tokenizer import chess_tokenizer
+
+    chess = chess_tokenizer()
+    chess.save_pretrained(tmp_path)
+    again = get_tokenizer(tmp_path)
+    assert again.vocab_size == 4364 and again.eos_id == 4363 and again.alphabet == chess.alphabet
+    hf = GPT2TokenizerFast.from_pretrained(tmp_path)  # a model's directory: AutoTokenizer (test_sft.py)
+    assert len(hf) == 4364 and hf.convert_tokens_to_ids("<|endoftext|>") == 4363
+    for text in chess_texts(200, seed=3):
+        ids = chess.encode(text)
+        assert again.encode(text) == ids and hf(text)["input_ids"] == ids and hf.decode(ids) == text
+
+
+def test_text_outside_the_chess_vocabulary_is_a_clear_error(tok):
+    from rookworld.net.tokenizer import OutsideVocabularyError, chess_tokenizer
+
+    chess = chess_tokenizer()
+    with pytest.raises(OutsideVocabularyError, match=r"'x' \(column 6 of 'P: 8/x"):
+        chess.encode("P: 8/x")
+    with pytest.raises(OutsideVocabularyError, match="spells only P: and A: text"):
+        chess.encode_batch([P_PROMPT, "P: Hello world"])
+    assert tok.alphabet is None and tok.encode("P: Hello world")  # GPT-2's vocabulary spells any text

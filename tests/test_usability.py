@@ -334,7 +334,7 @@ def test_vocabulary_files_that_are_not_gpt2s_are_refused(tmp_path):
     with pytest.raises(TokenizerUnavailableError, match="does not make token"):
         read_hf_vocabulary(tmp_path)
     (tmp_path / "vocab.json").write_text('{"a": 0}')
-    with pytest.raises(TokenizerUnavailableError, match="not GPT-2's vocabulary"):
+    with pytest.raises(TokenizerUnavailableError, match="not a GPT-2 vocabulary"):
         read_hf_vocabulary(tmp_path)
 
 

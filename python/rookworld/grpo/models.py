@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from rookworld.net.decoding import decodes_eagerly
 from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.model import autocast_copy, refresh_copy
-from rookworld.net.sampling import PAD_ID, GenerationOutput, generate
+from rookworld.net.sampling import GenerationOutput, generate
 
 
 @dataclass(frozen=True)
@@ -109,12 +109,12 @@ class Sampler:
     a KV cache sized for the longest: one call per task there, each stopping and sizing its cache on its own.
     """
 
-    def __init__(self, models: Models, cfg):
+    def __init__(self, models: Models, cfg, eos_id: int):
         self.models, self.max_new_tokens = models, cfg.max_new_tokens
-        #: `generate`'s settings beside the prompts, the length and the generator.
+        #: `generate`'s settings beside the prompts, the length and the generator (eos_id: the tokenizer's).
         self.settings = dict(temperature=cfg.temperature, top_k=cfg.top_k or None,
                              top_p=cfg.top_p if cfg.top_p < 1.0 else None, compile=models.compile,
-                             dtype=models.amp_dtype)
+                             dtype=models.amp_dtype, eos_id=eos_id)
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray, group_size: int,
@@ -135,7 +135,7 @@ class Sampler:
             out = self.generate(model, batch_ids, batch_mask, batch_tasks, generator, G if once else 1)
             parts.append(((index[:, None] * G + torch.arange(G, device=device)).reshape(-1), out))
         width = max((o.tokens.shape[1] for _, o in parts), default=0)
-        out = GenerationOutput(tokens=torch.full((n, width), PAD_ID, dtype=torch.long, device=device),
+        out = GenerationOutput(tokens=torch.full((n, width), self.settings["eos_id"], dtype=torch.long, device=device),
                                mask=torch.zeros((n, width), dtype=torch.bool, device=device),
                                logprobs=torch.zeros((n, width), device=device),
                                lengths=torch.zeros(n, dtype=torch.long, device=device),

@@ -89,7 +89,7 @@ class Trainer:
             run.log.say(f"warning: --data {cfg.data}: {finished_message(finished, len(records) + len(finished))}")
         self.objective = Objective(cfg, reference_given=reference is not None)
         self.models = self._models(reference)
-        self.sampler = Sampler(self.models, cfg)
+        self.sampler = Sampler(self.models, cfg, run.tokenizer.eos_id)
         head = self.models.value_head
         state = run.build_optimizer([{"params": list(head.parameters()), "weight_decay": 0.0, "lr": cfg.value_lr}]
                                     if head is not None else [])

@@ -63,7 +63,8 @@ def complete(model, tokenizer: Tokenizer, prompts: Sequence[str], *, decoding: D
     for b, i in enumerate(range(0, len(prompts), batch_size)):
         ids, mask = tokenizer.encode_batch(prompts[i : i + batch_size], bos=True, device=model.device)
         gen = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=decoding.temperature,
-                       top_k=decoding.top_k, seed=None if decoding.greedy else seed + b, compile=compile)
+                       top_k=decoding.top_k, seed=None if decoding.greedy else seed + b, compile=compile,
+                       eos_id=tokenizer.eos_id)
         out.extend(tokenizer.decode_batch(gen.tokens, gen.mask))
         if progress is not None:
             progress.update(len(ids))

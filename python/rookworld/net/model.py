@@ -111,8 +111,9 @@ class GPTConfig:
             "scale_attn_by_inverse_layer_idx": False,
             "reorder_and_upcast_attn": False,
             "tie_word_embeddings": True,
-            "bos_token_id": 50256,
-            "eos_token_id": 50256,
+            # <|endoftext|> is the last id of every vocabulary rookworld writes: 50256 in GPT-2's, 4363 in the chess one.
+            "bos_token_id": self.vocab_size - 1,
+            "eos_token_id": self.vocab_size - 1,
             "use_cache": True,
         }
 

@@ -22,12 +22,12 @@ import torch
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
 from rookworld.net.decoding import Decoder
 from rookworld.net.model import GPT
-from rookworld.net.tokenizer import EOS_ID, PAD_ID
+from rookworld.net.tokenizer import EOS_ID
 
 
 @dataclass
 class GenerationOutput:
-    tokens: torch.Tensor  # [B, N] long; after a sequence ends, PAD_ID
+    tokens: torch.Tensor  # [B, N] long; after a sequence ends, the EOS id (EOS is the pad token)
     mask: torch.Tensor  # [B, N] bool; True on generated tokens, including the EOS that ended a sequence
     logprobs: torch.Tensor  # [B, N] float32; sampling log-probs (see module docstring), 0 where mask is False
     lengths: torch.Tensor  # [B] long; number of generated tokens (mask.sum(1))
@@ -121,15 +121,16 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
              max_new_tokens: int | torch.Tensor = 144, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, stop_at_eos: bool = True, seed: int | None = None,
              generator: torch.Generator | None = None, compile: bool | None = None,
-             dtype: torch.dtype | None = None, rows_per_prompt: int = 1) -> GenerationOutput:
+             dtype: torch.dtype | None = None, rows_per_prompt: int = 1, eos_id: int = EOS_ID) -> GenerationOutput:
     """Sample completions for a left-padded batch of prompts.
 
     input_ids / attention_mask: [B, P], left-padded (see `rookworld.net.tokenizer`); mask None = no padding.
     rows_per_prompt: completions per prompt, consecutive rows of the output (B x rows_per_prompt rows), the
         prompt computed once for all of them.
     max_new_tokens: one limit, or one per output row (a tensor). A row stops at its limit or, with stop_at_eos, after
-        emitting EOS_ID (the EOS is part of the completion and of its mask). stop_at_eos=False generates
-        exactly max_new_tokens per row (fixed-length sampling, benchmarks).
+        emitting `eos_id` (the tokenizer's; GPT-2's 50256 by default), which is part of the completion and of its
+        mask, and pads the row after it. stop_at_eos=False generates exactly max_new_tokens per row (fixed-length
+        sampling, benchmarks).
     temperature <= 0 is greedy; top_k / top_p restrict the support (applied after temperature, top-k first).
     seed or generator: seeded runs are reproducible (same device, same batch). The generator must live on the
         model's device.
@@ -163,7 +164,7 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     try:
         decoder = Decoder(model, B, P + N, dtype, compile)
         logits = decoder.prefill(input_ids, mask, rows_per_prompt)
-        return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator)
+        return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator, eos_id)
     finally:
         model.train(was_training)
 
@@ -183,10 +184,10 @@ def _row_limits(max_new_tokens: int | torch.Tensor, B: int, device: torch.device
 
 def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int, stop_at_eos: bool,
             temperature: float, top_k: int | None, top_p: float | None,
-            generator: torch.Generator | None) -> GenerationOutput:
+            generator: torch.Generator | None, eos_id: int) -> GenerationOutput:
     """Up to N tokens per row (at most `limits`), each drawn from the decoder's logits, from the prompts' on."""
     B, device = limits.shape[0], limits.device
-    tokens = torch.full((B, N), PAD_ID, dtype=torch.long, device=device)
+    tokens = torch.full((B, N), eos_id, dtype=torch.long, device=device)
     out_mask = torch.zeros((B, N), dtype=torch.bool, device=device)
     logprobs = torch.zeros((B, N), dtype=torch.float32, device=device)
     done = limits <= 0
@@ -200,12 +201,12 @@ def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int
         token, token_logp = sample_next(logits, temperature, top_k, top_p, generator, decoder.compile, uniform)
         row_done = done[rows]
         alive = ~row_done
-        token = torch.where(alive, token, PAD_ID)
+        token = torch.where(alive, token, eos_id)
         tokens[rows, step] = token
         out_mask[rows, step] = alive
         logprobs[rows, step] = token_logp.masked_fill(row_done, 0.0).to(logprobs.dtype)
         if stop_at_eos:
-            hit_eos = alive & (token == EOS_ID)
+            hit_eos = alive & (token == eos_id)
             stopped[rows] |= hit_eos
             row_done = row_done | hit_eos
         row_done = row_done | (limits[rows] <= step + 1)

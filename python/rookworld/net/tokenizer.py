@@ -9,6 +9,12 @@ directory (`vocab.json` + `merges.txt`, as every hub download of GPT-2 or RookWo
 ours has them); the copy of gpt2.tiktoken shipped inside the package. tiktoken's own cache or download is never
 asked: it holds the same bytes (the shipped copy is checked against their hash), and offline a download attempt
 costs a network timeout before it fails.
+
+The chess vocabulary (`chess_tokenizer`, for fresh models) is GPT-2's BPE restricted to the 4,363 tokens made only
+of the characters P: and A: text uses (`CHESS_ALPHABET`), ranked as in GPT-2, then `<|endoftext|>`: 4,364 ids.
+BPE builds every token from merges of smaller tokens of the same characters, so it splits any text of that
+alphabet into exactly GPT-2's token strings; a model's head shrinks from 50,257 rows to 4,364. Its directory
+holds its own vocab.json and merges.txt, which `transformers` reads as any GPT-2 tokenizer.
 """
 
 from __future__ import annotations
@@ -37,13 +43,25 @@ except ImportError:  # tiktoken_ext is an implementation detail; this is the sam
     GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
 
+#: The characters of P: and A: text (FENs, UCI moves, evaluations, rewards, the field names) and the newline.
+CHESS_ALPHABET = frozenset("ABEKMNPQR" "abcdefghknpqrw" "0123456789" ":/ -+." "\n")
+
+
 class TokenizerUnavailableError(RuntimeError):
     """The GPT-2 vocabulary could not be loaded."""
 
 
-def _encoding(ranks: dict[bytes, int]) -> tiktoken.Encoding:
-    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                             special_tokens={EOS_TEXT: EOS_ID}, explicit_n_vocab=N_VOCAB)
+def _encoding(ranks: dict[bytes, int], name: str = "gpt2") -> tiktoken.Encoding:
+    """A byte-level BPE over GPT-2's pattern with `ranks` (0 to n - 1) and `<|endoftext|>` as id n."""
+    return tiktoken.Encoding(name=name, pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={EOS_TEXT: len(ranks)}, explicit_n_vocab=len(ranks) + 1)
+
+
+def chess_ranks(gpt2_ranks: dict[bytes, int]) -> dict[bytes, int]:
+    """GPT-2's tokens made only of `CHESS_ALPHABET`, renumbered 0 to n - 1 in GPT-2's rank order."""
+    chars = {c.encode() for c in CHESS_ALPHABET}
+    kept = sorted((rank, token) for token, rank in gpt2_ranks.items() if all(bytes([b]) in chars for b in token))
+    return {token: i for i, (_, token) in enumerate(kept)}
 
 
 def load_encoding(path: str | os.PathLike | None = None, model_dir: str | os.PathLike | None = None
@@ -57,7 +75,8 @@ def load_encoding(path: str | os.PathLike | None = None, model_dir: str | os.Pat
             raise TokenizerUnavailableError(f"{ENV_VAR}: {file} is not a file (expected a gpt2.tiktoken vocabulary)")
         return _encoding(_read_tiktoken_file(file))
     if model_dir is not None and all((Path(model_dir) / name).is_file() for name in HF_FILES):
-        return _encoding(read_hf_vocabulary(Path(model_dir)))
+        ranks = read_hf_vocabulary(Path(model_dir))
+        return _encoding(ranks, name="gpt2" if len(ranks) == EOS_ID else "chess")
     if not SHIPPED_VOCABULARY.is_file():
         raise TokenizerUnavailableError(
             f"The GPT-2 vocabulary shipped with rookworld is missing ({SHIPPED_VOCABULARY}): reinstall the package, "
@@ -111,7 +130,9 @@ def _byte_alphabet() -> dict[int, str]:
 
 
 def read_hf_vocabulary(directory: Path) -> dict[bytes, int]:
-    """BPE ranks from a directory's vocab.json and merges.txt, checked to be GPT-2's byte-level BPE."""
+    """BPE ranks from a directory's vocab.json and merges.txt, checked to be a byte-level BPE of GPT-2's kind:
+    ids 0 to n - 1 for the tokens, single bytes first, each later token the merge of its line in merges.txt, and
+    `<|endoftext|>` as id n (GPT-2's own vocabulary, or a restriction of it such as the chess vocabulary)."""
     decode = {c: b for b, c in _byte_alphabet().items()}
     where = f"{directory}: vocab.json and merges.txt"
     try:
@@ -120,14 +141,18 @@ def read_hf_vocabulary(directory: Path) -> dict[bytes, int]:
                   if line and not line.startswith("#version")]
         ranks = {bytes(decode[c] for c in token): int(i) for token, i in vocab.items() if token != EOS_TEXT}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise TokenizerUnavailableError(f"{where} cannot be read as GPT-2's vocabulary: {e}") from None
-    if sorted(ranks.values()) != list(range(EOS_ID)) or vocab.get(EOS_TEXT) != EOS_ID or len(merges) != EOS_ID - 256:
-        raise TokenizerUnavailableError(f"{where} are not GPT-2's vocabulary ({len(ranks)} tokens, "
-                                        f"{len(merges)} merges; GPT-2 has {EOS_ID} and {EOS_ID - 256})")
-    for rank, line in enumerate(merges, start=256):
+        raise TokenizerUnavailableError(f"{where} cannot be read as a GPT-2 vocabulary: {e}") from None
+    n, singles = len(ranks), sum(len(token) == 1 for token in ranks)
+    if (sorted(ranks.values()) != list(range(n)) or vocab.get(EOS_TEXT) != n or len(merges) != n - singles
+            or any(len(token) != 1 for token, rank in ranks.items() if rank < singles)):
+        raise TokenizerUnavailableError(f"{where} are not a GPT-2 vocabulary ({n} tokens of which {singles} single "
+                                        f"bytes, {len(merges)} merges, <|endoftext|> at {vocab.get(EOS_TEXT)}; "
+                                        f"GPT-2 has {EOS_ID} tokens, 256 bytes, {EOS_ID - 256} merges, 50256)")
+    for rank, line in enumerate(merges, start=singles):
         left, _, right = line.partition(" ")
         if ranks.get(bytes(decode.get(c, 0) for c in left + right)) != rank:
-            raise TokenizerUnavailableError(f"{where}: merge {rank - 255} ({line!r}) does not make token {rank}")
+            raise TokenizerUnavailableError(f"{where}: merge {rank - singles + 1} ({line!r}) does not make token "
+                                            f"{rank}")
     return ranks
 
 
@@ -147,14 +172,16 @@ def _merge_of(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, 
 
 
 def hf_vocabulary_files(encoding: tiktoken.Encoding) -> dict[str, str]:
-    """The text of vocab.json and merges.txt for a GPT-2 encoding."""
+    """The text of vocab.json and merges.txt for an encoding of `_encoding`'s kind."""
     alphabet = _byte_alphabet()
     spell = lambda b: "".join(alphabet[x] for x in b)  # noqa: E731
-    by_rank = [encoding.decode_single_token_bytes(i) for i in range(EOS_ID)]
+    eos = encoding.eot_token
+    by_rank = [encoding.decode_single_token_bytes(i) for i in range(eos)]
     ranks = {b: i for i, b in enumerate(by_rank)}
     vocab = {spell(b): i for i, b in enumerate(by_rank)}
-    vocab[EOS_TEXT] = EOS_ID
-    merges = ["#version: 0.2"] + [" ".join(map(spell, _merge_of(by_rank[r], r, ranks))) for r in range(256, EOS_ID)]
+    vocab[EOS_TEXT] = eos
+    singles = sum(len(b) == 1 for b in by_rank)
+    merges = ["#version: 0.2"] + [" ".join(map(spell, _merge_of(by_rank[r], r, ranks))) for r in range(singles, eos)]
     return {"vocab.json": json.dumps(vocab, ensure_ascii=False), "merges.txt": "\n".join(merges) + "\n"}
 
 
@@ -187,15 +214,32 @@ def pad_left(
     return PaddedBatch(ids.to(device), mask.to(device))
 
 
-class Tokenizer:
-    """tiktoken's GPT-2 encoding with the conventions of the policy: EOS = pad = 50256, left padding."""
+class OutsideVocabularyError(ValueError):
+    """Text with characters a restricted vocabulary (the chess vocabulary) has no token for."""
 
-    eos_id: int = EOS_ID
-    pad_id: int = PAD_ID
+
+class Tokenizer:
+    """A tiktoken encoding of GPT-2's kind with the conventions of the policy: EOS = pad = `<|endoftext|>` (50256 in
+    GPT-2's vocabulary, the last id in a restricted one), left padding."""
 
     def __init__(self, encoding: tiktoken.Encoding | None = None) -> None:
         self.encoding = encoding if encoding is not None else load_encoding()
+        self.eos_id = self.pad_id = self.encoding.eot_token
+        singles = [self.encoding.decode_single_token_bytes(i) for i in range(self.eos_id)]
+        chars = {t.decode("latin-1") for t in singles if len(t) == 1}
+        # A vocabulary without every byte cannot spell every text: what it cannot is an error, not a crash.
+        self.alphabet: frozenset[str] | None = frozenset(chars) if len(chars) < 256 else None
         self._hf_files: dict[str, str] | None = None
+
+    def check(self, text: str) -> None:
+        """Raises OutsideVocabularyError if `text` has a character the vocabulary cannot spell."""
+        if self.alphabet is None or set(text) <= self.alphabet:
+            return
+        bad = next((i for i, c in enumerate(text) if c not in self.alphabet), None)
+        if bad is not None:
+            raise OutsideVocabularyError(
+                f"{text[bad]!r} (column {bad + 1} of {text[:60]!r}{'...' if len(text) > 60 else ''}) is not in this "
+                f"model's vocabulary, which spells only P: and A: text: {''.join(sorted(self.alphabet))!r}")
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Writes vocab.json and merges.txt, so that the directory of a checkpoint loads offline, by us and by
@@ -211,8 +255,9 @@ class Tokenizer:
 
     def encode(self, text: str, *, bos: bool = False) -> list[int]:
         """Token ids of `text`. bos=True prepends EOS, as every pretraining document started with it."""
+        self.check(text)
         ids = self.encoding.encode_ordinary(text)
-        return [EOS_ID, *ids] if bos else ids
+        return [self.eos_id, *ids] if bos else ids
 
     def encode_batch(
         self,
@@ -223,9 +268,12 @@ class Tokenizer:
         device: torch.device | str | None = None,
     ) -> PaddedBatch:
         """Encode and left-pad: (input_ids [B, T], attention_mask [B, T] bool)."""
-        ids = self.encoding.encode_ordinary_batch(list(texts))
+        texts = list(texts)
+        for text in texts:
+            self.check(text)
+        ids = self.encoding.encode_ordinary_batch(texts)
         if bos:
-            ids = [[EOS_ID, *row] for row in ids]
+            ids = [[self.eos_id, *row] for row in ids]
         return pad_left(ids, pad_id=self.pad_id, length=length, device=device)
 
     def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
@@ -239,8 +287,8 @@ class Tokenizer:
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         ids = list(ids)
-        if EOS_ID in ids:
-            ids = ids[: ids.index(EOS_ID)]
+        if self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
         return self.encoding.decode(ids)
 
     def decode_batch(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> list[str]:
@@ -249,6 +297,23 @@ class Tokenizer:
         if mask is not None:
             rows = [[t for t, m in zip(row, mrow) if m] for row, mrow in zip(rows, mask.tolist())]
         return [self.decode_completion(row) for row in rows]
+
+
+def chess_tokenizer() -> Tokenizer:
+    """The chess vocabulary (module docstring), made from the GPT-2 vocabulary shipped with the package."""
+    return _chess_tokenizer()
+
+
+@functools.lru_cache(maxsize=1)
+def _chess_tokenizer() -> Tokenizer:
+    return Tokenizer(_encoding(chess_ranks(_read_tiktoken_file(SHIPPED_VOCABULARY, SHIPPED_SHA256)), name="chess"))
+
+
+def vocabulary(name: str) -> Tokenizer:
+    """A fresh model's tokenizer by the name `--vocabulary` gives: gpt2 or chess."""
+    if name not in ("gpt2", "chess"):
+        raise ValueError(f"unknown vocabulary {name!r}: gpt2 or chess")
+    return chess_tokenizer() if name == "chess" else get_tokenizer()
 
 
 def get_tokenizer(model_dir: str | os.PathLike | None = None) -> Tokenizer:

@@ -265,6 +265,10 @@ class FreshModelSettings:
     n_layer: int | None = setting(None, "layers of a fresh model (with --init)", MODEL, check=positive)
     n_head: int | None = setting(None, "attention heads of a fresh model (with --init)", MODEL, check=positive)
     n_embd: int | None = setting(None, "width of a fresh model (with --init)", MODEL, check=positive)
+    vocabulary: str = setting("gpt2", "vocabulary of a fresh model (with --init): gpt2 (GPT-2's 50,257 tokens, as "
+                                      "RookWorld-LM has) or chess (GPT-2's tokens made only of P: and A: characters, "
+                                      "4,364: a head a twelfth the size; the same tokens for any P: or A: text)",
+                              MODEL, choices=("gpt2", "chess"))
 
     @property
     def model_shape(self) -> tuple[int, int, int]:
@@ -276,6 +280,8 @@ class FreshModelSettings:
         for name in ("n_layer", "n_head", "n_embd"):
             need(getattr(self, name) is None or self.init is not None,
                  f"--{flag(name)} shapes a fresh model: use it with --init")
+        need(self.vocabulary == "gpt2" or self.init is not None,
+             "--vocabulary is a fresh model's (with --init): a --model keeps the vocabulary of its directory")
         if self.init is not None:
             _, heads, width = self.model_shape
             need(width % heads == 0, f"--n-embd ({width}) must be a multiple of --n-head ({heads})")

@@ -28,7 +28,7 @@ import numpy as np
 
 from rookworld.ground import chess
 from rookworld.ground.data import DataError, Record
-from rookworld.net.tokenizer import EOS_ID
+from rookworld.net.tokenizer import OutsideVocabularyError
 
 _P_TEXT = re.compile(r"P:\s+(\S+\s+\S+\s+\S+\s+\S+\s+\S+\s+\S+)(\s.*)$", re.S)
 _P_TARGET = re.compile(r"\s*M:\s*(.*?)\s*E:\s*(.*?)\s*B:\s*(\S+)\s*$", re.S)
@@ -176,25 +176,32 @@ def positions(samples: Sequence[Sample], limit: int | None = None) -> list[Recor
 class Documents:
     ids: list[np.ndarray]  # [EOS] + prompt + target, int64
     loss: list[np.ndarray]  # bool per token: whether the loss counts predicting it
+    eos_id: int  # the tokenizer's <|endoftext|>: each document's first token, and the pad
 
     def row(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         """Document `d` as a row of its own, closed by an EOS the loss counts."""
-        return np.append(self.ids[d], EOS_ID), np.append(self.loss[d], True)
+        return np.append(self.ids[d], self.eos_id), np.append(self.loss[d], True)
 
 
 def tokenize(samples: Sequence[Sample], tokenizer, loss_on: str = "all") -> Documents:
     """With ``loss_on="target"`` the loss counts the target and the EOS that opens a document (which the
-    previous document's last token predicts: the end of its completion), not the prompt."""
+    previous document's last token predicts: the end of its completion), not the prompt. A sample with text the
+    vocabulary cannot spell is an error naming its file and line."""
+    for s in samples:
+        try:
+            tokenizer.check(s.prompt + s.target)
+        except OutsideVocabularyError as e:
+            raise DataError(f"{s.source}: {e}") from None
     prompts = tokenizer.encoding.encode_ordinary_batch([s.prompt for s in samples])
     targets = tokenizer.encoding.encode_ordinary_batch([s.target for s in samples])
     ids, loss = [], []
     for p, t in zip(prompts, targets):
-        ids.append(np.array([EOS_ID, *p, *t], dtype=np.int64))
+        ids.append(np.array([tokenizer.eos_id, *p, *t], dtype=np.int64))
         mask = np.ones(len(p) + len(t) + 1, dtype=bool)
         if loss_on == "target":
             mask[1 : 1 + len(p)] = False
         loss.append(mask)
-    return Documents(ids, loss)
+    return Documents(ids, loss, tokenizer.eos_id)
 
 
 class Rows:
@@ -247,10 +254,11 @@ def eval_rows(docs: Documents, seq_len: int, pack: bool) -> list[tuple[np.ndarra
     return [(ids[s : s + seq_len], loss[s : s + seq_len]) for s in range(0, len(ids) - 1, stride)]
 
 
-def collate(rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Rows right-padded to the longest: (ids [B, T], loss mask [B, T]); the loss never counts a pad."""
+def collate(rows: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows right-padded to the longest with `pad_id`: (ids [B, T], loss mask [B, T]); the loss never counts a
+    pad."""
     width = max(len(i) for i, _ in rows)
-    ids = np.full((len(rows), width), EOS_ID, dtype=np.int64)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
     loss = np.zeros((len(rows), width), dtype=bool)
     for r, (i, m) in enumerate(rows):
         ids[r, : len(i)], loss[r, : len(i)] = i, m

@@ -26,6 +26,7 @@ from rookworld.lm.suites import training_metrics
 from rookworld.net.device import peak_memory_gb
 from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.model import GPT, GPTConfig
+from rookworld.net.tokenizer import vocabulary
 from rookworld.settings.config import SFTConfig
 from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, tokenize
 
@@ -39,10 +40,10 @@ def summary(m: dict[str, Any]) -> list[str]:
             f"{fmt(m, 'tokens_per_s', '{:,.0f}')} tokens/s"]
 
 
-def fresh_model(cfg: SFTConfig) -> nn.Module:
+def fresh_model(cfg: SFTConfig, vocab_size: int) -> nn.Module:
     layers, heads, width = cfg.model_shape
     torch.manual_seed(cfg.seed)
-    return GPT(GPTConfig(n_layer=layers, n_head=heads, n_embd=width)).eval()
+    return GPT(GPTConfig(n_layer=layers, n_head=heads, n_embd=width, vocab_size=vocab_size)).eval()
 
 
 def step_flops(model: nn.Module, tokens: float, counted: float, context: float) -> float:
@@ -60,11 +61,15 @@ class SFTTrainer:
         self.cfg = cfg
         data = read_samples(cfg.data, cfg.skip_bad)  # a bad line is reported before any model is loaded
         held_out = read_samples([cfg.eval_data], cfg.skip_bad) if cfg.eval_data else None
-        policy = fresh_model(cfg) if cfg.init is not None and cfg.resume is None else None
-        label = None
+        policy, label = None, None
+        if cfg.init is not None and cfg.resume is None:
+            tokenizer = tokenizer or vocabulary(cfg.vocabulary)
+            policy = fresh_model(cfg, tokenizer.vocab_size)
         if cfg.init is not None:
             layers, heads, width = cfg.model_shape
             label = f"a fresh GPT-2 {cfg.init}: {layers} layers, {heads} heads, {width} wide"
+            if cfg.vocabulary != "gpt2":
+                label += f", the {cfg.vocabulary} vocabulary"
         self.run = run = Run(cfg, command="sft", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
                              label=label)
         for line in data.report():
@@ -92,7 +97,7 @@ class SFTTrainer:
     def _loss(self, batch, normalizer: float, backward: bool) -> tuple[torch.Tensor, float]:
         """Summed NLL / normalizer of one micro-batch of rows, and how many tokens it counted."""
         dev = self.run.device
-        ids, loss = (torch.from_numpy(a).to(dev) for a in collate(batch))
+        ids, loss = (torch.from_numpy(a).to(dev) for a in collate(batch, self.run.tokenizer.pad_id))
         counted = loss[:, 1:]
         # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
         # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
