@@ -135,10 +135,16 @@ pub fn score<P: AsRef<str> + Sync, C: AsRef<str> + Sync>(
         .collect()
 }
 
-/// P: target completions (the padding after the FEN, then `M: ... E: ... B: best`).
-pub fn policy_targets(fens: &[String], moves: &[Vec<String>], evals: &[Vec<f64>], best: &[String]) -> Vec<String> {
+/// P: target completions (`M: ... E: ... B: best` after the padding of `layout`).
+pub fn policy_targets(
+    fens: &[String],
+    moves: &[Vec<String>],
+    evals: &[Vec<f64>],
+    best: &[String],
+    layout: crate::p_text::Layout,
+) -> Vec<String> {
     (fens, moves, evals, best)
         .into_par_iter()
-        .map(|(f, m, e, b)| crate::p_text::policy_target(f, m, e, b))
+        .map(|(f, m, e, b)| crate::p_text::policy_target(f, m, e, b, layout))
         .collect()
 }

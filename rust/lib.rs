@@ -30,6 +30,6 @@ pub use generate::{generate_position, generate_positions, GeneratedPosition, Gen
 pub use mate::{mate_in_one_position, mate_in_one_positions, mating_moves, MateInOne};
 pub use moves::{legal_move, legal_uci_moves};
 pub use notation::{parse_move, san, MoveError};
-pub use p_text::{parse_answer, policy_target, prompt_fen, PolicyAnswer};
+pub use p_text::{parse_answer, policy_target, prompt_fen, Layout, PolicyAnswer};
 pub use perft::perft;
 pub use reward::{score, GroundTruth, Score, ScoreError, Shaping, Task};

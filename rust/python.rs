@@ -323,11 +323,14 @@ fn policy_targets(
     moves: Vec<Vec<String>>,
     evals: Vec<Vec<f64>>,
     best: Vec<String>,
+    layout: &str,
 ) -> PyResult<Vec<String>> {
     same_length(fens.len(), moves.len())?;
     same_length(fens.len(), evals.len())?;
     same_length(fens.len(), best.len())?;
-    Ok(py.detach(|| batch::policy_targets(&fens, &moves, &evals, &best)))
+    let layout = crate::p_text::Layout::from_name(layout)
+        .ok_or_else(|| PyValueError::new_err(format!("unknown layout {layout:?}: rookworld or compact")))?;
+    Ok(py.detach(|| batch::policy_targets(&fens, &moves, &evals, &best, layout)))
 }
 
 type PolicyAnswerTuple = (Vec<String>, Vec<Option<f64>>, String);

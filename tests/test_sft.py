@@ -15,7 +15,7 @@ import torch
 
 from rookworld.ground.data import DataError
 from rookworld.net.tokenizer import EOS_ID, get_tokenizer
-from rookworld.sft.samples import Rows, eval_rows, positions, read_samples, tokenize
+from rookworld.sft.samples import Rows, eval_rows, positions, read_samples, relayout, tokenize
 
 from test_trainer import metrics, run_cli
 
@@ -95,6 +95,29 @@ def test_the_jsonl_of_positions_annotate_gives_p_and_a_samples(tmp_path):
     for r, line in zip(records, lines):
         assert r.analysis["moves"][0] == line["analysis"]["moves"][0]
         assert r.move == line["move"] and list(r.history) == line["history"][-9:]
+
+
+def test_p_text_in_the_compact_layout_when_written_or_read(tmp_path):
+    """positions --layout compact writes a space between fields; sft's relayout rewrites a file's P: targets in
+    either layout with the same moves, evals and best move, and leaves A: samples alone."""
+    out = tmp_path / "compact.jsonl"
+    proc = run_cli(["positions", "--count", "4", "--seed", "4", "--annotate", "--stockfish-depth", "4", "--out",
+                    str(out), "--quiet", "--layout", "compact"])
+    assert proc.returncode == 0, proc.stderr
+    for line in map(json.loads, out.read_text().splitlines()):
+        a = line["analysis"]
+        assert line["p_target"].startswith(" M: ") and "  " not in line["p_target"]
+        assert sorted(line["p_target"].split(" E: ")[0][4:].split()) == sorted(a["moves"])
+    samples = read_samples([str(text_file(tmp_path, "rw.txt", P_LINE, A_LINE))]).samples
+    compact = relayout(samples, "compact")
+    assert compact[0].prompt + compact[0].target == ("P: 2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34 M: a4a3 "
+                                                     "c8f5 h7f6 h7g5 h7f8 E: -3.06 -2.82 -3.21 -3.16 -2.3 B: h7f6")
+    assert compact[1] == samples[1]
+    padded = relayout(compact, "rookworld")[0]
+    assert (padded.prompt + padded.target).split() == P_LINE.split()
+    assert (padded.prompt + padded.target).index("M:") == len("P: ") + 90  # the FEN padded to 90 columns
+    tok = get_tokenizer()
+    assert len(tok.encode(compact[0].target)) < len(tok.encode(samples[0].target)) - 25
 
 
 # -- documents and rows -----------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 //! and never panics, and the known reward hacks stay low.
 
 use rookworld::reward::{score, GroundTruth, Parts, ScoreError, Shaping, UNPARSEABLE};
-use rookworld::{a_text::env_target, policy_target};
+use rookworld::{a_text::env_target, policy_target, Layout};
 
 const FEN: &str = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3";
 
@@ -27,7 +27,7 @@ fn exact_p() -> String {
     let order = [2, 0, 4, 1, 3];
     let moves: Vec<String> = order.iter().map(|&i| a.moves[i].clone()).collect();
     let evals: Vec<f64> = order.iter().map(|&i| a.evals[i]).collect();
-    policy_target(FEN, &moves, &evals, &a.moves[0])
+    policy_target(FEN, &moves, &evals, &a.moves[0], Layout::RookWorld)
 }
 
 #[test]
@@ -71,8 +71,8 @@ fn policy_hacks_stay_low() {
 fn all_zero_evals_lose_the_eval_credit_where_the_position_is_not_level() {
     // White is clearly better: writing 0.0 for every move must forfeit the E: component.
     let winning = GroundTruth { moves: truth().moves, evals: vec![3.1, 2.9, 2.5, 2.2, 1.8] };
-    let exact = policy_target(FEN, &winning.moves, &winning.evals, "f1b5");
-    let zeros = policy_target(FEN, &winning.moves, &[0.0; 5], "f1b5");
+    let exact = policy_target(FEN, &winning.moves, &winning.evals, "f1b5", Layout::RookWorld);
+    let zeros = policy_target(FEN, &winning.moves, &[0.0; 5], "f1b5", Layout::Compact);
     let r = |c: &str| score(&p_prompt(), c, Some(&winning), Shaping::Continuous).unwrap().reward;
     assert_eq!(r(&exact), 1.0);
     assert!(r(&zeros) < 1.0 - 0.8 * rookworld::reward::W_EVALS * 0.95, "{}", r(&zeros));

@@ -67,7 +67,7 @@ def _annotate(s: PositionsSettings) -> int:
                     analyses.append(f.result())
                 except Exception as e:  # an engine that failed every retry: say which position
                     raise CliError(f"Stockfish could not analyse {r.fen!r} ({r.source or 'generated'}): {e}") from None
-        lines = data.annotated(records, analyses, seed=s.seed)
+        lines = data.annotated(records, analyses, seed=s.seed, layout=s.layout or "rookworld")
     if s.out == "-":
         for line in lines:
             sys.stdout.write(json.dumps(line) + "\n")

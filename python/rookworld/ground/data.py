@@ -205,11 +205,11 @@ def write_records(lines: Iterable[dict], path: str | os.PathLike) -> int:
     return n
 
 
-def annotated(records: Sequence[Record], analyses: Sequence, seed: int = 0) -> list[dict]:
+def annotated(records: Sequence[Record], analyses: Sequence, seed: int = 0, layout: str = "rookworld") -> list[dict]:
     """JSON lines with each record's Stockfish analysis and its P: and A: prompts and targets.
 
     The P: target lists Stockfish's moves in a shuffled order (as the training data does), each
-    with its eval, and Stockfish's best move as B:.
+    with its eval, and Stockfish's best move as B:, in `layout` (`policy_targets`).
     """
     orders = []
     for r, a in zip(records, analyses):
@@ -221,6 +221,7 @@ def annotated(records: Sequence[Record], analyses: Sequence, seed: int = 0) -> l
         [[a.candidates[i].move for i in o] for a, o in zip(analyses, orders)],
         [[a.candidates[i].pawns for i in o] for a, o in zip(analyses, orders)],
         [a.best_move or "" for a in analyses],
+        layout,
     )
     with_move = [r for r in records if r.move is not None]
     env_targets = iter(chess.env_targets([r.env_prompt for r in with_move]))

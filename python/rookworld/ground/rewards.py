@@ -51,9 +51,11 @@ def prompt_fen(prompt: str) -> str:
 
 
 def policy_targets(fens: Sequence[str], moves: Sequence[Sequence[str]], evals: Sequence[Sequence[float]],
-                   best: Sequence[str]) -> list[str]:
-    """P: target completions in the training layout (FEN padded to 90 columns, moves to 30, evals to 40)."""
-    return _core.policy_targets(list(fens), [list(m) for m in moves], [list(map(float, e)) for e in evals], list(best))
+                   best: Sequence[str], layout: str = "rookworld") -> list[str]:
+    """P: target completions, the text after `P: {fen}`: in RookWorld's layout (FEN padded to 90 columns, moves to
+    30, evals to 40), or `compact` (a space between fields)."""
+    return _core.policy_targets(list(fens), [list(m) for m in moves], [list(map(float, e)) for e in evals], list(best),
+                                layout)
 
 
 #: The parts of each task, in `Scores.breakdown` order (docs/rewards.md names them).

@@ -10,7 +10,7 @@ from rookworld.settings.base import existing_files, non_negative, positive, shar
 from rookworld.settings.config import SFTConfig, TrainConfig
 from rookworld.settings.declare import GAME, OPPONENT, OUTPUT, POSITIONS, SUITES_, Settings, composed, group, setting
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
-                                       DecodingSettings, EvalSizeSettings, GameSettings, IllegalShareSettings,
+                                       DecodingSettings, EvalSizeSettings, GameSettings, IllegalShareSettings, LayoutSettings,
                                        ModelSettings, OutputSettings, SeedSettings, StockfishNodesSettings,
                                        StockfishSettings, suites)
 
@@ -33,8 +33,8 @@ class PositionsOnly:
 
 
 @composed()
-class PositionsSettings(PositionsOnly, SeedSettings, IllegalShareSettings, BadLinesSettings, OutputSettings,
-                        StockfishSettings, StockfishNodesSettings, Settings):
+class PositionsSettings(PositionsOnly, SeedSettings, IllegalShareSettings, BadLinesSettings, LayoutSettings,
+                        OutputSettings, StockfishSettings, StockfishNodesSettings, Settings):
     required = ("out",)
 
 

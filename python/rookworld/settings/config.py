@@ -18,7 +18,7 @@ from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, L
                                         SAMPLING, Settings, composed, default, group, setting)
 from rookworld.settings.flags import from_args
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
-                                       EvalSizeSettings, IllegalShareSettings, ModelSettings, SeedSettings,
+                                       EvalSizeSettings, IllegalShareSettings, LayoutSettings, ModelSettings, SeedSettings,
                                        StockfishSettings, suites)
 from rookworld.settings.hub import is_local_path
 
@@ -305,7 +305,7 @@ class RowSettings:
 
 @composed(model=None, steps=1000, output_dir="runs/sft", data=[], micro_batch_size=16, decode_batch_size=16,
           lr=3e-4, warmup_steps=50, weight_decay=0.1, log_every=10, eval_every=100, save_every=200)
-class SFTConfig(RunConfig, FreshModelSettings, DataSettings, BadLinesSettings, RowSettings):
+class SFTConfig(RunConfig, FreshModelSettings, DataSettings, BadLinesSettings, LayoutSettings, RowSettings):
     """`rookworld sft`: supervised training on P:/A: text, as RookWorld-LM itself was made."""
 
     config_section = "sft"

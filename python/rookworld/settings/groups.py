@@ -124,6 +124,15 @@ class BadLinesSettings:
 
 
 @group
+class LayoutSettings:
+    layout: str | None = setting(None, "layout of P: text: rookworld (the FEN padded to 90 columns, the moves to 30, "
+                                       "the evals to 40, as RookWorld-LM's data: about 145 tokens a sample) or "
+                                       "compact (a space between fields: about 98); positions writes rookworld unless "
+                                       "told, sft trains on each file's own unless told", DATA,
+                                 choices=("rookworld", "compact"))
+
+
+@group
 class IllegalShareSettings:
     illegal_share: float = setting(0.01, "share of generated A: moves that are well-formed but illegal", DATA,
                                    check=share)

@@ -17,6 +17,7 @@ function of (seed, i): a resumed run reads what an unbroken one would have.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -28,6 +29,7 @@ import numpy as np
 
 from rookworld.ground import chess
 from rookworld.ground.data import DataError, Record
+from rookworld.ground.rewards import policy_targets
 from rookworld.net.tokenizer import OutsideVocabularyError
 
 _P_TEXT = re.compile(r"P:\s+(\S+\s+\S+\s+\S+\s+\S+\s+\S+\s+\S+)(\s.*)$", re.S)
@@ -133,6 +135,20 @@ def read_samples(paths: Sequence[str], skip_bad: bool = False) -> SampleSet:
     if not kept:
         raise DataError(f"{', '.join(paths)}: no usable sample")
     return SampleSet(kept, skipped, disagree)
+
+
+def relayout(samples: Sequence[Sample], layout: str) -> list[Sample]:
+    """The samples with each P: target rewritten in `layout` (`policy_targets`: rookworld or compact), its moves,
+    evals and best move unchanged; A: samples as they are."""
+    policy = [i for i, s in enumerate(samples) if s.task == "P"]
+    parsed = [_P_TARGET.match(samples[i].target) for i in policy]  # every P: sample was checked on reading
+    targets = policy_targets([samples[i].prompt[3:] for i in policy], [m.group(1).split() for m in parsed],
+                             [[float(e) for e in m.group(2).split()] for m in parsed], [m.group(3) for m in parsed],
+                             layout)
+    out = list(samples)
+    for i, target in zip(policy, targets):
+        out[i] = dataclasses.replace(samples[i], target=target)
+    return out
 
 
 def _check_env_targets(samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:

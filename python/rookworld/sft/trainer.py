@@ -28,7 +28,7 @@ from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.model import GPT, GPTConfig
 from rookworld.net.tokenizer import vocabulary
 from rookworld.settings.config import SFTConfig
-from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, tokenize
+from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, relayout, tokenize
 
 #: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation on CUDA.
 PEAK_TFLOPS = 989.4
@@ -77,7 +77,9 @@ class SFTTrainer:
         if held_out is not None:
             for line in held_out.report():
                 run.log.say(f"warning: --eval-data: {line}")
-        self.docs = tokenize(data.samples, run.tokenizer, cfg.loss_on)
+        # P: text in each file's own layout, or rewritten in --layout's.
+        laid_out = (lambda samples: samples) if cfg.layout is None else (lambda samples: relayout(samples, cfg.layout))
+        self.docs = tokenize(laid_out(data.samples), run.tokenizer, cfg.loss_on)
         self.rows = Rows(self.docs, cfg.seq_len, cfg.pack, cfg.seed)
         n_tokens = sum(len(d) for d in self.docs.ids)
         tasks = [s.task for s in data.samples]
@@ -90,7 +92,7 @@ class SFTTrainer:
 
             self.logprobs = DDP(self.logprobs, device_ids=[run.device.index] if run.device.type == "cuda" else None)
         run.build_optimizer()
-        self.eval_docs = tokenize(held_out.samples, run.tokenizer, cfg.loss_on) if held_out else None
+        self.eval_docs = tokenize(laid_out(held_out.samples), run.tokenizer, cfg.loss_on) if held_out else None
         self.eval_records = positions(held_out.samples, cfg.eval_size) if held_out else None
         self.pool = None
 
