@@ -143,3 +143,22 @@ def test_annotate_writes_targets_that_score_one(tmp_path):
     text = lines[0]["p_prompt"] + lines[0]["p_target"]
     assert text.index("M:") == 93 and text.index("E:") - text.index("M:") == 33
     assert text.index("B:") - text.index("E:") == 43
+
+
+def test_exclude_keeps_a_held_out_set_s_positions_out_and_still_writes_count(tmp_path):
+    """The same seed would give the same positions: with --exclude, none of the held-out ones, and --count all the
+    same (further indices in their place); position identity ignores the clocks."""
+    held = tmp_path / "held.jsonl"
+    run("positions", "--count", "300", "--seed", "7", "--out", str(held), "--quiet")
+    key = lambda fen: " ".join(fen.split()[:4])  # noqa: E731
+    held_keys = {key(json.loads(line)["fen"]) for line in held.read_text().splitlines()}
+    train = tmp_path / "train.jsonl"
+    run("positions", "--count", "500", "--seed", "7", "--exclude", str(held), "--out", str(train), "--quiet")
+    fens = [json.loads(line)["fen"] for line in train.read_text().splitlines()]
+    assert len(fens) == 500 and not {key(f) for f in fens} & held_keys
+    run("positions", "--count", "500", "--seed", "7", "--out", str(tmp_path / "same.jsonl"), "--quiet")
+    same = [json.loads(line)["fen"] for line in (tmp_path / "same.jsonl").read_text().splitlines()]
+    assert len({key(f) for f in same} & held_keys) >= 250  # without --exclude the seed repeats them
+    from_file = tmp_path / "from.jsonl"
+    run("positions", "--from", str(tmp_path / "same.jsonl"), "--exclude", str(held), "--out", str(from_file), "--quiet")
+    assert not {key(json.loads(line)["fen"]) for line in from_file.read_text().splitlines()} & held_keys

@@ -25,6 +25,10 @@ class PositionsOnly:
                                        "them", POSITIONS, flag="from", metavar="FILE", check=existing_files)
     annotate: bool = setting(False, "add Stockfish analyses and the P:/A: prompts and targets (what train and eval "
                                     "read)", POSITIONS)
+    exclude: str | None = setting(None, "leave out the positions of this file (a positions file, as --from reads; "
+                                        "compared by board, side to move, castling and en passant) and generate on "
+                                        "until --count: a held-out set's, so that no training position is among "
+                                        "them", POSITIONS, metavar="FILE", check=existing_files)
     quiet: bool = setting(False, "no progress bar", OUTPUT)
 
     def check_together(self, need) -> None:
