@@ -32,16 +32,17 @@ from rookworld.net.sampling import generate  # noqa: E402
 from rookworld.settings.config import TrainConfig  # noqa: E402
 from rookworld.grpo.models import Sampler  # noqa: E402
 from rookworld.grpo.trainer import Trainer  # noqa: E402
+from rookworld.net.tokenizer import vocabulary  # noqa: E402
 
 #: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation.
 H100_BF16_TFLOPS = 989.4
 
 
-def model_config(args: argparse.Namespace) -> GPTConfig:
+def model_config(args: argparse.Namespace, vocab_size: int = 50257) -> GPTConfig:
     if args.tiny:
-        return GPTConfig(block_size=512, vocab_size=50257, n_layer=2, n_head=2, n_embd=64)
+        return GPTConfig(block_size=512, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=64)
     # GPT-2 small (12 layers, 12 heads, 768 wide, 1024 positions) unless told otherwise.
-    return GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+    return GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, vocab_size=vocab_size)
 
 
 class FixedLengths(Sampler):
@@ -118,6 +119,8 @@ def main() -> int:
     ap.add_argument("--no-shared-prompt", action="store_true", help="compute every row's prompt (today's default "
                     "computes each group's once)")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"))
+    ap.add_argument("--vocabulary", default="gpt2", choices=("gpt2", "chess"), help="the model's vocabulary (as "
+                    "sft --init --vocabulary makes it)")
     ap.add_argument("--stockfish-depth", type=int, default=10)
     ap.add_argument("--stockfish-workers", type=int, default=None)
     ap.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS)
@@ -135,10 +138,11 @@ def main() -> int:
             eval_every=0, save_every=0, sample_every=0, log_every=1000, warmup_steps=0,
         ).validate()
         torch.manual_seed(0)
-        mcfg = model_config(args)
+        tokenizer = vocabulary(args.vocabulary)
+        mcfg = model_config(args, tokenizer.vocab_size)
         policy = GPT(mcfg).to(args.device)
         reference = copy.deepcopy(policy) if args.beta > 0 else None
-        trainer = Trainer(cfg, policy=policy, reference=reference, stream=open(os.devnull, "w"))
+        trainer = Trainer(cfg, policy=policy, reference=reference, tokenizer=tokenizer, stream=open(os.devnull, "w"))
         trainer.sampler = FixedLengths(trainer.models, cfg, trainer.run.tokenizer.eos_id, lengths)
         n_params = sum(p.numel() for p in policy.parameters())
         print(f"model: {n_params / 1e6:.1f}M parameters on {args.device}; {args.prompts} prompts x group "
