@@ -400,13 +400,44 @@ def test_plot_tells_runs_and_tasks_apart_and_keeps_losses_apart(tmp_path):
     assert set(lines) == {"sft: P:", "sft: A:", "grpo: P:", "grpo: A:"}
     assert lines["sft: P:"].get_color() == lines["grpo: P:"].get_color() != lines["sft: A:"].get_color()
     assert lines["sft: P:"].get_linestyle() == lines["sft: A:"].get_linestyle() != lines["grpo: P:"].get_linestyle()
-    # One x-range for the figure (the one-point evaluation of grpo is not zoomed), integer steps, no offset.
+    # A panel spans the runs it draws (grpo's own panels are not squeezed into sft's 40 steps, and its one-point
+    # evaluation is not zoomed: it spans grpo's steps); integer steps, no offset.
     fig.canvas.draw()
-    assert len({ax.get_xlim() for ax in axes.values()}) == 1
+    assert axes["SFT loss (cross-entropy per token)"].get_xlim() == axes["held-out format validity"].get_xlim()
+    low, high = axes["GRPO loss"].get_xlim()
+    assert low < 1 and 3 < high < 4 and axes["entropy per token"].get_xlim() == (low, high)
     for ax in axes.values():
         ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
         assert all(float(t).is_integer() for t in ticks), ticks
         assert ax.yaxis.get_offset_text().get_text() == "", ax.get_title()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_plot_draws_a_run_started_from_another_s_model_after_it(tmp_path, monkeypatch):
+    """GRPO from an SFT run (its checkpoints' --model): its steps follow the SFT run's last on the x-axis."""
+    pytest.importorskip("matplotlib")
+    from rookworld.harness.plot import figure
+
+    monkeypatch.chdir(tmp_path)
+    sft, grpo = tmp_path / "sft", tmp_path / "grpo"
+    for run, rows in ((sft, [{"step": s, "loss": 10.0 - s, "eval/P/format_valid": 0.01 * s} for s in range(1, 401)]),
+                      (grpo, [{"step": s, "loss": 0.0, "kl/mean": 1e-3 * s, "reward/mean": 0.1} for s in range(1, 21)]
+                       + [{"step": 20, "eval/P/format_valid": 0.9}])):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (grpo / "checkpoints" / "step-000020").mkdir(parents=True)
+    (grpo / "checkpoints" / "step-000020" / "train_config.json").write_text(json.dumps({"model": "sft"}))
+    fig, _ = figure([sft, grpo])
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    (kl,) = [line for line in axes["KL to the reference per token"].lines if line.get_label() == "grpo: mean"]
+    assert list(kl.get_xdata()) == list(range(401, 421))
+    low, high = axes["KL to the reference per token"].get_xlim()
+    assert 400 < low < 401 and 420 < high < 421  # its own panel spans its 20 steps, not 420
+    (after,) = [line for line in axes["held-out format validity"].lines if line.get_label() == "grpo: P:"]
+    assert list(after.get_xdata()) == [420] and axes["held-out format validity"].get_xlim()[1] > 420
+    assert "follows it" in axes["held-out format validity"].get_xlabel()
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -8,6 +8,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from rookworld.net.sources import CONFIG_FILE
+
 #: A GRPO run's "loss" (near 0, either sign) is drawn apart from SFT's cross-entropy (about 1 to 11).
 GRPO_LOSS = "loss (GRPO)"
 
@@ -45,6 +47,36 @@ def read_metrics(run: str | Path) -> list[dict]:
     if any("kl/mean" in r or "reward/mean" in r for r in rows):  # a GRPO run
         rows = [{(GRPO_LOSS if k == "loss" else k): v for k, v in r.items()} for r in rows]
     return rows
+
+
+def started_from(run: str | Path) -> Path | None:
+    """The model a run started from (its checkpoints' --model), resolved; None for a fresh model or no checkpoint."""
+    for config in sorted((Path(run) / "checkpoints").glob(f"step-*/{CONFIG_FILE}")):
+        try:
+            model = json.loads(config.read_text()).get("model")
+        except (OSError, ValueError, AttributeError):
+            continue
+        return Path(model).resolve() if isinstance(model, str) else None
+    return None
+
+
+def chained_offsets(runs: Sequence[str | Path], data: Sequence[Sequence[dict]]) -> list[int]:
+    """Steps to add to each run's: a run that started from another plotted run's model (GRPO from an SFT run)
+    follows it on the x-axis, from that run's last step."""
+    last = {Path(run).resolve(): max((r["step"] for r in rows if isinstance(r.get("step"), (int, float))), default=0)
+            for run, rows in zip(runs, data)}
+    offsets = [0] * len(runs)
+
+    def offset(i: int, seen: frozenset) -> int:
+        parent = started_from(runs[i])
+        if parent is None or parent not in last or parent in seen:
+            return 0
+        j = [Path(r).resolve() for r in runs].index(parent)
+        return offset(j, seen | {parent}) + last[parent]
+
+    for i in range(len(runs)):
+        offsets[i] = offset(i, frozenset({Path(runs[i]).resolve()}))
+    return offsets
 
 
 def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
@@ -88,6 +120,7 @@ def figure(runs: Sequence[str | Path], title: str | None = None):
     except ImportError:
         raise PlotError("plotting needs matplotlib: pip install 'rookworld[plot]'") from None
     data = {name: read_metrics(run) for name, run in zip(run_names(runs), runs)}
+    shift = dict(zip(data, chained_offsets(runs, list(data.values()))))
     panels = [(t, keys) for t, keys in PANELS if any(series(rows, k)[0] for rows in data.values() for k, _ in keys)]
     if not panels:
         raise PlotError(f"no metrics to plot in {', '.join(map(str, runs))}")
@@ -98,21 +131,27 @@ def figure(runs: Sequence[str | Path], title: str | None = None):
     # A colour per curve of a panel (P: and A:, mean and p95) and a line style per run, the same in every panel.
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
-    steps = [s for rows in data.values() for s in series(rows, "step")[1]] or [0, 1]
-    first, last = min(steps), max(steps)
-    pad = max(0.5, 0.02 * (last - first))
+    # Each run's whole span of steps (chained runs shifted): a panel spans those of the runs it draws, so a GRPO
+    # run's own panels are not squeezed by a longer SFT run beside it, and a one-point evaluation is not zoomed.
+    spans = {run: (min(steps) + shift[run], max(steps) + shift[run])
+             for run, rows in data.items() if (steps := series(rows, "step")[1])}
     for ax, (panel, keys) in zip(axes.flat, panels):
+        drawn = []
         for r, (run, rows) in enumerate(data.items()):
             for k, (key, label) in enumerate(keys):
                 x, y = series(rows, key)
                 if x:
+                    drawn.append(run)
                     name = f"{run}: {label}" if len(data) > 1 else label
-                    ax.plot(x, y, styles[r % len(styles)], color=colors[k % len(colors)], label=name,
-                            marker="." if len(x) < 30 else None)
+                    ax.plot([s + shift[run] for s in x], y, styles[r % len(styles)], color=colors[k % len(colors)],
+                            label=name, marker="." if len(x) < 30 else None)
+        first = min((spans[run][0] for run in drawn if run in spans), default=0)
+        last = max((spans[run][1] for run in drawn if run in spans), default=1)
+        pad = max(0.5, 0.02 * (last - first))
         ax.set_title(panel, fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_xlim(first - pad, last + pad)  # every panel the whole run, even an evaluation of one point
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step" if not any(shift.values()) else "step (a run started from another's model follows it)")
+        ax.set_xlim(first - pad, last + pad)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
