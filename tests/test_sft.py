@@ -300,6 +300,19 @@ def test_a_fresh_model_with_the_chess_vocabulary_trains_evaluates_and_loads_in_t
     assert bad.returncode != 0 and "typo.txt:2: 'x'" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
+def test_an_sft_run_of_a_preset_points_on_to_the_preset_s_grpo(tmp_path, monkeypatch):
+    """Its closing hint is the preset's [train] (its learning rate and steps), not a bare --model run at the
+    defaults (3e-6, 500 steps: nothing moves in a day); any other run gets the --model form."""
+    monkeypatch.chdir(tmp_path)
+    data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST)
+    held_out = text_file(tmp_path, "held_out.txt", FIRST)
+    for out, hint in (("runs/chess-cpu-sft", "rookworld train --config chess-cpu"),
+                      ("mine", "rookworld train --model mine --output-dir mine-grpo")):
+        proc = run_cli(sft_args(data, held_out, out, "--steps", "1", "--eval-every", "0"))
+        assert proc.returncode == 0, proc.stderr
+        assert f"train it with GRPO: {hint}\n" in proc.stderr
+
+
 def test_sft_resume_gives_the_same_weights_as_an_unbroken_run(tmp_path):
     data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST, P_LINE, A_LINE)
     held_out = text_file(tmp_path, "held_out.txt", FIRST)

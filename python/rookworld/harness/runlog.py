@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rookworld.ground.progress import Progress, _duration
+from rookworld.settings import presets
 from rookworld.settings.config import ConfigError
 
 #: The parts of a command's summary line after "step N/M", from the step's metrics.
@@ -225,7 +226,9 @@ class RunLog:
         self.say(f"model: {self.dir} (step {step}; its checkpoints in {self.dir / 'checkpoints'})")
         self.say(f"evaluate it: rookworld eval --model {self.dir}")
         if command == "sft":
-            self.say(f"train it with GRPO: rookworld train --model {self.dir} --output-dir {self.dir}-grpo")
+            preset = presets.grpo_after(self.dir)
+            self.say("train it with GRPO: " + (f"rookworld train --config {preset}" if preset else
+                                               f"rookworld train --model {self.dir} --output-dir {self.dir}-grpo"))
         self.say(f"curves: rookworld plot {self.dir}")
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:

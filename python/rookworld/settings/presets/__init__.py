@@ -5,6 +5,8 @@ same). Each file says in its comments how to make its data and what to type.
 
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
 
 DIRECTORY = Path(__file__).resolve().parent
@@ -23,6 +25,16 @@ def path(name: str) -> Path | None:
     """The preset file of `name`, or None when it is not one."""
     file = DIRECTORY / f"{name}.toml"
     return file if name in names() else None
+
+
+def grpo_after(sft_dir: str | os.PathLike) -> str | None:
+    """The preset whose GRPO ([train]) starts from the model `sft_dir` (the SFT run's output directory, as the preset
+    names it), or None: an SFT run from a preset is pointed on to the same preset's GRPO, with its settings."""
+    for name in names():
+        model = tomllib.loads(DIRECTORY.joinpath(f"{name}.toml").read_text()).get("train", {}).get("model")
+        if isinstance(model, str) and os.path.normpath(model) == os.path.normpath(sft_dir):
+            return name
+    return None
 
 
 def recommended_lr(command: str, n_params: int) -> float:
