@@ -14,6 +14,13 @@ top 5; A: next state exact, FEN similarity), writes every figure as JSON and a P
                                                                     # of SFT, then 40 min a GRPO seed
     python benches/learning.py --out runs/learning --reuse          # the same start, other GRPO settings
     python benches/learning.py --out /tmp/l --smoke                 # every stage at a tiny size (CI)
+
+The chess-cpu chain (the `chess-cpu` preset's settings; issue 34): the chess vocabulary, unpadded P: text,
+100,000 positions at depth 6, about 90 minutes of SFT, then three GRPO seeds:
+
+    python benches/learning.py --out runs/chess-cpu-chain --train-positions 100000 --eval-positions 2000 \
+        --depth 6 --vocabulary chess --layout compact --sft-steps 10000 --sft-args "--warmup-steps 100" \
+        --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -102,6 +109,10 @@ def main() -> int:
                                                            "vocabulary projection, and 12 layers learn both formats "
                                                            "above 90%% where 6 stay near 90%%)")
     ap.add_argument("--heads", type=int, default=4, help="its attention heads")
+    ap.add_argument("--vocabulary", default="gpt2", choices=("gpt2", "chess"),
+                    help="the fresh model's vocabulary (rookworld sft --vocabulary)")
+    ap.add_argument("--layout", default=None, choices=("rookworld", "compact"),
+                    help="P: text layout of the positions written (rookworld positions --layout; default rookworld)")
     ap.add_argument("--sft-steps", type=int, default=1500)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
     ap.add_argument("--sft-loss-on", default="target", help="all or target (rookworld sft --loss-on)")
@@ -134,6 +145,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     common = ["--stockfish-depth", str(args.depth)]
+    layout = ["--layout", args.layout] if args.layout else []
     limit = ["--max-new-tokens", str(args.max_new_tokens)]
     t0 = time.perf_counter()
     print(f"learning chain into {out}", file=sys.stderr)
@@ -141,16 +153,17 @@ def main() -> int:
     reuse = args.reuse and train.is_file() and held_out.is_file() and (out / "sft" / "config.json").is_file()
     if not reuse:
         rookworld("positions", "--count", str(args.train_positions), "--seed", "1", "--annotate", "--out", str(train),
-                  "--quiet", *common, log=out / "positions_train.log")
+                  "--quiet", *common, *layout, log=out / "positions_train.log")
     if not reuse and not args.eval_data:
         rookworld("positions", "--count", str(args.eval_positions), "--seed", "2", "--annotate", "--out",
-                  str(held_out), "--quiet", *common, log=out / "positions_held_out.log")
+                  str(held_out), "--quiet", *common, *layout, log=out / "positions_held_out.log")
         held_out_without(train, held_out)
     n_eval = sum(1 for line in held_out.read_text().splitlines() if line.strip())
 
     sft = out / "sft"
     if not reuse:
         rookworld("sft", "--init", args.init, "--n-layer", str(args.layers), "--n-head", str(args.heads),
+                  "--vocabulary", args.vocabulary,
                   "--loss-on", args.sft_loss_on, "--data", str(train), "--eval-data", str(held_out), "--output-dir",
                   str(sft), "--overwrite", "--steps", str(args.sft_steps), "--lr", str(args.sft_lr), "--seq-len",
                   str(args.seq_len), "--rows-per-step", str(args.rows_per_step), "--eval-every",

@@ -84,9 +84,11 @@ def test_trl_baseline_smoke(tmp_path):
 
 
 def test_learning_chain_smoke(tmp_path):
-    """Every stage of benches/learning.py at a tiny size: the files each one writes, and the table."""
+    """Every stage of benches/learning.py at a tiny size (the chess vocabulary, unpadded P: text): the files each
+    one writes, and the table."""
     out = tmp_path / "chain"
-    proc = run_bench("learning.py", "--out", str(out), "--smoke", "--device", "cpu")
+    proc = run_bench("learning.py", "--out", str(out), "--smoke", "--device", "cpu", "--vocabulary", "chess",
+                     "--layout", "compact")
     for name in ("train.jsonl", "held_out.jsonl", "sft/config.json", "sft/vocab.json", "sft/metrics.jsonl",
                  "eval_sft.json", "grpo_seed0/metrics.jsonl", "eval_grpo_seed0.json", "learning.json"):
         assert (out / name).is_file(), name
@@ -100,6 +102,8 @@ def test_learning_chain_smoke(tmp_path):
         assert (out / "grpo_curves.png").read_bytes()[:4] == b"\x89PNG"
     made = figures["sft_model"]
     assert not made["reused"] and made["config"]["n_layer"] == 2 and made["training"]["steps"] == 4
+    first = json.loads((out / "train.jsonl").read_text().splitlines()[0])
+    assert made["config"]["vocab_size"] == 4364 and first["p_target"].startswith(" M: ")
 
     # --reuse keeps the SFT model, whatever this call's SFT flags say, and the figures name the model it kept.
     weights = (out / "sft" / "model.safetensors").read_bytes()
