@@ -15,8 +15,8 @@ top 5; A: next state exact, FEN similarity), writes every figure as JSON and a P
     python benches/learning.py --out runs/learning --reuse          # the same start, other GRPO settings
     python benches/learning.py --out /tmp/l --smoke                 # every stage at a tiny size (CI)
 
-The chess-cpu chain (the `chess-cpu` preset's settings; issue 34): the chess vocabulary, unpadded P: text,
-100,000 positions at depth 6, about 90 minutes of SFT, then three GRPO seeds:
+The chess-cpu chain (issue 34; the `chess-cpu` preset's model and SFT settings, the bench's own data seeds): the
+chess vocabulary, unpadded P: text, 100,000 positions at depth 6, about 90 minutes of SFT, then three GRPO seeds:
 
     python benches/learning.py --out runs/chess-cpu-chain --train-positions 100000 --eval-positions 2000 \
         --depth 6 --vocabulary chess --layout compact --sft-steps 10000 --sft-args "--warmup-steps 100" \
