@@ -63,20 +63,17 @@ def started_from(run: str | Path) -> Path | None:
 def chained_offsets(runs: Sequence[str | Path], data: Sequence[Sequence[dict]]) -> list[int]:
     """Steps to add to each run's: a run that started from another plotted run's model (GRPO from an SFT run)
     follows it on the x-axis, from that run's last step."""
-    last = {Path(run).resolve(): max((r["step"] for r in rows if isinstance(r.get("step"), (int, float))), default=0)
-            for run, rows in zip(runs, data)}
-    offsets = [0] * len(runs)
+    resolved, parents = [Path(run).resolve() for run in runs], [started_from(run) for run in runs]
+    last = {path: max((r["step"] for r in rows if isinstance(r.get("step"), (int, float))), default=0)
+            for path, rows in zip(resolved, data)}
 
     def offset(i: int, seen: frozenset) -> int:
-        parent = started_from(runs[i])
-        if parent is None or parent not in last or parent in seen:
+        parent = parents[i]
+        if parent not in last or parent in seen:  # a fresh model, one not plotted, or a cycle
             return 0
-        j = [Path(r).resolve() for r in runs].index(parent)
-        return offset(j, seen | {parent}) + last[parent]
+        return offset(resolved.index(parent), seen | {parent}) + last[parent]
 
-    for i in range(len(runs)):
-        offsets[i] = offset(i, frozenset({Path(runs[i]).resolve()}))
-    return offsets
+    return [offset(i, frozenset({resolved[i]})) for i in range(len(runs))]
 
 
 def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:

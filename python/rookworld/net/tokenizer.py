@@ -225,8 +225,9 @@ class Tokenizer:
     def __init__(self, encoding: tiktoken.Encoding | None = None) -> None:
         self.encoding = encoding if encoding is not None else load_encoding()
         self.eos_id = self.pad_id = self.encoding.eot_token
-        singles = [self.encoding.decode_single_token_bytes(i) for i in range(self.eos_id)]
-        chars = {t.decode("latin-1") for t in singles if len(t) == 1}
+        # Single bytes rank first in a byte-level BPE (read_hf_vocabulary checks it), so the first 256 ids hold them.
+        first = [self.encoding.decode_single_token_bytes(i) for i in range(min(256, self.eos_id))]
+        chars = {t.decode("latin-1") for t in first if len(t) == 1}
         # A vocabulary without every byte cannot spell every text: what it cannot is an error, not a crash.
         self.alphabet: frozenset[str] | None = frozenset(chars) if len(chars) < 256 else None
         self._hf_files: dict[str, str] | None = None
@@ -235,11 +236,10 @@ class Tokenizer:
         """Raises OutsideVocabularyError if `text` has a character the vocabulary cannot spell."""
         if self.alphabet is None or set(text) <= self.alphabet:
             return
-        bad = next((i for i, c in enumerate(text) if c not in self.alphabet), None)
-        if bad is not None:
-            raise OutsideVocabularyError(
-                f"{text[bad]!r} (column {bad + 1} of {text[:60]!r}{'...' if len(text) > 60 else ''}) is not in this "
-                f"model's vocabulary, which spells only P: and A: text: {''.join(sorted(self.alphabet))!r}")
+        bad = next(i for i, c in enumerate(text) if c not in self.alphabet)
+        raise OutsideVocabularyError(
+            f"{text[bad]!r} (column {bad + 1} of {text[:60]!r}{'...' if len(text) > 60 else ''}) is not in this "
+            f"model's vocabulary, which spells only P: and A: text: {''.join(sorted(self.alphabet))!r}")
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Writes vocab.json and merges.txt, so that the directory of a checkpoint loads offline, by us and by
@@ -299,13 +299,9 @@ class Tokenizer:
         return [self.decode_completion(row) for row in rows]
 
 
-def chess_tokenizer() -> Tokenizer:
-    """The chess vocabulary (module docstring), made from the GPT-2 vocabulary shipped with the package."""
-    return _chess_tokenizer()
-
-
 @functools.lru_cache(maxsize=1)
-def _chess_tokenizer() -> Tokenizer:
+def chess_tokenizer() -> Tokenizer:
+    """The chess vocabulary (module docstring), made once from the GPT-2 vocabulary shipped with the package."""
     return Tokenizer(_encoding(chess_ranks(_read_tiktoken_file(SHIPPED_VOCABULARY, SHIPPED_SHA256)), name="chess"))
 
 
