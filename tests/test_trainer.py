@@ -17,7 +17,11 @@ import torch
 from rookworld.settings.config import TrainConfig
 from rookworld.grpo.prompts import Prompt
 from rookworld.ground.rewards import Scores
-from rookworld.grpo.trainer import Trainer
+from rookworld.grpo.trainer import Trainer, held_out_keys
+from rookworld.grpo.prompts import PromptSource
+from rookworld.ground.chess import generate_positions
+from rookworld.ground.data import Record, assign_moves, position_key
+from rookworld.lm.bestmove import heldout_records
 from rookworld.net.tokenizer import get_tokenizer
 
 from conftest import cli, fixed_lengths, tiny_gpt
@@ -345,6 +349,41 @@ def test_prompts_from_a_file_are_deterministic_and_cover_every_record(tmp_path):
     # Two ranks split a step's prompts between them.
     r0, r1 = PromptSource(cfg, records, rank=0, world=2), PromptSource(cfg, records, rank=1, world=2)
     assert r0.batch(1) + r1.batch(1) == a.batch(1)
+
+
+def _prompt_key(prompt: Prompt) -> str:
+    return position_key(prompt.text.removeprefix("A: ").removeprefix("P: ").split("+")[0])
+
+
+def test_no_training_prompt_is_a_held_out_position(tmp_path):
+    """Generated openings recur across seeds: a held-out set of 2,000 generated positions shares positions with any
+    training stream. Training leaves them out (a generated one is replaced, a file's dropped), and the stream
+    stays a pure function of (seed, step, rank)."""
+    held_out = frozenset(position_key(p.fen) for p in generate_positions(2000, 1001))
+    cfg = TrainConfig(prompts_per_step=16, output_dir=str(tmp_path)).validate()
+    plain = [PromptSource(cfg).batch(s) for s in range(40)]
+    assert sum(_prompt_key(p) in held_out for b in plain for p in b) > 40, "the stream without exclusion hits them"
+    a = PromptSource(cfg, held_out=held_out)
+    steps = [a.batch(s) for s in range(40)]
+    assert not any(_prompt_key(p) in held_out for b in steps for p in b)
+    assert steps[7] == PromptSource(cfg, held_out=held_out).batch(7), "no hidden state: a resume sees the same"
+    kept = sum(p == q for b, c in zip(plain, steps) for p, q in zip(b, c))
+    assert kept > 0.5 * 16 * 40, "only the held-out positions are replaced"
+    assert sum(p.task == "A" for b in steps for p in b) == sum(p.task == "A" for b in plain for p in b)
+    # A file's held-out records are left out; every other record stays.
+    records = assign_moves([Record(fen=p.fen) for p in generate_positions(300, 5)], seed=0)
+    source = PromptSource(cfg, records, held_out=held_out)
+    assert source.left_out == sum(position_key(r.fen) in held_out for r in records) > 0
+    assert not any(_prompt_key(p) in held_out for s in range(30) for p in source.batch(s))
+
+
+def test_a_training_run_leaves_out_its_eval_data(tmp_path):
+    held = tmp_path / "held_out.jsonl"
+    held.write_text("".join(json.dumps({"fen": p.fen}) + "\n" for p in generate_positions(500, 1001)))
+    cfg = TrainConfig(eval_data=str(held), output_dir=str(tmp_path)).validate()
+    assert held_out_keys(cfg) == {position_key(p.fen) for p in generate_positions(500, 1001)}
+    generated = TrainConfig(eval_size=64, seed=3, output_dir=str(tmp_path)).validate()
+    assert held_out_keys(generated) == {position_key(r.fen) for r in heldout_records(64, 3)}
 
 
 def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):

@@ -10,6 +10,7 @@ from concurrent.futures import as_completed
 
 from rookworld.commands.common import CliError, check_out_dir, read_positions, settings, stockfish_pool
 from rookworld.ground import data
+from rookworld.ground.data import position_key
 from rookworld.ground.chess import Position, generate_positions
 from rookworld.ground.progress import Progress
 from rookworld.settings.commands import PositionsSettings
@@ -38,11 +39,6 @@ def run(args: argparse.Namespace) -> int:
     if s.out != "-" and not s.quiet:
         print(f"wrote {s.count} positions to {s.out}", file=sys.stderr)
     return 0
-
-
-def position_key(fen: str) -> str:
-    """What makes two FENs one position: board, side to move, castling and en passant (not the clocks)."""
-    return " ".join(fen.split()[:4])
 
 
 def _generated(s: PositionsSettings, excluded: set[str]) -> Iterator[list[Position]]:

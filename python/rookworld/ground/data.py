@@ -171,6 +171,11 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
     return records, skipped
 
 
+def position_key(fen: str) -> str:
+    """What makes two FENs one position: board, side to move, castling and en passant (not the clocks)."""
+    return " ".join(fen.split()[:4])
+
+
 def playable(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
     """(positions with a legal move, finished ones: checkmate or stalemate, which no task can be asked about)."""
     moves = chess.legal_moves_batch([r.fen for r in records])

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from rookworld.ground import chess
-from rookworld.ground.data import Record
+from rookworld.ground.data import Record, position_key
 from rookworld.ground.rewards import GroundTruth
 
 
@@ -33,14 +33,28 @@ def is_env_task(index: int, task_mix: float) -> bool:
     return (index + 1) * share.numerator // share.denominator > index * share.numerator // share.denominator
 
 
+#: Stream k of a seed's stand-ins for held-out positions draws from seed + k x this (far from every other stream's
+#: offset: evaluation's, mate-in-one's).
+REDRAW_SEED_STRIDE = 7_000_003
+#: Redraws of one generated position before it is kept held out or not: a bound on the loop, never reached by a
+#: held-out set that leaves the generator any other position.
+MAX_REDRAWS = 1000
+
+
 class PromptSource:
     """The prompts of each step: generated positions by default, or the records of a positions file, reshuffled
-    every pass."""
+    every pass. No prompt is a `held_out` position (keys as `position_key`): a file's are left out, and a generated
+    one is replaced by the position of the same index in the seed's next stand-in stream, which keeps the stream a
+    pure function of (seed, step, rank). Openings recur (every generator seed starts from the same book), so
+    without this a generated held-out set shares about a fifth of its positions with training."""
 
-    def __init__(self, cfg, records: Sequence[Record] | None = None, rank: int = 0, world: int = 1):
+    def __init__(self, cfg, records: Sequence[Record] | None = None, rank: int = 0, world: int = 1,
+                 held_out: frozenset[str] = frozenset()):
         self.cfg, self.rank, self.world = cfg, rank, world
         self.per_rank = cfg.prompts_per_step // world
-        self.records = list(records) if records else None
+        self.held_out = held_out
+        self.records = [r for r in records if position_key(r.fen) not in held_out] if records else None
+        self.left_out = len(records) - len(self.records) if records else 0
         self._order: list[int] = []
         self._order_epoch = -1
 
@@ -54,6 +68,18 @@ class PromptSource:
             self._order_epoch = epoch
         return self.records[self._order[index % n]]
 
+    def _generated(self, start: int) -> list[chess.Position]:
+        cfg = self.cfg
+        positions = chess.generate_positions(self.per_rank, cfg.seed, start=start, illegal_share=cfg.illegal_share)
+        for i, p in enumerate(positions):
+            k = 0
+            while position_key(p.fen) in self.held_out and k < MAX_REDRAWS:
+                k += 1
+                p = chess.generate_positions(1, cfg.seed + k * REDRAW_SEED_STRIDE, start=start + i,
+                                             illegal_share=cfg.illegal_share)[0]
+            positions[i] = p
+        return positions
+
     def batch(self, step: int) -> list[Prompt]:
         cfg = self.cfg
         if cfg.overfit_single_batch:
@@ -62,8 +88,7 @@ class PromptSource:
         if self.records is not None:
             records = [self._record(start + i) for i in range(self.per_rank)]
         else:
-            records = [Record.from_position(p) for p in chess.generate_positions(
-                self.per_rank, cfg.seed, start=start, illegal_share=cfg.illegal_share)]
+            records = [Record.from_position(p) for p in self._generated(start)]
         prompts = []
         for i, r in enumerate(records):
             if r.move is None or not is_env_task(start + i, cfg.task_mix):

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rookworld.ground.data import assign_moves, finished_message, playable, read_records
+from rookworld.ground.data import assign_moves, finished_message, playable, position_key, read_records
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import StockfishPool
 from rookworld.grpo.metrics import step_metrics
@@ -68,6 +68,14 @@ def largest_batch(start: int, limit: int, usable: Callable[[int], bool], fits: C
     return chosen
 
 
+def held_out_keys(cfg: TrainConfig) -> frozenset[str]:
+    """The positions training is evaluated on, which it never trains on: all of --eval-data (`rookworld eval --data`
+    takes the whole file), or the generated held-out positions of the run's evaluation."""
+    records = (read_records(cfg.eval_data)[0] if cfg.eval_data else
+               heldout_records(cfg.eval_size, cfg.seed, None, cfg.illegal_share))
+    return frozenset(position_key(r.fen) for r in records)
+
+
 class Trainer:
     """`rookworld train`. Each piece defaults to what the config says; a library user may bring their own policy,
     frozen reference, tokenizer, reward function (`RewardFn`) or prompt source (anything with `batch(step)`)."""
@@ -97,9 +105,15 @@ class Trainer:
         self.best_reward = state.get("best_reward", -math.inf)
         self.pool = None
         self.reward_fn = reward_fn if reward_fn is not None else self._chess_reward()
-        self.prompts = prompts if prompts is not None else PromptSource(cfg, records, run.dist.rank, run.dist.world)
-        run.log.say(f"prompts: {cfg.prompts_per_step} x group {cfg.group_size} per step, {100 * cfg.task_mix:.0f}% "
-                    f"P: / {100 * (1 - cfg.task_mix):.0f}% A:, from {cfg.data or 'generated positions'}")
+        if prompts is None:
+            held_out = held_out_keys(cfg)
+            prompts = PromptSource(cfg, records, run.dist.rank, run.dist.world, held_out)
+            left_out = f" ({prompts.left_out} held out left out)" if prompts.left_out else ""
+            run.log.say(f"prompts: {cfg.prompts_per_step} x group {cfg.group_size} per step, "
+                        f"{100 * cfg.task_mix:.0f}% P: / {100 * (1 - cfg.task_mix):.0f}% A:, from "
+                        f"{cfg.data or 'generated positions'}{left_out}, none of the {len(held_out)} held-out "
+                        f"positions")
+        self.prompts = prompts
         self._eval_records = None
         self._last_rollout: Rollout | None = None
 
