@@ -26,9 +26,10 @@ def test_the_presets_are_installed_with_the_package():
 def user_files(tmp_path, monkeypatch, tiny_dir):
     """The files the presets name, where a user following their comments would have them."""
     monkeypatch.chdir(tmp_path)
-    for name in ("train.jsonl", "held_out.jsonl", "chess-cpu-train.jsonl", "chess-cpu-held-out.jsonl"):
+    for name in ("train.jsonl", "held_out.jsonl", "chess-cpu-train.jsonl", "data/chess-cpu-held-out.jsonl"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("")
-    for run in ("runs/cpu-demo-sft", "runs/learning-sft", "runs/chess-cpu-sft"):
+    for run in ("runs/cpu-demo-sft", "runs/learning-sft", "models/chess-cpu-sft"):
         (tmp_path / run).parent.mkdir(exist_ok=True)
         (tmp_path / run).symlink_to(tiny_dir)
 

@@ -302,11 +302,13 @@ def test_a_fresh_model_with_the_chess_vocabulary_trains_evaluates_and_loads_in_t
 
 def test_an_sft_run_of_a_preset_points_on_to_the_preset_s_grpo(tmp_path, monkeypatch):
     """Its closing hint is the preset's [train] (its learning rate and steps), not a bare --model run at the
-    defaults (3e-6, 500 steps: nothing moves in a day); any other run gets the --model form."""
+    defaults (3e-6, 500 steps: nothing moves in a day), from this run's model where the preset's GRPO starts from
+    another (chess-cpu's starts from the shipped one); any other run gets the --model form."""
     monkeypatch.chdir(tmp_path)
     data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST)
     held_out = text_file(tmp_path, "held_out.txt", FIRST)
-    for out, hint in (("runs/chess-cpu-sft", "rookworld train --config chess-cpu"),
+    for out, hint in (("runs/cpu-demo-sft", "rookworld train --config cpu-demo"),
+                      ("runs/chess-cpu-sft", "rookworld train --config chess-cpu --model runs/chess-cpu-sft"),
                       ("mine", "rookworld train --model mine --output-dir mine-grpo")):
         proc = run_cli(sft_args(data, held_out, out, "--steps", "1", "--eval-every", "0"))
         assert proc.returncode == 0, proc.stderr

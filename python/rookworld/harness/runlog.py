@@ -226,9 +226,9 @@ class RunLog:
         self.say(f"model: {self.dir} (step {step}; its checkpoints in {self.dir / 'checkpoints'})")
         self.say(f"evaluate it: rookworld eval --model {self.dir}")
         if command == "sft":
-            preset = presets.grpo_after(self.dir)
-            self.say("train it with GRPO: " + (f"rookworld train --config {preset}" if preset else
-                                               f"rookworld train --model {self.dir} --output-dir {self.dir}-grpo"))
+            after = presets.grpo_after(self.dir)
+            self.say("train it with GRPO: "
+                     + (after or f"rookworld train --model {self.dir} --output-dir {self.dir}-grpo"))
         self.say(f"curves: rookworld plot {self.dir}")
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:

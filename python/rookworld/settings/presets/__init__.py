@@ -28,12 +28,19 @@ def path(name: str) -> Path | None:
 
 
 def grpo_after(sft_dir: str | os.PathLike) -> str | None:
-    """The preset whose GRPO ([train]) starts from the model `sft_dir` (the SFT run's output directory, as the preset
-    names it), or None: an SFT run from a preset is pointed on to the same preset's GRPO, with its settings."""
+    """The GRPO command that follows the SFT run written to `sft_dir`, or None: an SFT run from a preset ([sft]'s
+    output_dir) is pointed on to the same preset's [train] settings, from this very model when the preset's GRPO
+    starts from another (the chess-cpu one starts from the model shipped under models/)."""
+    here = os.path.normpath(sft_dir)
     for name in names():
-        model = tomllib.loads(DIRECTORY.joinpath(f"{name}.toml").read_text()).get("train", {}).get("model")
-        if isinstance(model, str) and os.path.normpath(model) == os.path.normpath(sft_dir):
-            return name
+        tables = tomllib.loads(DIRECTORY.joinpath(f"{name}.toml").read_text())
+        model = tables.get("train", {}).get("model")
+        if not isinstance(model, str):
+            continue
+        if os.path.normpath(model) == here:
+            return f"rookworld train --config {name}"
+        if os.path.normpath(tables.get("sft", {}).get("output_dir", "")) == here:
+            return f"rookworld train --config {name} --model {sft_dir}"
     return None
 
 
