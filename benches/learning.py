@@ -6,9 +6,11 @@
      the held-out positions (`rookworld eval`);
   3. GRPO from the SFT model for each seed (`rookworld train`), and the same evaluation again.
 
-Prints a before/after table per task (format validity, mean reward; P: legal best move, best-move accuracy,
-top 5; A: next state exact, FEN similarity), writes every figure as JSON and a PNG of the GRPO runs' curves
-(`rookworld plot`, needs matplotlib), all under --out.
+Prints a before/after table of every suite (P: format validity, mean reward, legal best move, best-move accuracy,
+top 5; A: format validity, mean reward, next state exact, FEN similarity, all on the held-out positions;
+mate-in-one, self-play legal half-moves and the score against Stockfish on their own generated positions),
+writes every figure as JSON and a PNG of the GRPO runs' curves (`rookworld plot`, needs matplotlib), all under
+--out.
 
     python benches/learning.py --out runs/learning                  # the defaults: on 2 CPU cores about 65 min
                                                                     # of SFT, then 40 min a GRPO seed
@@ -36,12 +38,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 from rookworld import cli  # noqa: E402
 
-#: The before/after table: (task, metric, label).
+#: The before/after table: (task or suite section, metric, label).
 ROWS = [("P", "format_valid", "format validity"), ("P", "mean_reward", "mean reward"),
         ("P", "legal_best_move", "legal best move"), ("P", "best_move_accuracy", "best-move accuracy"),
         ("P", "top5_accuracy", "best move in top 5"), ("A", "format_valid", "format validity"),
         ("A", "mean_reward", "mean reward"), ("A", "next_state_exact", "next state exact"),
-        ("A", "fen_similarity", "FEN similarity")]
+        ("A", "fen_similarity", "FEN similarity"), ("mate-in-one", "mate_rate", "mate in one"),
+        ("mate-in-one", "legal_best_move", "legal best move"),
+        ("selfplay/greedy", "legal_half_moves", "legal half-moves"),
+        ("selfplay/rookworld", "legal_half_moves", "legal half-moves (s)"), ("vs-stockfish", "score", "score")]
 
 
 def rookworld(*args: str, log: Path) -> None:
@@ -81,7 +86,7 @@ def sft_model(sft: Path, reused: bool) -> dict:
 
 def table(before: dict, after: dict[str, dict]) -> str:
     seeds = list(after)
-    head = f"{'task':<5}{'metric':<22}{'SFT':>8}" + "".join(f"{'GRPO s' + s:>10}" for s in seeds)
+    head = f"{'suite':<20}{'metric':<22}{'SFT':>8}" + "".join(f"{'GRPO s' + s:>10}" for s in seeds)
     head += f"{'mean gain':>11}{'seed spread':>13}"
     lines = [head, "-" * len(head)]
     for task, key, label in ROWS:
@@ -91,7 +96,7 @@ def table(before: dict, after: dict[str, dict]) -> str:
             continue
         gain = sum(vals) / len(vals) - b
         spread = max(vals) - min(vals)
-        lines.append(f"{task + ':':<5}{label:<22}{b:>8.3f}" + "".join(f"{v:>10.3f}" for v in vals)
+        lines.append(f"{task + ':':<20}{label:<22}{b:>8.3f}" + "".join(f"{v:>10.3f}" for v in vals)
                      + f"{gain:>+11.3f}{spread:>13.3f}")
     return "\n".join(lines)
 
@@ -129,6 +134,8 @@ def main() -> int:
                          "corrects the failures it samples (LEARNING.md)")
     ap.add_argument("--eval-every", type=int, default=10, help="GRPO steps between held-out evaluations")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="one GRPO run per seed")
+    ap.add_argument("--mate-positions", type=int, default=500, help="generated positions of the mate-in-one suite")
+    ap.add_argument("--games", type=int, default=32, help="games of the selfplay and vs-stockfish suites")
     ap.add_argument("--max-new-tokens", type=int, default=144, help="completion limit of sampling and evaluation")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--reuse", action="store_true", help="keep the positions and the SFT model that --out already "
@@ -140,7 +147,7 @@ def main() -> int:
         args.train_positions, args.eval_positions, args.depth = 24, 6, 4
         args.layers, args.sft_steps, args.rows_per_step = 2, 4, 2
         args.grpo_steps, args.prompts, args.group, args.eval_every, args.seeds = 2, 2, 2, 2, [0]
-        args.max_new_tokens = 24
+        args.max_new_tokens, args.mate_positions, args.games = 24, 4, 1
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,10 +180,18 @@ def main() -> int:
                   log=out / "sft.log")
 
     def evaluate(model: Path, name: str) -> dict:
-        result = out / f"eval_{name}.json"
-        rookworld("eval", "--model", str(model), "--data", str(held_out), "--out", str(result), "--device",
+        """Every suite: best-move on the held-out positions, the others on their own generated positions (a
+        held-out file has few mates in one)."""
+        best, rest = out / f"eval_{name}.json", out / f"eval_{name}_suites.json"
+        rookworld("eval", "--model", str(model), "--data", str(held_out), "--out", str(best), "--device",
                   args.device, "--eval-size", str(n_eval), *common, *limit, log=out / f"eval_{name}.log")
-        return json.loads(result.read_text())["suites"]["best-move"]["sections"]  # {"P": ..., "A": ...}
+        rookworld("eval", "--model", str(model), "--suite", "mate-in-one,selfplay,vs-stockfish", "--eval-size",
+                  str(args.mate_positions), "--games", str(args.games), "--out", str(rest), "--device", args.device,
+                  *common, *limit, log=out / f"eval_{name}_suites.log")
+        sections = json.loads(best.read_text())["suites"]["best-move"]["sections"]  # {"P": ..., "A": ...}
+        for suite in json.loads(rest.read_text())["suites"].values():
+            sections.update(suite["sections"])
+        return sections
 
     before = evaluate(sft, "sft")
     after, runs = {}, []

@@ -90,14 +90,18 @@ def test_learning_chain_smoke(tmp_path):
     proc = run_bench("learning.py", "--out", str(out), "--smoke", "--device", "cpu", "--vocabulary", "chess",
                      "--layout", "compact")
     for name in ("train.jsonl", "held_out.jsonl", "sft/config.json", "sft/vocab.json", "sft/metrics.jsonl",
-                 "eval_sft.json", "grpo_seed0/metrics.jsonl", "eval_grpo_seed0.json", "learning.json"):
+                 "eval_sft.json", "eval_sft_suites.json", "grpo_seed0/metrics.jsonl", "eval_grpo_seed0.json",
+                 "learning.json"):
         assert (out / name).is_file(), name
     figures = json.loads((out / "learning.json").read_text())
     assert set(figures["grpo"]) == {"0"} and "P" in figures["sft"] and "A" in figures["grpo"]["0"]
+    for section in ("mate-in-one", "selfplay/greedy", "vs-stockfish"):  # every suite, before and after
+        assert section in figures["sft"] and section in figures["grpo"]["0"], section
     held_out = {json.loads(line)["fen"] for line in (out / "held_out.jsonl").read_text().splitlines()}
     train = {json.loads(line)["fen"] for line in (out / "train.jsonl").read_text().splitlines()}
     assert held_out and not held_out & train, "held-out positions are never training positions"
-    assert "best-move accuracy" in proc.stdout and "next state exact" in proc.stdout
+    for label in ("best-move accuracy", "next state exact", "mate in one", "legal half-moves"):
+        assert label in proc.stdout, label
     if importlib.util.find_spec("matplotlib"):
         assert (out / "grpo_curves.png").read_bytes()[:4] == b"\x89PNG"
     made = figures["sft_model"]
