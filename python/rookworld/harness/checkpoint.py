@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -28,8 +29,18 @@ from rookworld.net.sources import (CONFIG_FILE, LATEST, STATE_FILE, CheckpointEr
                                    list_checkpoints, resolve_checkpoint, step_of)
 
 
+#: What `torch.load(weights_only=True)` may build beyond tensors and plain containers: numpy's RNG state, as
+#: checkpoints written before the numpy state was saved as a tensor hold it. Nothing here runs code.
+_NUMPY_MULTIARRAY = getattr(np, "_core", None) or np.core
+LEGACY_SAFE_GLOBALS = [_NUMPY_MULTIARRAY.multiarray._reconstruct, np.ndarray, np.dtype,
+                       type(np.dtype(np.uint32))]
+
+
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state, in types `torch.load(weights_only=True)` reads back: numpy's key as a tensor."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss,
+                                                    gauss), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -37,7 +48,9 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, key, pos, has_gauss, gauss = state["numpy"]
+    key = key.numpy() if torch.is_tensor(key) else np.asarray(key)
+    np.random.set_state((kind, key.astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -81,11 +94,22 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict
 
 
 def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The trainer's state, read without running code: torch's weights-only unpickler builds tensors, plain
+    containers and numbers (and the numpy arrays of older checkpoints) and refuses everything else, so a run
+    directory from someone else cannot execute anything on --resume."""
+    path = checkpoint / STATE_FILE
     try:
-        # Our own file: optimizer state and numpy RNG state need the full unpickler.
-        return torch.load(checkpoint / STATE_FILE, map_location=map_location, weights_only=False)
+        with torch.serialization.safe_globals(LEGACY_SAFE_GLOBALS):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        refused = str(e).split("\n")[0] if "Unsupported global" not in str(e) else next(
+            line.strip() for line in str(e).splitlines() if "Unsupported global" in line)
+        raise CheckpointError(f"{path} holds more than training state (tensors, numbers, containers), which "
+                              f"rookworld does not load: it could run code ({refused}); resume only from run "
+                              f"directories you trust, or start a new run from its model with --model "
+                              f"{checkpoint}") from None
     except Exception as e:  # a truncated or foreign file
-        raise CheckpointError(f"cannot read {checkpoint / STATE_FILE}: {e}") from None
+        raise CheckpointError(f"cannot read {path}: {e}") from None
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
