@@ -3,8 +3,12 @@ to do, with a non-zero exit status; no command runs code from a file it reads.""
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
+import time
 
 import numpy as np
 import torch
@@ -58,3 +62,52 @@ def test_training_state_round_trips_without_the_full_unpickler_and_old_checkpoin
         random.seed(9), np.random.seed(9), torch.manual_seed(9)
         checkpoint.set_rng_state(loaded["rng"])
         assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected, name
+
+
+def test_a_second_run_into_a_directory_in_use_is_refused_naming_the_first(tiny_dir, tmp_path):
+    """Two runs together into one --output-dir: the second is refused (before writing anything) with the first's
+    process named; once the first has ended, however it ended, the directory is free again."""
+    out = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "rookworld", *train_args(tiny_dir, out, "--steps", "200")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists():  # the first run is past its start-up and stepping
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.stderr else ""
+            time.sleep(0.2)
+        second = run_cli(train_args(tiny_dir, out, "--steps", "1", "--seed", "4"))
+        assert second.returncode != 0 and "Traceback" not in second.stderr, second.stderr
+        assert f"is in use by another run (rookworld train, process {first.pid}" in second.stderr, second.stderr
+        steps = len((out / "metrics.jsonl").read_text().splitlines())
+    finally:
+        first.kill()  # SIGKILL: no chance to release anything; the kernel drops the lock
+        first.wait()
+    assert steps >= 1
+    again = run_cli(train_args(tiny_dir, out, "--steps", "1", "--overwrite"))
+    assert again.returncode == 0, again.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1], "one run's metrics, not two interleaved"
+
+
+def test_an_output_directory_that_cannot_be_written_is_one_line(tiny_dir, tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere: a file where the directory should be does the same for root
+        target = tmp_path / "a_file"
+        target.write_text("")
+        out = target / "run"
+    else:
+        locked = tmp_path / "read_only"
+        locked.mkdir(mode=0o555)
+        out = locked / "run"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "1"))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"--output-dir {out}: cannot write there" in proc.stderr
+
+
+def test_a_bad_eval_data_file_stops_the_run_before_it_starts(tiny_dir, tmp_path):
+    """It was read at the first evaluation (step 50 by default, before the first checkpoint) and crashed there."""
+    bad = tmp_path / "held_out.jsonl"
+    bad.write_text('{"fen": "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"}\n{"fen": "not a fen"}\n')
+    out = tmp_path / "run"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "60", "--eval-data", str(bad)))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{bad}:2" in proc.stderr and not out.exists()

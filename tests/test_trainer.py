@@ -384,6 +384,13 @@ def test_a_training_run_leaves_out_its_eval_data(tmp_path):
     assert held_out_keys(cfg) == {position_key(p.fen) for p in generate_positions(500, 1001)}
     generated = TrainConfig(eval_size=64, seed=3, output_dir=str(tmp_path)).validate()
     assert held_out_keys(generated) == {position_key(r.fen) for r in heldout_records(64, 3)}
+    # A --data file made only of held-out positions leaves nothing to train on: one line, before any model loads.
+    only_held = tmp_path / "only_held.fen"
+    only_held.write_text("".join(p.fen + "\n" for p in generate_positions(20, 1001)))
+    proc = run_cli(["train", "--data", str(only_held), "--eval-data", str(held), "--output-dir",
+                    str(tmp_path / "run"), "--device", "cpu"])
+    assert proc.returncode != 0 and "every position is among the held-out ones" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):

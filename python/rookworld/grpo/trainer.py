@@ -92,6 +92,12 @@ class Trainer:
             if not records:
                 raise ConfigError(f"--data {cfg.data}: no position with a legal move")
             records = assign_moves(records, cfg.seed)
+        # A file of one's own is checked against --eval-data only: the generated evaluation set holds the common
+        # openings, which a small file may be made of.
+        held_out = held_out_keys(cfg) if prompts is None and (cfg.eval_data or records is None) else frozenset()
+        if records is not None and held_out and all(position_key(r.fen) in held_out for r in records):
+            raise ConfigError(f"--data {cfg.data}: every position is among the held-out ones of --eval-data "
+                              f"{cfg.eval_data}: train on other positions, or hold out others")
         self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary)
         if finished:
             run.log.say(f"warning: --data {cfg.data}: {finished_message(finished, len(records) + len(finished))}")
@@ -106,13 +112,12 @@ class Trainer:
         self.pool = None
         self.reward_fn = reward_fn if reward_fn is not None else self._chess_reward()
         if prompts is None:
-            held_out = held_out_keys(cfg)
             prompts = PromptSource(cfg, records, run.dist.rank, run.dist.world, held_out)
-            left_out = f" ({prompts.left_out} held out left out)" if prompts.left_out else ""
+            left_out = f" less {prompts.left_out} held out" if prompts.left_out else ""
+            apart = f", none of the {len(held_out)} held-out positions" if held_out else ""
             run.log.say(f"prompts: {cfg.prompts_per_step} x group {cfg.group_size} per step, "
                         f"{100 * cfg.task_mix:.0f}% P: / {100 * (1 - cfg.task_mix):.0f}% A:, from "
-                        f"{cfg.data or 'generated positions'}{left_out}, none of the {len(held_out)} held-out "
-                        f"positions")
+                        f"{cfg.data or 'generated positions'}{left_out}{apart}")
         self.prompts = prompts
         self._eval_records = None
         self._last_rollout: Rollout | None = None

@@ -20,7 +20,7 @@ from torch import nn
 
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm, init_distributed
-from rookworld.harness.rundir import prepare_output_dir
+from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
 from rookworld.harness.runlog import RunLog, Summary
 from rookworld.net.device import keep_freed_memory, resolve_device
 from rookworld.net.model import from_pretrained, model_directory
@@ -77,7 +77,13 @@ class Run:
         source, directory = self.resume_from or cfg.model or label, None
         if policy is None:
             directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
-        prepare_output_dir(cfg, self.resume_from, self.dist.main, command)
+        self.lock = RunDirectoryLock(Path(cfg.output_dir), command) if self.dist.main else None
+        try:
+            prepare_output_dir(cfg, self.resume_from, self.dist.main, command)
+        except BaseException:
+            if self.lock is not None:
+                self.lock.release()
+            raise
         self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary,
                           report_to=cfg.reporters, wandb_project=cfg.wandb_project, config=cfg.to_dict(),
                           command=command)
@@ -162,7 +168,7 @@ class Run:
             self.log.say(f"resumed from {self.resume_from} at step {self.step}")
         if self.step >= cfg.steps:
             self.log.say(complete_message(self.command, cfg, self.step))
-            self.log.close()
+            self.close()
             return {}
         previous = {}
         if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
@@ -205,8 +211,14 @@ class Run:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.log.close()
+            self.close()
         return last
+
+    def close(self) -> None:
+        """The run log closed and the output directory free for the next run (a process's exit frees it too)."""
+        self.log.close()
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def cores(self) -> int:

@@ -8,8 +8,12 @@ started afresh without asking when it has not logged a single step.
 
 from __future__ import annotations
 
+import datetime
+import fcntl
 import json
+import os
 import shutil
+import socket
 from pathlib import Path
 
 from rookworld import __version__
@@ -19,6 +23,9 @@ from rookworld.harness.runlog import WANDB_ID
 from rookworld.settings.config import ConfigError, RunConfig
 
 RUN_FILE = "run.json"
+#: Held (flock) by the run writing to the directory, for as long as its process lives: the kernel drops the lock of a
+#: process that dies however it dies, so a crashed run's lock file is stale by itself and never needs clearing.
+LOCK_FILE = ".rookworld.lock"
 COMMANDS = ("train", "sft")
 # What a run writes, besides the model files `sft` (and `train`) keep at the top.
 _RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard", "wandb", WANDB_ID, RUN_FILE)
@@ -66,6 +73,47 @@ def check_resume(command: str, checkpoint_dir: Path) -> None:
         raise ConfigError(f"--resume {checkpoint_dir}: that is a `rookworld {owner}` run; continue it with "
                           f"rookworld {owner} --resume {out}, or start {other} training from its model with "
                           f"rookworld {command} --model {checkpoint_dir} --output-dir NEW_DIR")
+
+
+class RunDirectoryLock:
+    """Exclusive use of an output directory, taken before anything is written there. A second run into the same
+    directory is refused with a message naming the first (two runs together interleaved their metrics and
+    overwrote each other's checkpoints, both exiting 0)."""
+
+    def __init__(self, out: Path, command: str):
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self._file = open(out / LOCK_FILE, "a+")
+        except OSError as e:
+            raise ConfigError(f"--output-dir {out}: cannot write there ({e.strerror}): give a directory you can "
+                              "write to") from None
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._file.seek(0)
+            holder = self._file.read().strip()
+            self._file.close()
+            raise ConfigError(f"--output-dir {out} is in use by another run ({_describe(holder)}): wait for it to "
+                              f"end, or give another --output-dir") from None
+        self._file.seek(0)
+        self._file.truncate()
+        started = datetime.datetime.now().isoformat(timespec="seconds")
+        json.dump({"command": command, "pid": os.getpid(), "host": socket.gethostname(), "started": started},
+                  self._file)
+        self._file.flush()
+
+    def release(self) -> None:
+        if not self._file.closed:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+
+
+def _describe(holder: str) -> str:
+    try:
+        h = json.loads(holder)
+        return f"rookworld {h['command']}, process {h['pid']} on {h['host']}, started {h['started']}"
+    except (ValueError, KeyError, TypeError):
+        return "a rookworld run that has not said which yet"
 
 
 def prepare_output_dir(cfg: RunConfig, resume_from: Path | None, main: bool, command: str) -> None:
