@@ -111,3 +111,24 @@ def test_a_bad_eval_data_file_stops_the_run_before_it_starts(tiny_dir, tmp_path)
     proc = run_cli(train_args(tiny_dir, out, "--steps", "60", "--eval-data", str(bad)))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{bad}:2" in proc.stderr and not out.exists()
+
+
+def test_inf_and_nan_settings_are_refused_from_flags_and_toml(tiny_dir, tmp_path):
+    (tmp_path / "lr.toml").write_text("[train]\nlr = inf\n")
+    for extra in (["--lr", "inf"], ["--lr", "nan"], ["--beta=-inf"], ["--config", str(tmp_path / "lr.toml")]):
+        proc = run_cli(train_args(tiny_dir, tmp_path / "run", "--steps", "1", *extra))
+        assert proc.returncode == 2 and "must be a finite number" in proc.stderr, (extra, proc.stderr)
+        assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_run_whose_loss_stops_being_finite_stops_without_applying_the_step(tiny_dir, tmp_path):
+    """lr 1e30: the first step sends the weights to about 1e30, the second step's forward overflows. The run stops
+    there with one line and a non-zero status; the step is not applied, nothing is saved after it."""
+    out = tmp_path / "run"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "5", "--lr", "1e30", "--warmup-steps", "0",
+                              "--save-every", "1", "--entropy-coef", "0.01"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "stopped at step 2: the " in proc.stderr and "not finite" in proc.stderr, proc.stderr
+    assert f"--resume {out} --lr X" in proc.stderr
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1] and [p.name for p in checkpoint.list_checkpoints(out)] == ["step-000001"]

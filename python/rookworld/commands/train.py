@@ -11,7 +11,7 @@ from rookworld.ground.data import DataError
 from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
 from rookworld.grpo.trainer import Trainer
 from rookworld.harness import checkpoint
-from rookworld.harness.run import complete_message
+from rookworld.harness.run import Diverged, complete_message
 from rookworld.harness.rundir import check_resume
 from rookworld.net.model import ModelNotAvailableError
 from rookworld.net.tokenizer import TokenizerUnavailableError
@@ -52,6 +52,13 @@ def run(args: argparse.Namespace) -> int:
         trainer.train()
     except StockfishNotFoundError as e:  # sft's evaluation starts Stockfish only when it first needs it
         raise CliError(str(e)) from None
+    except Diverged as e:
+        saved = checkpoint.list_checkpoints(cfg.output_dir)
+        last = (f"its last checkpoint, {saved[-1]}, is from before: continue from it with a lower --lr, rookworld "
+                f"{command} --resume {cfg.output_dir} --lr X" if saved else
+                "it saved no checkpoint: start again with a lower --lr (--overwrite)")
+        raise CliError(f"stopped at step {trainer.run.step + 1}: {e}; the step was not applied and nothing was "
+                       f"saved after it; {last}") from None
     finally:
         trainer.close()
     if trainer.run.interrupted:

@@ -13,6 +13,7 @@ from rookworld.grpo.models import MicroBatch, Models
 from rookworld.grpo.objective import Objective, Totals
 from rookworld.grpo.rollout import Rollout, seed_of
 from rookworld.harness.distributed import Comm
+from rookworld.harness.run import step_if_finite
 
 _SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss")
 
@@ -61,7 +62,7 @@ def update(cfg, objective: Objective, models: Models, optimizer: torch.optim.Opt
             grads = [p for p in params if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(grads, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
             acc.grad_norms.append(norm.detach())
-            optimizer.step()
+            step_if_finite(optimizer, norm)
             acc.done += 1
     return acc
 

@@ -38,6 +38,22 @@ def lr_factor(step: int, cfg: RunConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class Diverged(RuntimeError):
+    """The loss or the gradients stopped being finite. The step that found it was not applied, so the weights and
+    the last checkpoint are still good."""
+
+
+def step_if_finite(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor, loss: float | torch.Tensor = 0.0
+                   ) -> None:
+    """`optimizer.step()`, unless the gradients or the loss are NaN or infinite: one such step makes every weight
+    NaN (and AdamW's moments with them), and the run would go on reporting `loss: null`. (One device sync per
+    optimizer step, which a GRPO step takes a handful of.)"""
+    if not (math.isfinite(float(grad_norm)) and math.isfinite(float(loss))):
+        raise Diverged(f"the {'gradients are' if not math.isfinite(float(grad_norm)) else 'loss is'} not finite "
+                       f"(grad norm {float(grad_norm):g}, loss {float(loss):g})")
+    optimizer.step()
+
+
 def complete_message(command: str, cfg: RunConfig, step: int) -> str:
     return (f"the run is complete: step {step} of --steps {cfg.steps}; to train longer, rookworld {command} "
             f"--resume {cfg.output_dir} --steps N with N > {step}")

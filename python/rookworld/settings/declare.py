@@ -7,6 +7,7 @@ settings combine; `from_dict` reads a TOML table or a saved config.json into the
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -110,6 +111,8 @@ class Settings:
             if v is None:
                 continue
             choices, check = f.metadata["choices"], f.metadata["check"]
+            # `--lr inf` turned every weight into NaN and the run still exited 0: no setting is infinite or NaN.
+            need(base_type(f) is not float or math.isfinite(v), f"{option(f)} must be a finite number, got {v!r}")
             need(choices is None or v in choices, f"{option(f)} must be one of {', '.join(choices or ())}, "
                                                   f"got {v!r}")
             if check is not None:

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import StockfishPool
-from rookworld.harness.run import Run
+from rookworld.harness.run import Run, step_if_finite
 from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
@@ -136,7 +136,7 @@ class SFTTrainer:
             total += nll
         params = [p for g in run.optimizer.param_groups for p in g["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-        run.optimizer.step()
+        step_if_finite(run.optimizer, norm, total)
         lr = run.optimizer.param_groups[0]["lr"]
         run.scheduler.step()
         if run.device.type == "cuda":
