@@ -132,3 +132,16 @@ def test_a_run_whose_loss_stops_being_finite_stops_without_applying_the_step(tin
     assert f"--resume {out} --lr X" in proc.stderr
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1] and [p.name for p in checkpoint.list_checkpoints(out)] == ["step-000001"]
+
+
+def test_a_torn_last_line_of_metrics_is_dropped_on_resume(tiny_dir, tmp_path):
+    """What a full disk or a kill in mid-write leaves: the resume drops the torn line with a warning (it was a
+    JSONDecodeError that stopped the resume)."""
+    out = tmp_path / "run"
+    assert run_cli(train_args(tiny_dir, out, "--steps", "2", "--save-every", "1")).returncode == 0
+    metrics = out / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 3, "loss": 0.1')
+    resumed = run_cli(["train", "--resume", str(out), "--steps", "3"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"warning: {metrics}: dropped 1 line that was cut short" in resumed.stderr
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]

@@ -147,8 +147,18 @@ class RunLog:
         self.samples_path = self.dir / "samples.jsonl"
         for path in (self.metrics_path, self.samples_path):
             if path.exists():
-                kept = [line for line in path.read_text().splitlines()
-                        if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+                kept, torn = [], 0
+                for line in path.read_text(errors="replace").splitlines():
+                    try:
+                        row = json.loads(line) if line.strip() else None
+                    except ValueError:  # a line cut short (a full disk, a kill mid-write): that step is replayed
+                        torn += 1
+                        continue
+                    if isinstance(row, dict) and row.get("step", 0) <= resume_step:
+                        kept.append(line)
+                if torn:
+                    self.say(f"warning: {path}: dropped {torn} line{'s' if torn > 1 else ''} that "
+                             f"{'were' if torn > 1 else 'was'} cut short")
                 path.write_text("".join(line + "\n" for line in kept))
         # W&B first: it is the one that can fail (no login), and then no event files are left open.
         if "wandb" in self.report_to:
