@@ -391,6 +391,10 @@ def test_plot_draws_several_runs_and_says_what_is_missing(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "3 panels, 2 run(s)" in proc.stderr
     missing = run_cli(["plot", str(tmp_path / "nothing"), "--out", str(out)])
     assert missing.returncode == 2 and "no metrics.jsonl" in missing.stderr and "Traceback" not in missing.stderr
+    bare = tmp_path / "bare"  # a name without .png: written as given, as the closing line says
+    proc = run_cli(["plot", *runs, "--out", str(bare)])
+    assert bare.read_bytes()[:4] == b"\x89PNG" and not bare.with_suffix(".png").exists()
+    assert f"wrote {bare} (" in proc.stderr
 
 
 def test_plot_tells_runs_and_tasks_apart_and_keeps_losses_apart(tmp_path):

@@ -99,7 +99,7 @@ def run_names(runs: Sequence[str | Path]) -> list[str]:
 def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = None) -> int:
     """Draws every panel some run has data for into the PNG `out`; returns how many."""
     fig, n = figure(runs, title)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, format="png")  # to `out` itself: without a format, a name without .png got one added
     import matplotlib.pyplot as plt
 
     plt.close(fig)
