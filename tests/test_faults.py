@@ -145,3 +145,10 @@ def test_a_torn_last_line_of_metrics_is_dropped_on_resume(tiny_dir, tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert f"warning: {metrics}: dropped 1 line that was cut short" in resumed.stderr
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_ask_with_a_stockfish_path_that_is_not_there_is_an_error(tiny_dir, tmp_path):
+    proc = run_cli(["ask", "--model", str(tiny_dir), "--device", "cpu", "--stockfish-path", str(tmp_path / "nope"),
+                    "8/8/8/8/8/8/8/K6k w - - 0 1"])
+    assert proc.returncode == 2 and str(tmp_path / "nope") in proc.stderr and "Traceback" not in proc.stderr, \
+        proc.stderr

@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         find_stockfish(s.stockfish_path)
         pool = stockfish_pool(s)
-    except StockfishNotFoundError:
+    except StockfishNotFoundError as e:
+        if s.stockfish_path:  # asked for by name: a typo is an error, not a quiet answer without a reward
+            raise CliError(str(e)) from None
         pool = None
         print("Stockfish not found: no reward (install it, or give --stockfish-path)", file=sys.stderr)
     lm = load_lm(s)
