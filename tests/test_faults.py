@@ -152,3 +152,13 @@ def test_ask_with_a_stockfish_path_that_is_not_there_is_an_error(tiny_dir, tmp_p
                     "8/8/8/8/8/8/8/K6k w - - 0 1"])
     assert proc.returncode == 2 and str(tmp_path / "nope") in proc.stderr and "Traceback" not in proc.stderr, \
         proc.stderr
+
+
+def test_a_seed_past_64_bits_and_a_config_that_is_not_a_toml_file_are_one_line(tiny_dir, tmp_path):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)))
+    for extra, said in ((["--seed", str(2**64)], "--seed must be between 0 and 2^63 - 1"),
+                        (["--config", str(tmp_path)], "is a directory"),
+                        (["--config", str(binary)], "is not a text file")):
+        proc = run_cli(train_args(tiny_dir, tmp_path / "run", "--steps", "1", *extra))
+        assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, (extra, proc.stderr)

@@ -33,6 +33,15 @@ def non_negative(option: str, value: Any) -> str | None:
     return None if value >= 0 and not math.isnan(value) else f"{option} must be >= 0, got {value}"
 
 
+#: Seeds are offset by up to about 2^33 for the streams a run must never share (evaluation, mate-in-one, held-out
+#: stand-ins) and must then still fit the generators' 64 bits.
+MAX_SEED = 2**63 - 1
+
+
+def seed_range(option: str, value: Any) -> str | None:
+    return None if 0 <= value <= MAX_SEED else f"{option} must be between 0 and 2^63 - 1, got {value}"
+
+
 def above_zero(option: str, value: Any) -> str | None:
     return None if value > 0 and not math.isnan(value) else f"{option} must be > 0, got {value}"
 

@@ -113,6 +113,13 @@ def from_args(args: argparse.Namespace, cls: type[Settings]):
                               ) from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"--config {path}: {e}") from None
+        except IsADirectoryError:
+            raise ConfigError(f"--config {path} is a directory: give a TOML file or a preset (presets: "
+                              f"{', '.join(presets.names())})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"--config {path} is not a text file: give a TOML file or a preset") from None
+        except OSError as e:
+            raise ConfigError(f"--config {path}: cannot read it ({e.strerror})") from None
         if preset is not None and section not in values:
             raise ConfigError(f"--config {args.config}: the preset has no settings for rookworld {section} (it has "
                               f"{', '.join('rookworld ' + k for k in values)})")

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rookworld.settings.base import existing_files, non_negative, positive, share
+from rookworld.settings.base import existing_files, non_negative, positive, seed_range, share
 from rookworld.settings.declare import (DATA, DECODING, GAME, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH, SUITES_, group,
                                         setting)
 from rookworld.settings.hub import is_local_path
@@ -62,7 +62,7 @@ class ModelSettings:
 @group
 class SeedSettings:
     seed: int = setting(0, "random seed: of generated positions and A: moves, of sampling and sampled decoding, and "
-                           "of a fresh model's weights", RUN, check=non_negative)
+                           "of a fresh model's weights", RUN, check=seed_range)
 
 
 @group
