@@ -81,7 +81,7 @@ def error_line(capsys, argv: list[str]) -> str:
 
 @pytest.mark.parametrize("flag, value, message", [
     ("--stockfish-depth", "0", "--stockfish-depth must be a positive integer, got 0"),
-    ("--seed", "-1", "--seed must be >= 0, got -1"),
+    ("--seed", "-1", "--seed must be between 0 and 2^63 - 1, got -1"),
     ("--device", "tpu", "--device must be cpu, cuda, cuda:N or auto, got 'tpu'"),
 ])
 def test_a_setting_is_refused_in_the_same_words_by_every_command(capsys, tmp_path, flag, value, message):
