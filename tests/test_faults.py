@@ -162,3 +162,10 @@ def test_a_seed_past_64_bits_and_a_config_that_is_not_a_toml_file_are_one_line(t
                         (["--config", str(binary)], "is not a text file")):
         proc = run_cli(train_args(tiny_dir, tmp_path / "run", "--steps", "1", *extra))
         assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, (extra, proc.stderr)
+
+
+def test_max_new_tokens_beyond_the_model_s_context_is_one_line(tiny_dir):
+    proc = run_cli(["eval", "--model", str(tiny_dir), "--device", "cpu", "--eval-size", "2", "--max-new-tokens",
+                    "5000", "--stockfish-depth", "4"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "exceed the model's context of" in proc.stderr and "give --max-new-tokens" in proc.stderr

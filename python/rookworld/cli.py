@@ -11,6 +11,7 @@ import sys
 
 import rookworld
 from rookworld.commands.common import CliError
+from rookworld.net.limits import ContextTooLong
 from rookworld.settings.commands import COMMANDS
 from rookworld.settings.flags import add_arguments
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(f"rookworld.commands.{MODULES[args.command]}")
         return module.run(args)
-    except CliError as e:
+    except (CliError, ContextTooLong) as e:
         print(f"rookworld {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

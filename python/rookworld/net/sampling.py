@@ -21,6 +21,7 @@ import torch
 
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
 from rookworld.net.decoding import Decoder
+from rookworld.net.limits import ContextTooLong
 from rookworld.net.model import GPT
 from rookworld.net.tokenizer import EOS_ID
 
@@ -151,7 +152,9 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     )
     limits, N = _row_limits(max_new_tokens, B, device)
     if P + N > model.config.block_size:
-        raise ValueError(f"prompt width {P} + {N} new tokens exceeds the context of {model.config.block_size}")
+        raise ContextTooLong(f"a prompt of {P} tokens and --max-new-tokens {N} exceed the model's context of "
+                             f"{model.config.block_size} tokens: give --max-new-tokens {model.config.block_size - P} "
+                             f"or less")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
