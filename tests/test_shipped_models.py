@@ -1,0 +1,58 @@
+"""The chess-cpu models that ship under models/ (issue 34): plain GPT-2 directories of at most 16 MB that
+`transformers` and every rookworld command load from a fresh clone, so LEARNING.md's figures can be checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rookworld.net.model import from_pretrained
+from rookworld.net.tokenizer import chess_tokenizer, get_tokenizer
+
+from conftest import cli
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+SHIPPED = ("chess-cpu-sft", "chess-cpu-grpo")
+HELD_OUT = Path(__file__).resolve().parents[1] / "data" / "chess-cpu-held-out.jsonl"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_shipped_model_is_a_small_plain_gpt2_directory(name):
+    d = MODELS / name
+    assert sorted(p.name for p in d.iterdir()) == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
+    assert (d / "model.safetensors").stat().st_size <= 16 * 2**20
+    config = json.loads((d / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["vocab_size"] == 4364
+    assert get_tokenizer(d).encode("P: 8/8/8/8/8/8/8/K6k w - - 0 1") == \
+        chess_tokenizer().encode("P: 8/8/8/8/8/8/8/K6k w - - 0 1")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_transformers_loads_a_shipped_model_and_its_tokenizer_as_they_are(name):
+    transformers = pytest.importorskip("transformers")
+    d = MODELS / name
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d)
+    tok = transformers.AutoTokenizer.from_pretrained(d)
+    text = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+    ids = tok(text)["input_ids"]
+    assert ids == get_tokenizer(d).encode(text)
+    ours = from_pretrained(d)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        assert torch.allclose(hf(x).logits, ours(x), atol=1e-4)
+
+
+def test_eval_ask_and_play_run_on_the_shipped_grpo_model():
+    """From a fresh clone, without training: what the README tells a user to try."""
+    d = MODELS / "chess-cpu-grpo"
+    ev = cli(*["eval", "--model", str(d), "--data", str(HELD_OUT), "--eval-size", "8", "--device", "cpu",
+                  "--stockfish-depth", "4"])
+    assert ev.returncode == 0 and "legal best move" in ev.stdout, ev.stderr
+    ask = cli(*["ask", "--model", str(d), "--device", "cpu", "--stockfish-depth", "4",
+                   "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"])
+    assert ask.returncode == 0 and "completion" in ask.stdout, ask.stderr
+    play = cli("play", "--model", str(d), "--device", "cpu", input="e4\nd4\nNf3\n")
+    assert play.returncode == 0 and "your move (white): e4" in play.stdout, play.stderr
