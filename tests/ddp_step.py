@@ -72,7 +72,6 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(1)
-    trainer = None
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in CASES.items():
             cfg = TrainConfig(steps=1, prompts_per_step=len(PROMPTS), group_size=GROUP, max_new_tokens=9, top_k=1,
@@ -90,8 +89,7 @@ def main() -> int:
                     grads.update({f"value.{k}": p.grad for k, p in trainer.models.value_head.named_parameters()})
                 torch.save(grads, out / f"{name}.pt")
                 (out / f"{name}.json").write_text(json.dumps(m))
-    if trainer is not None:
-        trainer.close()
+            trainer.close()  # each case's run ends before the next one takes the same directory
     return 0
 
 

@@ -307,3 +307,4 @@ class Trainer:
             self.pool.close()
             self.pool = None
         self.run.comm.close()
+        self.run.close()  # the output directory is free for the next run, in this process too

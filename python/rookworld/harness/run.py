@@ -93,6 +93,7 @@ class Run:
         source, directory = self.resume_from or cfg.model or label, None
         if policy is None:
             directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
+        self._closed = False
         self.lock = RunDirectoryLock(Path(cfg.output_dir), command) if self.dist.main else None
         try:
             prepare_output_dir(cfg, self.resume_from, self.dist.main, command)
@@ -232,6 +233,9 @@ class Run:
 
     def close(self) -> None:
         """The run log closed and the output directory free for the next run (a process's exit frees it too)."""
+        if self._closed:
+            return
+        self._closed = True
         self.log.close()
         if self.lock is not None:
             self.lock.release()

@@ -184,3 +184,4 @@ class SFTTrainer:
             self.pool.close()
             self.pool = None
         self.run.comm.close()
+        self.run.close()  # the output directory is free for the next run, in this process too
