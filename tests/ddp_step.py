@@ -72,11 +72,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(1)
+    trainer = None
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in CASES.items():
             cfg = TrainConfig(steps=1, prompts_per_step=len(PROMPTS), group_size=GROUP, max_new_tokens=9, top_k=1,
                               beta=0.1, max_grad_norm=0.0, warmup_steps=0, eval_every=0, save_every=0,
-                              sample_every=0, output_dir=tmp, compile=False, micro_batch_size=2, device="cpu",
+                              sample_every=0, output_dir=f"{tmp}/{name}", compile=False, micro_batch_size=2, device="cpu",
                               **extra).validate()
             trainer = Trainer(cfg, policy=tiny_gpt(seed=2, scale=3.0),
                               reference=tiny_gpt(seed=3, scale=3.0).requires_grad_(False), tokenizer=get_tokenizer(),
@@ -89,7 +90,8 @@ def main() -> int:
                     grads.update({f"value.{k}": p.grad for k, p in trainer.models.value_head.named_parameters()})
                 torch.save(grads, out / f"{name}.pt")
                 (out / f"{name}.json").write_text(json.dumps(m))
-            trainer.close()  # each case's run ends before the next one takes the same directory
+    # Once, at the end: closing a trainer destroys the process group, which torchrun's store cannot start again.
+    trainer.close()
     return 0
 
 
