@@ -4,6 +4,7 @@ to do, with a non-zero exit status; no command runs code from a file it reads.""
 from __future__ import annotations
 
 import json
+import signal
 import os
 import random
 import subprocess
@@ -169,3 +170,81 @@ def test_max_new_tokens_beyond_the_model_s_context_is_one_line(tiny_dir):
                     "5000", "--stockfish-depth", "4"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "exceed the model's context of" in proc.stderr and "give --max-new-tokens" in proc.stderr
+
+
+# -- Ctrl-C: an evaluation stops at once, a second Ctrl-C keeps the last finished step ---------------------------
+
+class RandomRewards:
+    """Rewards from the completions' text (so a resumed run sees the same ones), with spread; `interrupt_at` sends
+    this process SIGINT `times` times while that step is being scored, as a user's Ctrl-C during the rollout."""
+
+    def __init__(self, interrupt_at: int | None = None, times: int = 2):
+        self.calls, self.interrupt_at, self.times = 0, interrupt_at, times
+
+    def prefetch(self, prompts):
+        pass
+
+    def __call__(self, prompts, completions):
+        from rookworld.ground.rewards import Scores
+
+        self.calls += 1
+        if self.calls == self.interrupt_at:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
+        r = np.array([(sum(map(ord, c)) % 97) / 97 for c in completions])
+        return Scores(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool))
+
+
+def _trainer(out, *, steps, resume=None, reward=None, **kw):
+    from rookworld.grpo.trainer import Trainer
+    from rookworld.net.tokenizer import get_tokenizer
+    from rookworld.settings.config import TrainConfig
+    from conftest import tiny_gpt
+    from test_trainer import FixedPrompts
+
+    settings = dict(steps=steps, prompts_per_step=2, group_size=4, max_new_tokens=4, warmup_steps=0, eval_every=0,
+                    save_every=0, sample_every=0, output_dir=str(out), compile=False, log_every=100, beta=0.0,
+                    baseline="ema", lr=1e-3, device="cpu", seed=5, resume=str(resume) if resume else None)
+    cfg = TrainConfig(**(settings | kw)).validate()
+    policy = None if resume else tiny_gpt(seed=1, scale=2.0)
+    return Trainer(cfg, policy=policy, tokenizer=get_tokenizer(), reward_fn=reward or RandomRewards(),
+                   prompts=FixedPrompts("P: x", 2), stream=open(os.devnull, "w"))
+
+
+def test_a_second_ctrl_c_during_the_rollout_keeps_the_last_step_and_the_resumed_run_is_the_unbroken_one(tmp_path):
+    """The second Ctrl-C used to abort without saving (60 steps lost in issue 35's try). Now a step that has not
+    changed a weight is dropped and the one before it saved, with the generators and EMA baselines it ended with."""
+    straight = _trainer(tmp_path / "straight", steps=4)
+    straight.train()
+    straight.close()
+    broken = _trainer(tmp_path / "broken", steps=4, reward=RandomRewards(interrupt_at=3))
+    broken.train()
+    broken.close()
+    assert broken.run.interrupted and broken.run.step == 2
+    assert checkpoint.list_checkpoints(tmp_path / "broken")[-1].name == "step-000002"
+    resumed = _trainer(tmp_path / "resumed", steps=4, resume=tmp_path / "broken")
+    resumed.train()
+    resumed.close()
+    a, b = straight.run.policy.state_dict(), resumed.run.policy.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.objective.baselines == straight.objective.baselines
+
+
+def test_ctrl_c_during_an_evaluation_stops_it_at_once_and_saves_the_step(tmp_path):
+    trainer = _trainer(tmp_path / "run", steps=5, eval_every=2)
+    started = []
+
+    def slow_evaluation():  # a held-out evaluation of a few minutes, and the user's Ctrl-C a moment into it
+        started.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(120)
+        return {"eval/P/legal_best_move": 1.0}
+
+    trainer.evaluate = slow_evaluation
+    trainer.train()
+    trainer.close()
+    assert time.perf_counter() - started[0] < 20, "it waited for the evaluation"
+    assert trainer.run.interrupted and trainer.run.step == 2
+    assert checkpoint.list_checkpoints(tmp_path / "run")[-1].name == "step-000002"
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and not any(k.startswith("eval/") for r in rows for k in r)

@@ -323,7 +323,7 @@ def test_ctrl_c_finishes_the_step_saves_and_exits(tiny_dir, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stderr
-    assert "stopping after this step" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    assert "stopping after step" in stderr and "--resume" in stderr and "Traceback" not in stderr
     done = [r["step"] for r in metrics(out)]
     assert done and done[-1] < 500
     saved = out / "checkpoints" / f"step-{done[-1]:06d}"

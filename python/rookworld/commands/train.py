@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
         trainer.train()
     except StockfishNotFoundError as e:  # sft's evaluation starts Stockfish only when it first needs it
         raise CliError(str(e)) from None
+    except KeyboardInterrupt:  # a third Ctrl-C: nothing saved past the last checkpoint
+        saved = checkpoint.list_checkpoints(cfg.output_dir)
+        raise CliError(f"aborted at step {trainer.run.step} without saving; " + (
+            f"its last checkpoint is {saved[-1].name}: continue with rookworld {command} --resume {cfg.output_dir}"
+            if saved else "it saved no checkpoint")) from None
     except Diverged as e:
         saved = checkpoint.list_checkpoints(cfg.output_dir)
         last = (f"its last checkpoint, {saved[-1]}, is from before: continue from it with a lower --lr, rookworld "

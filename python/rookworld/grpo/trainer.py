@@ -163,24 +163,25 @@ class Trainer:
         rollout = collect_rollout(cfg, self.objective, self.models, self.sampler, run.comm, run.tokenizer,
                                   self.reward_fn, prompts, step=step, log=run.log)
         t_update = time.perf_counter()
-        sums = update(cfg, self.objective, self.models, run.optimizer, run.comm, rollout, step)
-        lr = run.optimizer.param_groups[0]["lr"]
-        run.scheduler.step()
-        if run.device.type == "cuda":
-            torch.cuda.synchronize(run.device)
-        t_end = time.perf_counter()
-        if sums.skipped:
-            run.log.warn("skipped", step + 1, f"{sums.skipped} of {cfg.mu * cfg.minibatches} minibatch(es) had no "
-                                              "usable token (no reward spread, truncated or unscored): no optimizer "
-                                              "step for them")
-        m = {"step": step + 1, "lr": lr, **step_metrics(run.comm, rollout, sums, self.objective,
-                                                         step_time=t_end - t0, update_time=t_end - t_update)}
-        # What the step moves on: the counter, the best reward and (toward --kl-target) beta.
-        run.step += 1
-        if m["reward/mean"] is not None:
-            self.best_reward = max(self.best_reward, m["reward/mean"])
-        m["reward/best"] = self.best_reward
-        self.objective.observe_kl(m["kl/mean"])
+        with run.applying():  # from the first weight changed to the step's end, a step is done whole
+            sums = update(cfg, self.objective, self.models, run.optimizer, run.comm, rollout, step)
+            lr = run.optimizer.param_groups[0]["lr"]
+            run.scheduler.step()
+            if run.device.type == "cuda":
+                torch.cuda.synchronize(run.device)
+            t_end = time.perf_counter()
+            if sums.skipped:
+                run.log.warn("skipped", step + 1, f"{sums.skipped} of {cfg.mu * cfg.minibatches} minibatch(es) had "
+                                                  "no usable token (no reward spread, truncated or unscored): no "
+                                                  "optimizer step for them")
+            m = {"step": step + 1, "lr": lr, **step_metrics(run.comm, rollout, sums, self.objective,
+                                                             step_time=t_end - t0, update_time=t_end - t_update)}
+            # What the step moves on: the counter, the best reward and (toward --kl-target) beta.
+            run.step += 1
+            if m["reward/mean"] is not None:
+                self.best_reward = max(self.best_reward, m["reward/mean"])
+            m["reward/best"] = self.best_reward
+            self.objective.observe_kl(m["kl/mean"])
         self._warn_about(m)
         self._last_rollout = rollout
         return m

@@ -59,6 +59,14 @@ def complete_message(command: str, cfg: RunConfig, step: int) -> str:
             f"--resume {cfg.output_dir} --steps N with N > {step}")
 
 
+class EvaluationStopped(KeyboardInterrupt):
+    """Ctrl-C during a held-out evaluation: its partial figures are not training state, so it stops at once."""
+
+
+class StepAbandoned(KeyboardInterrupt):
+    """A second Ctrl-C before the step in progress changed any weight: the step is dropped, the last one kept."""
+
+
 class Run:
     def __init__(self, cfg: RunConfig, *, command: str, policy: nn.Module | None = None, tokenizer=None,
                  stream=None, summary: Summary | None = None, label: str | None = None):
@@ -124,6 +132,9 @@ class Run:
         self.scheduler = None
         self.interrupted = False  # set when a run stopped early on Ctrl-C or SIGTERM (after saving)
         self._stop_requested = False
+        self._signals = 0
+        self._applying = False  # the weights are changing: stopping now would leave a step half done
+        self._evaluating = False
 
     def build_optimizer(self, extra_groups: Sequence[dict] = ()) -> dict[str, Any]:
         """AdamW over the policy (and `extra_groups`), warm-up + cosine; on resume, their saved state and the
@@ -152,15 +163,19 @@ class Run:
         self.log.start(self.step)
         return state
 
-    def save(self, state: dict[str, Any], modules: dict[str, nn.Module] | None = None) -> Path | None:
+    def save(self, state: dict[str, Any], modules: dict[str, nn.Module] | None = None,
+             rng: dict[str, Any] | None = None) -> Path | None:
+        """A checkpoint of step `self.step`; `rng` is the generators' state when that step ended, where they have
+        moved on since (a step begun and abandoned)."""
         if not self.dist.main:
             return None
         full = {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "rng": checkpoint.rng_state(), "world_size": self.dist.world, **state}
-        path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full, self.cfg.to_dict(),
-                                          self.cfg.keep_checkpoints, modules, tokenizer=self.tokenizer)
-        self.policy.save_pretrained(self.cfg.output_dir)
-        self.tokenizer.save_pretrained(self.cfg.output_dir)
+                "rng": rng or checkpoint.rng_state(), "world_size": self.dist.world, **state}
+        with self.applying():  # a Ctrl-C during the save lets it finish; the save is atomic against harder stops
+            path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full, self.cfg.to_dict(),
+                                              self.cfg.keep_checkpoints, modules, tokenizer=self.tokenizer)
+            self.policy.save_pretrained(self.cfg.output_dir)
+            self.tokenizer.save_pretrained(self.cfg.output_dir)
         self.log.say(f"saved checkpoint {path}")
         return path
 
@@ -169,11 +184,34 @@ class Run:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
+    @contextlib.contextmanager
+    def applying(self):
+        """The weights (or a checkpoint) are being written: a second Ctrl-C lets this finish, a third aborts."""
+        self._applying = True
+        try:
+            yield
+        finally:
+            self._applying = False
+
     def _request_stop(self, signum, frame) -> None:
-        if self._stop_requested:  # second Ctrl-C: stop now, without saving
+        """Ctrl-C or SIGTERM. The first stops a held-out evaluation at once, or else lets the step end; either
+        way that step is saved. A second drops the step in progress if it has not changed a weight yet (the last
+        step is then saved), or else lets it end. A third aborts without saving."""
+        self._signals += 1
+        done, next_step = self.step, self.step + 1
+        if self._signals == 1:
+            self._stop_requested = True
+            if self._evaluating:
+                raise EvaluationStopped
+            self.log.say(f"stopping after step {next_step} and saving it (Ctrl-C again to stop at once, keeping "
+                         f"step {done})")
+        elif self._signals == 2 and not self._applying and not self.dist.enabled:
+            raise StepAbandoned
+        elif self._signals == 2:
+            self.log.say(f"the weights are being written: step {next_step} ends and is saved first (Ctrl-C again "
+                         f"to abort without saving)")
+        else:
             raise KeyboardInterrupt
-        self._stop_requested = True
-        self.log.say("stopping after this step and saving a checkpoint (Ctrl-C again to abort without saving)")
 
     def loop(self, step: Callable[[], dict[str, Any]], *, state: Callable[[], dict[str, Any]],
              modules: Callable[[], dict[str, nn.Module]] = dict, evaluate: Callable[[], dict[str, Any]] | None = None,
@@ -197,17 +235,27 @@ class Run:
         self.log.begin_steps()
         try:
             while self.step < cfg.steps:
-                m = step()
+                # What a checkpoint of the last step holds that the next one changes before its weights (the
+                # generators, the EMA baselines): kept, so that an abandoned step leaves no trace.
+                before = checkpoint.rng_state(), state()
+                try:
+                    m = step()
+                except StepAbandoned:
+                    self.log.say(f"step {self.step + 1} dropped before it changed a weight; saving step {self.step}")
+                    self.interrupted = True
+                    if saved_at != self.step:
+                        self.save(before[1], modules(), rng=before[0])
+                        saved_at = self.step
+                    break
                 final = self.step == cfg.steps
                 if evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
                     t0 = time.perf_counter()
-                    if self.dist.main:
-                        self.log.status(f"step {self.step}/{cfg.steps} | evaluating on held-out positions ...")
-                        m.update(evaluate())
+                    evaluated = self._evaluate(evaluate, m)
                     self.comm.barrier()
-                    m["time/eval"] = time.perf_counter() - t0
-                    self.log.eval_line(self.step, m, m["time/eval"])
-                    last_eval = m
+                    if evaluated:
+                        m["time/eval"] = time.perf_counter() - t0
+                        self.log.eval_line(self.step, m, m["time/eval"])
+                        last_eval = m
                 m["eta_s"] = self.log.eta(self.step)
                 self.log.step(m, log_line=self.step % cfg.log_every == 0 or final)
                 # The last step's samples too, so that a run shorter than --sample-every still shows some.
@@ -230,6 +278,22 @@ class Run:
                 signal.signal(sig, handler)
             self.close()
         return last
+
+    def _evaluate(self, evaluate: Callable[[], dict[str, Any]], m: dict[str, Any]) -> bool:
+        """The held-out evaluation into `m` (rank 0); False when Ctrl-C stopped it."""
+        if not self.dist.main:
+            return True
+        self.log.status(f"step {self.step}/{self.cfg.steps} | evaluating on held-out positions ...")
+        self._evaluating = True
+        try:
+            m.update(evaluate())
+            return True
+        except EvaluationStopped:
+            self.log.say(f"evaluation at step {self.step} stopped (its partial figures are dropped); saving step "
+                         f"{self.step}")
+            return False
+        finally:
+            self._evaluating = False
 
     def close(self) -> None:
         """The run log closed and the output directory free for the next run (a process's exit frees it too)."""

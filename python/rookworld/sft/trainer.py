@@ -136,14 +136,15 @@ class SFTTrainer:
             total += nll
         params = [p for g in run.optimizer.param_groups for p in g["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-        step_if_finite(run.optimizer, norm, total)
-        lr = run.optimizer.param_groups[0]["lr"]
-        run.scheduler.step()
-        if run.device.type == "cuda":
-            torch.cuda.synchronize(run.device)
-        step_time = time.perf_counter() - t0
-        loss, grad_norm = run.comm.mean([float(total), float(norm)])
-        run.step += 1
+        with run.applying():  # from the first weight changed to the counter, a step is done whole
+            step_if_finite(run.optimizer, norm, total)
+            lr = run.optimizer.param_groups[0]["lr"]
+            run.scheduler.step()
+            if run.device.type == "cuda":
+                torch.cuda.synchronize(run.device)
+            step_time = time.perf_counter() - t0
+            loss, grad_norm = run.comm.mean([float(total), float(norm)])
+            run.step += 1
         all_tokens = run.comm.sum([float(sum(len(i) for i, _ in rows))])[0]
         context = cfg.seq_len if cfg.pack else all_tokens / (per_rank * run.dist.world)
         # Each rank's `total` is its share of the global token mean times the number of ranks (for DDP's
