@@ -18,6 +18,8 @@ pub enum FenError {
     TooManyFields(usize),
     /// A character python-chess would not accept in a standard FEN (shakmaty's variant syntax).
     BadCharacter(char),
+    /// The board field is not 8 ranks of 8 squares; says which rank and why.
+    BadBoard(String),
     /// A move counter so large that playing on would overflow it (python-chess would keep counting).
     CounterTooLarge(&'static str),
     Syntax(ParseFenError),
@@ -30,6 +32,7 @@ impl fmt::Display for FenError {
             FenError::Empty => f.write_str("empty FEN"),
             FenError::TooManyFields(n) => write!(f, "FEN has {n} fields, at most 6 expected"),
             FenError::BadCharacter(c) => write!(f, "unexpected character {c:?} in FEN"),
+            FenError::BadBoard(why) => write!(f, "invalid board part in FEN: {why}"),
             FenError::CounterTooLarge(which) => write!(f, "{which} in FEN is too large (at most {MAX_COUNTER})"),
             FenError::Syntax(e) => e.fmt(f),
             FenError::IllegalPosition(kinds) => {
@@ -69,6 +72,7 @@ pub fn parse_fen(text: &str) -> Result<Chess, FenError> {
     if let Some(c) = text.chars().find(|c| matches!(c, '[' | ']' | '_' | '+' | '~')) {
         return Err(FenError::BadCharacter(c));
     }
+    check_board(fields[0])?;
     for (i, which) in [(4, "halfmove clock"), (5, "fullmove number")] {
         let digits = fields.get(i).filter(|f| f.bytes().all(|b| b.is_ascii_digit()));
         if digits.is_some_and(|f| f.trim_start_matches('0').len() > 10 || f.parse::<u64>().is_ok_and(|n| n > MAX_COUNTER)) {
@@ -92,6 +96,44 @@ pub fn parse_fen(text: &str) -> Result<Chess, FenError> {
         Err(err) if lenient.contains(err.kinds()) => Ok(recover(err)),
         Err(err) => Err(FenError::IllegalPosition(err.kinds())),
     }
+}
+
+/// The board field as python-chess reads it: exactly 8 ranks of 8 squares, no two digits in a row.
+///
+/// shakmaty is more lenient: it reads a 9th field as a crazyhouse pocket and drops it (so
+/// `.../4K3/Q` lost a queen without a word), and adds up adjacent digits (`44`). Its own error
+/// does not say which rank is wrong; this one does.
+fn check_board(board: &str) -> Result<(), FenError> {
+    let bad = |why: String| Err(FenError::BadBoard(why));
+    let ranks: Vec<&str> = board.split('/').collect();
+    if ranks.len() != 8 {
+        return bad(format!("{} ranks, a FEN has 8", ranks.len()));
+    }
+    for (i, rank) in ranks.iter().enumerate() {
+        // The board field lists rank 8 first.
+        let number = 8 - i;
+        let shown = if rank.chars().count() > 16 { format!("{}...", rank.chars().take(16).collect::<String>()) } else { rank.to_string() };
+        let mut squares = 0usize;
+        let mut after_digit = false;
+        for c in rank.chars() {
+            match c {
+                '1'..='8' if after_digit => return bad(format!("rank {number} ('{shown}'): two digits in a row")),
+                '1'..='8' => {
+                    squares += c as usize - '0' as usize;
+                    after_digit = true;
+                }
+                'p' | 'n' | 'b' | 'r' | 'q' | 'k' | 'P' | 'N' | 'B' | 'R' | 'Q' | 'K' => {
+                    squares += 1;
+                    after_digit = false;
+                }
+                _ => return bad(format!("rank {number} ('{shown}'): unexpected character {c:?}")),
+            }
+        }
+        if squares != 8 {
+            return bad(format!("rank {number} ('{shown}') has {squares} squares, a rank has 8"));
+        }
+    }
+    Ok(())
 }
 
 fn recover(err: PositionError<Chess>) -> Chess {
@@ -145,7 +187,7 @@ mod tests {
     fn rejects_bad_fens_with_reasons() {
         assert_eq!(parse_fen(""), Err(FenError::Empty));
         assert!(matches!(parse_fen("8/8/8/8/8/8/8/8 w - - 0 1"), Err(FenError::IllegalPosition(_))));
-        assert!(matches!(parse_fen("rnbqkbnr/pppppppp/8/8 w"), Err(FenError::Syntax(_))));
+        assert!(matches!(parse_fen("rnbqkbnr/pppppppp/8/8 w"), Err(FenError::BadBoard(_))));
         assert!(matches!(parse_fen("8/8/8/8/8/8/8/K6k x"), Err(FenError::Syntax(_))));
         assert_eq!(parse_fen("a b c d e f g").unwrap_err(), FenError::TooManyFields(7));
         assert_eq!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 4294967295 1"), Err(FenError::CounterTooLarge("halfmove clock")));
@@ -153,5 +195,36 @@ mod tests {
         assert!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 4294967294 00000000000000001").is_ok());
         let msg = parse_fen("8/8/8/8/8/8/8/K7 w - - 0 1").unwrap_err().to_string();
         assert!(msg.contains("missing king"), "{msg}");
+    }
+
+    fn board_error(fen: &str) -> String {
+        match parse_fen(fen) {
+            Err(FenError::BadBoard(why)) => why,
+            other => panic!("{fen}: expected a board error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn refuses_a_ninth_rank_instead_of_dropping_its_pieces() {
+        // shakmaty alone read the 9th field as a crazyhouse pocket and returned the board without the queen.
+        assert_eq!(board_error("4k3/8/8/8/8/8/8/4K3/Q w - - 0 1"), "9 ranks, a FEN has 8");
+        assert_eq!(board_error("4k3/8/8/8/8/8/4K3 w - - 0 1"), "7 ranks, a FEN has 8");
+    }
+
+    #[test]
+    fn refuses_two_digits_in_a_row_though_they_add_up_to_eight() {
+        assert_eq!(board_error("4k3/8/8/8/8/8/44/4K3 w - - 0 1"), "rank 2 ('44'): two digits in a row");
+        assert_eq!(board_error("4k3/8/8/8/8/8/8/4K12 w - - 0 1"), "rank 1 ('4K12'): two digits in a row");
+    }
+
+    #[test]
+    fn names_the_rank_with_the_wrong_number_of_squares() {
+        assert_eq!(board_error("4k3/8/8/8/8/p7p/8/4K3 w - - 0 1"), "rank 3 ('p7p') has 9 squares, a rank has 8");
+        assert_eq!(board_error("4k3/8/8/8//8/8/4K3 w - - 0 1"), "rank 4 ('') has 0 squares, a rank has 8");
+        assert_eq!(board_error("4k3/8/8/8/8/8/8/4K2 w - - 0 1"), "rank 1 ('4K2') has 7 squares, a rank has 8");
+        assert_eq!(board_error("4k3/8/8/8/8/8/8/4K3x w - - 0 1"), "rank 1 ('4K3x'): unexpected character 'x'");
+        assert_eq!(board_error("4k3/8/8/8/8/8/8/4K003 w - - 0 1"), "rank 1 ('4K003'): unexpected character '0'");
+        let msg = parse_fen("4k3/8/8/8/8/p7p/8/4K3 w - - 0 1").unwrap_err().to_string();
+        assert_eq!(msg, "invalid board part in FEN: rank 3 ('p7p') has 9 squares, a rank has 8");
     }
 }
