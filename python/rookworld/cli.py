@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
 import os
+import signal
 import sys
+import threading
 
 import rookworld
 from rookworld.commands.common import CliError
@@ -56,23 +59,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so that files half written are removed (its default ends the process
+    at once, leaving them). Training installs its own handler, which saves a checkpoint first."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         module = importlib.import_module(f"rookworld.commands.{MODULES[args.command]}")
         return module.run(args)
     except (CliError, ContextTooLong) as e:
         print(f"rookworld {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"rookworld {args.command}: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"rookworld {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        # A full disk or a read-only file system under any command: what happened, not where in the code.
+        print(f"rookworld {args.command}: error: {e.strerror}: {e.filename or ''} (free space or choose another "
+              f"directory; a training run continues from its last checkpoint with --resume)", file=sys.stderr)
+        return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ output and input files."""
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from rookworld.ground import data
@@ -37,10 +40,31 @@ def stockfish_pool(s) -> StockfishPool:
         raise CliError(f"cannot start Stockfish: {e}") from None
 
 
-def check_out_dir(out: str | None) -> None:
-    """Before any work: an output that cannot be written is an error now, not after an hour."""
-    if out and out != "-" and not Path(out).parent.exists():
-        raise CliError(f"output directory does not exist: {Path(out).parent}")
+def check_out_file(out: str | None, flag: str = "--out") -> None:
+    """Before any work: an output file that cannot be written is an error now, not after an hour. A file is made
+    and removed beside it, since permission bits say nothing for root or on a read-only mount."""
+    if not out or out == "-":
+        return
+    path = Path(out)
+    parent = path.parent
+    if path.is_dir():
+        raise CliError(f"{flag} {out} is a directory: give a file name, such as {path / 'out.json'}")
+    if not parent.exists():
+        raise CliError(f"{flag} {out}: its directory {parent} does not exist (mkdir -p {parent})")
+    if not parent.is_dir():
+        raise CliError(f"{flag} {out}: {parent} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CliError(f"{flag} {out}: cannot write in {parent} ({e.strerror or e})") from None
+
+
+def write_failed(flag: str, out: str, e: OSError) -> CliError:
+    """A write that failed after the work: one line saying why (a full disk above all)."""
+    why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
+    return CliError(f"{flag} {out}: could not write it: {why}")
 
 
 def read_positions(path: str, skip_bad: bool) -> list[data.Record]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rookworld.commands.common import CliError, check_out_dir, read_positions, settings, stockfish_pool
+from rookworld.commands.common import (CliError, check_out_file, read_positions, settings, stockfish_pool,
+                                       write_failed)
 from rookworld.commands.model import load_lm
 from rookworld.ground import data
 from rookworld.ground.progress import Progress
@@ -31,7 +32,7 @@ def _suite_options(s: EvalSettings) -> tuple[list[str], SuiteOptions]:
 
 def run(args: argparse.Namespace) -> int:
     s = settings(args, EvalSettings)
-    check_out_dir(s.out)
+    check_out_file(s.out)
     names, opts = _suite_options(s)
     file_records = read_positions(s.data, s.skip_bad) if s.data else None
     records = None
@@ -67,9 +68,12 @@ def run(args: argparse.Namespace) -> int:
             pool.close()
     print(format_report(results))
     if s.out:
-        data.write_json({"model": str(directory), "model_step": step, "protocol": opts.decoding.name,
-                         "decoding": {"temperature": opts.decoding.temperature, "top_k": opts.decoding.top_k},
-                         "data": str(s.data) if s.data else f"generated (seed {s.seed})",
-                         "suites": {r.suite: r.to_dict() for r in results}}, s.out)
+        try:
+            data.write_json({"model": str(directory), "model_step": step, "protocol": opts.decoding.name,
+                             "decoding": {"temperature": opts.decoding.temperature, "top_k": opts.decoding.top_k},
+                             "data": str(s.data) if s.data else f"generated (seed {s.seed})",
+                             "suites": {r.suite: r.to_dict() for r in results}}, s.out)
+        except OSError as e:  # checked before the work, so a disk that filled during it; the report is above
+            raise CliError(f"{write_failed('--out', s.out, e)}; the report above holds the figures") from None
         print(f"wrote {s.out}", file=sys.stderr)
     return 0

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import as_completed
 
-from rookworld.commands.common import CliError, check_out_dir, read_positions, settings, stockfish_pool
+from rookworld.commands.common import (CliError, check_out_file, read_positions, settings, stockfish_pool,
+                                       write_failed)
 from rookworld.ground import data
 from rookworld.ground.data import position_key
 from rookworld.ground.chess import Position, generate_positions
@@ -20,7 +21,7 @@ POSITIONS_CHUNK = 20_000
 
 def run(args: argparse.Namespace) -> int:
     s = settings(args, PositionsSettings)
-    check_out_dir(s.out)
+    check_out_file(s.out)
     excluded = {position_key(r.fen) for r in read_positions(s.exclude, s.skip_bad)} if s.exclude else set()
     if s.annotate or s.source:
         return _annotate(s, excluded)
@@ -35,10 +36,17 @@ def run(args: argparse.Namespace) -> int:
             for line in lines():
                 sys.stdout.write(json.dumps(line) + "\n")
         else:
-            data.write_records(lines(), s.out)  # atomic: an interrupted run leaves no half file
+            _write(lines(), s.out)
     if s.out != "-" and not s.quiet:
         print(f"wrote {s.count} positions to {s.out}", file=sys.stderr)
     return 0
+
+
+def _write(lines, out: str) -> None:
+    try:
+        data.write_records(lines, out)  # atomic: an interrupted or failed write leaves no half file
+    except OSError as e:
+        raise write_failed("--out", out, e) from None
 
 
 def _generated(s: PositionsSettings, excluded: set[str]) -> Iterator[list[Position]]:
@@ -84,7 +92,7 @@ def _annotate(s: PositionsSettings, excluded: set[str]) -> int:
         for line in lines:
             sys.stdout.write(json.dumps(line) + "\n")
     else:
-        data.write_records(lines, s.out)
+        _write(lines, s.out)
         if not s.quiet:
             print(f"wrote {len(lines)} positions to {s.out}", file=sys.stderr)
     return 0

@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
         trainer.train()
     except StockfishNotFoundError as e:  # sft's evaluation starts Stockfish only when it first needs it
         raise CliError(str(e)) from None
+    except checkpoint.SaveFailed as e:
+        saved = checkpoint.list_checkpoints(cfg.output_dir)
+        raise CliError(f"{e}; " + (f"its last checkpoint, {saved[-1].name}, is intact: once there is room, continue "
+                                   f"with rookworld {command} --resume {cfg.output_dir}" if saved else
+                                   "it saved no checkpoint before: start again once there is room")) from None
     except KeyboardInterrupt:  # a third Ctrl-C: nothing saved past the last checkpoint
         saved = checkpoint.list_checkpoints(cfg.output_dir)
         raise CliError(f"aborted at step {trainer.run.step} without saving; " + (

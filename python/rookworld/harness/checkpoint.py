@@ -11,6 +11,7 @@ atomically after it, so a crash at any moment leaves the previous checkpoint int
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -91,6 +92,32 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict
     for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def remove_leftovers(output_dir: str | os.PathLike) -> list[Path]:
+    """Removes what a save killed midway left (a temporary checkpoint directory, `latest`'s or the model's temporary
+    file); only the run holding the directory's lock calls it, so nothing of a live save is touched. Returns what
+    it removed."""
+    out = Path(output_dir)
+    found = [*(out / "checkpoints").glob(".step-*"), *(out / "checkpoints").glob(f".{LATEST}.*"),
+             *out.parent.glob(f".{out.name}.tmp-*"), *out.glob(".*.tmp-*")]
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return found
+
+
+class SaveFailed(CheckpointError):
+    """A checkpoint could not be written (a full disk, most often); the previous one is intact."""
+
+
+def save_failure(output_dir: str | os.PathLike, step: int, error: BaseException, needed: int) -> SaveFailed:
+    """What went wrong in a save, in words: torch's zip writer reports a full disk as `unexpected pos`, so the
+    free space is what tells."""
+    free = shutil.disk_usage(output_dir).free
+    full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT) or free < needed
+    why = (f"the disk is full ({free / 1e6:.0f} MB free, a checkpoint takes about {needed / 1e6:.0f} MB)" if full
+           else f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+    return SaveFailed(f"could not save step {step} into {output_dir}: {why}")
 
 
 def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -38,12 +38,23 @@ def read_metrics(run: str | Path) -> list[dict]:
     path = Path(run) / "metrics.jsonl"
     if not path.is_file():
         raise PlotError(f"{run}: no metrics.jsonl (is it the --output-dir of rookworld train or sft?)")
-    rows = []
-    for line in path.read_text().splitlines():
+    rows, bad = [], 0
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise PlotError(f"cannot read {path}: {e.strerror or e}") from None
+    for line in text.splitlines():
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a crash: the rest still plots
-            continue
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):  # a line cut short by a crash: the rest still plots
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    if bad and not rows:
+        raise PlotError(f"{path}: none of its {bad} lines is a JSON object of metrics; is it the metrics.jsonl "
+                        f"that rookworld train or sft writes?")
     if any("kl/mean" in r or "reward/mean" in r for r in rows):  # a GRPO run
         rows = [{(GRPO_LOSS if k == "loss" else k): v for k, v in r.items()} for r in rows]
     return rows

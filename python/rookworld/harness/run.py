@@ -109,9 +109,12 @@ class Run:
             if self.lock is not None:
                 self.lock.release()
             raise
+        leftovers = checkpoint.remove_leftovers(cfg.output_dir) if self.dist.main else []
         self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary,
                           report_to=cfg.reporters, wandb_project=cfg.wandb_project, config=cfg.to_dict(),
                           command=command)
+        if leftovers:
+            self.log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
         ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
         steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
         self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "
@@ -172,10 +175,15 @@ class Run:
         full = {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": rng or checkpoint.rng_state(), "world_size": self.dist.world, **state}
         with self.applying():  # a Ctrl-C during the save lets it finish; the save is atomic against harder stops
-            path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full, self.cfg.to_dict(),
-                                              self.cfg.keep_checkpoints, modules, tokenizer=self.tokenizer)
-            self.policy.save_pretrained(self.cfg.output_dir)
-            self.tokenizer.save_pretrained(self.cfg.output_dir)
+            try:
+                path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full,
+                                                  self.cfg.to_dict(), self.cfg.keep_checkpoints, modules,
+                                                  tokenizer=self.tokenizer)
+                self.policy.save_pretrained(self.cfg.output_dir)
+                self.tokenizer.save_pretrained(self.cfg.output_dir)
+            except (OSError, RuntimeError) as e:
+                weights = sum(p.numel() * p.element_size() for p in self.policy.parameters())
+                raise checkpoint.save_failure(self.cfg.output_dir, self.step, e, needed=4 * weights) from None
         self.log.say(f"saved checkpoint {path}")
         return path
 
