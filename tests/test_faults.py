@@ -337,3 +337,60 @@ def test_plot_of_a_binary_metrics_file_is_one_line(tmp_path):
     proc = run_cli(["plot", str(run), "--out", str(tmp_path / "x.png")])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "metrics.jsonl: none of its" in proc.stderr
+
+
+# -- Model directories that cannot be loaded ---------------------------------------------------------------------
+
+def _model_copy(tiny_dir, tmp_path, name):
+    import shutil
+
+    target = tmp_path / name
+    shutil.copytree(tiny_dir, target)
+    return target
+
+
+FEN = "4k3/8/8/8/8/8/8/4K3 w - - 0 1"
+
+
+def test_a_model_file_cut_short_empty_or_corrupt_is_one_line(tiny_dir, tmp_path):
+    weights = (tiny_dir / "model.safetensors").read_bytes()
+    cases = {"empty": b"", "cut short": weights[:1000], "corrupt header": weights[:8] + b"x" * 32 + weights[40:]}
+    for name, content in cases.items():
+        model = _model_copy(tiny_dir, tmp_path, name.replace(" ", "_"))
+        (model / "model.safetensors").write_bytes(content)
+        for args in (["ask", "--model", str(model), FEN], ["eval", "--model", str(model), "--suite", "selfplay",
+                                                           "--games", "1"], train_args(model, tmp_path / "run")):
+            proc = run_cli(args)
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, (name, proc.stderr)
+            assert f"{model / 'model.safetensors'} cannot be read" in proc.stderr, proc.stderr
+
+
+def test_a_config_that_is_not_a_gpt2_object_is_one_line(tiny_dir, tmp_path):
+    for i, text in enumerate(["[1, 2]", "{not json", '{"n_layer": "two"}', '{"n_embd": 100, "n_head": 3}']):
+        model = _model_copy(tiny_dir, tmp_path, f"config{i}")
+        (model / "config.json").write_text(text)
+        proc = run_cli(["ask", "--model", str(model), FEN])
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (text, proc.stderr)
+        assert str(model / "config.json") in proc.stderr
+
+
+def test_a_pickled_bin_is_refused_without_running_it_or_suggesting_weights_only_false(tiny_dir, tmp_path):
+    import pickle
+
+    model = _model_copy(tiny_dir, tmp_path, "pickled")
+    (model / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+    (model / "pytorch_model.bin").write_bytes(pickle.dumps(RunsAShellCommand(f"touch {marker}")))
+    proc = run_cli(["ask", "--model", str(model), FEN])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert not marker.exists()
+    assert "could run code" in proc.stderr and "weights_only=False" not in proc.stderr
+
+
+def test_a_folder_of_runs_as_model_names_the_models_in_it(tiny_dir, tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("grpo-a", "sft-b"):
+        _model_copy(tiny_dir, runs, name)
+    proc = run_cli(["ask", "--model", str(runs), FEN])
+    assert proc.returncode == 2, proc.stderr
+    assert "the models in it: grpo-a, sft-b" in proc.stderr and f"--model {runs / 'grpo-a'}" in proc.stderr

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import shutil
 from copy import deepcopy
 from dataclasses import dataclass
@@ -630,15 +631,55 @@ def _resolve_hub(repo_id: str, revision: str | None, cache_dir: str | os.PathLik
     return folder
 
 
+class ModelFileError(ModelNotAvailableError):
+    """A model directory whose config.json or weights cannot be read: cut short, corrupt, or not what they say."""
+
+
+def _read_config(directory: Path) -> GPTConfig:
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        inside = sorted(p.parent.name for p in directory.glob("*/config.json"))
+        raise FileNotFoundError(f"{directory} has no config.json" + (
+            f"; the models in it: {', '.join(inside[:8])}{' ...' if len(inside) > 8 else ''} (pass one, such as "
+            f"--model {directory / inside[0]})" if inside else ""))
+    try:
+        hf = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ModelFileError(f"{config_file} cannot be read as JSON: {e}") from None
+    if not isinstance(hf, dict):
+        raise ModelFileError(f"{config_file} holds a JSON {type(hf).__name__}, not the object of a GPT-2 config")
+    try:
+        config = GPTConfig.from_hf(hf)
+        sizes = (config.block_size, config.vocab_size, config.n_layer, config.n_head, config.n_embd)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes) \
+                or config.n_embd % config.n_head:
+            raise ValueError("n_positions, vocab_size, n_layer, n_head and n_embd must be positive integers, "
+                             "n_embd a multiple of n_head")
+    except (ValueError, TypeError) as e:
+        raise ModelFileError(f"{config_file}: {e}") from None
+    return config
+
+
 def _read_hf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     safetensors_file = directory / "model.safetensors"
     bin_file = directory / "pytorch_model.bin"
     if safetensors_file.is_file():
-
-        return load_file(str(safetensors_file))
+        try:
+            return load_file(str(safetensors_file))
+        except Exception as e:  # safetensors' own error type: a file cut short, empty or not safetensors
+            raise ModelFileError(f"{safetensors_file} cannot be read ({e}): it is cut short or not a safetensors "
+                                 f"file; copy or download it again") from None
     if bin_file.is_file():
         # weights_only: a .bin is a pickle, and a pickle from the internet must not run code.
-        return torch.load(bin_file, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(bin_file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise ModelFileError(f"{bin_file} holds more than tensors (a pickle that could run code), which "
+                                 f"rookworld does not load; convert a model you trust to model.safetensors with "
+                                 f"transformers (save_pretrained) and load that") from None
+        except Exception as e:  # a file cut short, or not a torch file
+            raise ModelFileError(f"{bin_file} cannot be read ({str(e).splitlines()[0] if str(e) else e!r}); copy or "
+                                 f"download it again") from None
     raise FileNotFoundError(
         f"{directory} has neither model.safetensors nor pytorch_model.bin (sharded checkpoints are not supported)"
     )
@@ -675,10 +716,7 @@ def from_pretrained(
     The model is returned in eval mode (dropout off).
     """
     directory = model_directory(name_or_path, revision, cache_dir)
-    config_file = directory / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{directory} has no config.json")
-    config = GPTConfig.from_hf(json.loads(config_file.read_text()))
+    config = _read_config(directory)
     state = _from_hf_state_dict(_read_hf_state_dict(directory))
 
     with torch.device("meta"):  # no point in random-initialising 124M parameters that are overwritten next
