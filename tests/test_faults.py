@@ -394,3 +394,14 @@ def test_a_folder_of_runs_as_model_names_the_models_in_it(tiny_dir, tmp_path):
     proc = run_cli(["ask", "--model", str(runs), FEN])
     assert proc.returncode == 2, proc.stderr
     assert "the models in it: grpo-a, sft-b" in proc.stderr and f"--model {runs / 'grpo-a'}" in proc.stderr
+
+
+def test_a_config_with_settings_outside_its_table_is_refused(tiny_dir, tmp_path):
+    """`lr = 0.1` above a [train] table was dropped without a word, and the run went on at the default lr."""
+    config = tmp_path / "run.toml"
+    config.write_text("lr = 0.1\nseed = 4\n[train]\nsteps = 2\n")
+    proc = run_cli(train_args(tiny_dir, tmp_path / "run", "--config", str(config)))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "lr, seed are outside its [train] table" in proc.stderr and not (tmp_path / "run").exists()
+    config.write_text("lr = 0.1\nsteps = 1\n")  # all at the top level: read as they are
+    assert run_cli(train_args(tiny_dir, tmp_path / "run", "--config", str(config))).returncode == 0

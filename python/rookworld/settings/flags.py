@@ -123,6 +123,11 @@ def from_args(args: argparse.Namespace, cls: type[Settings]):
         if preset is not None and section not in values:
             raise ConfigError(f"--config {args.config}: the preset has no settings for rookworld {section} (it has "
                               f"{', '.join('rookworld ' + k for k in values)})")
+        loose = [k for k, v in values.items() if not isinstance(v, dict)]
+        if section in values and loose:  # read as settings, they would be dropped for the table's without a word
+            raise ConfigError(f"--config {path}: {', '.join(loose)} {'is' if len(loose) == 1 else 'are'} outside its "
+                              f"[{section}] table, where rookworld {section} reads settings: move "
+                              f"{'it' if len(loose) == 1 else 'them'} under [{section}]")
         values = dict(values.get(section, values))  # settings at the top level or under [train] / [sft]
         source = f"preset {args.config}" if preset else str(path)
     else:
