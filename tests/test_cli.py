@@ -94,7 +94,7 @@ def test_positions_writes_the_same_file_for_the_same_seed(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["positions", "--count", "0", "--out", "x"], "must be a positive integer"),
-    (["positions", "--count", "5", "--out", "/nonexistent/dir/x.jsonl"], "output directory does not exist"),
+    (["positions", "--count", "5", "--out", "/nonexistent/dir/x.jsonl"], "its directory /nonexistent/dir does not exist"),
     (["positions", "--out", "x.jsonl"], "--count is required"),
     (["positions", "--count", "5", "--opening-share", "0.7", "--endgame-share", "0.5", "--out", "x"], "must not exceed 1"),
     (["positions", "--count", "5", "--illegal-share", "2", "--out", "x"], "must lie in [0, 1]"),

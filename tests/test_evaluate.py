@@ -91,4 +91,4 @@ def test_eval_checks_its_output_before_any_work(tiny_dir, tmp_path):
     data = tmp_path / "d.fen"
     data.write_text(chess.START_FEN + "\n")
     proc = cli("eval", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "missing" / "r.json"))
-    assert proc.returncode == 2 and "output directory does not exist" in proc.stderr
+    assert proc.returncode == 2 and f"its directory {tmp_path / 'missing'} does not exist" in proc.stderr

@@ -405,3 +405,32 @@ def test_a_config_with_settings_outside_its_table_is_refused(tiny_dir, tmp_path)
     assert "lr, seed are outside its [train] table" in proc.stderr and not (tmp_path / "run").exists()
     config.write_text("lr = 0.1\nsteps = 1\n")  # all at the top level: read as they are
     assert run_cli(train_args(tiny_dir, tmp_path / "run", "--config", str(config))).returncode == 0
+
+
+# -- What a newcomer types -----------------------------------------------------------------------------------------
+
+def test_an_unquoted_fen_is_told_to_be_quoted(tiny_dir):
+    """It was `unrecognized arguments: - - 0 1 (did you mean -h?)`."""
+    board = "4k3/8/8/8/8/8/8/4K3"
+    for args in (["ask", "--model", str(tiny_dir), board, "w", "-", "-", "0", "1"], ["play", "--fen", board, "w",
+                                                                                    "-", "-", "0", "1"]):
+        proc = run_cli(args)
+        assert proc.returncode == 2, proc.stderr
+        assert f'quote it, as in "{board} w - - 0 1"' in proc.stderr and "-h?" not in proc.stderr
+
+
+def test_another_trainer_s_long_flag_is_pointed_at_rookworld_s():
+    proc = run_cli(["train", "--learning-rate", "3e-6"])
+    assert proc.returncode == 2 and "(did you mean --lr?)" in proc.stderr, proc.stderr
+
+
+def test_a_preset_without_its_data_names_every_missing_file_and_the_commands_that_make_them(tmp_path):
+    """It said only `--eval-data: no such file: held_out.jsonl`, not train.jsonl nor how to make them."""
+    proc = run_cli(["sft", "--config", "cpu-demo"], cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "its data is not here (train.jsonl, held_out.jsonl)" in proc.stderr
+    assert "rookworld positions --count 2000 --seed 1 --annotate --stockfish-depth 8 --out train.jsonl" in proc.stderr
+    assert "--out held_out.jsonl" in proc.stderr
+    chain = run_cli(["sft", "--config", "chess-cpu"], cwd=tmp_path).stderr
+    held_out, train = chain.index("--out data/chess-cpu-held-out.jsonl"), chain.index("--out chess-cpu-train.jsonl")
+    assert held_out < train, "the held-out positions first: the training positions leave them out"

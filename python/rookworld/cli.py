@@ -43,10 +43,23 @@ class _Command(_Parser):
     def parse_known_args(self, args=None, namespace=None):
         namespace, unknown = super().parse_known_args(args, namespace)
         if unknown:
+            fen = getattr(namespace, "fen", None) or getattr(namespace, "position", None)
+            fen = fen[0] if isinstance(fen, list) and fen else fen
+            if isinstance(fen, str) and "/" in fen and " " not in fen.strip():  # the shell split an unquoted FEN
+                move = getattr(namespace, "move", None)
+                whole = " ".join([fen, *([move] if move else []), *unknown][:6])
+                self.error(f"the FEN was split at its spaces: quote it, as in \"{whole}\"")
             flags = [f for a in self._actions for f in a.option_strings if a.help != argparse.SUPPRESS]
-            near = difflib.get_close_matches(unknown[0].split("=")[0], flags, n=1, cutoff=0.6)
+            typed = unknown[0].split("=")[0]
+            near = difflib.get_close_matches(typed, flags, n=1, cutoff=0.6) or [
+                f for f in flags if typed.startswith("--") and f == _initials(typed)]
             self.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {near[0]}?)" if near else ""))
         return namespace, unknown
+
+
+def _initials(flag: str) -> str:
+    """--learning-rate as --lr: other trainers' long names for rookworld's short ones."""
+    return "--" + "".join(word[0] for word in flag.lstrip("-").split("-") if word)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -131,10 +131,12 @@ def from_args(args: argparse.Namespace, cls: type[Settings]):
         values = dict(values.get(section, values))  # settings at the top level or under [train] / [sft]
         source = f"preset {args.config}" if preset else str(path)
     else:
-        source = "config"
+        source, preset = "config", None
     for f in dataclasses.fields(cls):
         if hasattr(args, f.name):
             if flag(f.name) != f.name:
                 values.pop(flag(f.name), None)
             values[f.name] = getattr(args, f.name)
+    if preset is not None and (missing := presets.missing_data(args.config, values)):
+        raise ConfigError(missing)
     return cls.from_dict(values, source).validate()

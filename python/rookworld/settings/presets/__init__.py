@@ -60,3 +60,36 @@ def schedule_warnings(command: str, lr: float, warmup_steps: int, steps: int, n_
                    f"{good:g} that works for a model of this size ({n_params / 1e6:.1f}M parameters) in rookworld "
                    f"{command}; the presets have settings that work (--config {' / '.join(names())})")
     return out
+
+
+def data_commands(name: str) -> dict[str, str]:
+    """The commands a preset's comments give for its data files: the file each one writes (--out) to the command."""
+    made: dict[str, str] = {}
+    command = ""
+    for line in DIRECTORY.joinpath(f"{name}.toml").read_text().splitlines():
+        text = line.lstrip("#").split("  #")[0].strip()
+        if not line.startswith("#") or not (command or text.startswith("rookworld positions")):
+            command = ""
+            continue
+        command = f"{command} {text.rstrip(chr(92)).strip()}".strip()
+        if text.endswith(chr(92)):  # a command continued on the next line
+            continue
+        words = command.split()
+        if "--out" in words[:-1]:
+            made[words[words.index("--out") + 1]] = command
+        command = ""
+    return made
+
+
+def missing_data(name: str, values: dict) -> str | None:
+    """What a preset's run lacks before it starts: every data file not here, with the commands that make them (a
+    newcomer was told of one file, without the command)."""
+    files = [values.get("data"), values.get("eval_data")]
+    wanted = [f for v in files for f in ([v] if isinstance(v, str) else v or []) if isinstance(f, str)]
+    missing = [f for f in wanted if not Path(f).is_file()]
+    if not missing:
+        return None
+    made = data_commands(name)
+    how = [command for out, command in made.items() if out in missing]  # in the file's order: held-out first
+    return (f"--config {name}: its data is not here ({', '.join(missing)})" +
+            (f"; make it first (in this directory): {'; '.join(how)}" if how else ""))
