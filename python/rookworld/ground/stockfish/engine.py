@@ -164,6 +164,10 @@ class EngineHung(EngineFailure):
     pass
 
 
+class EngineOptionError(ValueError):
+    """A setting the engine does not take (outside the range it declares): the user's to change, not a failure."""
+
+
 class Engine:
     """One Stockfish process. Not thread-safe: owned by one worker thread."""
 
@@ -191,8 +195,11 @@ class Engine:
         try:
             deadline = time.monotonic() + startup_timeout
             self._send("uci")
-            self._wait_for("uciok", deadline)
+            ranges = self._spin_ranges(deadline)
             for name, value in options.items():
+                low, high = ranges.get(name, (value, value)) if isinstance(value, int) else (value, value)
+                if not low <= value <= high:  # an engine clamps it silently: the strength asked for is not had
+                    raise EngineOptionError(f"{path} takes {name} from {low} to {high}, not {value}")
                 self._send(f"setoption name {name} value {value}")
             self._send("isready")
             self._wait_for("readyok", deadline)
@@ -234,6 +241,20 @@ class Engine:
                     pass
             raise EngineFailure(f"engine pid {self.pid} died (exit code {code})")
         return line
+
+    def _spin_ranges(self, deadline: float) -> dict[str, tuple[int, int]]:
+        """Reads `uci`'s answer to its `uciok`: the bounds of each numeric option the engine declares."""
+        ranges = {}
+        while True:
+            words = self._readline(deadline).split()
+            if words[:1] == ["uciok"]:
+                return ranges
+            if words[:2] == ["option", "name"] and "type" in words and "min" in words and "max" in words:
+                name = " ".join(words[2:words.index("type")])
+                try:
+                    ranges[name] = (int(words[words.index("min") + 1]), int(words[words.index("max") + 1]))
+                except (ValueError, IndexError):
+                    pass
 
     def _wait_for(self, token: str, deadline: float) -> None:
         while True:
