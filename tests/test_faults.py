@@ -17,6 +17,7 @@ import torch
 
 from rookworld.harness import checkpoint
 
+from conftest import REPO
 from test_trainer import run_cli, train_args
 
 
@@ -434,3 +435,31 @@ def test_a_preset_without_its_data_names_every_missing_file_and_the_commands_tha
     chain = run_cli(["sft", "--config", "chess-cpu"], cwd=tmp_path).stderr
     held_out, train = chain.index("--out data/chess-cpu-held-out.jsonl"), chain.index("--out chess-cpu-train.jsonl")
     assert held_out < train, "the held-out positions first: the training positions leave them out"
+
+
+def test_a_read_only_file_system_is_one_line_in_every_command_that_writes(tiny_dir, tmp_path):
+    """Root writes through permission bits, so the read-only directory is a file system mounted read-only."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mount)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a file system here (needs root)")
+    try:
+        data = tmp_path / "p.fen"
+        data.write_text("4k3/8/8/8/8/8/8/4K3 w - - 0 1\n")
+        run = tmp_path / "run"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+        for args in (train_args(tiny_dir, mount / "run", "--steps", "1"),
+                     ["sft", "--model", tiny_dir, "--data", REPO / "data" / "chess-cpu-held-out.jsonl", "--output-dir",
+                      mount / "run", "--steps", "1"],
+                     ["eval", "--model", tiny_dir, "--data", data, "--tasks", "A", "--out", mount / "r.json"],
+                     ["positions", "--count", "3", "--out", mount / "p.jsonl"],
+                     ["plot", run, "--out", mount / "c.png"],
+                     ["positions", "--count", "3", "--annotate", "--stockfish-cache", mount / "c.sqlite", "--out",
+                      tmp_path / "p.jsonl"]):
+            proc = run_cli(list(map(str, args)))
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args[0], proc.stderr)
+            assert proc.stderr.count("\n") == 1 and str(mount) in proc.stderr, (args[0], proc.stderr)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
