@@ -463,3 +463,14 @@ def test_a_read_only_file_system_is_one_line_in_every_command_that_writes(tiny_d
             assert proc.stderr.count("\n") == 1 and str(mount) in proc.stderr, (args[0], proc.stderr)
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_deeply_nested_json_line_is_a_bad_line_not_a_recursion_error(tiny_dir, tmp_path):
+    data = tmp_path / "nested.jsonl"
+    data.write_text("4k3/8/8/8/8/8/8/4K3 w - - 0 1\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    proc = run_cli(["eval", "--model", str(tiny_dir), "--data", str(data), "--tasks", "A"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and f"{data}:2" in proc.stderr, proc.stderr
+    proc = run_cli(["eval", "--model", str(tiny_dir), "--data", str(data), "--tasks", "A", "--skip-bad"])
+    assert proc.returncode == 0 and f"skipped 1 bad lines of {data}" in proc.stderr, proc.stderr
+    proc = run_cli(["sft", "--model", str(tiny_dir), "--data", str(data), "--output-dir", str(tmp_path / "s")])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and f"{data}:1" in proc.stderr, proc.stderr
