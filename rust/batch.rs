@@ -98,6 +98,35 @@ pub fn env_prompts<S: AsRef<str> + Sync>(fens: &[S], moves: &[S], histories: &[V
         .collect()
 }
 
+/// What is wrong with each position's history (UCI moves before it, oldest first), if anything;
+/// a bad FEN is its own error.
+pub fn history_problems<S: AsRef<str> + Sync>(fens: &[S], histories: &[Vec<String>]) -> Vec<Option<String>> {
+    (fens, histories)
+        .into_par_iter()
+        .map(|(f, h)| match parse_fen(f.as_ref()) {
+            Ok(pos) => crate::history::check_history(&pos, h).err().map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        })
+        .collect()
+}
+
+/// What is wrong with each analysis (moves best first, evals in pawns), if anything; a bad FEN is
+/// its own error. `max_moves`: the MultiPV the analyses were asked for, when known.
+pub fn analysis_problems<S: AsRef<str> + Sync>(
+    fens: &[S],
+    moves: &[Vec<String>],
+    evals: &[Vec<f64>],
+    max_moves: Option<usize>,
+) -> Vec<Option<String>> {
+    (fens, moves, evals)
+        .into_par_iter()
+        .map(|(f, m, e)| match parse_fen(f.as_ref()) {
+            Ok(pos) => crate::analysis::check_analysis(&pos, m, e, max_moves).err().map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        })
+        .collect()
+}
+
 /// Perft split over the root moves.
 pub fn perft(fen: &str, depth: u32) -> Result<u64, FenError> {
     let pos = parse_fen(fen)?;

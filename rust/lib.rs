@@ -6,10 +6,12 @@
 //! by task so that neither reads as the network, which is Python's `rookworld.policy`.
 
 pub mod a_text;
+pub mod analysis;
 pub mod batch;
 pub mod env;
 pub mod fen;
 pub mod generate;
+pub mod history;
 pub mod mate;
 pub mod moves;
 pub mod notation;
@@ -23,9 +25,11 @@ pub mod similarity;
 #[cfg(feature = "python")]
 mod python;
 
+pub use analysis::{check_analysis, AnalysisError, MAX_EVAL};
 pub use a_text::{env_prompt, env_target, parse_env_prompt, EnvPrompt, PromptError, HISTORY_LEN};
 pub use env::{step, GameEnd, Reward, Transition};
 pub use fen::{parse_fen, to_fen, FenError};
+pub use history::{check_history, HistoryError};
 pub use generate::{generate_position, generate_positions, GeneratedPosition, GeneratorConfig, Phase};
 pub use mate::{mate_in_one_position, mate_in_one_positions, mating_moves, MateInOne};
 pub use moves::{legal_move, legal_uci_moves};

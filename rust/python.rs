@@ -152,6 +152,30 @@ fn env_prompts(
     Ok(py.detach(|| batch::env_prompts(&fens, &moves, &histories)))
 }
 
+/// Per position what is wrong with its history, or `None`.
+#[pyfunction]
+fn history_problems(py: Python<'_>, fens: &Bound<'_, PyAny>, histories: &Bound<'_, PyAny>) -> PyResult<Vec<Option<String>>> {
+    let fens = texts(fens)?;
+    let histories: Vec<Vec<String>> = histories.try_iter()?.map(|h| texts(&h?)).collect::<PyResult<_>>()?;
+    same_length(fens.len(), histories.len())?;
+    Ok(py.detach(|| batch::history_problems(&fens, &histories)))
+}
+
+/// Per analysis what is wrong with it, or `None`.
+#[pyfunction]
+#[pyo3(signature = (fens, moves, evals, max_moves=None))]
+fn analysis_problems(
+    py: Python<'_>,
+    fens: Vec<String>,
+    moves: Vec<Vec<String>>,
+    evals: Vec<Vec<f64>>,
+    max_moves: Option<usize>,
+) -> PyResult<Vec<Option<String>>> {
+    same_length(fens.len(), moves.len())?;
+    same_length(fens.len(), evals.len())?;
+    Ok(py.detach(|| batch::analysis_problems(&fens, &moves, &evals, max_moves)))
+}
+
 #[pyfunction]
 fn perft(py: Python<'_>, fen: &str, depth: u32) -> PyResult<u64> {
     let fen = fen.to_string();
@@ -367,6 +391,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(env_steps, m)?)?;
     m.add_function(wrap_pyfunction!(env_targets, m)?)?;
     m.add_function(wrap_pyfunction!(env_prompts, m)?)?;
+    m.add_function(wrap_pyfunction!(history_problems, m)?)?;
+    m.add_function(wrap_pyfunction!(analysis_problems, m)?)?;
     m.add_function(wrap_pyfunction!(perft, m)?)?;
     m.add_function(wrap_pyfunction!(generate_positions, m)?)?;
     m.add_function(wrap_pyfunction!(mate_in_one_positions, m)?)?;
@@ -375,5 +401,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_policy_answers, m)?)?;
     m.add_function(wrap_pyfunction!(parse_env_answers, m)?)?;
     m.add("HISTORY_LEN", crate::a_text::HISTORY_LEN)?;
+    m.add("MAX_EVAL", crate::analysis::MAX_EVAL)?;
     Ok(())
 }
