@@ -3,6 +3,7 @@ loading and answering API the README shows."""
 
 import json
 
+import chess as pychess
 import pytest
 
 from conftest import cli
@@ -77,16 +78,23 @@ def test_ask_prints_and_rejects_bad_input(tiny_dir):
 
 
 def test_play_with_piped_moves(tiny_dir):
-    """The user's bad moves are refused with the reason and asked again; the random model has no legal move, so
-    white wins at its first answer."""
+    """The user's bad moves are refused with the reason and asked again; the random model writes no answer, so it
+    plays the legal move it finds most probable (as `rookworld uci` would), says so, and the counts end the game."""
     proc = run_cli("play", "--model", str(tiny_dir), "--device", "cpu", input="e5\nhello\ne4\n")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "8 r n b q k b n r" in out and "your move (white): e5" in out
     assert "illegal move in this position" in out and "not a move" in out
-    assert "the model's answer has no legal move" in out
-    assert "game over: 1-0 (no move in its answer by black) after 1 half-move;" in out
-    assert "moves: e2e4" in out
+    note = "(the model: its answer has no best move and it has no candidates; played the legal move it finds most " \
+           "probable, "
+    reply = out.split(note, 1)[1].split(")", 1)[0]
+    board = pychess.Board()
+    board.push_uci("e2e4")
+    assert pychess.Move.from_uci(reply) in board.legal_moves
+    assert f"the model plays {reply} ({board.san(pychess.Move.from_uci(reply))})" in out
+    assert "game over: 0-1 (white resigned) after 2 half-moves; the model played its B: move 0 time(s), fell back " \
+           "to a candidate 0 and to its likeliest legal move 1" in out
+    assert f"moves: e2e4 {reply}" in out
 
 
 def test_play_as_black_resigning_at_end_of_input(tiny_dir):

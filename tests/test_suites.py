@@ -3,7 +3,9 @@ interval, and the report; checked against python-chess as the oracle of the rule
 
 import json
 import math
+import os
 import random
+import signal
 
 import chess as pychess
 import pytest
@@ -189,6 +191,33 @@ def test_stockfish_own_move_does_not_lose_to_stockfish_at_its_weakest():
     assert [i["model_colour"] for i in result.items] == [WHITE, BLACK]
 
 
+@needs_stockfish
+def test_a_killed_opponent_is_restarted_and_the_suite_goes_on():
+    """The opponent's Stockfish process is killed for real in the middle of the suite: it is started again, the move
+    asked again, the games finish, and the report counts the restart (issue 35: no traceback)."""
+    rng = random.Random(5)
+    killed = []
+
+    def pick(fen):
+        if len(killed) == 0 and lm.calls == 3:
+            killed.append(opponent.engine.pid)
+            os.kill(opponent.engine.pid, signal.SIGKILL)
+        move = rng.choice([m.uci() for m in pychess.Board(fen).legal_moves])
+        return [move], move
+
+    lm = ScriptedLM(pick)
+    with StockfishPlayer(skill=0, nodes=500) as opponent:
+        result = vs_stockfish(ModelPlayer(lm, GREEDY, fallback=True), opponent, games=2, max_plies=16)
+        assert opponent.restarts == 1 and opponent.engine.pid != killed[0] and opponent.engine.alive()
+    m = result.sections["vs-stockfish"]
+    assert m["opponent_restarts"] == 1 and m["n"] == 2 and m["own_move_illegal"] == 0.0
+    for item in result.items:
+        board = pychess.Board(item["start_fen"])
+        for move in item["moves"]:
+            board.push_uci(move)
+        assert item["reason"] == "ply limit" or board.is_game_over(claim_draw=True)
+
+
 def test_parse_suites_and_the_report():
     assert parse_suites("mate-in-one, best-move,mate-in-one") == ["mate-in-one", "best-move"]
     with pytest.raises(ValueError, match="choose from best-move, mate-in-one, selfplay, vs-stockfish"):
@@ -229,8 +258,21 @@ def test_eval_every_suite_with_a_tiny_model(tiny_dir, tmp_path):
     mate = got["suites"]["mate-in-one"]
     assert mate["sections"]["mate-in-one"]["mate_rate"] == 0.0 and len(mate["items"]) == 3
     assert all(i["mates"] and i["stockfish"] in i["mates"] for i in mate["items"])
+    # vs-stockfish plays the model's moves as `rookworld uci` chooses them: never illegal, while the report still
+    # says that every one of its own B: moves was (the random model writes none)
     vs = got["suites"]["vs-stockfish"]["sections"]["vs-stockfish"]
-    assert vs["losses"] == 2 and vs["lost_by_illegal"] == 2 and vs["elo_difference"] is None
+    assert vs["lost_by_illegal"] == 0 and vs["wins"] + vs["draws"] + vs["losses"] == 2
+    assert vs["model_moves"] > 0 and vs["own_move_illegal"] == 1.0 and vs["likeliest_moves"] == 1.0
+    assert vs["candidate_moves"] == 0.0 and vs["opponent_restarts"] == 0
+    assert "its own B: move illegal" in proc.stdout and "played its likeliest" in proc.stdout
+    for item in got["suites"]["vs-stockfish"]["items"]:
+        board = pychess.Board(item["start_fen"])
+        for move in item["moves"]:
+            assert pychess.Move.from_uci(move) in board.legal_moves
+            board.push_uci(move)
+        assert item["reason"] == "ply limit" or board.is_game_over(claim_draw=True)
+        model_moves = len(item["moves"][0 if item["model_colour"] == WHITE else 1 :: 2])
+        assert item["move_sources"] == {"best": 0, "candidate": 0, "likeliest": model_moves}
     sp = got["suites"]["selfplay"]["sections"]["selfplay/greedy"]
     assert sp["legal_half_moves"] == 0.0 and sp["illegal_share"] == 1.0
 

@@ -11,7 +11,7 @@ from rookworld.commands.model import load_lm
 from rookworld.ground import data
 from rookworld.ground.progress import Progress
 from rookworld.ground.rewards import RewardScorer
-from rookworld.ground.stockfish import StockfishNotFoundError, find_stockfish
+from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import SuiteOptions, format_report, run_suites
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         results = run_suites(lm, names, opts, records=records, scorer=RewardScorer(pool), mate_fens=mate_fens,
                              progress=lambda label, total, unit: Progress(total, label, unit))
+    except StockfishError as e:  # an engine that kept failing after its restarts: said in one line
+        raise CliError(str(e)) from None
     finally:
         if pool is not None:
             pool.close()

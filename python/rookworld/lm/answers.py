@@ -22,6 +22,8 @@ from rookworld.ground import chess
 from rookworld.ground.progress import Progress
 from rookworld.ground.rewards import policy_prompt
 from rookworld.net.device import resolve_device
+from rookworld.net.limits import ContextTooLong
+from rookworld.net.logprobs import token_logprobs
 from rookworld.net.model import from_pretrained, model_directory
 from rookworld.net.sampling import generate
 from rookworld.net.sources import model_source
@@ -150,6 +152,32 @@ class RookWorldLM:
         """The model's P: answer (candidates, evals, best move) for each position."""
         prompts = [policy_prompt(f) for f in fens]
         return read_policy_answers(self.complete(prompts, decoding=decoding, seed=seed, progress=progress))
+
+    @torch.no_grad()
+    def continuation_logprobs(self, context: str, continuations: Sequence[str]) -> list[float]:
+        """log p(continuation | context) of each continuation, summed over its tokens: the context (EOS first, as
+        `complete` prompts) goes through the model once and every continuation attends to it. ContextTooLong when
+        the context and the longest continuation do not fit the model's context."""
+        prefix = self.tokenizer.encode(context, bos=True)
+        tails = [self.tokenizer.encode(text) for text in continuations]
+        if not tails:
+            return []
+        P, width = len(prefix), max(1, max(len(t) for t in tails))
+        limit = self.model.config.block_size
+        if P + width > limit:
+            raise ContextTooLong(f"{P} tokens of context and {width} of continuation exceed the model's context "
+                                 f"of {limit}")
+        ids = torch.full((len(tails), P + width), self.tokenizer.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        ids[:, :P], mask[:, :P] = torch.tensor(prefix), True
+        for row, tail in enumerate(tails):
+            ids[row, P : P + len(tail)] = torch.tensor(tail, dtype=torch.long)
+            mask[row, P : P + len(tail)] = True
+        ids, mask = ids.to(self.model.device), mask.to(self.model.device)
+        wanted = mask[:, P:]
+        # Rows share their context columns: one pass over it for all of them (rows_per_prompt).
+        lp = token_logprobs(self.model, ids, mask, start=P, rows_per_prompt=len(tails), wanted=wanted).logprobs
+        return (lp * wanted).sum(1).tolist()
 
     def env(self, fens: Sequence[str], moves: Sequence[str], histories: Sequence[Sequence[str]] | None = None, *,
             decoding: Decoding = GREEDY, seed: int = 0) -> list[EnvAnswer]:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rookworld.ground import chess
-from rookworld.ground.stockfish.engine import Engine, find_stockfish
+from rookworld.ground.stockfish.engine import Engine, EngineFailure, StockfishError, find_stockfish
+from rookworld.lm.moves import SOURCES, choose_moves
 
 WHITE, BLACK = "w", "b"
 COLOUR_NAMES = {WHITE: "white", BLACK: "black"}
@@ -42,11 +43,13 @@ def draw_reason(fen: str) -> str:
 @dataclass
 class Choice:
     """A player's move for one game: `move` as written (None when the answer had no move at all), the completion
-    it came from, and a note when the player did something the user should hear of (a fallback)."""
+    it came from, a note when the player did something the user should hear of (a fallback), and, for the model,
+    where the move came from (`rookworld.lm.moves.SOURCES`)."""
 
     move: str | None
     answer: str | None = None
     note: str | None = None
+    source: str | None = None
 
 
 @dataclass
@@ -58,6 +61,8 @@ class Game:
     #: Per move attempted: the player's completion (None for an engine or a person) and its note.
     answers: list[str | None] = field(default_factory=list)
     notes: list[str | None] = field(default_factory=list)
+    #: Per move attempted: where the model's move came from (None for an engine or a person).
+    sources: list[str | None] = field(default_factory=list)
     #: "1-0", "0-1", "1/2-1/2", or None while the game goes on (and for a game stopped at the ply limit).
     result: str | None = None
     reason: str | None = None
@@ -82,6 +87,7 @@ class Game:
         mover = self.turn
         self.answers.append(choice.answer)
         self.notes.append(choice.note)
+        self.sources.append(choice.source)
         step = chess.env_steps([self.fen], [choice.move or ""])[0]
         if step.truncated:
             self.illegal_by = mover
@@ -103,10 +109,14 @@ class Game:
         """Ends the game outside the rules: the ply limit (no result), a resignation (a result)."""
         self._end(result, reason)
 
+    def source_counts(self) -> dict[str, int]:
+        """How many of the model's moves came from each source: its B: move, a candidate, its likeliest move."""
+        return {source: self.sources.count(source) for source in SOURCES}
+
     def to_dict(self) -> dict:
         return {"start_fen": self.start_fen, "moves": list(self.moves), "fen": self.fen, "result": self.result,
                 "reason": self.reason, "illegal_by": self.illegal_by, "answers": list(self.answers),
-                "notes": [n for n in self.notes if n]}
+                "notes": [n for n in self.notes if n], "move_sources": self.source_counts()}
 
 
 class Player(Protocol):
@@ -139,8 +149,10 @@ def play_games(games: Sequence[Game], players: Sequence[Player], player_of, *, m
 
 
 class ModelPlayer:
-    """The model's move: the B: move of its P: answer. With `fallback`, an illegal B: move is replaced by the
-    answer's first legal candidate (M:), and the choice says so."""
+    """The model's move. With `fallback` (play, vs-stockfish, and the UCI engine through the same
+    `rookworld.lm.moves.choose_moves`) always a legal one: its B: move when legal, else its first legal candidate,
+    else its likeliest legal move, the choice saying which. Without it, the B: move as written, an illegal one
+    losing the game: self-play counts the legal moves before the first illegal one, as RookWorld does."""
 
     def __init__(self, lm, decoding, *, seed: int = 0, fallback: bool = False):
         self.lm, self.decoding, self.seed, self.fallback = lm, decoding, seed, fallback
@@ -149,28 +161,21 @@ class ModelPlayer:
 
     def choose(self, games: Sequence[Game]) -> list[Choice]:
         self._calls += 1
-        answers = self.lm.policy([g.fen for g in games], decoding=self.decoding, seed=self.seed + 7919 * self._calls)
-        legal = chess.is_legal([g.fen for g in games], [a.best or "" for a in answers])
-        choices = []
-        for g, a, ok in zip(games, answers, legal):
-            if ok or not self.fallback:
-                choices.append(Choice(a.best, a.text))
-                continue
-            candidates = [m for m in a.moves if m != a.best]
-            ok_candidates = chess.is_legal([g.fen] * len(candidates), candidates) if candidates else []
-            move = next((m for m, k in zip(candidates, ok_candidates) if k), None)
-            said = f"its best move {a.best!r} is illegal" if a.best else "its answer has no best move"
-            note = f"{said}; played its candidate {move}" if move else f"{said} and no candidate is legal"
-            choices.append(Choice(move, a.text, note))
-        return choices
+        fens, seed = [g.fen for g in games], self.seed + 7919 * self._calls
+        if not self.fallback:
+            return [Choice(a.best, a.text) for a in self.lm.policy(fens, decoding=self.decoding, seed=seed)]
+        return [Choice(m.move, m.answer.text, m.note, m.source)
+                for m in choose_moves(self.lm, fens, decoding=self.decoding, seed=seed)]
 
 
 class StockfishPlayer:
     """Stockfish as an opponent at a fixed strength: `elo` (UCI_LimitStrength, calibrated; Stockfish 15.1 accepts
-    1350-2850) or `skill` (Skill Level 0-20), searching `nodes` nodes a move."""
+    1350-2850) or `skill` (Skill Level 0-20), searching `nodes` nodes a move. An engine that dies or hangs is
+    killed, started again and asked again (`retries` times a move, as the analysis pool does), so that one crash
+    does not end a suite; `restarts` counts them."""
 
     def __init__(self, path: str | None = None, *, elo: int | None = None, skill: int | None = None,
-                 nodes: int = 20_000, timeout_s: float = 60.0):
+                 nodes: int = 20_000, timeout_s: float = 60.0, retries: int = 3):
 
         if elo is not None and skill is not None:
             raise ValueError("give Stockfish's strength as elo or as skill, not both")
@@ -184,11 +189,30 @@ class StockfishPlayer:
         else:
             self.strength = "full strength"
         self.name = f"Stockfish ({self.strength}, {nodes} nodes)"
-        self.go, self.timeout_s = f"go nodes {nodes}", timeout_s
-        self.engine = Engine(find_stockfish(path), options, startup_timeout=timeout_s)
+        self.go, self.timeout_s, self.retries = f"go nodes {nodes}", timeout_s, max(0, retries)
+        self.path, self.options, self.restarts = find_stockfish(path), options, 0
+        self.engine = self._start()
+
+    def _start(self) -> Engine:
+        try:
+            return Engine(self.path, self.options, startup_timeout=self.timeout_s)
+        except EngineFailure as exc:
+            raise StockfishError(f"cannot start Stockfish ({self.path}): {exc}") from exc
+
+    def _best_move(self, game: Game) -> str:
+        for _ in range(self.retries + 1):
+            try:
+                return self.engine.best_move(game.start_fen, game.moves, self.go, self.timeout_s)
+            except EngineFailure as exc:
+                failure = exc
+                self.engine.kill()
+                self.restarts += 1
+                self.engine = self._start()
+        raise StockfishError(f"Stockfish failed {self.retries + 1} times on a move from {game.start_fen} after "
+                             f"{' '.join(game.moves) or 'no moves'}; last: {failure}")
 
     def choose(self, games: Sequence[Game]) -> list[Choice]:
-        return [Choice(self.engine.best_move(g.start_fen, g.moves, self.go, self.timeout_s)) for g in games]
+        return [Choice(self._best_move(g)) for g in games]
 
     def close(self) -> None:
         self.engine.quit()

@@ -1,6 +1,7 @@
 """`rookworld play`: a game against the model in the terminal. Your moves in UCI or SAN are checked by the Rust
-core; the model's move is the B: move of its P: answer, or, when that is illegal, its first legal candidate (it
-says so, and the fallbacks are counted)."""
+core; the model's move is chosen as `rookworld uci` chooses it (`rookworld.lm.moves`): the B: move of its P:
+answer, or, when that is illegal, its first legal candidate, or else the legal move it finds most probable (it
+says so, and the game ends with the counts)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TextIO
 
 from rookworld.ground import chess
 from rookworld.lm.games import BLACK, COLOUR_NAMES, WHITE, Choice, Game, ModelPlayer
+from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST
 
 
 def board_text(fen: str, *, flip: bool = False) -> str:
@@ -36,7 +38,6 @@ def play_game(model_player: ModelPlayer, *, user: str = WHITE, start_fen: str = 
               read: Callable[[str], str] = input, out: TextIO, max_plies: int = 400) -> Game:
     """Plays one game: the user's moves from `read` (EOF or `quit` resigns), the model's from `model_player`."""
     game = Game(start_fen=start_fen)
-    fallbacks = 0
 
     def say(text: str = "") -> None:
         out.write(text + "\n")
@@ -64,7 +65,6 @@ def play_game(model_player: ModelPlayer, *, user: str = WHITE, start_fen: str = 
             before = game.fen
             (choice,) = model_player.choose([game])
             if choice.note:
-                fallbacks += 1
                 say(f"  (the model: {choice.note})")
             if game.play(choice):
                 say(f"the model plays {_describe(before, choice.move)}")
@@ -74,8 +74,9 @@ def play_game(model_player: ModelPlayer, *, user: str = WHITE, start_fen: str = 
         game.stop("ply limit")
     say()
     say(board_text(game.fen, flip=user == BLACK))
-    n = len(game.moves)
+    n, counts = len(game.moves), game.source_counts()
     say(f"game over: {game.result or 'no result'} ({game.reason}) after {n} half-move{'' if n == 1 else 's'}; "
-        f"the model fell back to a candidate {fallbacks} time(s)")
+        f"the model played its B: move {counts[BEST]} time(s), fell back to a candidate {counts[CANDIDATE]} "
+        f"and to its likeliest legal move {counts[LIKELIEST]}")
     say(f"moves: {' '.join(game.moves)}")
     return game

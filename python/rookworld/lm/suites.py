@@ -5,8 +5,9 @@
   as Lichess puzzles count), with the share whose B: is Stockfish's move beside it (BIG-bench's target);
 - `selfplay`: the model plays both sides from the start and from opening-book positions, greedy and sampled;
   legal half-moves before its first illegal or unreadable move, as RookWorld counts them;
-- `vs-stockfish`: games against Stockfish at a fixed strength, colours alternating, an illegal move losing;
-  wins, draws and losses with the Elo difference and its 95% interval.
+- `vs-stockfish`: games against Stockfish at a fixed strength, colours alternating, the model's moves chosen as
+  `rookworld uci` chooses them (`rookworld.lm.moves`: never illegal); wins, draws and losses with the Elo
+  difference and its 95% interval, and how often the model's own B: move was illegal (legality stays measured).
 
 Each suite returns a `SuiteResult`: sections of metrics (a section is also the metrics' namespace in training's
 `eval/...` curves) and one item per position or game, holding what is needed to check any figure by hand.
@@ -24,6 +25,7 @@ from rookworld.ground import chess
 from rookworld.lm.answers import GREEDY, ROOKWORLD, Decoding, RookWorldLM
 from rookworld.lm.bestmove import evaluate
 from rookworld.lm.games import BLACK, WHITE, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
+from rookworld.lm.moves import CANDIDATE, LIKELIEST
 from rookworld.settings.groups import SUITES, parse_suites
 
 #: Seed offsets of the suites' own positions: streams no training run or other suite draws from.
@@ -152,6 +154,10 @@ def selfplay(lm: RookWorldLM, *, games: int, seed: int = 0, max_plies: int = 200
 
 # -- against Stockfish ----------------------------------------------------------------------------------------------
 
+def _share(sources: Sequence[str], wanted: tuple[str, ...]) -> float | None:
+    return sum(s in wanted for s in sources) / len(sources) if sources else None
+
+
 def model_score(game: Game, colour: str) -> float:
     """1, 0.5 or 0 from the model's side; a game stopped at the ply limit counts as a draw."""
     if game.result is None or game.result == "1/2-1/2":
@@ -162,7 +168,8 @@ def model_score(game: Game, colour: str) -> float:
 def vs_stockfish(player, opponent, *, games: int, seed: int = 0, max_plies: int = 200,
                  decoding_name: str = "greedy", progress=None) -> SuiteResult:
     """`games` games of `player` against `opponent` (any `games.Player`), in pairs from the same start position
-    with the colours swapped."""
+    with the colours swapped. The model's moves are counted by where they came from: its own B: move, or a
+    fall-back to a candidate or to its likeliest legal move."""
     starts = opening_fens((games + 1) // 2, seed)
     played = [Game(start_fen=starts[i // 2]) for i in range(games)]
     colour = {id(g): WHITE if i % 2 == 0 else BLACK for i, g in enumerate(played)}
@@ -175,6 +182,11 @@ def vs_stockfish(player, opponent, *, games: int, seed: int = 0, max_plies: int 
          "elo_difference": elo, "elo_low": low, "elo_high": high,
          "lost_by_illegal": sum(g.illegal_by == colour[id(g)] for g in played),
          "ply_limit": _mean([g.reason == "ply limit" for g in played])}
+    sources = [s for g in played for s in g.sources if s is not None]
+    m |= {"model_moves": len(sources), "own_move_illegal": _share(sources, (CANDIDATE, LIKELIEST)),
+          "candidate_moves": _share(sources, (CANDIDATE,)), "likeliest_moves": _share(sources, (LIKELIEST,)),
+          # the opponent's crashes survived (StockfishPlayer restarts its engine and asks again)
+          "opponent_restarts": getattr(opponent, "restarts", 0)}
     items = [{"model_colour": colour[id(g)], "score": s, **g.to_dict()} for g, s in zip(played, scores)]
     return SuiteResult("vs-stockfish", decoding_name, {"vs-stockfish": m}, items,
                        f"against {opponent.name}, up to {max_plies} plies")
@@ -227,7 +239,7 @@ def run_suites(lm: RookWorldLM, names: Sequence[str], opts: SuiteOptions, *, rec
             with bar("selfplay", 2 * opts.games * opts.max_plies, "moves") as p:
                 out.append(selfplay(lm, games=opts.games, seed=opts.seed, max_plies=opts.max_plies, progress=p))
         elif name == "vs-stockfish":
-            player = ModelPlayer(lm, opts.decoding, seed=opts.seed)
+            player = ModelPlayer(lm, opts.decoding, seed=opts.seed, fallback=True)
             with StockfishPlayer(opts.stockfish_path, elo=opts.opponent_elo, skill=opts.opponent_skill,
                                  nodes=opts.opponent_nodes) as opponent, \
                     bar("vs-stockfish", opts.games * opts.max_plies, "moves") as p:
@@ -263,7 +275,9 @@ _LABELS: dict[str, tuple[str, str]] = {
     "ply_limit": ("stopped at the ply limit", _PERCENT),
     "wins": ("wins", _COUNT), "draws": ("draws", _COUNT), "losses": ("losses", _COUNT), "score": ("score", _PERCENT),
     "elo_difference": ("Elo difference", _ELO), "elo_low": ("  95% low", _ELO), "elo_high": ("  95% high", _ELO),
-    "lost_by_illegal": ("lost by an illegal move", _COUNT),
+    "lost_by_illegal": ("lost by an illegal move", _COUNT), "model_moves": ("the model's moves", _COUNT),
+    "own_move_illegal": ("its own B: move illegal", _PERCENT), "candidate_moves": ("  played a candidate", _PERCENT),
+    "likeliest_moves": ("  played its likeliest", _PERCENT), "opponent_restarts": ("opponent restarts", _COUNT),
 }
 _TITLES = {"P": ("P: policy", "positions"), "A": ("A: environment", "positions"),
            "mate-in-one": ("mate-in-one", "positions"), "vs-stockfish": ("vs-stockfish", "games")}
