@@ -128,7 +128,8 @@ argv = {{"positions": ["--count", "3", "--out", "x.jsonl", "--stockfish-depth", 
          "eval": ["--suite", "best-move,selfplay", "--decode-batch-size", "8", "--device", "cpu"],
          "ask": ["8/8/8/8/8/8/8/K1k5 w - - 0 1", "--protocol", "rookworld"], "play": ["--colour", "black"],
          "train": ["--steps", "3", "--lr", "1e-4", "--output-dir", {str(tmp_path / 't')!r}],
-         "sft": ["--init", "tiny", "--data", {__file__!r}, "--lr", "1e-3"], "plot": ["runs/a", "--title", "t"]}}
+         "sft": ["--init", "tiny", "--data", {__file__!r}, "--lr", "1e-3"], "plot": ["runs/a", "--title", "t"],
+         "uci": ["--protocol", "rookworld", "--seed", "3"]}}
 for command in COMMANDS:
     from_args(parser.parse_args([command.name, *argv[command.name]]), command.settings)
 assert "torch" not in sys.modules, "torch was imported"
