@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
     history = s.history.replace(",", " ").split()
+    if (problem := chess.history_problem(fen, history)) is not None:
+        raise CliError(f"--history: {problem}")
     if not chess.legal_moves(fen):
         raise CliError(f"the game is over in this position (no legal move): {fen}")
     try:

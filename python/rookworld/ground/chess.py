@@ -13,6 +13,7 @@ from rookworld import _core
 
 __all__ = [
     "HISTORY_LEN",
+    "MAX_EVAL",
     "START_FEN",
     "EnvStep",
     "MateInOne",
@@ -21,7 +22,10 @@ __all__ = [
     "env_prompts",
     "env_steps",
     "env_targets",
+    "analysis_problems",
     "generate_positions",
+    "history_problem",
+    "history_problems",
     "is_legal",
     "legal_moves",
     "legal_moves_batch",
@@ -38,6 +42,8 @@ __all__ = [
 #: Moves kept in an A: prompt's history field, the move itself included.
 HISTORY_LEN: int = _core.HISTORY_LEN
 START_FEN = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+#: The largest eval in pawns an analysis may hold: a mate in 1 (999.99), as the P: text prints it.
+MAX_EVAL: float = _core.MAX_EVAL
 
 
 def _list(items: Iterable[str]) -> list[str]:
@@ -70,6 +76,33 @@ def fen_problem(fen: str) -> str | None:
     """What is wrong with ``fen`` (missing king, pawn on the back rank, ...), or ``None`` for a legal position."""
     ((ok, text),) = _core.normalize_fens([fen])
     return None if ok else text
+
+
+def history_problems(fens: Iterable[str], histories: Iterable[Sequence[str]]) -> list[str | None]:
+    """What is wrong with each position's history (UCI moves before it, oldest first), or ``None``.
+
+    Without the game's start only this can be checked: every entry is a UCI move some piece could
+    make, and the last one was played by the side not to move (the square it left is empty, its
+    destination holds the mover's piece, the promoted one for a promotion). A bad FEN is its own
+    problem.
+    """
+    return _core.history_problems(_list(fens), [_list(h) for h in histories])
+
+
+def history_problem(fen: str, history: Sequence[str]) -> str | None:
+    """`history_problems` for one position."""
+    return history_problems([fen], [history])[0]
+
+
+def analysis_problems(fens: Iterable[str], moves: Iterable[Sequence[str]], evals: Iterable[Sequence[float]],
+                      max_moves: int | None = None) -> list[str | None]:
+    """What is wrong with each analysis that came from outside this run (a data file, a cache), or ``None``.
+
+    Its moves (best first) must be legal UCI in the position and distinct, one eval a move, evals finite
+    pawns within ``MAX_EVAL``; at least one move where the position has one, at most ``max_moves``.
+    """
+    evals = [[float(e) for e in row] for row in evals]
+    return _core.analysis_problems(_list(fens), [_list(m) for m in moves], evals, max_moves)
 
 
 def legal_moves_batch(fens: Iterable[str]) -> list[list[str]]:

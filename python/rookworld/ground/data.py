@@ -13,6 +13,7 @@ A bad line is a ``DataError`` naming the file and line, or, with ``skip_bad=True
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from collections.abc import Iterable, Sequence
@@ -94,13 +95,24 @@ def _from_json(text: str) -> dict:
     analysis = obj.get("analysis")
     if analysis is not None:
         ok = (isinstance(analysis, dict) and isinstance(analysis.get("moves"), list)
-              and isinstance(analysis.get("evals"), list) and len(analysis["moves"]) == len(analysis["evals"])
+              and isinstance(analysis.get("evals"), list)
               and all(isinstance(m, str) for m in analysis["moves"])
               and all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in analysis["evals"]))
         if not ok:
-            raise ValueError('"analysis" must hold "moves" and "evals" lists of equal length')
+            raise ValueError('"analysis" must hold a "moves" list of UCI strings and an "evals" list of numbers')
+        depth = analysis.get("depth", 0)
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+            raise ValueError(f'"analysis" "depth" must be a whole number >= 0, got {depth!r}')
     return {"fen": obj["fen"], "history": tuple(history), "move": move, "phase": obj.get("phase"),
             "analysis": analysis}
+
+
+def _pawns(value: int | float) -> float:
+    """An eval as a float; a JSON integer too large for one is infinite, which the check then refuses."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _is_int(text: str) -> bool:
@@ -157,12 +169,24 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
         except ValueError as e:
             bad(lineno, str(e))
 
-    # The whole file's FENs in one batch through the Rust core.
+    # The whole file's FENs, histories and analyses in batches through the Rust core.
     normalized = chess.normalize_fens([d["fen"] for _, d in parsed])
+    fens = [fen or d["fen"] for (_, d), fen in zip(parsed, normalized)]
+    history_problems = chess.history_problems(fens, [d.get("history", ()) for _, d in parsed])
+    with_analysis = [i for i, (_, d) in enumerate(parsed) if d.get("analysis") is not None]
+    analysis_problems = dict(zip(with_analysis, chess.analysis_problems(
+        [fens[i] for i in with_analysis], [parsed[i][1]["analysis"]["moves"] for i in with_analysis],
+        [[_pawns(e) for e in parsed[i][1]["analysis"]["evals"]] for i in with_analysis])))
     records = []
-    for (lineno, d), fen in zip(parsed, normalized):
+    for i, ((lineno, d), fen) in enumerate(zip(parsed, normalized)):
         if fen is None:
             bad(lineno, f"not a legal position ({chess.fen_problem(d['fen'])})")
+            continue
+        if history_problems[i] is not None:
+            bad(lineno, f"bad history: {history_problems[i]}")
+            continue
+        if analysis_problems.get(i) is not None:
+            bad(lineno, f"bad analysis: {analysis_problems[i]}")
             continue
         records.append(Record(fen=fen, history=d.get("history", ()), move=d.get("move"), phase=d.get("phase"),
                               analysis=d.get("analysis"), source=f"{path}:{lineno}"))

@@ -1,0 +1,238 @@
+"""Bad input (issue 35): FENs that python-chess refuses, histories that do not lead to their position, analyses
+that do not check out (from a data file or the Stockfish cache), cache files that cannot be read. Each is refused
+with one line saying what is wrong and where, or, for the cache, recomputed or set aside with one warning line."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import chess as pychess
+import pytest
+
+from conftest import REPO, cli
+from rookworld.ground import chess, data
+
+MODEL = REPO / "models" / "chess-cpu-sft"
+AFTER_E4 = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+ITALIAN = "r1bqk1nr/pppp1ppp/2n5/2b1p3/2B1P3/5N2/PPPP1PPP/RNBQK2R w KQkq - 4 4"
+
+
+def one_line_error(result, *parts: str) -> str:
+    """The stderr of a refused command: exit 2, one line, no traceback, holding each of `parts`."""
+    err = result.stderr.strip()
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for part in parts:
+        assert part in err, (part, err)
+    return err
+
+
+def game_positions(games: int, seed: int) -> list[tuple[pychess.Board, pychess.Board, pychess.Move, list[str]]]:
+    """`(board before, board after, move, history up to and including it)` at every ply of random python-chess
+    games, half of them capture- and promotion-hungry so that promotions and castling show up."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(games):
+        board, history = pychess.Board(), []
+        hungry = rng.random() < 0.5
+        for _ in range(rng.randrange(2, 160)):
+            moves = list(board.legal_moves)
+            if not moves or board.is_insufficient_material():
+                break
+            eager = [m for m in moves if board.is_capture(m) or m.promotion or board.is_castling(m)]
+            move = rng.choice(eager if eager and hungry and rng.random() < 0.7 else moves)
+            before = board.copy()
+            board.push(move)
+            history.append(move.uci())
+            out.append((before, board.copy(), move, list(history)))
+    return out
+
+
+# ---- 1. FENs: the board field as python-chess reads it ----------------------------------------------------
+
+
+@pytest.mark.parametrize("fen, why", [
+    ("4k3/8/8/8/8/8/8/4K3/Q w - - 0 1", "9 ranks, a FEN has 8"),
+    ("4k3/8/8/8/8/8/4K3 w - - 0 1", "7 ranks, a FEN has 8"),
+    ("4k3/8/8/8/8/8/44/4K3 w - - 0 1", "rank 2 ('44'): two digits in a row"),
+    ("4k3/8/8/8/8/8/8/4K12 w - - 0 1", "rank 1 ('4K12'): two digits in a row"),
+    ("4k3/8/8/8/8/p7p/8/4K3 w - - 0 1", "rank 3 ('p7p') has 9 squares, a rank has 8"),
+    ("4k3/8/8/8/8/8/8/4K2 w - - 0 1", "rank 1 ('4K2') has 7 squares, a rank has 8"),
+])
+def test_a_board_field_python_chess_refuses_is_refused_naming_the_rank(fen, why):
+    with pytest.raises(ValueError):
+        pychess.Board(fen)
+    assert chess.fen_problem(fen) == f"invalid board part in FEN: {why}"
+    assert chess.normalize_fens([fen]) == [None]
+    with pytest.raises(ValueError, match="invalid board part"):
+        chess.legal_moves(fen)
+
+
+def test_every_board_field_python_chess_refuses_is_refused():
+    """Mutated board fields of real positions: whatever python-chess cannot read, rookworld refuses too (it may
+    refuse more: python-chess reads positions without kings, which are no position to play)."""
+    rng = random.Random(35)
+    boards = [after for _, after, _, _ in game_positions(30, seed=5)]
+    refused = 0
+    for board in rng.sample(boards, 400):
+        ranks = board.board_fen().split("/")
+        i = rng.randrange(8)
+        mutation = rng.randrange(5)
+        if mutation == 0:
+            ranks.append(rng.choice(["Q", "8", "p7"]))  # a 9th rank
+        elif mutation == 1:
+            del ranks[i]
+        elif mutation == 2:  # a digit split in two: the same squares, two digits in a row
+            ranks[i] = "".join(f"{int(c) - 1}1" if c.isdigit() and c != "1" else c for c in ranks[i])
+        elif mutation == 3:
+            ranks[i] += rng.choice(["1", "p", "44"])
+        else:
+            ranks[i] = ranks[i][1:]
+        fen = "/".join(ranks) + " " + " ".join(board.fen().split()[1:])
+        try:
+            pychess.Board(fen)
+        except ValueError:
+            refused += 1
+            assert chess.fen_problem(fen) is not None, fen
+    assert refused > 300
+
+
+def test_a_bad_board_in_a_data_file_names_file_line_and_rank_and_skip_bad_skips_it(tmp_path):
+    path = tmp_path / "positions.txt"
+    path.write_text(f"{chess.START_FEN}\n4k3/8/8/8/8/8/8/4K3/Q w - - 0 1\n4k3/8/8/8/8/8/44/4K3 w - - 0 1\n")
+    with pytest.raises(data.DataError) as e:
+        data.read_records(path)
+    assert str(e.value).startswith(f"{path}:2: not a legal position (invalid board part in FEN: 9 ranks")
+    records, skipped = data.read_records(path, skip_bad=True)
+    assert [r.fen for r in records] == [chess.START_FEN] and skipped == 2
+
+
+def test_a_bad_board_is_one_line_from_ask_play_and_positions(tmp_path):
+    fen = "4k3/8/8/8/8/8/8/4K3/Q w - - 0 1"
+    one_line_error(cli("ask", "--model", MODEL, fen), "9 ranks, a FEN has 8")
+    one_line_error(cli("play", "--model", MODEL, "--fen", fen, input="quit\n"), "9 ranks, a FEN has 8")
+    src = tmp_path / "in.txt"
+    src.write_text("4k3/8/8/8/8/8/44/4K3 w - - 0 1\n")
+    one_line_error(cli("positions", "--from", src, "--out", tmp_path / "out.jsonl"),
+                   f"{src}:1", "rank 2 ('44'): two digits in a row")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+# ---- 2. histories: the last move must lead to the position ------------------------------------------------
+
+
+def test_every_real_history_passes_and_a_wrong_last_move_is_caught():
+    """python-chess games as the oracle: the true history passes at every ply; with its last move swapped for
+    another legal move of the same position, it is refused, except after castling, where the rook's or king's
+    one-square move ends on a square the castling also filled (that takes the start position to see)."""
+    tried = 0
+    for before, after, move, history in game_positions(40, seed=11):
+        assert chess.history_problem(after.fen(), history) is None, (after.fen(), history)
+        if before.is_castling(move):
+            continue
+        for other in before.legal_moves:
+            if other != move:
+                tried += 1
+                problem = chess.history_problem(after.fen(), [*history[:-1], other.uci()])
+                assert problem is not None and problem.startswith(f'the last history move "{other.uci()}"'), \
+                    (after.fen(), history, other)
+    assert tried > 10_000
+
+
+@pytest.mark.parametrize("history, why", [
+    (["e2e4", "Nf3"], 'history move 2 "Nf3" is not a UCI move'),
+    (["e2e4", "e7e5", "e2e4 "], 'history move 3 "e2e4 " is not a UCI move'),
+    (["e1e9"], 'history move 1 "e1e9" is not a UCI move'),
+    (["a1c4", "e2e4"], 'history move 1 "a1c4" is no move any piece can make'),
+    (["e2e4q"], 'history move 1 "e2e4q" promotes without a pawn reaching the last rank'),
+    (["e7e5"], 'the last history move "e7e5" does not lead to this position: e7 holds a black pawn'),
+    (["d2d4"], 'the last history move "d2d4" does not lead to this position: d2 holds a white pawn'),
+    (["e2e3"], 'the last history move "e2e3" does not lead to this position: e3 holds no white piece (Black is '
+               'to move, so white moved last)'),
+])
+def test_a_history_that_cannot_lead_to_the_position_is_refused_saying_why(history, why):
+    assert chess.history_problem(AFTER_E4, history).startswith(why)
+
+
+def test_castling_and_promotion_as_the_last_move():
+    castled = pychess.Board(ITALIAN)
+    castled.push_uci("e1g1")
+    assert chess.history_problem(castled.fen(), ["e1g1"]) is None
+    assert chess.history_problem(castled.fen(), ["e1h1"]) is None  # king takes rook, as python-chess reads it
+    promoted = pychess.Board("8/4P1k1/8/8/8/8/8/4K3 w - - 0 1")
+    promoted.push_uci("e7e8n")
+    assert chess.history_problem(promoted.fen(), ["e7e8n"]) is None
+    assert "e8 holds no white queen" in chess.history_problem(promoted.fen(), ["e7e8q"])
+
+
+def test_a_bad_history_in_a_data_file_names_file_and_line_and_skip_bad_skips_it(tmp_path):
+    path = tmp_path / "positions.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"fen": AFTER_E4, "history": ["e2e4"], "move": "e7e5"}),
+        json.dumps({"fen": AFTER_E4, "history": ["e2e4", "e7e5"]}),
+        "not a position",
+        json.dumps({"fen": AFTER_E4, "history": "d2d4"}),
+    ]) + "\n")
+    with pytest.raises(data.DataError) as e:
+        data.read_records(path, skip_bad=False)
+    message = str(e.value)
+    # The parse error on line 3 comes first in the file's first pass; the history's own error after it.
+    assert message.startswith(f"{path}:3:")
+    path.write_text(path.read_text().replace("not a position\n", ""))
+    with pytest.raises(data.DataError) as e:
+        data.read_records(path)
+    assert str(e.value).startswith(f'{path}:2: bad history: the last history move "e7e5" does not lead to this '
+                                   f'position: e7 holds a black pawn')
+    records, skipped = data.read_records(path, skip_bad=True)
+    assert [r.history for r in records] == [("e2e4",)] and skipped == 2
+
+
+def test_ask_with_a_history_that_does_not_lead_to_the_position_is_one_line():
+    one_line_error(cli("ask", "--model", MODEL, AFTER_E4, "e7e5", "--history", "g1f3"),
+                   '--history: the last history move "g1f3" does not lead to this position: g1 holds a white knight')
+    one_line_error(cli("ask", "--model", MODEL, AFTER_E4, "e7e5", "--history", "e2e4,Nf3"),
+                   'history move 2 "Nf3" is not a UCI move')
+
+
+# ---- 3. analyses: from a data file and from the cache -----------------------------------------------------
+
+
+def analysis_line(moves, evals, fen=ITALIAN, **extra) -> str:
+    return json.dumps({"fen": fen, "analysis": {"depth": 8, "moves": moves, "evals": evals, **extra}})
+
+
+@pytest.mark.parametrize("line, why", [
+    (analysis_line(["e1g1", "e7e5"], [0.3, 999.99]), 'bad analysis: move 2 "e7e5" is not a legal move (UCI) here'),
+    (analysis_line(["e1h1"], [0.3]), 'bad analysis: move 1 "e1h1" is not a legal move (UCI) here'),
+    (analysis_line(["e1g1", "d2d3", "e1g1"], [0.3, 0.2, 0.3]), 'bad analysis: move "e1g1" is listed twice'),
+    (analysis_line(["e1g1", "d2d3"], [0.3]), "bad analysis: 2 moves but 1 evals; one eval a move"),
+    (analysis_line(["e1g1"], [1500]), "bad analysis: eval 1 (1500) is outside -999.99..999.99 pawns"),
+    (analysis_line(["e1g1"], [10**400]), "bad analysis: eval 1 (inf) is not a finite number"),
+    (analysis_line(["e1g1"], [0.3]).replace("0.3", "NaN"), "bad analysis: eval 1 (NaN) is not a finite number"),
+    (analysis_line(["e1g1"], [0.3]).replace("0.3", "-Infinity"), "bad analysis: eval 1 (-inf) is not a finite"),
+    (analysis_line([], []), "bad analysis: no moves, though the position has legal moves"),
+    (analysis_line(["e1g1"], [0.3], depth=-1), '"analysis" "depth" must be a whole number >= 0, got -1'),
+    (analysis_line(["e1g1"], ["0.3"]), '"analysis" must hold a "moves" list of UCI strings and an "evals" list'),
+])
+def test_a_bad_analysis_in_a_data_file_names_file_and_line_and_skip_bad_skips_it(tmp_path, line, why):
+    path = tmp_path / "annotated.jsonl"
+    good = analysis_line(["e1g1", "d2d3"], [0.31, 0.25])
+    path.write_text(f"{good}\n{line}\n")
+    with pytest.raises(data.DataError) as e:
+        data.read_records(path)
+    assert str(e.value).startswith(f"{path}:2: {why}"), str(e.value)
+    records, skipped = data.read_records(path, skip_bad=True)
+    assert len(records) == 1 and records[0].truth == (["e1g1", "d2d3"], [0.31, 0.25]) and skipped == 1
+
+
+def test_analyses_stockfish_wrote_read_back(tmp_path):
+    """What `positions --annotate` writes (real Stockfish, mates included) passes the checks it is read with."""
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join([chess.START_FEN, ITALIAN, "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"]) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = cli("positions", "--from", src, "--annotate", "--stockfish-depth", "6", "--quiet", "--out", out)
+    assert result.returncode == 0, result.stderr
+    records, skipped = data.read_records(out)
+    assert len(records) == 3 and skipped == 0
+    assert max(e for r in records for e in r.truth[1]) == 999.99  # the mate in one, at the edge of the range
