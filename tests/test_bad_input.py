@@ -5,14 +5,20 @@ with one line saying what is wrong and where, or, for the cache, recomputed or s
 from __future__ import annotations
 
 import json
+import os
 import random
+import sqlite3
+from pathlib import Path
 
 import chess as pychess
 import pytest
 
 from conftest import REPO, cli
 from rookworld.ground import chess, data
+from rookworld.ground.stockfish import StockfishPool, find_stockfish
+from rookworld.ground.stockfish.cache import DiskCache, StockfishCacheError
 
+STOCKFISH = find_stockfish()
 MODEL = REPO / "models" / "chess-cpu-sft"
 AFTER_E4 = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
 ITALIAN = "r1bqk1nr/pppp1ppp/2n5/2b1p3/2B1P3/5N2/PPPP1PPP/RNBQK2R w KQkq - 4 4"
@@ -236,3 +242,136 @@ def test_analyses_stockfish_wrote_read_back(tmp_path):
     records, skipped = data.read_records(out)
     assert len(records) == 3 and skipped == 0
     assert max(e for r in records for e in r.truth[1]) == 999.99  # the mate in one, at the edge of the range
+
+
+def cache_rows(path) -> dict[str, dict]:
+    with sqlite3.connect(path) as db:
+        return {fen: json.loads(result) for fen, result in db.execute("SELECT fen, result FROM analyses")}
+
+
+def test_cached_analyses_that_do_not_check_out_are_recomputed_and_overwritten_with_one_warning(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text(f"{chess.START_FEN}\n{ITALIAN}\n{AFTER_E4}\n")
+    db = tmp_path / "cache.sqlite"
+    args = ["positions", "--from", src, "--annotate", "--stockfish-depth", "5", "--stockfish-cache", db, "--quiet"]
+    first = cli(*args, "--out", tmp_path / "first.jsonl")
+    assert first.returncode == 0 and "warning" not in first.stderr, first.stderr
+    truth = cache_rows(db)
+    # What a stale or damaged cache could hold: an illegal move as a mate in one (it became a P: target), a
+    # repeated move, a score too big for the format.
+    start, italian, after_e4 = chess.START_FEN, ITALIAN, AFTER_E4
+    bad = {start: {**truth[start], "candidates": [{"move": "e7e5", "cp": None, "mate": 1}]},
+           italian: {**truth[italian], "candidates": [truth[italian]["candidates"][0]] * 2},
+           after_e4: {**truth[after_e4], "candidates": [{"move": "e7e5", "cp": 10**12, "mate": None}]}}
+    with sqlite3.connect(db) as con:
+        for fen, result in bad.items():
+            con.execute("UPDATE analyses SET result = ? WHERE fen = ?", (json.dumps(result), fen))
+
+    second = cli(*args, "--out", tmp_path / "second.jsonl")
+    assert second.returncode == 0, second.stderr
+    warnings = [line for line in second.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and f"Stockfish cache {db} holds analyses that do not check out" in warnings[0]
+    assert cache_rows(db) == truth  # recomputed (depth 5 is deterministic with one thread) and overwritten
+    lines = [json.loads(line) for line in (tmp_path / "second.jsonl").read_text().splitlines()]
+    for line in lines:
+        board = pychess.Board(line["fen"])
+        assert all(pychess.Move.from_uci(m) in board.legal_moves for m in line["analysis"]["moves"])
+    assert (tmp_path / "second.jsonl").read_text() == (tmp_path / "first.jsonl").read_text()
+
+
+def test_a_cached_row_of_another_position_or_malformed_is_a_miss(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    with StockfishPool(STOCKFISH, workers=1, depth=4, cache_path=path) as pool:
+        real = pool.analyse_one(AFTER_E4)
+    cache = DiskCache(path)
+    key = (AFTER_E4, 4, None, 5)
+    assert cache.get_many([key]) == {key: real}
+    for result in [{**real.to_dict(), "fen": chess.START_FEN},
+                   {**real.to_dict(), "candidates": [{"move": "e7e5", "cp": 20, "mate": 3}]},
+                   {**real.to_dict(), "candidates": [{"move": "e7e5", "cp": None, "mate": 0}]},
+                   {**real.to_dict(), "depth": "deep"},
+                   [1, 2, 3]]:
+        with sqlite3.connect(path) as con:
+            con.execute("UPDATE analyses SET result = ?", (json.dumps(result),))
+        assert cache.get_many([key]) == {}, result
+    cache.close()
+
+
+# ---- 4. cache files that cannot be read, and paths where none can be made ---------------------------------
+
+
+def real_cache(path: Path, fens: list[str]) -> None:
+    with StockfishPool(STOCKFISH, workers=1, depth=3, cache_path=path) as pool:
+        pool.analyse(fens)
+
+
+def not_sqlite(path: Path) -> str:
+    path.write_text("fen,eval\nthis is a CSV file, not sqlite\n" * 50)
+    return "file is not a database"
+
+
+def other_tables(path: Path) -> str:
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE runs (id INTEGER, name TEXT)")
+        db.execute("INSERT INTO runs VALUES (1, 'mine')")
+    db.close()
+    return "it holds other tables (runs), not analyses"
+
+
+def other_columns(path: Path) -> str:
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE analyses (fen TEXT, eval REAL)")
+    db.close()
+    return "its analyses table has the columns fen, eval"
+
+
+def truncated(path: Path) -> str:
+    fens = [after.fen() for _, after, _, _ in game_positions(6, seed=3)][:150]
+    real_cache(path, fens)
+    size = path.stat().st_size
+    assert size > 8 * 4096 and not Path(f"{path}-wal").exists()
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    return "malformed"
+
+
+@pytest.mark.parametrize("spoil", [not_sqlite, other_tables, other_columns, truncated])
+def test_a_cache_file_that_cannot_be_read_is_set_aside_with_one_warning_and_a_fresh_one_used(tmp_path, spoil):
+    db = tmp_path / "cache.sqlite"
+    why = spoil(db)
+    spoiled = db.read_bytes()
+    src = tmp_path / "in.txt"
+    src.write_text(f"{chess.START_FEN}\n{ITALIAN}\n")
+    out = tmp_path / "out.jsonl"
+    result = cli("positions", "--from", src, "--annotate", "--stockfish-depth", "4", "--stockfish-cache", db,
+                 "--quiet", "--out", out)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    (warning,) = result.stderr.strip().splitlines()
+    (aside,) = tmp_path.glob("cache.sqlite.corrupt-*")
+    assert warning.startswith(f"warning: Stockfish cache {db} cannot be used as one (") and why in warning
+    assert warning.endswith(f"moved it to {aside} and started a fresh cache")
+    assert aside.read_bytes() == spoiled  # nothing of what was there is lost
+    assert len(out.read_text().splitlines()) == 2
+    assert set(cache_rows(db)) == {chess.START_FEN, ITALIAN}  # the fresh cache keeps this run's analyses
+
+
+def test_a_cache_whose_directory_cannot_be_made_is_one_line_before_any_work(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a regular file where the cache's directory should be\n")
+    src = tmp_path / "in.txt"
+    src.write_text(f"{chess.START_FEN}\n")
+    out = tmp_path / "out.jsonl"
+    for path in [blocker / "cache.sqlite", blocker / "deeper" / "cache.sqlite"]:
+        result = cli("positions", "--from", src, "--annotate", "--stockfish-cache", path, "--out", out)
+        one_line_error(result, f"Stockfish cache {path} cannot be made: {blocker} is a file, not a directory")
+        assert not out.exists()
+        with pytest.raises(StockfishCacheError, match="is a file, not a directory"):
+            DiskCache(path)
+    one_line_error(cli("positions", "--from", src, "--annotate", "--stockfish-cache", tmp_path, "--out", out),
+                   f"Stockfish cache {tmp_path} is a directory; give a file name")
+    # Training said so only when it first analysed (sft: at its first evaluation); now with the other settings.
+    for command in ("train", "sft"):
+        one_line_error(cli(command, "--stockfish-cache", blocker / "cache.sqlite", "--output-dir", tmp_path / "run"),
+                       f"{command}: error: Stockfish cache {blocker / 'cache.sqlite'} cannot be made")
+    assert blocker.read_text().startswith("a regular file")
+    assert set(os.listdir(tmp_path)) == {"not-a-dir", "in.txt"}

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rookworld.ground.stockfish.cache import cache_path_problem
 from rookworld.settings.base import existing_files, non_negative, positive, seed_range, share
 from rookworld.settings.declare import (DATA, DECODING, GAME, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH, SUITES_, group,
                                         setting)
@@ -77,7 +78,7 @@ class StockfishSettings:
                                                   "analyse while torch waits; GRPO on CUDA: one per core but the "
                                                   "one driving the GPU; under torchrun, a rank's share)", STOCKFISH, check=positive)
     stockfish_cache: str | None = setting(None, "sqlite file that caches analyses across runs (default: none)",
-                                          STOCKFISH, metavar="FILE")
+                                          STOCKFISH, metavar="FILE", check=lambda _, path: cache_path_problem(path))
 
 
 @group
