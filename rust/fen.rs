@@ -112,7 +112,10 @@ fn check_board(board: &str) -> Result<(), FenError> {
     for (i, rank) in ranks.iter().enumerate() {
         // The board field lists rank 8 first.
         let number = 8 - i;
-        let shown = if rank.chars().count() > 16 { format!("{}...", rank.chars().take(16).collect::<String>()) } else { rank.to_string() };
+        let shown = match rank.char_indices().nth(16) {
+            Some((end, _)) => format!("{}...", &rank[..end]),
+            None => rank.to_string(),
+        };
         let mut squares = 0usize;
         let mut after_digit = false;
         for c in rank.chars() {
@@ -224,6 +227,8 @@ mod tests {
         assert_eq!(board_error("4k3/8/8/8/8/8/8/4K2 w - - 0 1"), "rank 1 ('4K2') has 7 squares, a rank has 8");
         assert_eq!(board_error("4k3/8/8/8/8/8/8/4K3x w - - 0 1"), "rank 1 ('4K3x'): unexpected character 'x'");
         assert_eq!(board_error("4k3/8/8/8/8/8/8/4K003 w - - 0 1"), "rank 1 ('4K003'): unexpected character '0'");
+        let long = format!("4k3/8/8/8/8/8/8/{} w - - 0 1", "K".repeat(40));
+        assert_eq!(board_error(&long), format!("rank 1 ('{}...') has 40 squares, a rank has 8", "K".repeat(16)));
         let msg = parse_fen("4k3/8/8/8/8/p7p/8/4K3 w - - 0 1").unwrap_err().to_string();
         assert_eq!(msg, "invalid board part in FEN: rank 3 ('p7p') has 9 squares, a rank has 8");
     }

@@ -154,7 +154,11 @@ fn env_prompts(
 
 /// Per position what is wrong with its history, or `None`.
 #[pyfunction]
-fn history_problems(py: Python<'_>, fens: &Bound<'_, PyAny>, histories: &Bound<'_, PyAny>) -> PyResult<Vec<Option<String>>> {
+fn history_problems(
+    py: Python<'_>,
+    fens: &Bound<'_, PyAny>,
+    histories: &Bound<'_, PyAny>,
+) -> PyResult<Vec<Option<String>>> {
     let fens = texts(fens)?;
     let histories: Vec<Vec<String>> = histories.try_iter()?.map(|h| texts(&h?)).collect::<PyResult<_>>()?;
     same_length(fens.len(), histories.len())?;
