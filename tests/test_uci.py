@@ -192,13 +192,13 @@ def test_go_parameters_are_read_and_checked():
 
 def test_transcript_of_uci_isready_position_go(tiny_dir):
     """The exact lines of a session, from a real process: the handshake, then the model's move for the position
-    after 1. e4 with the info lines saying how it was chosen."""
+    after 1. e4 with the info lines saying how it was chosen; a line that is not even text is ignored."""
     expected, _ = likeliest_by_transformers(tiny_dir, f"P: {AFTER_E4} B:",
                                             [m.uci() for m in pychess.Board(AFTER_E4).legal_moves])
-    proc = subprocess.run(uci_argv(tiny_dir), input="uci\nisready\nposition startpos moves e2e4\ngo movetime 100\n"
-                          "quit\n", capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [
+    session = b"uci\n\xff\xfe not UTF-8\nisready\nposition startpos moves e2e4\ngo movetime 100\nquit\n"
+    proc = subprocess.run(uci_argv(tiny_dir), input=session, capture_output=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().splitlines() == [
         f"id name rookworld {tiny_dir}", "id author rookworld", *OPTIONS, "uciok", "readyok",
         f"info multipv 1 pv {expected}",
         "info string the model: its answer has no best move and it has no candidates; played the legal move it "
@@ -299,9 +299,18 @@ def test_options_are_set_and_their_defaults_come_from_the_flags(tmp_path):
     assert one_line == first[:1] + first[-1:]  # the same seed and position: the same answer, one line of it
     assert again == one_line
     if not torch.cuda.is_available():
-        assert any(line.startswith("info string cannot load the model on cuda: ") and line.endswith("it stays on cpu")
+        assert any(line.startswith("info string cannot load the model on cuda: ") and line.endswith("it runs on cpu")
                    for line in out)
         assert out[-1] == "readyok"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the device")
+def test_a_device_that_is_not_here_is_said_and_the_model_runs_on_the_commands(tiny_dir):
+    proc = cli(*uci_argv(tiny_dir)[3:], input="setoption name Device value cuda\nisready\nposition startpos\ngo\n")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    out = proc.stdout.splitlines()
+    assert out[0].startswith("info string cannot load the model on cuda: ") and out[0].endswith("; it runs on cpu")
+    assert out[1] == "readyok" and pychess.Move.from_uci(out[-1].split()[1]) in pychess.Board().legal_moves
 
 
 @pytest.mark.skipif(not SHIPPED.is_dir(), reason="the shipped model is not in this checkout")

@@ -30,4 +30,6 @@ def run(args: argparse.Namespace) -> int:
 
     engine = UciEngine(load, name=engine_name(s.model), protocol=s.protocol, seed=s.seed, device=s.device,
                        out=sys.stdout)
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="replace")  # a stray byte from a GUI is a bad command, not the engine's end
     return engine.run(sys.stdin)

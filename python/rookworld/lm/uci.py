@@ -240,8 +240,8 @@ class UciEngine:
     def say(self, *lines: str) -> None:
         with self._write:
             try:
-                for line in lines:
-                    self._out.write(line + "\n")
+                for line in lines:  # an error's text may hold a newline: one command a line, always
+                    self._out.write(line.replace("\n", " ") + "\n")
                 self._out.flush()
             except (BrokenPipeError, ValueError):  # the GUI went away: nothing more to say to anyone
                 self.closed = True
@@ -337,19 +337,22 @@ class UciEngine:
     # -- the model --
 
     def _ensure_model(self) -> None:
-        """The model on the Device option's device: loaded at the first need, again when the option changed.
-        A first load that fails ends the engine (the error is said, then raised); a later one keeps the model."""
+        """The model on the Device option's device: loaded at the first need, again when the option changed. A
+        device it cannot load on is said, and the model runs where it ran (or on the --device of the command);
+        only a model that loads nowhere ends the engine (the error said, then raised)."""
         device = self.values["device"]
         if self.lm is not None and device == self._lm_device:
             return
         try:
             lm = self._load(device)
         except Exception as e:
-            if self.lm is None:
+            fallback = self._lm_device if self.lm is not None else self.options["device"].default
+            if device == fallback:
                 self.say(f"info string cannot load the model: {e}")
                 raise
-            self.say(f"info string cannot load the model on {device}: {e}; it stays on {self._lm_device}")
-            self.values["device"] = self._lm_device
+            self.say(f"info string cannot load the model on {device}: {e}; it runs on {fallback}")
+            self.values["device"] = fallback
+            self._ensure_model()
             return
         self.lm, self._lm_device = lm, device
 
