@@ -22,7 +22,7 @@ from conftest import REPO, cli
 from rookworld.ground import chess as rules
 from rookworld.ground.rewards import policy_targets
 from rookworld.lm.answers import GREEDY, RookWorldLM, read_policy_answers
-from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST, choose_moves
+from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST, ModelMove, choose_moves
 from rookworld.lm.uci import info_lines, parse_go, uci_score
 
 STOCKFISH = shutil.which("stockfish") or "/usr/games/stockfish"
@@ -168,7 +168,6 @@ def test_scores_as_python_chess_reads_them():
     text = policy_targets([AFTER_E4], [["e7e5", "e2e5", "c7c5", "g8f6", "c7c5"]],
                           [[0.1, 3.0, -0.25, 999.98, 0.5]], ["c7c5"])[0]
     (answer,) = read_policy_answers([text])
-    from rookworld.lm.moves import ModelMove
     chosen = ModelMove("c7c5", BEST, answer)
     # the played move first, with its own eval; the illegal candidate left out; the rest best first
     assert info_lines(AFTER_E4, chosen) == ["info multipv 1 score cp -25 pv c7c5",
