@@ -474,3 +474,11 @@ def test_a_deeply_nested_json_line_is_a_bad_line_not_a_recursion_error(tiny_dir,
     assert proc.returncode == 0 and f"skipped 1 bad lines of {data}" in proc.stderr, proc.stderr
     proc = run_cli(["sft", "--model", str(tiny_dir), "--data", str(data), "--output-dir", str(tmp_path / "s")])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and f"{data}:1" in proc.stderr, proc.stderr
+
+
+def test_an_opponent_strength_outside_the_engine_s_range_is_refused_before_the_model_loads(tiny_dir):
+    """Stockfish clamps UCI_Elo 5000 to its maximum without a word: the games were against another opponent."""
+    proc = run_cli(["eval", "--model", str(tiny_dir), "--suite", "vs-stockfish", "--opponent-elo", "5000"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1, "refused before the model's header line"
+    assert "--opponent-elo" in proc.stderr and "UCI_Elo from" in proc.stderr and "not 5000" in proc.stderr

@@ -12,8 +12,10 @@ from rookworld.ground import data
 from rookworld.ground.progress import Progress
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
+from rookworld.ground.stockfish.engine import EngineOptionError
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.bestmove import heldout_records
+from rookworld.lm.games import StockfishPlayer
 from rookworld.lm.suites import SuiteOptions, format_report, run_suites
 from rookworld.net.sources import model_step
 from rookworld.settings.commands import EvalSettings
@@ -47,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
             find_stockfish(s.stockfish_path)  # a missing engine is reported before any model is loaded
         except StockfishNotFoundError as e:
             raise CliError(str(e)) from None
+    if "vs-stockfish" in names:  # an opponent the engine will not be (UCI_Elo outside its range), said now
+        try:
+            StockfishPlayer(opts.stockfish_path, elo=opts.opponent_elo, skill=opts.opponent_skill,
+                            nodes=opts.opponent_nodes).close()
+        except (EngineOptionError, StockfishError) as e:
+            flag = "--opponent-skill" if s.opponent_skill is not None else "--opponent-elo"
+            raise CliError(f"{flag}: {e}" if isinstance(e, EngineOptionError) else str(e)) from None
     lm = load_lm(s, batch_size=s.decode_batch_size, max_new_tokens=s.max_new_tokens)
     device, directory = lm.model.device, lm.directory
     source = f"--data {s.data}" if s.data else f"generated held-out positions, seed {s.seed}"
