@@ -291,10 +291,10 @@ def test_what_a_save_killed_midway_left_is_removed_by_the_next_run(tiny_dir, tmp
         deadline, caught = time.time() + 120, []
         while time.time() < deadline and not caught and proc.poll() is None:
             if checkpoint.list_checkpoints(out):  # a save after the first, so that there is a run to resume
-                caught = list((out / "checkpoints").glob(".step-*"))
+                caught = list((out / "checkpoints").glob(".*"))
         proc.kill()
         proc.communicate()
-        if caught and list((out / "checkpoints").glob(".step-*")):
+        if caught and list((out / "checkpoints").glob(".*")):
             break
     else:
         pytest.skip("no save was caught midway in 5 tries")

@@ -99,8 +99,8 @@ def remove_leftovers(output_dir: str | os.PathLike) -> list[Path]:
     file); only the run holding the directory's lock calls it, so nothing of a live save is touched. Returns what
     it removed."""
     out = Path(output_dir)
-    found = [*(out / "checkpoints").glob(".step-*"), *(out / "checkpoints").glob(f".{LATEST}.*"),
-             *out.parent.glob(f".{out.name}.tmp-*"), *out.glob(".*.tmp-*")]
+    # In checkpoints/ every hidden entry is a save's: `.step-*`, the model's `..step-*.tmp-*` beside it, `.latest.*`.
+    found = [*(out / "checkpoints").glob(".*"), *out.parent.glob(f".{out.name}.tmp-*"), *out.glob(".*.tmp-*")]
     for path in found:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return found

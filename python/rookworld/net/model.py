@@ -631,8 +631,9 @@ def _resolve_hub(repo_id: str, revision: str | None, cache_dir: str | os.PathLik
     return folder
 
 
-class ModelFileError(ModelNotAvailableError):
-    """A model directory whose config.json or weights cannot be read: cut short, corrupt, or not what they say."""
+class ModelFileError(ModelNotAvailableError, ValueError):
+    """A model directory whose config.json or weights cannot be read: cut short, corrupt, or not what they say (a
+    ValueError too, as an unsupported config always was to the Python API)."""
 
 
 def _read_config(directory: Path) -> GPTConfig:
