@@ -60,6 +60,20 @@ def test_an_a_target_that_disagrees_with_the_rules_is_left_out_and_reported(tmp_
     assert got.report() == [f"left out 2 A: sample(s) whose target disagrees with the rules: {path}:2, {path}:4"]
 
 
+def test_an_a_sample_whose_history_cannot_lead_to_its_position_is_left_out_and_reported(tmp_path):
+    """RookWorld's history field is the recent moves ending with the move played: before it, the last move must be
+    the other side's, onto a square it holds (issue 35: histories were never checked)."""
+    wrong_side = A_LINE.replace("d8c7 a6a5+", "d8c7 a1a5 a6a5+")  # White moved last, yet White is to move
+    not_its_move = A_LINE.replace("d8c7 a6a5+", "d8c7 a6a4+")
+    path = text_file(tmp_path, "rw.txt", A_LINE, wrong_side, FIRST, not_its_move)
+    got = read_samples([str(path)])
+    assert [s.source for s in got.samples] == [f"{path}:1", f"{path}:3"] and got.disagree == []
+    assert [(s.source, "a1a5" in why or "does not end with its move a6a5" in why) for s, why in got.bad_history] \
+        == [(f"{path}:2", True), (f"{path}:4", True)]
+    (line,) = got.report()
+    assert line.startswith("left out 2 A: sample(s) whose history cannot lead to the position:")
+
+
 @pytest.mark.parametrize("line, reason", [
     ("P: not a fen at all", "a P: sample is"),
     ("P: 8/8/8/8/8/8/8/K6k w - - 0 1  M: a1a2  E: 0.1 0.2  B: a1a2", "1 moves but 2 evals"),

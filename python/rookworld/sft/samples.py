@@ -49,6 +49,9 @@ class SampleSet:
     samples: list[Sample]
     skipped: int  # malformed lines skipped (--skip-bad)
     disagree: list[Sample]  # A: samples whose target is not what the rules give: left out
+    #: A: samples whose history cannot lead to their position (or does not end with their move): left out, since
+    #: the model would learn to read a history that is not the game's.
+    bad_history: list[tuple[Sample, str]] = dataclasses.field(default_factory=list)
 
     def report(self) -> list[str]:
         """What a user should hear about the files, one line each."""
@@ -58,6 +61,11 @@ class SampleSet:
         if self.disagree:
             where = ", ".join(s.source for s in self.disagree[:3]) + (", ..." if len(self.disagree) > 3 else "")
             lines.append(f"left out {len(self.disagree)} A: sample(s) whose target disagrees with the rules: {where}")
+        if self.bad_history:
+            where = ", ".join(f"{s.source} ({why})" for s, why in self.bad_history[:3]) + (
+                ", ..." if len(self.bad_history) > 3 else "")
+            lines.append(f"left out {len(self.bad_history)} A: sample(s) whose history cannot lead to the position: "
+                         f"{where}")
         return lines
 
 
@@ -132,9 +140,10 @@ def read_samples(paths: Sequence[str], skip_bad: bool = False) -> SampleSet:
                     raise DataError(f"{source}: {e}: {shown}") from None
                 skipped += 1
     kept, disagree = _check_env_targets(samples)
+    kept, bad_history = _check_env_histories(kept)
     if not kept:
         raise DataError(f"{', '.join(paths)}: no usable sample")
-    return SampleSet(kept, skipped, disagree)
+    return SampleSet(kept, skipped, disagree, bad_history)
 
 
 def relayout(samples: Sequence[Sample], layout: str) -> list[Sample]:
@@ -162,6 +171,22 @@ def _check_env_targets(samples: list[Sample]) -> tuple[list[Sample], list[Sample
             truth.append(None)
     wrong = {id(s) for s, t in zip(env, truth) if t != s.target}
     return [s for s in samples if id(s) not in wrong], [s for s in samples if id(s) in wrong]
+
+
+def _check_env_histories(samples: list[Sample]) -> tuple[list[Sample], list[tuple[Sample, str]]]:
+    """Splits off the A: samples whose history field (the recent moves, ending with the move played) cannot lead
+    to their position, with why. Every A: prompt here parsed, as its target was checked against the rules."""
+    env = [s for s in samples if s.task == "A"]
+    fields = [s.prompt[3:].split("+")[:3] for s in env]
+    before = [history.split()[:-1] for _, _, history in fields]
+    problems = chess.history_problems([fen for fen, _, _ in fields], before)
+    bad = {}
+    for s, (_, move, history), problem in zip(env, fields, problems):
+        if history.split()[-1:] != [move]:
+            bad[id(s)] = f"its history does not end with its move {move}"
+        elif problem is not None:
+            bad[id(s)] = problem
+    return [s for s in samples if id(s) not in bad], [(s, bad[id(s)]) for s in samples if id(s) in bad]
 
 
 def positions(samples: Sequence[Sample], limit: int | None = None) -> list[Record]:
