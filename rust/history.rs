@@ -118,7 +118,56 @@ fn check_last(pos: &Chess, text: &str, (from, to, promotion): Step) -> Result<()
             return last(format!("{to} holds no {} {} though the move promotes to one", colour(mover), role_name(role)));
         }
     }
-    Ok(())
+    let role = if promotion.is_some() { Role::Pawn } else { board.piece_at(square).map_or(Role::Pawn, |p| p.role) };
+    match way_of(board, mover, role, from, to) {
+        Ok(()) => Ok(()),
+        Err(why) => last(format!("the {} {} on {square} could not have come from {from}: {why}", colour(mover),
+                                 role_name(board.piece_at(square).map_or(role, |p| p.role)))),
+    }
+}
+
+/// Whether a `role` of `mover` could have gone `from`-`to` into this board: its way, with the squares it passed
+/// as they are now (only this one move has been made since, so whatever stands between stood there then).
+fn way_of(board: &shakmaty::Board, mover: Color, role: Role, from: Square, to: Square) -> Result<(), String> {
+    let (df, dr) = (from.file().distance(to.file()), from.rank().distance(to.rank()));
+    let forward = if mover == Color::White { to.rank() > from.rank() } else { to.rank() < from.rank() };
+    let home = if mover == Color::White { Rank::Second } else { Rank::Seventh };
+    let back = if mover == Color::White { Rank::First } else { Rank::Eighth };
+    let geometry = match role {
+        Role::Knight => (df, dr) == (1, 2) || (df, dr) == (2, 1),
+        Role::Bishop => df == dr,
+        Role::Rook => df == 0 || dr == 0,
+        Role::Queen => df == 0 || dr == 0 || df == dr,
+        Role::Pawn => {
+            forward && !matches!(from.rank(), Rank::First | Rank::Eighth)  // no pawn stands on either
+                && ((df == 0 && (dr == 1 || (dr == 2 && from.rank() == home))) || (df == 1 && dr == 1))
+        }
+        Role::King => {
+            let castling = castled_king(from, to).is_some() || (from.file() == File::E && from.rank() == back
+                && to.rank() == back && matches!(to.file(), File::G | File::C));
+            if castling && from.rank() == back {
+                // The rook castling took lands beside the king: f1 (f8) after O-O, d1 (d8) after O-O-O.
+                let rook_file = if matches!(to.file(), File::G | File::H) { File::F } else { File::D };
+                let rook = Square::from_coords(rook_file, back);
+                return match board.piece_at(rook) {
+                    Some(p) if p.role == Role::Rook && p.color == mover => Ok(()),
+                    _ => Err(format!("castling puts its rook on {rook}, which holds none")),
+                };
+            }
+            df <= 1 && dr <= 1
+        }
+    };
+    if !geometry {
+        return Err(format!("a {} does not move so", role_name(role)));
+    }
+    if role == Role::Knight {
+        return Ok(());
+    }
+    let between = shakmaty::attacks::between(from, to);
+    match between.into_iter().find(|&sq| board.piece_at(sq).is_some()) {
+        Some(sq) => Err(format!("{sq} is in the way")),
+        None => Ok(()),
+    }
 }
 
 fn capital(s: &str) -> String {
@@ -198,6 +247,32 @@ mod tests {
         assert!(check(promoted, &["e7e8n"]).unwrap_err().contains("e8 holds no white knight"));
         let captured_promoting = "3N4/8/8/8/8/8/k7/4K3 b - - 0 1";
         assert_eq!(check(captured_promoting, &["e7d8n"]), Ok(()));
+    }
+
+    #[test]
+    fn the_piece_that_landed_must_have_a_way_from_where_it_left() {
+        let castled = "rnbqkbnr/pppppppp/8/8/8/5NP1/PPPPPPBP/RNBQ1RK1 b kq - 3 4";
+        for (bad, why) in [
+            ("h1f1", "the white rook on f1 could not have come from h1: g1 is in the way"),
+            ("b3b1", "the white knight on b1 could not have come from b3: a knight does not move so"),
+            ("d3f1", "the white rook on f1 could not have come from d3: a rook does not move so"),
+            ("d3b3", "b3 holds no white piece"),
+            ("e4g3", "the white pawn on g3 could not have come from e4: a pawn does not move so"),
+            ("g4g3", "the white pawn on g3 could not have come from g4: a pawn does not move so"),
+        ] {
+            let msg = check(castled, &[bad]).unwrap_err();
+            assert!(msg.contains(why), "{bad}: {msg}");
+        }
+        for good in ["e1g1", "e1h1", "c3b1", "h1g1", "e1f1", "a3b1", "e5f3"] {
+            assert_eq!(check(castled, &[good]), Ok(()), "{good}");
+        }
+        // Pawns: forward only, two squares from home with the square between empty, one diagonally.
+        assert_eq!(check(AFTER_E4, &["e3e4"]), Ok(()));
+        assert!(check(AFTER_E4, &["e5e4"]).unwrap_err().contains("a pawn does not move so"));
+        assert!(check(AFTER_E4, &["e6e4"]).unwrap_err().contains("a pawn does not move so"));
+        assert!(check(AFTER_E4, &["f3e4"]).is_ok() && check(AFTER_E4, &["g2e4"]).is_err());
+        // Castling's rook must stand beside its king.
+        assert!(check("r3k2r/8/8/8/8/8/8/R5K1 b kq - 1 1", &["e1g1"]).unwrap_err().contains("f1, which holds none"));
     }
 
     #[test]

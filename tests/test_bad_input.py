@@ -146,6 +146,54 @@ def test_every_real_history_passes_and_a_wrong_last_move_is_caught():
     assert tried > 10_000
 
 
+def _could_have_been_played(after: pychess.Board, move: pychess.Move) -> bool:
+    """python-chess's verdict on `move` as the last move into `after` (castling aside): with the piece that stands
+    on its destination put back on its departure (a pawn, for a promotion) and the side that moved to move, is it
+    pseudo-legal? A pawn's diagonal step is given something to capture there."""
+    before = after.copy(stack=False)
+    mover = not after.turn
+    piece = before.remove_piece_at(move.to_square)
+    if piece is None or piece.color != mover or before.piece_at(move.from_square) is not None:
+        return False
+    if move.promotion and piece.piece_type != move.promotion:
+        return False
+    role = pychess.PAWN if move.promotion else piece.piece_type
+    if role == pychess.PAWN and pychess.square_rank(move.from_square) in (0, 7):
+        return False  # no pawn stands on a first or last rank (python-chess would push one from there)
+    before.set_piece_at(move.from_square, pychess.Piece(role, mover))
+    if role == pychess.PAWN and pychess.square_file(move.from_square) != pychess.square_file(move.to_square):
+        before.set_piece_at(move.to_square, pychess.Piece(pychess.KNIGHT, not mover))
+    before.turn, before.castling_rights, before.ep_square = mover, pychess.BB_EMPTY, None
+    return before.is_pseudo_legal(move)
+
+
+def test_the_last_move_is_refused_exactly_when_no_piece_could_have_made_it_python_chess_says():
+    """Every from-to pair onto a square the side that moved holds, from an empty square, at every ply of random
+    games: the check agrees with python-chess's pseudo-legality on the position before it (castling, which needs
+    the rook's move too, is left to the castling test)."""
+    cases = []
+    for _, after, _, history in game_positions(4, seed=5):
+        mover, fen = not after.turn, after.fen()
+        for to in pychess.SquareSet(after.occupied_co[mover]):
+            for frm in pychess.SQUARES:
+                if frm == to or after.piece_at(frm) is not None:
+                    continue
+                if after.piece_type_at(to) == pychess.KING and abs(frm - to) == 2:
+                    continue  # castling
+                cases.append((after, fen, [*history[:-1], pychess.Move(frm, to).uci()]))
+    problems = chess.history_problems([fen for _, fen, _ in cases], [h for _, _, h in cases])
+    agreed = refused = 0
+    for (after, _, history), problem in zip(cases, problems):
+        move = pychess.Move.from_uci(history[-1])
+        if problem is not None and problem.startswith("history move"):  # no piece could ever make it
+            assert not _could_have_been_played(after, move), (after.fen(), move)
+            continue
+        assert (problem is None) == _could_have_been_played(after, move), (after.fen(), move.uci(), problem)
+        agreed += 1
+        refused += problem is not None
+    assert agreed > 20_000 and 0.2 < refused / agreed < 0.95, (agreed, refused)
+
+
 @pytest.mark.parametrize("history, why", [
     (["e2e4", "Nf3"], 'history move 2 "Nf3" is not a UCI move'),
     (["e2e4", "e7e5", "e2e4 "], 'history move 3 "e2e4 " is not a UCI move'),

@@ -21,7 +21,7 @@ def test_reads_fen_epd_and_json_lines(tmp_path):
         "",
         START_FEN,
         'r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - bm f1b5; hmvc 2; fmvn 3; id "ruy";',
-        json.dumps({"fen": "8/8/8/4k3/8/8/4P3/4K3 w - - 0 1", "history": "e2e4 e7e5", "move": "e2e4",
+        json.dumps({"fen": "8/8/8/4k3/8/8/4P3/4K3 w - - 0 1", "history": "e2e4 e6e5", "move": "e2e4",
                     "phase": "endgame"}),
         "  rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1  ",
     ]))
@@ -34,7 +34,7 @@ def test_reads_fen_epd_and_json_lines(tmp_path):
         # Normalised as python-chess prints it: no capture can use e3.
         pychess.Board("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1").fen(),
     ]
-    assert records[2].history == ("e2e4", "e7e5") and records[2].move == "e2e4"
+    assert records[2].history == ("e2e4", "e6e5") and records[2].move == "e2e4"
     assert records[0].source == f"{path}:3"
 
 
