@@ -4,8 +4,9 @@
 //! Every entry must be a UCI move some piece could make on an empty board (python-chess's syntax,
 //! promotions in lower case, from the 7th to the 8th rank or the 2nd to the 1st), and the last one
 //! must have been played by the side not to move into this position: its square of departure is
-//! empty and its destination holds the mover's piece (the promoted piece for a promotion, the king
-//! on g/c for castling written king-takes-rook). The A: prompt shows the history to the model; a
+//! empty, its destination holds the mover's piece (the promoted piece for a promotion, the king
+//! on g/c for castling written king-takes-rook), and that piece has a way there (its kind of move,
+//! the squares between as empty then as they are now). The A: prompt shows the history to the model; a
 //! history that does not lead to the position teaches it nonsense.
 
 use std::fmt;

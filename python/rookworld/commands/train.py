@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rookworld.commands.common import CliError
 from rookworld.ground.data import DataError
@@ -53,26 +54,35 @@ def run(args: argparse.Namespace) -> int:
     except StockfishNotFoundError as e:  # sft's evaluation starts Stockfish only when it first needs it
         raise CliError(str(e)) from None
     except checkpoint.SaveFailed as e:
-        saved = checkpoint.list_checkpoints(cfg.output_dir)
-        raise CliError(f"{e}; " + (f"its last checkpoint, {saved[-1].name}, is intact: once there is room, continue "
-                                   f"with rookworld {command} --resume {cfg.output_dir}" if saved else
+        last = _last_checkpoint(cfg)
+        raise CliError(f"{e}; " + (f"its last checkpoint, {last.name}, is intact: once there is room, continue "
+                                   f"with {_resume(command, cfg)}" if last else
                                    "it saved no checkpoint before: start again once there is room")) from None
     except KeyboardInterrupt:  # a third Ctrl-C: nothing saved past the last checkpoint
-        saved = checkpoint.list_checkpoints(cfg.output_dir)
+        last = _last_checkpoint(cfg)
         raise CliError(f"aborted at step {trainer.run.step} without saving; " + (
-            f"its last checkpoint is {saved[-1].name}: continue with rookworld {command} --resume {cfg.output_dir}"
-            if saved else "it saved no checkpoint")) from None
+            f"its last checkpoint is {last.name}: continue with {_resume(command, cfg)}"
+            if last else "it saved no checkpoint")) from None
     except Diverged as e:
-        saved = checkpoint.list_checkpoints(cfg.output_dir)
-        last = (f"its last checkpoint, {saved[-1]}, is from before: continue from it with a lower --lr, rookworld "
-                f"{command} --resume {cfg.output_dir} --lr X" if saved else
+        last = _last_checkpoint(cfg)
+        hint = (f"its last checkpoint, {last}, is from before: continue from it with a lower --lr, "
+                f"{_resume(command, cfg)} --lr X" if last else
                 "it saved no checkpoint: start again with a lower --lr (--overwrite)")
         raise CliError(f"stopped at step {trainer.run.step + 1}: {e}; the step was not applied and nothing was "
-                       f"saved after it; {last}") from None
+                       f"saved after it; {hint}") from None
     finally:
         trainer.close()
     if trainer.run.interrupted:
         print(f"rookworld {command}: interrupted at step {trainer.run.step}; continue with "
-              f"rookworld {command} --resume {cfg.output_dir}", file=sys.stderr)
+              f"{_resume(command, cfg)}", file=sys.stderr)
         return 130
     return 0
+
+
+def _last_checkpoint(cfg) -> Path | None:
+    saved = checkpoint.list_checkpoints(cfg.output_dir)
+    return saved[-1] if saved else None
+
+
+def _resume(command: str, cfg) -> str:
+    return f"rookworld {command} --resume {cfg.output_dir}"

@@ -83,8 +83,8 @@ def history_problems(fens: Iterable[str], histories: Iterable[Sequence[str]]) ->
 
     Without the game's start only this can be checked: every entry is a UCI move some piece could
     make, and the last one was played by the side not to move (the square it left is empty, its
-    destination holds the mover's piece, the promoted one for a promotion). A bad FEN is its own
-    problem.
+    destination holds the mover's piece, the promoted one for a promotion, and that piece has a way
+    there: its kind of move, with the squares between empty). A bad FEN is its own problem.
     """
     return _core.history_problems(_list(fens), [_list(h) for h in histories])
 

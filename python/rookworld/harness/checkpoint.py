@@ -95,12 +95,12 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict
 
 
 def remove_leftovers(output_dir: str | os.PathLike) -> list[Path]:
-    """Removes what a save killed midway left (a temporary checkpoint directory, `latest`'s or the model's temporary
-    file); only the run holding the directory's lock calls it, so nothing of a live save is touched. Returns what
-    it removed."""
+    """Removes what a save killed midway left (a temporary checkpoint directory, `latest`'s temporary file, the
+    temporary directory `save_pretrained` writes the run's own model into beside it); only the run holding the
+    directory's lock calls it, so nothing of a live save is touched. Returns what it removed."""
     out = Path(output_dir)
     # In checkpoints/ every hidden entry is a save's: `.step-*`, the model's `..step-*.tmp-*` beside it, `.latest.*`.
-    found = [*(out / "checkpoints").glob(".*"), *out.parent.glob(f".{out.name}.tmp-*"), *out.glob(".*.tmp-*")]
+    found = [*(out / "checkpoints").glob(".*"), *out.parent.glob(f".{out.name}.tmp-*")]
     for path in found:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return found

@@ -173,16 +173,21 @@ def _check_env_targets(samples: list[Sample]) -> tuple[list[Sample], list[Sample
     return [s for s in samples if id(s) not in wrong], [s for s in samples if id(s) in wrong]
 
 
+def _env_fields(sample: Sample) -> tuple[str, str, list[str]]:
+    """An A: prompt's FEN, move and history field (the recent moves, ending with the move)."""
+    fen, move, history = sample.prompt[3:].split("+")[:3]
+    return fen, move, history.split()
+
+
 def _check_env_histories(samples: list[Sample]) -> tuple[list[Sample], list[tuple[Sample, str]]]:
     """Splits off the A: samples whose history field (the recent moves, ending with the move played) cannot lead
     to their position, with why. Every A: prompt here parsed, as its target was checked against the rules."""
     env = [s for s in samples if s.task == "A"]
-    fields = [s.prompt[3:].split("+")[:3] for s in env]
-    before = [history.split()[:-1] for _, _, history in fields]
-    problems = chess.history_problems([fen for fen, _, _ in fields], before)
+    fields = [_env_fields(s) for s in env]
+    problems = chess.history_problems([fen for fen, _, _ in fields], [history[:-1] for _, _, history in fields])
     bad = {}
     for s, (_, move, history), problem in zip(env, fields, problems):
-        if history.split()[-1:] != [move]:
+        if history[-1:] != [move]:
             bad[id(s)] = f"its history does not end with its move {move}"
         elif problem is not None:
             bad[id(s)] = problem
@@ -202,10 +207,10 @@ def positions(samples: Sequence[Sample], limit: int | None = None) -> list[Recor
             old = by_fen.get(fen) or Record(fen=fen, source=s.source)
             by_fen[fen] = Record(old.fen, old.history, old.move, old.phase, analysis, old.source)
         else:
-            fen_text, move, history = s.prompt[3:].split("+")[:3]
+            fen_text, move, history = _env_fields(s)
             fen = chess.normalize_fen(fen_text)
             old = by_fen.get(fen) or Record(fen=fen, source=s.source)
-            by_fen[fen] = Record(old.fen, tuple(history.split()[:-1]), move, old.phase, old.analysis, old.source)
+            by_fen[fen] = Record(old.fen, tuple(history[:-1]), move, old.phase, old.analysis, old.source)
     return list(by_fen.values())[:limit]
 
 
