@@ -19,9 +19,13 @@ from rookworld.net.model import (
     ModelNotAvailableError,
     autocast_copy,
     from_pretrained,
+    head_grad_weight,
+    head_input_grad,
+    linear,
     positions_from_mask,
     refresh_copy,
     save_pretrained,
+    uses_onednn,
 )
 
 TOL = 1e-4
@@ -328,3 +332,62 @@ def test_keeping_freed_memory_stops_chunks_of_logits_faulting_in_fresh_pages():
     assert default > 5 * 6_000
     assert after * 4 < default
 
+
+
+def _float64_linear(x, weight, bias, upstream):
+    """F.linear's output and its gradients w.r.t. x, weight and bias in float64: the reference."""
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    b64 = None if bias is None else bias.detach().double().requires_grad_()
+    y = torch.nn.functional.linear(x64, w64, b64)
+    y.backward(upstream.double())
+    return y, x64.grad, w64.grad, None if b64 is None else b64.grad
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(3, 5, 48), (7, 48), (0, 48)])
+def test_cpu_linear_by_onednn_matches_float64_in_value_and_gradients(shape, bias):
+    """`linear` takes oneDNN's inner product on the CPU in float32 (forward and the input's gradient) and torch.mm
+    for the weight's: each checked against F.linear in float64, with a non-trivial upstream gradient."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(*shape, generator=g).requires_grad_()
+    weight = torch.randn(40, 48, generator=g).requires_grad_()
+    b = torch.randn(40, generator=g).requires_grad_() if bias else None
+    assert uses_onednn(x, weight)
+    y = linear(x, weight, b)
+    upstream = torch.randn(y.shape, generator=g)
+    y.backward(upstream)
+    want_y, want_x, want_w, want_b = _float64_linear(x, weight, b, upstream)
+    assert y.shape == want_y.shape and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), want_y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), want_x, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight.grad.double(), want_w, rtol=1e-5, atol=1e-5)
+    if bias:
+        torch.testing.assert_close(b.grad.double(), want_b, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_linear_takes_strided_inputs_and_leaves_what_onednn_does_not_do_to_f_linear():
+    g = torch.Generator().manual_seed(12)
+    weight, b = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
+    last = torch.randn(4, 3, 16, generator=g)[:, -1]  # a decode step's last position: not contiguous
+    assert not last.is_contiguous()
+    torch.testing.assert_close(linear(last, weight, b), torch.nn.functional.linear(last, weight, b))
+    with torch.no_grad():  # nothing to differentiate: no graph
+        assert linear(last.requires_grad_(), weight, b).grad_fn is None
+    # Not oneDNN's: float64, a transposed view of a weight, bf16 autocast.
+    assert not uses_onednn(last.double(), weight.double())
+    assert not uses_onednn(last, weight.t().contiguous().t())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not uses_onednn(last, weight)
+        assert linear(last, weight, b).dtype == torch.bfloat16
+
+
+def test_head_input_grad_by_the_transposed_weight_matches_float64():
+    g = torch.Generator().manual_seed(13)
+    hidden, weight = torch.randn(24, 32, generator=g), torch.randn(300, 32, generator=g)
+    dz = torch.randn(24, 300, generator=g)
+    transposed = head_grad_weight(hidden, weight)
+    assert transposed is not None and transposed.is_contiguous() and transposed.shape == (32, 300)
+    want = dz.double() @ weight.double()
+    torch.testing.assert_close(head_input_grad(dz, weight, transposed).double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(head_input_grad(dz, weight).double(), want, rtol=1e-5, atol=1e-5)
+    assert head_grad_weight(hidden.double(), weight.double()) is None

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
-from rookworld.net.model import GPT, add_head_grad, head_input_grad, head_logits
+from rookworld.net.model import GPT, add_head_grad, head_grad_weight, head_input_grad, head_logits
 
 #: loss(logprobs, entropy, kl, positions) -> the loss of each position [c]: a chunk's positions are given as their
 #: flat indices into [B * (T - start)]; entropy and kl are None where not computed.
@@ -220,12 +220,13 @@ class _FusedHead(torch.autograd.Function):
         dw = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device)
         total = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
         parts = []
+        transposed = head_grad_weight(hidden, weight)
         for i in range(0, max(len(targets), 1), vocab.chunk):
             c = slice(i, i + vocab.chunk)
             rh = None if ref_hidden is None else ref_hidden[c]
             stats, dz = _fused_chunk(hidden[c], targets[c], rh, positions[c], loss, vocab)
             total += stats.loss
-            dh[c] = head_input_grad(dz, weight).to(dh.dtype)
+            dh[c] = head_input_grad(dz, weight, transposed).to(dh.dtype)
             add_head_grad(dw, dz, hidden[c], weight)
             parts.append((stats.logprobs, stats.entropy, stats.kl))
         # Kept on ctx, not saved: the one backward scales them in place and hands them on (a fresh [V, C] product
