@@ -654,3 +654,75 @@ def test_resumed_adamw_moments_take_their_parameter_s_layout(fused):
         m, v = b1 * m + (1 - b1) * grad, b2 * v + (1 - b2) * grad**2
         p = p - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
     assert torch.allclose(resumed.detach().double(), p, atol=1e-6)
+
+
+# -- the update's first pass takes sampling's products ---------------------------------------------------------
+
+class MixedPrompts:
+    """P: and A: prompts of different lengths, so that micro-batches cut their prompts at different columns."""
+
+    def __init__(self, tok):
+        self.prompts = [Prompt("P" if i % 3 else "A", "P: " + " ".join(["e4"] * (2 + 3 * i))) for i in range(6)]
+
+    def batch(self, step):
+        return self.prompts
+
+
+class HashReward:
+    """A reward with spread: a fixed function of each completion's text."""
+
+    def prefetch(self, prompts):
+        pass
+
+    def __call__(self, prompts, completions):
+        r = np.array([(sum(map(ord, c)) % 7) / 7 for c in completions])
+        return Scores(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool))
+
+
+def _update_grads(trainer, rollout):
+    """The update's gradients over `rollout` (one minibatch, one epoch), the weights left as they were."""
+    from rookworld.grpo.update import update
+
+    frozen = torch.optim.SGD(trainer.models.policy.parameters(), lr=0.0)
+    update(trainer.cfg, trainer.objective, trainer.models, frozen, trainer.run.comm, rollout, 0)
+    return {name: p.grad.clone() for name, p in trainer.models.policy.named_parameters()}
+
+
+@pytest.mark.parametrize("lengths", [{"P": 4, "A": 9}, {"P": 9, "A": 9}, {"P": 1, "A": 1}])
+def test_the_updates_first_pass_takes_samplings_products_and_gets_the_same_gradients(tmp_path, lengths):
+    """Eager decoding keeps the trunk's Linear products (`ProductMemo`), and the update's first pass takes them
+    instead of making them again. Its gradients are those of the pass that makes every product, to float32's
+    rounding: prompts of six widths, micro-batches of two groups (each cut to its own prompt columns), P: rows that
+    stop early so that their groups leave the decoding batch, or every row ending at its first token (decoding
+    feeds none, so no completion product is kept), the k3 KL and the entropy in the loss."""
+    from rookworld.grpo.rollout import collect_rollout
+
+    tok = get_tokenizer()
+    cfg = TrainConfig(steps=2, prompts_per_step=6, group_size=4, max_new_tokens=9, beta=0.1, entropy_coef=0.01,
+                      micro_batch_size=8, warmup_steps=0, eval_every=0, save_every=0, sample_every=0,
+                      output_dir=str(tmp_path), compile=False, log_every=100).validate()
+    policy = tiny_gpt(seed=1, scale=4.0)
+    trainer = Trainer(cfg, policy=policy, reference=tiny_gpt(seed=2, scale=4.0), tokenizer=tok,
+                      reward_fn=HashReward(), prompts=MixedPrompts(tok), stream=open(os.devnull, "w"))
+    fixed_lengths(trainer, lengths)
+    rollout = collect_rollout(cfg, trainer.objective, trainer.models, trainer.sampler, trainer.run.comm, tok,
+                              trainer.reward_fn, trainer.prompts.batch(0), step=0, log=trainer.run.log)
+    memo = rollout.memo
+    assert memo is not None and len(memo.prompts) == 4 * 2  # every Linear of both blocks
+    assert len(memo.completions) == (0 if lengths["A"] == 1 else 4 * 2)
+    assert len(rollout.micro_batches(np.arange(24), 8, 4)) == 3
+    replayed = _update_grads(trainer, rollout)
+    assert rollout.memo is None  # used by the first optimizer step only
+    made = _update_grads(trainer, rollout)
+    for name, grad in made.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(replayed[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+    # What the test would catch: products of the wrong prompts.
+    rollout.memo = memo
+    for key, kept in memo.prompts.items():
+        memo.prompts[key] = kept.roll(1, 0)
+    wrong = _update_grads(trainer, rollout)
+    assert not torch.allclose(wrong["transformer.h.0.mlp.c_fc.weight"], made["transformer.h.0.mlp.c_fc.weight"],
+                              rtol=1e-3, atol=1e-5)
+    trainer.close()

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.net.decoding import decodes_eagerly
 from rookworld.net.logprobs import LogProbs, token_logprobs
-from rookworld.net.model import autocast_copy, refresh_copy
+from rookworld.net.model import ProductMemo, autocast_copy, refresh_copy
 from rookworld.net.sampling import GenerationOutput, generate
 
 
@@ -48,6 +48,11 @@ def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np
     return out
 
 
+#: The most memory a rollout's `ProductMemo` may hold (GPT-2 small keeps 330 KB a token: 64 rows of 32 tokens and
+#: their prompts take about 0.7 GB); past it the update makes its forward products again.
+PRODUCT_MEMO_BYTES = 2 << 30
+
+
 class Models:
     """The networks and how they run. `rows_per_prompt`: consecutive rows whose prompt is computed once, in
     sampling and in every log-prob pass: a group (--group-size) with --shared-prompt, else 1."""
@@ -67,6 +72,19 @@ class Models:
         self.logprobs: nn.Module = LogProbs(policy, value_head, compile)
         if ddp:
             self.logprobs = DDP(self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def product_memo(self, prompts: int, prompt_width: int, rows: int, new_tokens: int,
+                     prompt_left: int) -> ProductMemo | None:
+        """A memo for sampling to keep the trunk's products in, for the update's first pass (`ProductMemo`), or
+        None: it needs eager decoding of the policy itself (no autocast copy), shared prompts, no dropout, and at
+        most `PRODUCT_MEMO_BYTES` of memory."""
+        policy = self.policy
+        if (self.amp_dtype is not None or self.rows_per_prompt == 1 or not decodes_eagerly(self.device, self.compile)
+                or (policy.training and policy.config.dropout > 0)):
+            return None
+        if ProductMemo.bytes_needed(policy.config, prompts, prompt_width, rows, new_tokens) > PRODUCT_MEMO_BYTES:
+            return None
+        return ProductMemo(rows, new_tokens, self.rows_per_prompt, prompt_left)
 
     def sampling_model(self) -> nn.Module:
         """The policy as sampling runs it (under `amp_dtype` autocast only): its autocast copy, brought up to the
@@ -107,6 +125,8 @@ class Sampler:
     so one `generate` call takes every task: P: rows stop costing when they are done, and the rows still decoding
     share taller matrix products. Compiled (CUDA graphs, static shapes), every row would ride along to the end, in
     a KV cache sized for the longest: one call per task there, each stopping and sizing its cache on its own.
+
+    `memo`: the trunk's products of the last call's sampling (`Models.product_memo`), or None.
     """
 
     def __init__(self, models: Models, cfg, eos_id: int):
@@ -125,14 +145,19 @@ class Sampler:
         together = decodes_eagerly(device, self.settings["compile"])
         # Tasks in first-seen order: fixed for a step, so seeded runs repeat exactly.
         batches = [np.arange(len(tasks))] if together else [np.flatnonzero(tasks == t) for t in dict.fromkeys(tasks)]
-        parts = []
+        parts, self.memo = [], None
         for prompts in batches:
             index, left = torch.from_numpy(prompts).to(device), P - int(prompt_lens[prompts].max())
             batch_ids, batch_mask, batch_tasks = ids[index, left:], mask[index, left:], tasks[prompts]
             if not once:  # every row's prompt computed: the prompts repeated, the rows in the same order
                 batch_ids, batch_mask = batch_ids.repeat_interleave(G, 0), batch_mask.repeat_interleave(G, 0)
                 batch_tasks = batch_tasks.repeat(G)
-            out = self.generate(model, batch_ids, batch_mask, batch_tasks, generator, G if once else 1)
+            # One batch of every prompt in order: its rows are the rollout's, and its products can be kept.
+            memo = self.models.product_memo(len(prompts), P - left, n, self.max_new_tokens, left) \
+                if together and model is self.models.policy else None
+            with memo.recording() if memo is not None else contextlib.nullcontext():
+                out = self.generate(model, batch_ids, batch_mask, batch_tasks, generator, G if once else 1)
+            self.memo = memo
             parts.append(((index[:, None] * G + torch.arange(G, device=device)).reshape(-1), out))
         width = max((o.tokens.shape[1] for _, o in parts), default=0)
         out = GenerationOutput(tokens=torch.full((n, width), self.settings["eos_id"], dtype=torch.long, device=device),

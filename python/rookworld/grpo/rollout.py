@@ -22,6 +22,7 @@ from rookworld.grpo.models import Models, Sampler, micro_batches
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt
 from rookworld.harness.distributed import Comm
+from rookworld.net.model import ProductMemo
 
 
 class RewardFn(Protocol):
@@ -81,6 +82,7 @@ class Rollout:
     advantages: torch.Tensor | None = None  # [n, N]
     returns: torch.Tensor | None = None  # [n, N] the critic's targets (GAE)
     info: dict[str, Any] = field(default_factory=dict)  # metrics of the rollout itself (baselines)
+    memo: ProductMemo | None = None  # sampling's trunk products, for the update's first pass (None once used)
     times: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -148,7 +150,7 @@ def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler,
                                        "failed after retries) and were left out of this step")
     r = Rollout(prompts=prompts, completions=completions, scores=dataclasses.replace(scores, valid=valid),
                 ids=torch.cat([ids, out.tokens], dim=1), mask=torch.cat([pmask, out.mask], dim=1),
-                prompt_width=ids.shape[1], stopped=out.stopped, group_size=G)
+                prompt_width=ids.shape[1], stopped=out.stopped, group_size=G, memo=getattr(sampler, "memo", None))
     t_reward = time.perf_counter()
 
     # 3. The reference's (and the sampling policy's) log-probs, once per rollout; then the advantages.

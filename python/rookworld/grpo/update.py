@@ -59,6 +59,7 @@ def update(cfg, objective: Objective, models: Models, optimizer: torch.optim.Opt
                 no_sync = models.logprobs.no_sync() if comm.info.enabled and not last else contextlib.nullcontext()
                 with no_sync:
                     micro_batch_loss(cfg, objective, models, rollout, b, acc, totals)
+            rollout.memo = None  # sampling's products are the weights' before this optimizer step
             grads = [p for p in params if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(grads, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
             acc.grad_norms.append(norm.detach())
@@ -83,10 +84,12 @@ def micro_batch_loss(cfg, objective: Objective, models: Models, r: Rollout, b: M
                                     old_logprobs=at("old_logprobs", i), ref_logprobs=at("ref_logprobs", i))[0] \
             * flat["weights"][i]
 
+    replay = None if r.memo is None else r.memo.replay_for(rows, b.left, W)
     with models.autocast():
         out = models.logprobs(r.ids[rows, cols], r.mask[rows, cols], P - b.left, cfg.temperature, loss=token_loss,
                               reference=models.reference if objective.exact_kl else None,
-                              kl_weights=objective.kl_weights, wanted=m, rows_per_prompt=models.rows_per_prompt)
+                              kl_weights=objective.kl_weights, wanted=m, rows_per_prompt=models.rows_per_prompt,
+                              replay=replay)
     loss, v_loss = out.loss, None
     if out.values is not None:
         v_term, v_loss = objective.value_loss(out.values.float(), cut["old_values"], cut["returns"])

@@ -10,6 +10,7 @@ prompt once, attention reads only the slots written so far, and groups whose row
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import torch
 
 from rookworld.net import compiling
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
-from rookworld.net.model import GPT, GroupCache, KVCache, head_logits
+from rookworld.net.model import GPT, GroupCache, KVCache, head_logits, recording_memo
 
 # Round the cache length up to a multiple of this when compiling, so that prompts of slightly different widths
 # reuse one compiled graph (each distinct shape is a recompilation and another CUDA graph).
@@ -115,7 +116,9 @@ class Decoder:
         P = input_ids.shape[1]
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
                             enabled=self.amp_dtype is not None):
-            hidden, kvs = self.model.prompt_trunk(input_ids, mask)
+            memo = recording_memo()
+            with memo.at(("prompt",)) if memo is not None else contextlib.nullcontext():
+                hidden, kvs = self.model.prompt_trunk(input_ids, mask)
             logits = head_logits(hidden[:, -1], self.model.lm_head.weight)
         self.rows_per_prompt = rows_per_prompt
         self.write_pos = torch.tensor([P], dtype=torch.long, device=self.device)

@@ -1,7 +1,7 @@
 """The log-prob pass that the GRPO and SFT losses are built on: per-token log-probs of given sequences, and beside
 them the entropy, the exact KL to a reference and a value head's estimates.
 
-Two things keep it cheap:
+Three things keep it cheap:
 - A group's prompt once. With `rows_per_prompt` G (a GRPO group when its prompt is shared), rows come in groups of G that share their prompt columns: the prompt
   goes through the trunk once per group and its G completions attend to its keys and values
   (`GPT.prompt_trunk`, `GPT.continue_trunk`); the backward flows into the prompt's computation once.
@@ -10,11 +10,14 @@ Two things keep it cheap:
   log-prob, entropy and KL (the GRPO and SFT losses do), the same pass also computes the loss's gradients w.r.t.
   the hidden states and the head's weight (`_FusedHead`): no logits are kept for the backward, none recomputed.
   Without one, a differentiable call checkpoints each chunk instead (backward recomputes its logits).
+- Products made once. Given a `Replay` of the policy's `ProductMemo`, the trunk takes the products that sampling
+  made for these tokens with these weights instead of making them again (its backward is the same).
 The logits are float32 under autocast too (`head_logits`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +25,7 @@ import torch
 from torch import nn
 
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
-from rookworld.net.model import GPT, add_head_grad, head_grad_weight, head_input_grad, head_logits
+from rookworld.net.model import GPT, Replay, add_head_grad, head_grad_weight, head_input_grad, head_logits
 
 #: loss(logprobs, entropy, kl, positions) -> the loss of each position [c]: a chunk's positions are given as their
 #: flat indices into [B * (T - start)]; entropy and kl are None where not computed.
@@ -93,15 +96,19 @@ _compiled_chunks: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {}
 
 
 def _states(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, start: int,
-            rows_per_prompt: int) -> torch.Tensor:
-    """The hidden state that predicts each token from `start` on [B, T - start, n_embd]: position t - 1's."""
+            rows_per_prompt: int, replay: Replay | None = None) -> torch.Tensor:
+    """The hidden state that predicts each token from `start` on [B, T - start, n_embd]: position t - 1's.
+    replay: the trunk's products taken from sampling's memo (shared prompts only)."""
     if rows_per_prompt == 1:
         return model.trunk(input_ids, attention_mask)[:, start - 1 : -1]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+    phase = replay.phase if replay is not None else lambda name: contextlib.nullcontext()  # noqa: E731
     prompt_ids, prompt_mask = input_ids[::rows_per_prompt, :start], attention_mask[::rows_per_prompt, :start]
-    prompt, prefix = model.prompt_trunk(prompt_ids, prompt_mask)
-    completions = model.continue_trunk(input_ids[:, start:], attention_mask[:, start:], prefix, prompt_mask)
+    with phase("prompt"):
+        prompt, prefix = model.prompt_trunk(prompt_ids, prompt_mask)
+    with phase("completion"):
+        completions = model.continue_trunk(input_ids[:, start:], attention_mask[:, start:], prefix, prompt_mask)
     # The prompt's last state predicts the first completion token (prompts are left-padded: it is a real token).
     return torch.cat([prompt[:, -1:].repeat_interleave(rows_per_prompt, 0), completions[:, :-1]], dim=1)
 
@@ -117,7 +124,8 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
                    chunk_size: int | None = None, temperature: float = 1.0, return_entropy: bool = False,
                    compile: bool = False, reference: GPT | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
                    value_head: torch.nn.Module | None = None, wanted: torch.Tensor | None = None,
-                   rows_per_prompt: int = 1, loss: TokenLoss | None = None) -> TokenLogProbs:
+                   rows_per_prompt: int = 1, loss: TokenLoss | None = None,
+                   replay: Replay | None = None) -> TokenLogProbs:
     """log p(input_ids[:, t] | input_ids[:, :t]) for t in [start, T): logprobs [B, T - start].
 
     For GRPO, input_ids = prompt (left-padded, width P) + completion, and start = P gives the completion's
@@ -132,6 +140,7 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
     reads 0 (log-prob, entropy and KL; values are made everywhere).
     loss: a `TokenLoss`; `.loss` is then its sum over the wanted positions, with gradients made in the same pass
     (see the module docstring), and the log-probs, entropy and KL are detached.
+    replay: `model`'s trunk products, kept when it sampled these tokens (`ProductMemo`), instead of made again.
     """
     B, T = input_ids.shape
     if not 1 <= start < T:
@@ -139,7 +148,7 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
     N, device_type = T - start, input_ids.device.type
     states = maybe_compiled(_states, _compiled_states, device_type, compile)
     hidden, states = run_or_fall_back(states, _states, device_type, model, input_ids, attention_mask, start,
-                                      rows_per_prompt)
+                                      rows_per_prompt, replay)
     hidden = hidden.reshape(B * N, -1)
     ref_hidden = None
     if reference is not None:
@@ -349,7 +358,9 @@ class LogProbs(nn.Module):
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, start: int, temperature: float, *,
                 loss: TokenLoss, reference: nn.Module | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
-                wanted: torch.Tensor | None = None, rows_per_prompt: int = 1) -> TokenLogProbs:
+                wanted: torch.Tensor | None = None, rows_per_prompt: int = 1,
+                replay: Replay | None = None) -> TokenLogProbs:
         return token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
                               compile=self.compile, reference=reference, kl_weights=kl_weights,
-                              value_head=self.value_head, wanted=wanted, rows_per_prompt=rows_per_prompt, loss=loss)
+                              value_head=self.value_head, wanted=wanted, rows_per_prompt=rows_per_prompt, loss=loss,
+                              replay=replay)

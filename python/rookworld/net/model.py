@@ -10,12 +10,18 @@ Two things differ from a textbook GPT-2, both for RL:
 - `trunk()` can decode against a cache: a preallocated `KVCache` written at an index tensor, whose static shapes
   CUDA graphs need, or a `GroupCache`, which keeps each group's shared prompt once and reads only the slots
   written so far (eager decoding). The decoder in `rookworld.net.decoding` picks one.
+
+And two for speed on the CPU: every Linear's product goes through oneDNN's inner product in float32 (`linear`),
+and eager decoding can keep the trunk's products (`ProductMemo`) for the update's first pass over the same
+tokens with the same weights, which then makes none of them again.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 import os
 import pickle
 import shutil
@@ -333,11 +339,154 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
+class _ReplayedLinear(_OneDnnLinear):
+    """A product already made (by sampling, with the same weights): its value as it was, `_OneDnnLinear`'s
+    gradients."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, y):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        return (*_OneDnnLinear.backward(ctx, dy), None)
+
+
 class Linear(nn.Linear):
-    """nn.Linear whose product is `linear`'s."""
+    """nn.Linear whose product is `linear`'s, or, inside `ProductMemo.recording` / `replaying`, one that sampling
+    kept. `memo_key`: its name in the model (set by GPT)."""
+
+    memo_key = ""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        memo = _memo.get()
+        if memo is not None and memo.replays:
+            y = memo.replay(self.memo_key, x.shape[:-1], self.out_features)
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, self.weight, self.bias)):
+                y = _ReplayedLinear.apply(rows, self.weight, self.bias, y.reshape(rows.shape[0], -1))
+            return y.view(*x.shape[:-1], self.out_features)
+        y = linear(x, self.weight, self.bias)
+        if memo is not None:
+            memo.record(self.memo_key, y)
+        return y
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The trunk's products kept from sampling for the update
+
+def recording_memo() -> ProductMemo | None:
+    """The memo that products made now are recorded to, if any (`ProductMemo.recording`)."""
+    memo = _memo.get()
+    return None if memo is None or memo.replays else memo
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Which of a memo's products a log-prob pass over rollout rows `rows` (prompt columns from `left` on, `width`
+    completion columns) takes: `phase("prompt")` around its prompt trunk, `phase("completion")` around the rest."""
+
+    memo: ProductMemo
+    rows: torch.Tensor
+    left: int
+    width: int
+
+    def phase(self, name: str):
+        return self.memo.replaying(self.rows, self.left, self.width, name)
+
+
+_memo: ContextVar[ProductMemo | None] = ContextVar("rookworld_product_memo", default=None)
+
+
+class ProductMemo:
+    """The trunk's Linear products that eager decoding made, kept so that the update's first pass over the same
+    tokens, with the same weights, takes them instead of making them again: with one minibatch and one epoch (the
+    defaults), the update's forward then costs its LayerNorms, attention and GELUs, not its products (for GPT-2
+    small, 170 MFLOP a token). Its backward is the same.
+
+    Layout, for each Linear by name: `prompts` [g, P, N] (prefill's, g prompts over their last P columns) and
+    `completions` [B, n, N] (column j: the product for completion token j, made when decoding fed that token;
+    zero where decoding never fed it: a row's last token or a dropped group's, whose products no loss term reaches).
+
+    Recording: `with memo.recording():` around `generate`; prefill and each decode step say which rows and column
+    they make (`prompt_columns`, `column`). Replaying: `with memo.replaying(rows, left, width, phase)` around a
+    `GPT.prompt_trunk` (phase "prompt": groups rows[::G], prompt columns from `left` on) or `GPT.continue_trunk`
+    (phase "completion": rows, the first `width` completion columns) of the model that sampled.
+    """
+
+    def __init__(self, rows: int, new_tokens: int, rows_per_prompt: int, prompt_left: int):
+        self.shape, self.rows_per_prompt, self.prompt_left = (rows, new_tokens), rows_per_prompt, prompt_left
+        self.prompts: dict[str, torch.Tensor] = {}
+        self.completions: dict[str, torch.Tensor] = {}
+        self.replays = False
+        self._at: tuple | None = None  # where a recorded product goes: ("prompt",) or ("column", rows, j)
+
+    @staticmethod
+    def bytes_needed(config: GPTConfig, prompts: int, prompt_width: int, rows: int, new_tokens: int) -> int:
+        """What a memo of these shapes holds, in float32."""
+        widths = config.n_layer * 10 * config.n_embd  # c_attn 3C, attn c_proj C, c_fc 4C, mlp c_proj C
+        return 4 * widths * (prompts * prompt_width + rows * new_tokens)
+
+    @contextmanager
+    def recording(self):
+        token = _memo.set(self)
+        try:
+            yield self
+        finally:
+            _memo.reset(token)
+            self._at = None
+
+    @contextmanager
+    def at(self, where: tuple):
+        """Products made inside go to `where`: ("prompt",) or ("column", rows [b] long, j)."""
+        self._at = where
+        try:
+            yield
+        finally:
+            self._at = None
+
+    def record(self, key: str, y: torch.Tensor) -> None:
+        if self._at is None or self.replays:
+            return
+        if self._at[0] == "prompt":
+            self.prompts[key] = y
+            return
+        _, rows, j = self._at
+        buf = self.completions.get(key)
+        if buf is None:
+            buf = self.completions[key] = y.new_zeros(*self.shape, y.shape[-1])
+        buf[rows, j] = y.reshape(len(rows), -1)
+
+    @contextmanager
+    def replaying(self, rows: torch.Tensor, left: int, width: int, phase: str):
+        """Replays, for the policy's pass over rollout rows `rows` (whole groups, in order) cut to prompt columns
+        from `left` and `width` completion columns."""
+        self._sel, self.replays = (rows, left, width, phase), True
+        token = _memo.set(self)
+        try:
+            yield
+        finally:
+            _memo.reset(token)
+            self.replays = False
+
+    def replay_for(self, rows: torch.Tensor, left: int, width: int) -> Replay:
+        return Replay(self, rows, left, width)
+
+    def replay(self, key: str, shape: torch.Size, features: int) -> torch.Tensor:
+        rows, left, width, phase = self._sel
+        if phase == "prompt":
+            kept = self.prompts[key]
+            y = kept[rows[:: self.rows_per_prompt] // self.rows_per_prompt, left - self.prompt_left:]
+        elif key in self.completions:
+            y = self.completions[key][rows, :width]
+        else:  # decoding fed no token (every row ended at its first): no product any loss term reaches
+            y = torch.zeros(*shape, features, device=rows.device)
+        if y.shape[:-1] != shape:
+            raise RuntimeError(f"ProductMemo: {key} kept {tuple(y.shape[:-1])} where the pass asks {tuple(shape)}")
+        return y
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -522,6 +671,9 @@ class GPT(nn.Module):
         )
         self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+        for name, module in self.named_modules():
+            if isinstance(module, Linear):
+                module.memo_key = name
         self.apply(self._init_weights)
         # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer) so the residual stream keeps its scale.
         for name, p in self.named_parameters():

@@ -14,6 +14,7 @@ rounding.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ import torch
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
 from rookworld.net.decoding import Decoder
 from rookworld.net.limits import ContextTooLong
-from rookworld.net.model import GPT
+from rookworld.net.model import GPT, recording_memo
 from rookworld.net.tokenizer import EOS_ID
 
 
@@ -197,6 +198,7 @@ def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int
     stopped = torch.zeros(B, dtype=torch.bool, device=device)
     check_every = 16 if device.type == "cuda" else 1  # "all rows done?" is a host sync
     rows = torch.arange(B, device=device)  # the output rows that the decoder's rows are
+    memo = recording_memo() if not decoder.compile else None
     for step in range(N):
         # A uniform for every row, done or dropped ones too, so that each row's draws do not depend on the others'.
         uniform = None if temperature <= 0 else torch.rand((B, 1), generator=generator, device=device,
@@ -219,7 +221,8 @@ def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int
         kept = decoder.drop_done(row_done)
         if kept is not None:
             rows, token = rows[kept], token[kept]
-        logits = decoder.step(token)
+        with memo.at(("column", rows, step)) if memo is not None else contextlib.nullcontext():
+            logits = decoder.step(token)
     lengths = out_mask.sum(1)
     width = int(lengths.max()) if B else 0  # one sync at the end: drop columns that no row reached
     return GenerationOutput(tokens=tokens[:, :width], mask=out_mask[:, :width], logprobs=logprobs[:, :width],
