@@ -59,13 +59,14 @@ class FixedLengths(Sampler):
 
 
 def step_flops(cfg: GPTConfig, n_params: int, groups: list[tuple[int, list[int]]], mu: int, old_pass: bool,
-               reference_passes: int, shared: bool) -> dict[str, float]:
+               reference_passes: int, shared: bool, memo: bool = False) -> dict[str, float]:
     """Model FLOPs of one GRPO step over its groups (prompt tokens, each completion's tokens), by phase
     (generate, reference: the reference's and the sampling policy's passes, update): the work the model must do,
     whatever padding the implementation adds (2 per multiply-add; attention included; embedding lookups
     excluded; the lm_head only where a token is predicted). The reference runs once per rollout, or once per
     epoch for the exact KL (then in the update's time). With `shared`, each group's prompt goes through the trunk
-    once, else once per row."""
+    once, else once per row. With `memo`, the update's first pass takes the trunk's products from sampling
+    (`ProductMemo`): those are not the update's work."""
     head = cfg.vocab_size * cfg.n_embd
     trunk = n_params - cfg.block_size * cfg.n_embd - head  # the position table is a lookup; wte counts as lm_head
     attn = lambda ctx: 4 * cfg.n_layer * ctx * cfg.n_embd  # QK^T and AV per token at context ctx  # noqa: E731
@@ -78,7 +79,8 @@ def step_flops(cfg: GPTConfig, n_params: int, groups: list[tuple[int, list[int]]
         fwd = prompt + sum(2 * (trunk + head) * n + attn(prompt_len + n / 2) * n for n in lengths)
         total["generate"] += gen
         total["reference"] += (0 if exact else reference_passes * fwd) + (fwd if old_pass else 0)
-        total["update"] += mu * 3 * fwd + (reference_passes * fwd if exact else 0)
+        kept = 2 * trunk * (prompts * prompt_len + sum(lengths)) if memo else 0  # first pass's trunk products
+        total["update"] += mu * 3 * fwd - kept + (reference_passes * fwd if exact else 0)
     return total
 
 
@@ -173,7 +175,9 @@ def main() -> int:
     objective = trainer.objective  # which passes a step runs is the objective's to say
     old_pass = objective.sampler_pass
     reference_passes = 0 if not objective.measures_kl else args.mu if objective.exact_kl else 1
-    per_step = [step_flops(mcfg, n_params, g, args.mu, old_pass, reference_passes, not args.no_shared_prompt)
+    width = max(p for g in groups_of_steps for p, _ in g)
+    memo = trainer.models.product_memo(args.prompts, width, samples, max(lengths.values()), 0) is not None
+    per_step = [step_flops(mcfg, n_params, g, args.mu, old_pass, reference_passes, not args.no_shared_prompt, memo)
                 for g in groups_of_steps]
     phase_flops = {k: statistics.mean(f[k] for f in per_step) for k in per_step[0]}
     flops = sum(phase_flops.values())
@@ -188,7 +192,7 @@ def main() -> int:
         "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "compile": not args.no_compile,
         "update_padding": med("padding"), "kl_estimator": args.kl_estimator, "advantage": args.advantage,
         "shared_prompt": not args.no_shared_prompt, "threads": torch.get_num_threads(),
-        "stockfish_workers": workers,
+        "stockfish_workers": workers, "product_memo": memo,
         "p_prompts": statistics.mean(p_prompts),
         # Model FLOPs a phase does over the time it took (2 a multiply-add; see step_flops).
         "gflops": {k: phase_flops[k] / med(f"time/{k}") / 1e9 for k in phase_flops},
@@ -198,7 +202,8 @@ def main() -> int:
     print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.2f}")
     print(f"{'generated tokens/s':<22}{figures['generated_tokens_per_s']:>12,.0f}")
     print(f"torch threads {figures['threads']}, Stockfish workers {figures['stockfish_workers']}, "
-          f"{figures['p_prompts']:.0f} P: prompts a step")
+          f"{figures['p_prompts']:.0f} P: prompts a step; the update's first pass takes sampling's products: "
+          f"{'yes' if memo else 'no'}")
     for k in ("step_s", "generate_s", "reward_s", "reference_s", "update_s"):
         phase = k.removesuffix("_s")
         rate = figures["step_gflops"] if phase == "step" else figures["gflops"].get(phase)

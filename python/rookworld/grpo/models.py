@@ -126,7 +126,7 @@ class Sampler:
     share taller matrix products. Compiled (CUDA graphs, static shapes), every row would ride along to the end, in
     a KV cache sized for the longest: one call per task there, each stopping and sizing its cache on its own.
 
-    `memo`: the trunk's products of the last call's sampling (`Models.product_memo`), or None.
+    `take_memo()`: the trunk's products of the last call's sampling (`Models.product_memo`), or None.
     """
 
     def __init__(self, models: Models, cfg, eos_id: int):
@@ -170,6 +170,11 @@ class Sampler:
             out.tokens[rows, :w], out.mask[rows, :w], out.logprobs[rows, :w] = o.tokens, o.mask, o.logprobs
             out.lengths[rows], out.stopped[rows] = o.lengths, o.stopped
         return out
+
+    def take_memo(self) -> ProductMemo | None:
+        """The last call's `ProductMemo`, handed over: the sampler keeps no reference to it."""
+        memo, self.memo = getattr(self, "memo", None), None
+        return memo
 
     def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray,
                  generator: torch.Generator, rows_per_prompt: int) -> GenerationOutput:

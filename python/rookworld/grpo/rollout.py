@@ -150,7 +150,7 @@ def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler,
                                        "failed after retries) and were left out of this step")
     r = Rollout(prompts=prompts, completions=completions, scores=dataclasses.replace(scores, valid=valid),
                 ids=torch.cat([ids, out.tokens], dim=1), mask=torch.cat([pmask, out.mask], dim=1),
-                prompt_width=ids.shape[1], stopped=out.stopped, group_size=G, memo=getattr(sampler, "memo", None))
+                prompt_width=ids.shape[1], stopped=out.stopped, group_size=G, memo=sampler.take_memo())
     t_reward = time.perf_counter()
 
     # 3. The reference's (and the sampling policy's) log-probs, once per rollout; then the advantages.
