@@ -76,11 +76,11 @@ class Models:
     def product_memo(self, prompts: int, prompt_width: int, rows: int, new_tokens: int,
                      prompt_left: int) -> ProductMemo | None:
         """A memo for sampling to keep the trunk's products in, for the update's first pass (`ProductMemo`), or
-        None: it needs eager decoding of the policy itself (no autocast copy), shared prompts, no dropout, and at
-        most `PRODUCT_MEMO_BYTES` of memory."""
+        None: it needs eager decoding of the policy itself (no autocast copy), shared prompts, no dropout (the
+        update's pass would drop what sampling did not), and at most `PRODUCT_MEMO_BYTES` of memory."""
         policy = self.policy
         if (self.amp_dtype is not None or self.rows_per_prompt == 1 or not decodes_eagerly(self.device, self.compile)
-                or (policy.training and policy.config.dropout > 0)):
+                or policy.config.dropout > 0):
             return None
         if ProductMemo.bytes_needed(policy.config, prompts, prompt_width, rows, new_tokens) > PRODUCT_MEMO_BYTES:
             return None

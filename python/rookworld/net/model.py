@@ -411,8 +411,8 @@ class ProductMemo:
     `completions` [B, n, N] (column j: the product for completion token j, made when decoding fed that token;
     zero where decoding never fed it: a row's last token or a dropped group's, whose products no loss term reaches).
 
-    Recording: `with memo.recording():` around `generate`; prefill and each decode step say which rows and column
-    they make (`prompt_columns`, `column`). Replaying: `with memo.replaying(rows, left, width, phase)` around a
+    Recording: `with memo.recording():` around `generate`; prefill and each decode step say what their products
+    are (`at(("prompt",))`, `at(("column", rows, j))`). Replaying: `with memo.replaying(rows, left, width, phase)` around a
     `GPT.prompt_trunk` (phase "prompt": groups rows[::G], prompt columns from `left` on) or `GPT.continue_trunk`
     (phase "completion": rows, the first `width` completion columns) of the model that sampled.
     """
@@ -423,11 +423,12 @@ class ProductMemo:
         self.completions: dict[str, torch.Tensor] = {}
         self.replays = False
         self._at: tuple | None = None  # where a recorded product goes: ("prompt",) or ("column", rows, j)
+        self._sel: tuple | None = None  # what a replayed product is: (rows, left, width, phase)
 
     @staticmethod
     def bytes_needed(config: GPTConfig, prompts: int, prompt_width: int, rows: int, new_tokens: int) -> int:
         """What a memo of these shapes holds, in float32."""
-        widths = config.n_layer * 10 * config.n_embd  # c_attn 3C, attn c_proj C, c_fc 4C, mlp c_proj C
+        widths = config.n_layer * 9 * config.n_embd  # c_attn 3C, attn c_proj C, c_fc 4C, mlp c_proj C
         return 4 * widths * (prompts * prompt_width + rows * new_tokens)
 
     @contextmanager
