@@ -131,6 +131,7 @@ class Sampler:
 
     def __init__(self, models: Models, cfg, eos_id: int):
         self.models, self.max_new_tokens = models, cfg.max_new_tokens
+        self.memo: ProductMemo | None = None
         #: `generate`'s settings beside the prompts, the length and the generator (eos_id: the tokenizer's).
         self.settings = dict(temperature=cfg.temperature, top_k=cfg.top_k or None,
                              top_p=cfg.top_p if cfg.top_p < 1.0 else None, compile=models.compile,
@@ -173,7 +174,7 @@ class Sampler:
 
     def take_memo(self) -> ProductMemo | None:
         """The last call's `ProductMemo`, handed over: the sampler keeps no reference to it."""
-        memo, self.memo = getattr(self, "memo", None), None
+        memo, self.memo = self.memo, None
         return memo
 
     def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray,

@@ -14,6 +14,7 @@ from rookworld.grpo.objective import Objective, Totals
 from rookworld.grpo.rollout import Rollout, seed_of
 from rookworld.harness.distributed import Comm
 from rookworld.harness.run import step_if_finite
+from rookworld.net.model import Replay
 
 _SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss")
 
@@ -84,7 +85,7 @@ def micro_batch_loss(cfg, objective: Objective, models: Models, r: Rollout, b: M
                                     old_logprobs=at("old_logprobs", i), ref_logprobs=at("ref_logprobs", i))[0] \
             * flat["weights"][i]
 
-    replay = None if r.memo is None else r.memo.replay_for(rows, b.left, W)
+    replay = None if r.memo is None else Replay(r.memo, rows, b.left, W)
     with models.autocast():
         out = models.logprobs(r.ids[rows, cols], r.mask[rows, cols], P - b.left, cfg.temperature, loss=token_loss,
                               reference=models.reference if objective.exact_kl else None,

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import math
-from contextlib import contextmanager
-from contextvars import ContextVar
 import os
 import pickle
 import shutil
+from contextlib import contextmanager
+from contextvars import ContextVar
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
@@ -365,8 +365,8 @@ class Linear(nn.Linear):
         memo = _memo.get()
         if memo is not None and memo.replays:
             y = memo.replay(self.memo_key, x.shape[:-1], self.out_features)
-            rows = x.reshape(-1, x.shape[-1]).contiguous()
             if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, self.weight, self.bias)):
+                rows = x.reshape(-1, x.shape[-1]).contiguous()
                 y = _ReplayedLinear.apply(rows, self.weight, self.bias, y.reshape(rows.shape[0], -1))
             return y.view(*x.shape[:-1], self.out_features)
         y = linear(x, self.weight, self.bias)
@@ -450,7 +450,7 @@ class ProductMemo:
             self._at = None
 
     def record(self, key: str, y: torch.Tensor) -> None:
-        if self._at is None or self.replays:
+        if self._at is None:
             return
         if self._at[0] == "prompt":
             self.prompts[key] = y
@@ -472,9 +472,6 @@ class ProductMemo:
         finally:
             _memo.reset(token)
             self.replays = False
-
-    def replay_for(self, rows: torch.Tensor, left: int, width: int) -> Replay:
-        return Replay(self, rows, left, width)
 
     def replay(self, key: str, shape: torch.Size, features: int) -> torch.Tensor:
         rows, left, width, phase = self._sel
