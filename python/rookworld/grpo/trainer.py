@@ -17,7 +17,10 @@ and only rank 0 writes files.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+import gc
 import math
 import time
 from collections.abc import Callable
@@ -36,6 +39,7 @@ from rookworld.grpo.prompts import PromptSource
 from rookworld.grpo.rollout import ChessReward, RewardFn, Rollout, collect_rollout
 from rookworld.grpo.update import update
 from rookworld.harness import checkpoint
+from rookworld.harness.distributed import Comm
 from rookworld.harness.run import Run
 from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
@@ -53,6 +57,12 @@ def summary(m: dict[str, Any]) -> list[str]:
             f"P {fmt(m, 'reward/P/mean', '{:.2f}')} A {fmt(m, 'reward/A/mean', '{:.2f}')}", f"kl {fmt(m, 'kl/mean')}",
             f"clip {fmt(m, 'clip_fraction', '{:.2f}')}", f"{fmt(m, 'time/step', '{:.2f}')} s",
             f"{fmt(m, 'samples_per_s', '{:,.0f}')} samples/s"]
+
+
+def peak_memory_share(device: torch.device) -> float:
+    """The most memory the CUDA allocator held since its peak was last reset, as a share of the GPU's. Held, not
+    only what tensors occupied: its cached and fragmented blocks are memory no other allocation can have."""
+    return torch.cuda.max_memory_reserved(device) / torch.cuda.get_device_properties(device).total_memory
 
 
 def largest_batch(start: int, limit: int, usable: Callable[[int], bool], fits: Callable[[int], bool]) -> int | None:
@@ -210,22 +220,50 @@ class Trainer:
     # -- automatic batch size -----------------------------------------------------------------------------
 
     def trial_step(self, prompts_per_step: int) -> dict[str, Any]:
-        """One real step at `prompts_per_step`, after which the weights, the optimizer, the schedule and every
-        counter are as they were (the batch size stays `prompts_per_step`)."""
+        """One real step at `prompts_per_step` on this rank alone, after which the weights, the optimizer, the
+        schedule and every counter are as they were (the batch size stays `prompts_per_step`).
+
+        Alone: a step's reductions and DDP's gradient all-reduce are collectives, and a rank that runs out of
+        memory halfway would leave the others waiting in one it never joins. Memory is the same alone: DDP's
+        buckets exist from its construction on, and the reductions move a few numbers."""
         run = self.run
-        weights = {k: v.detach().clone() for k, v in self.models.trained.state_dict().items()}
+        # Kept on the host: a copy on the device would count against the memory the trial measures.
+        weights = {k: v.detach().to("cpu", copy=True) for k, v in self.models.trained.state_dict().items()}
         optimizer, scheduler = copy.deepcopy(run.optimizer.state_dict()), run.scheduler.state_dict()
-        counters = (run.step, self.best_reward, self.objective.state())
+        counters = (run.step, self.best_reward, self.objective.state(), self._last_rollout)
         self.cfg.prompts_per_step, self.prompts.per_rank = prompts_per_step, prompts_per_step // run.dist.world
         self._free_caches()
         try:
-            return self.train_step()
+            with self._alone():
+                return self.train_step()
         finally:
             self.models.trained.load_state_dict(weights)
             run.optimizer.load_state_dict(optimizer)
             run.scheduler.load_state_dict(scheduler)
-            run.step, self.best_reward, state = counters
+            run.step, self.best_reward, state, self._last_rollout = counters
             self.objective.load_state(state)
+
+    @contextlib.contextmanager
+    def _alone(self):
+        """This rank as a world of one (its rank kept: the seeds depend on it), the trained module without DDP."""
+        run, models = self.run, self.models
+        comm, logprobs = run.comm, models.logprobs
+        run.comm, models.logprobs = Comm(dataclasses.replace(run.dist, world=1), run.device), models.trained
+        try:
+            yield
+        finally:
+            run.comm, models.logprobs = comm, logprobs
+
+    def probe(self, prompts_per_step: int) -> tuple[float, float]:
+        """A trial step at `prompts_per_step` on every rank: (the largest share of GPU memory any rank held at its
+        peak, inf if one ran out; this rank's seconds). Every rank reaches the one reduction, whatever its trial
+        did, so the ranks agree on the outcome."""
+        try:
+            seconds = self.trial_step(prompts_per_step)["time/step"]
+            used = peak_memory_share(self.run.device)
+        except torch.cuda.OutOfMemoryError:
+            used, seconds = math.inf, math.nan
+        return self.run.comm.max([used])[0], seconds
 
     def auto_batch(self) -> int:
         """Runs real steps at doubling prompts-per-step and keeps the largest whose peak GPU memory stays under
@@ -233,15 +271,10 @@ class Trainer:
         cfg, run, G = self.cfg, self.run, self.cfg.group_size
         if not isinstance(self.prompts, PromptSource):
             raise ConfigError("--auto-batch works with the built-in prompt source")
-        total = torch.cuda.get_device_properties(run.device).total_memory
 
         def fits(p: int) -> bool:
-            try:
-                seconds = self.trial_step(p)["time/step"]
-                used = torch.cuda.max_memory_allocated(run.device) / total
-            except torch.cuda.OutOfMemoryError:
-                used, seconds = math.inf, math.nan
-            ok = not run.comm.any(used > cfg.memory_target)
+            used, seconds = self.probe(p)
+            ok = used <= cfg.memory_target
             shown = "out of memory" if math.isinf(used) else f"peak {100 * used:.0f}% of memory, {seconds:.2f} s/step"
             run.log.say(f"auto-batch: {p} prompts x {G} = {p * G} completions: {shown}"
                         f"{'' if ok else ' (over the target)'}")
@@ -252,18 +285,32 @@ class Trainer:
                     f"{100 * cfg.memory_target:.0f}%")
         chosen = largest_batch(start, cfg.auto_batch_max, lambda p: (p // run.dist.world * G) % cfg.minibatches == 0,
                                fits)
+        self._release_search()
         if chosen is None:
             raise ConfigError(f"--auto-batch: even {start} prompts per step exceed --memory-target "
                               f"{cfg.memory_target}; lower --prompts-per-step, --group-size or --micro-batch-size")
         cfg.prompts_per_step, self.prompts.per_rank = chosen, chosen // run.dist.world
-        self._free_caches()
         run.log.say(f"auto-batch: training with {chosen} prompts per step ({chosen * G} completions)")
         return chosen
 
     def _free_caches(self) -> None:
+        """Frees what the last step's decoding kept (KV caches) and what the allocator holds unused, so that a trial
+        step's peak is its own."""
         if self.run.device.type == "cuda":
             release_caches()
             torch.cuda.empty_cache()
+
+    def _release_search(self) -> None:
+        """Frees what the search compiled. The decode step recorded a CUDA graph for each (batch, cache length)
+        tried: their memory pool stays reserved while they live, each is an entry toward dynamo's recompile limit,
+        and an out-of-memory may have cut a recording short. Resetting dynamo drops every compiled entry and graph;
+        the compiled functions stay, and compile again on their next call (training's shapes only, once)."""
+        if self.run.device.type != "cuda":
+            return
+        release_caches()
+        torch.compiler.reset()
+        gc.collect()  # a failed step's tensors, in cycles through its traceback
+        torch.cuda.empty_cache()
 
     # -- evaluation, samples, checkpoints, the loop -------------------------------------------------------
 

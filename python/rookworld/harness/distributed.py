@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+
+#: How long a rank waits in a collective before the run is ended. The other ranks wait in a barrier while rank 0
+#: runs the held-out evaluation, which with games against Stockfish or a large --eval-size outlasts the defaults
+#: (10 minutes for NCCL, 30 for gloo); a rank that really died still ends the run, in at most this long.
+COLLECTIVE_TIMEOUT = timedelta(hours=2)
 
 
 @dataclass(frozen=True)
@@ -33,10 +40,13 @@ def init_distributed(device_kind: str) -> DistInfo:
     info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", 0)),
                     int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if device_kind == "cuda" else "gloo"
         if device_kind == "cuda":
             torch.cuda.set_device(info.local_rank)
-        dist.init_process_group(backend=backend)
+            # Bound to its GPU (torch >= 2.3), NCCL never guesses a rank's device, as a barrier otherwise does.
+            dist.init_process_group(backend="nccl", timeout=COLLECTIVE_TIMEOUT,
+                                    device_id=torch.device("cuda", info.local_rank))
+        else:
+            dist.init_process_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
     return info
 
 
@@ -47,14 +57,13 @@ class Comm:
         self.info, self.device = info, device
 
     def sum(self, values: list[float]) -> list[float]:
-        if not self.info.enabled:
-            return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return t.tolist()
+        return self._all_reduce(values, dist.ReduceOp.SUM)
 
     def mean(self, values: list[float]) -> list[float]:
         return [v / self.info.world for v in self.sum(values)]
+
+    def max(self, values: list[float]) -> list[float]:
+        return self._all_reduce(values, dist.ReduceOp.MAX)
 
     def any(self, flag: bool) -> bool:
         return self.sum([1.0 if flag else 0.0])[0] > 0
@@ -75,6 +84,13 @@ class Comm:
             return 0.0, 0.0, 0.0
         mean = s / n
         return n, mean, max(ss / n - mean * mean, 0.0)
+
+    def _all_reduce(self, values: list[float], op) -> list[float]:
+        if not self.info.enabled:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
 
     def barrier(self) -> None:
         if self.info.enabled:
