@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from rookworld.net.model import GPT, GPTConfig, KVCache
+from rookworld.net.caches import KVCache
+from rookworld.net.model import GPT, GPTConfig
 from rookworld.net.decoding import CACHE_LEN_BUCKET, decode_step
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

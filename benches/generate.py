@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from rookworld.net.model import GPT, GPTConfig, autocast_copy
+from rookworld.net.model import GPT, GPTConfig
+from rookworld.net.precision import autocast_copy
 from rookworld.net.decoding import release_caches
 from rookworld.net.logprobs import TokenLogProbs, token_logprobs
 from rookworld.net.sampling import generate

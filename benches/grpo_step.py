@@ -52,10 +52,10 @@ class FixedLengths(Sampler):
         super().__init__(models, cfg, eos_id)
         self.lengths = lengths
 
-    def generate(self, model, ids, mask, tasks, generator, rows_per_prompt):
+    def generate(self, model, ids, mask, tasks, generator, rows_per_prompt, memo=None):
         limits = torch.tensor([self.lengths[t] for t in tasks]).repeat_interleave(rows_per_prompt)
         return generate(model, ids, mask, max_new_tokens=limits, stop_at_eos=False, generator=generator,
-                        rows_per_prompt=rows_per_prompt, **self.settings)
+                        rows_per_prompt=rows_per_prompt, memo=memo, **self.settings)
 
 
 def step_flops(cfg: GPTConfig, n_params: int, groups: list[tuple[int, list[int]]], mu: int, old_pass: bool,

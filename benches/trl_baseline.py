@@ -65,6 +65,7 @@ def main() -> int:
 
     from rookworld.ground.chess import generate_positions
     from rookworld.net.model import GPT, GPTConfig
+    from rookworld.net.pretrained import save_pretrained
     from rookworld.ground.rewards import RewardScorer
     from rookworld.ground.stockfish import StockfishPool
     from rookworld.net.tokenizer import EOS_ID
@@ -98,7 +99,7 @@ def main() -> int:
         torch.manual_seed(0)
         mcfg = (GPTConfig(block_size=512, vocab_size=50257, n_layer=2, n_head=2, n_embd=64) if args.tiny
                 else GPTConfig())
-        GPT(mcfg).save_pretrained(Path(tmp) / "model")
+        save_pretrained(GPT(mcfg), Path(tmp) / "model")
         tok = hf_tokenizer(Path(tmp) / "model")
         assert tok.encode("Hello world") == [15496, 995], "the tokenizer must be GPT-2's"
         model = transformers.GPT2LMHeadModel.from_pretrained(Path(tmp) / "model", torch_dtype=torch.float32)

@@ -80,10 +80,10 @@ def fixed_lengths(trainer, lengths: dict[str, int]):
     from rookworld.grpo.models import Sampler
 
     class FixedLengths(Sampler):
-        def generate(self, model, ids, mask, tasks, generator, rows_per_prompt):
+        def generate(self, model, ids, mask, tasks, generator, rows_per_prompt, memo=None):
             limits = torch.tensor([lengths[t] for t in tasks]).repeat_interleave(rows_per_prompt)
             return generate(model, ids, mask, max_new_tokens=limits, stop_at_eos=False, generator=generator,
-                            rows_per_prompt=rows_per_prompt, **self.settings)
+                            rows_per_prompt=rows_per_prompt, memo=memo, **self.settings)
 
     trainer.sampler = FixedLengths(trainer.models, trainer.cfg, trainer.run.tokenizer.eos_id)
     return trainer

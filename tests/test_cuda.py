@@ -21,7 +21,8 @@ from conftest import constant_gpt, rookworld_process
 from test_trainer import metrics
 from rookworld.net import compiling, logprobs
 from rookworld.net.logprobs import token_logprobs
-from rookworld.net.model import GPT, GPTConfig, autocast_copy, refresh_copy
+from rookworld.net.model import GPT, GPTConfig
+from rookworld.net.precision import autocast_copy, refresh_copy
 from rookworld.net.sampling import generate
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -106,7 +107,7 @@ def test_compiled_decode_equals_eager_in_bf16_across_graph_replays(batch, new_to
             assert rows.any(), "some rows must draw identically"
             gap = (eager.logprobs - compiled.logprobs)[rows].abs().max()
             assert gap < 0.1, f"log-probs of identical tokens differ by {gap:.3f}"
-    assert "cuda" not in compiling.failed
+    assert not compiling.failed, compiling.failed
     assert counters["stats"]["unique_graphs"] >= 1, "the decode step was not compiled"
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled decode step did not run as a CUDA graph"
 
@@ -137,7 +138,7 @@ def test_the_autocast_copy_decodes_as_the_fp32_policy_and_its_graphs_follow_a_re
                 refresh_copy(copy, model)
             ids, mask = _prompts(32, 30, seed=2 + step)
             _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, generate(copy, ids, mask, compile=True, **kw))
-    assert "cuda" not in compiling.failed
+    assert not compiling.failed, compiling.failed
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled decode step did not run as a CUDA graph"
 
 
@@ -193,7 +194,7 @@ def test_token_logprobs_under_bf16_autocast_track_float64(compile):
     assert s.logprobs.dtype == s.entropy.dtype == torch.float32
     if compile:  # the trunk and the chunks' log-softmax both ran compiled, not eagerly after a failure
         assert "cuda" in logprobs._compiled_states and "cuda" in logprobs._compiled_chunks
-        assert "cuda" not in compiling.failed, compiling.failed
+        assert not compiling.failed, compiling.failed
     for got, want in ((s.logprobs, r.logprobs), (s.entropy, r.entropy)):
         got, want = got.detach().cpu().double(), want.detach().double()
         assert torch.isfinite(got).all()
@@ -273,7 +274,7 @@ def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path
     assert "eval/P/best_move_accuracy" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
     ckpt = out / "checkpoints" / "step-000003"
     transformers = pytest.importorskip("transformers")
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     ours, hf = from_pretrained(ckpt), transformers.GPT2LMHeadModel.from_pretrained(ckpt).eval()
     ids = torch.randint(0, EOS, (2, 20))
@@ -314,6 +315,6 @@ def test_sft_on_cuda_reports_mfu_and_writes_a_model(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"], "three steps at the default lr must lower the loss on the same data"
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     assert from_pretrained(out).config.n_layer == 2

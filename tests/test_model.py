@@ -13,20 +13,11 @@ import pytest
 import torch
 
 from conftest import tiny_gpt
-from rookworld.net.model import (
-    GPT,
-    GPTConfig,
-    ModelNotAvailableError,
-    autocast_copy,
-    from_pretrained,
-    head_grad_weight,
-    head_input_grad,
-    linear,
-    positions_from_mask,
-    refresh_copy,
-    save_pretrained,
-    uses_onednn,
-)
+from rookworld.net.head import head_grad_weight, head_input_grad
+from rookworld.net.model import GPT, GPTConfig, positions_from_mask
+from rookworld.net.onednn import linear, uses_onednn
+from rookworld.net.precision import autocast_copy, refresh_copy
+from rookworld.net.pretrained import ModelNotAvailableError, from_pretrained, save_pretrained
 
 TOL = 1e-4
 
@@ -101,10 +92,10 @@ def test_save_load_round_trip_and_overwrite(tmp_path):
     model = tiny_gpt(seed=5)
     target = tmp_path / "ckpt"
     save_pretrained(tiny_gpt(seed=6), target)
-    model.save_pretrained(target)  # replaces the files of an existing checkpoint
+    save_pretrained(model, target)  # replaces the files of an existing checkpoint
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
-    loaded = GPT.from_pretrained(target)
+    loaded = from_pretrained(target)
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
 
@@ -168,7 +159,7 @@ def test_hub_offline_with_empty_cache_raises_clear_error(tmp_path):
     # A fresh interpreter, because huggingface_hub reads HF_HUB_OFFLINE and its cache location at import.
     code = textwrap.dedent(
         """
-        from rookworld.net.model import from_pretrained, ModelNotAvailableError
+        from rookworld.net.pretrained import from_pretrained, ModelNotAvailableError
         try:
             from_pretrained("jrahn/RookWorld-LM-124M")
         except ModelNotAvailableError as e:
@@ -213,7 +204,7 @@ def test_hub_repo_id_loads_from_cache_offline(tmp_path, hf_tiny, monkeypatch):
 
 
 def test_local_path_that_is_not_a_checkpoint_is_not_sent_to_the_hub(tmp_path, monkeypatch):
-    from rookworld.net import model as model_module
+    from rookworld.net import pretrained as model_module
 
     def hub(*args):
         raise AssertionError(f"sent to the hub: {args}")

@@ -311,7 +311,7 @@ def test_options_survive_resume_exactly_and_checkpoints_stay_plain_gpt2(tiny_dir
     second = run_cli(["train", "--resume", str(broken), "--steps", "4"])
     assert second.returncode == 0, second.stderr
     from rookworld.harness.checkpoint import resolve_checkpoint
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     a, b = resolve_checkpoint(straight), resolve_checkpoint(broken)
     wa, wb = from_pretrained(a).state_dict(), from_pretrained(b).state_dict()

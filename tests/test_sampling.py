@@ -12,7 +12,8 @@ import torch
 from conftest import constant_gpt, tiny_gpt
 from rookworld.net import compiling, decoding, logprobs, sampling
 from rookworld.net.logprobs import token_logprobs
-from rookworld.net.model import autocast_copy, head_logits
+from rookworld.net.head import head_logits
+from rookworld.net.precision import autocast_copy
 from rookworld.net.sampling import generate, sample_next
 
 EOS = 50256
@@ -322,7 +323,7 @@ def test_the_compiled_draw_is_the_eager_one(monkeypatch):
         compiled = sample_next(logits, generator=torch.Generator().manual_seed(9), compile=True, **kw)
         assert torch.equal(eager[0], compiled[0]), kw
         torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-4)
-    assert "cpu" in sampling._compiled_draws and "cpu" not in compiling.failed
+    assert "cpu" in sampling._compiled_draws and not compiling.failed
     small = _peaked_logits()[:64].expand(20000, 64)
     tokens, logp = sample_next(small, generator=torch.Generator().manual_seed(5), compile=True)
     freq = torch.stack([(tokens == t).float().mean() for t in (11, 22, 33, 44)])
@@ -570,11 +571,11 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     monkeypatch.setattr(compiling, "failed", {})
     monkeypatch.setattr(decoding, "_compiled_steps",
                         {"cpu": torch.compile(decoding.decode_step, backend=broken_backend, fullgraph=True)})
-    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*sampling and log-prob passes run without"):
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*runs without compiling"):
         fallen_back = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=True)
     assert torch.equal(fallen_back.tokens, eager.tokens) and torch.equal(fallen_back.mask, eager.mask)
     assert torch.allclose(fallen_back.logprobs, eager.logprobs)
-    assert "cpu" in compiling.failed
+    assert compiling.has_failed(decoding.decode_step, "cpu") and len(compiling.failed) == 1
     # Later calls do not try again (and do not warn again).
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -583,8 +584,8 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
 
 
 def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch):
-    """The log-prob pass compiles the trunk first: if that fails, the pass runs eagerly, with gradients, after a
-    warning, and gives eager's values."""
+    """The log-prob pass compiles the trunk first: if that fails, the trunk runs eagerly, with gradients, after a
+    warning, and gives eager's values; the other compiled functions stay compiled."""
     def broken_backend(graph_module, example_inputs):
         raise RuntimeError("no C++ compiler found")
 
@@ -600,9 +601,11 @@ def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
         fallen_back = token_logprobs(model, ids, mask, start=5, compile=True)
     fallen_back.logprobs.sum().backward()
-    assert torch.equal(fallen_back.logprobs, eager.logprobs)
-    assert torch.equal(model.transformer.h[0].attn.c_attn.weight.grad, grad)
-    assert "cpu" in compiling.failed
+    # Only the trunk fell back: the vocabulary pass stayed compiled, so the values are eager's to its rounding.
+    torch.testing.assert_close(fallen_back.logprobs, eager.logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.transformer.h[0].attn.c_attn.weight.grad, grad, rtol=1e-4, atol=1e-6)
+    assert compiling.has_failed(logprobs._states, "cpu") and len(compiling.failed) == 1
+    assert "cpu" in logprobs._compiled_chunks
 
 
 @pytest.mark.slow
@@ -624,7 +627,7 @@ def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
         (s.logprobs.sum() + 0.1 * s.entropy.sum() + s.kl.sum()).backward()
         results.append((s.logprobs.detach(), s.entropy.detach(), s.kl.detach(), model.lm_head.weight.grad.clone(),
                         model.transformer.h[0].attn.c_attn.weight.grad.clone()))
-    assert "cpu" in logprobs._compiled_chunks and "cpu" not in compiling.failed
+    assert "cpu" in logprobs._compiled_chunks and not compiling.failed
     for eager, compiled in ((0, 1), (2, 3), (4, 5), (0, 6)):
         for a, b in zip(results[eager], results[compiled]):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
@@ -644,4 +647,4 @@ def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
                         model.transformer.wpe.weight.grad.clone()))
         for a, b in zip(*got):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    assert "cpu" not in compiling.failed
+    assert not compiling.failed

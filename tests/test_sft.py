@@ -253,7 +253,7 @@ def test_sft_end_to_end_gives_a_model_that_train_and_transformers_load(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3] and all(r["loss"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     assert rows[-1]["eval/loss"] > 0 and "eval/P/format_valid" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
     transformers = pytest.importorskip("transformers")
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     hf = transformers.GPT2LMHeadModel.from_pretrained(out)
     ours = from_pretrained(out)
@@ -290,7 +290,7 @@ def test_a_fresh_model_with_the_chess_vocabulary_trains_evaluates_and_loads_in_t
     chess = get_tokenizer(out)
     assert chess.vocab_size == 4364 and chess.eos_id == 4363
     transformers = pytest.importorskip("transformers")
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(out)
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)

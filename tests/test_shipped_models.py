@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rookworld.net.model import from_pretrained
+from rookworld.net.pretrained import from_pretrained
 from rookworld.net.tokenizer import chess_tokenizer, get_tokenizer
 
 from conftest import cli

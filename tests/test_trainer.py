@@ -142,7 +142,7 @@ def test_train_end_to_end_three_steps(tiny_dir, tmp_path):
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-000003"
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt)
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     ours = from_pretrained(ckpt)
     ids = torch.tensor([get_tokenizer().encode("P: 8/8/8/8/8/8/8/K6k w - - 0 1", bos=True)])
@@ -155,7 +155,7 @@ def test_train_end_to_end_three_steps(tiny_dir, tmp_path):
 
 def final_weights(out):
     from rookworld.harness.checkpoint import resolve_checkpoint
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     return from_pretrained(resolve_checkpoint(out)).state_dict()
 
@@ -172,7 +172,7 @@ def test_resume_gives_the_same_weights_as_an_unbroken_run(tiny_dir, tmp_path):
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stderr
     a, b = final_weights(straight), final_weights(broken)
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     start = from_pretrained(tiny_dir).state_dict()
     assert any(not torch.equal(a[k], start[k]) for k in a), "training must have changed the weights"
@@ -563,8 +563,8 @@ def test_tasks_are_sampled_together_when_decoding_eagerly_and_apart_when_compile
     calls = []
     real_generate = t.sampler.generate
 
-    def spy(model, ids, mask, tasks, generator, rows_per_prompt):
-        out = real_generate(model, ids, mask, tasks, generator, rows_per_prompt)
+    def spy(model, ids, mask, tasks, generator, rows_per_prompt, memo=None):
+        out = real_generate(model, ids, mask, tasks, generator, rows_per_prompt, memo)
         calls.append((ids.clone(), mask.clone(), tasks.copy(), out))
         return out
 

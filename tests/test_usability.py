@@ -103,7 +103,7 @@ def test_train_ends_with_a_summary_and_keeps_its_model_at_the_top(tiny_dir, tmp_
     assert tail[1].startswith("held-out at step 2 | P: format ") and "| A: format " in tail[1], tail
     assert tail[2:] == [f"model: {out} (step 2; its checkpoints in {out / 'checkpoints'})",
                         f"evaluate it: rookworld eval --model {out}", f"curves: rookworld plot {out}"]
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     top, saved = from_pretrained(out), from_pretrained(out / "checkpoints" / "step-000002")
     assert all(torch.equal(a, b) for a, b in zip(top.state_dict().values(), saved.state_dict().values()))
@@ -147,7 +147,7 @@ def test_a_run_starts_with_a_header_and_shows_its_evaluations(tiny_dir, tmp_path
     assert proc.returncode == 0, proc.stderr
     shown = lines_of(proc.stderr)
     assert shown[0].startswith(f"rookworld train: 2 steps into {out} on cpu (fp32")
-    from rookworld.net.model import from_pretrained
+    from rookworld.net.pretrained import from_pretrained
 
     n_params = sum(p.numel() for p in from_pretrained(tiny_dir).parameters())
     assert shown[1] == f"model: {tiny_dir} ({n_params / 1e6:.1f}M parameters)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rookworld.commands.common import CliError
 from rookworld.lm.answers import RookWorldLM
-from rookworld.net.model import ModelNotAvailableError
+from rookworld.net.pretrained import ModelNotAvailableError
 from rookworld.net.tokenizer import TokenizerUnavailableError
 
 

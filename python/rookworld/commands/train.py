@@ -14,7 +14,7 @@ from rookworld.grpo.trainer import Trainer
 from rookworld.harness import checkpoint
 from rookworld.harness.run import Diverged, complete_message
 from rookworld.harness.rundir import check_resume
-from rookworld.net.model import ModelNotAvailableError
+from rookworld.net.pretrained import ModelNotAvailableError
 from rookworld.net.tokenizer import TokenizerUnavailableError
 from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig, from_args
 from rookworld.sft.trainer import SFTTrainer

@@ -12,6 +12,7 @@ from rookworld.grpo.objective import Objective
 from rookworld.grpo.rollout import Rollout
 from rookworld.grpo.update import UpdateSums
 from rookworld.harness.distributed import Comm
+from rookworld.net import compiling
 from rookworld.net.device import peak_memory_gb
 
 _TASK_CODES = {"P": 1, "A": 0}
@@ -36,7 +37,9 @@ def step_metrics(comm: Comm, rollout: Rollout, sums: UpdateSums, objective: Obje
     m.update(rollout.info)
     m.update({"beta": objective.step_beta, "samples_per_s": samples / step_time, "tokens_per_s": tokens / step_time,
               "time/step": step_time, "time/update": update_time, **{f"time/{k}": v for k, v in rollout.times.items()},
-              "peak_memory_gb": peak_memory_gb(rollout.ids.device)})
+              "peak_memory_gb": peak_memory_gb(rollout.ids.device),
+              # In this process so far: a count that keeps growing means recompiles; a failure means eager code.
+              "compile/graphs": compiling.graphs_compiled(), "compile/failed": len(compiling.failed)})
     return m
 
 

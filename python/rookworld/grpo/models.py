@@ -15,7 +15,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.net.decoding import decodes_eagerly
 from rookworld.net.logprobs import LogProbs, token_logprobs
-from rookworld.net.model import ProductMemo, autocast_copy, refresh_copy
+from rookworld.net.memo import ProductMemo
+from rookworld.net.precision import autocast_copy, refresh_copy
 from rookworld.net.sampling import GenerationOutput, generate
 
 
@@ -76,11 +77,11 @@ class Models:
     def product_memo(self, prompts: int, prompt_width: int, rows: int, new_tokens: int,
                      prompt_left: int) -> ProductMemo | None:
         """A memo for sampling to keep the trunk's products in, for the update's first pass (`ProductMemo`), or
-        None: it needs eager decoding of the policy itself (no autocast copy), shared prompts, no dropout (the
-        update's pass would drop what sampling did not), and at most `PRODUCT_MEMO_BYTES` of memory."""
+        None: it needs eager decoding of the policy itself (no autocast copy) on the CPU (`ProductMemo.fits`),
+        shared prompts, and at most `PRODUCT_MEMO_BYTES` of memory."""
         policy = self.policy
         if (self.amp_dtype is not None or self.rows_per_prompt == 1 or not decodes_eagerly(self.device, self.compile)
-                or policy.config.dropout > 0):
+                or not ProductMemo.fits(policy)):
             return None
         if ProductMemo.bytes_needed(policy.config, prompts, prompt_width, rows, new_tokens) > PRODUCT_MEMO_BYTES:
             return None
@@ -156,8 +157,7 @@ class Sampler:
             # One batch of every prompt in order: its rows are the rollout's, and its products can be kept.
             memo = self.models.product_memo(len(prompts), P - left, n, self.max_new_tokens, left) \
                 if together and model is self.models.policy else None
-            with memo.recording() if memo is not None else contextlib.nullcontext():
-                out = self.generate(model, batch_ids, batch_mask, batch_tasks, generator, G if once else 1)
+            out = self.generate(model, batch_ids, batch_mask, batch_tasks, generator, G if once else 1, memo)
             self.memo = memo
             parts.append(((index[:, None] * G + torch.arange(G, device=device)).reshape(-1), out))
         width = max((o.tokens.shape[1] for _, o in parts), default=0)
@@ -178,7 +178,9 @@ class Sampler:
         return memo
 
     def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray,
-                 generator: torch.Generator, rows_per_prompt: int) -> GenerationOutput:
-        """The completions of these prompts (`tasks`: each one's task), `rows_per_prompt` each."""
+                 generator: torch.Generator, rows_per_prompt: int, memo: ProductMemo | None = None
+                 ) -> GenerationOutput:
+        """The completions of these prompts (`tasks`: each one's task), `rows_per_prompt` each; `memo` keeps the
+        trunk's products."""
         return generate(model, ids, mask, max_new_tokens=self.max_new_tokens, generator=generator,
-                        rows_per_prompt=rows_per_prompt, **self.settings)
+                        rows_per_prompt=rows_per_prompt, memo=memo, **self.settings)

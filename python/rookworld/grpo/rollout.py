@@ -22,7 +22,7 @@ from rookworld.grpo.models import Models, Sampler, micro_batches
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt
 from rookworld.harness.distributed import Comm
-from rookworld.net.model import ProductMemo
+from rookworld.net.memo import ProductMemo
 
 
 class RewardFn(Protocol):

@@ -45,7 +45,7 @@ from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
 from rookworld.net.decoding import release_caches
-from rookworld.net.model import from_pretrained
+from rookworld.net.pretrained import from_pretrained
 from rookworld.net.tokenizer import Tokenizer
 from rookworld.net.value import VALUE_HEAD_NAME, ValueHead
 from rookworld.settings.config import ConfigError, TrainConfig

@@ -14,7 +14,7 @@ from rookworld.grpo.objective import Objective, Totals
 from rookworld.grpo.rollout import Rollout, seed_of
 from rookworld.harness.distributed import Comm
 from rookworld.harness.run import step_if_finite
-from rookworld.net.model import Replay
+from rookworld.net.memo import Replay
 
 _SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss")
 

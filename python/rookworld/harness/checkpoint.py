@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rookworld.ground.files import atomic_write, publish, temporary_directory
+from rookworld.net.pretrained import save_pretrained
 # The layout is read without torch in net.sources; the harness's callers find all of a checkpoint's API here.
 from rookworld.net.sources import (CONFIG_FILE, LATEST, STATE_FILE, CheckpointError,  # noqa: F401
                                    list_checkpoints, resolve_checkpoint, step_of)
@@ -73,7 +74,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict
     final = root / name
     tmp = temporary_directory(f".{name}.", root)
     try:
-        model.save_pretrained(tmp)
+        save_pretrained(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)

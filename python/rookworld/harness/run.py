@@ -23,7 +23,7 @@ from rookworld.harness.distributed import Comm, init_distributed
 from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
 from rookworld.harness.runlog import RunLog, Summary
 from rookworld.net.device import keep_freed_memory, resolve_device
-from rookworld.net.model import from_pretrained, model_directory
+from rookworld.net.pretrained import from_pretrained, model_directory, save_pretrained
 from rookworld.net.tokenizer import get_tokenizer
 from rookworld.settings.config import RunConfig
 from rookworld.settings.presets import schedule_warnings
@@ -80,15 +80,9 @@ class Run:
         self.comm = Comm(self.dist, self.device)
         self.use_every_core()
         if kind == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-            # Each (batch, cache length) of the compiled decode step is one dynamo entry; evaluation and
-            # --auto-batch add shapes, and past the default limit of 8 decoding would quietly fall back to eager.
-            import torch._dynamo as dynamo  # (a bare `import torch._dynamo` would make `torch` local here)
-
-            for name in ("recompile_limit", "cache_size_limit"):
-                if hasattr(dynamo.config, name):
-                    setattr(dynamo.config, name, max(64, getattr(dynamo.config, name)))
+            # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
+            # newer ones map to their own fp32_precision settings.
+            torch.set_float32_matmul_precision("high")
         bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and kind == "cuda")
         self.amp_dtype = torch.bfloat16 if bf16 else None
         self.compile = cfg.compile and kind == "cuda"
@@ -179,7 +173,7 @@ class Run:
                 path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full,
                                                   self.cfg.to_dict(), self.cfg.keep_checkpoints, modules,
                                                   tokenizer=self.tokenizer)
-                self.policy.save_pretrained(self.cfg.output_dir)
+                save_pretrained(self.policy, self.cfg.output_dir)
                 self.tokenizer.save_pretrained(self.cfg.output_dir)
             except (OSError, RuntimeError) as e:
                 weights = sum(p.numel() * p.element_size() for p in self.policy.parameters())

@@ -24,7 +24,7 @@ from rookworld.ground.rewards import policy_prompt
 from rookworld.net.device import resolve_device
 from rookworld.net.limits import ContextTooLong
 from rookworld.net.logprobs import token_logprobs
-from rookworld.net.model import from_pretrained, model_directory
+from rookworld.net.pretrained import from_pretrained, model_directory
 from rookworld.net.sampling import generate
 from rookworld.net.sources import model_source
 from rookworld.net.tokenizer import Tokenizer, get_tokenizer

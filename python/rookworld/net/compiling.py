@@ -1,7 +1,8 @@
-"""torch.compile with a way out, shared by decoding, the sampler's draw and the log-prob pass.
+"""torch.compile with a way out, shared by decoding, the sampler's draw and the log-prob passes.
 
-A compiler failure (no C++ toolchain, an inductor or Triton bug) costs speed, never the run: the first failure on
-a device type warns once, and from then on everything on that device type runs eagerly.
+A compiler failure (no C++ toolchain, an inductor or Triton bug, a compile-time out-of-memory, more shapes than
+dynamo's recompile limit) costs speed, never the run: the function that failed warns once and runs eagerly on
+that device type from then on; every other compiled function stays compiled.
 """
 
 from __future__ import annotations
@@ -11,19 +12,44 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._dynamo
 from torch.utils.checkpoint import checkpoint
 
-#: Device types on which compiling failed once, and why: they run eagerly for the rest of the process.
-failed: dict[str, str] = {}
+#: (device type, function) pairs whose compilation failed, and why: those run eagerly for the rest of the process.
+failed: dict[tuple[str, str], str] = {}
+
+#: Entries a compiled function may hold: decoding compiles one for each (batch, cache length) it meets, so
+#: evaluation and --auto-batch add shapes to training's; dynamo's default is 8.
+RECOMPILE_LIMIT = 64
+
+# Past the recompile limit, fullgraph=True raises this, which is not a TorchDynamoException (older torch: Cache).
+_LIMIT_ERRORS = tuple(getattr(torch._dynamo.exc, name) for name in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
+                      if hasattr(torch._dynamo.exc, name))
+_COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, *_LIMIT_ERRORS)
+
+
+def name(fn: Callable) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def has_failed(fn: Callable, device_type: str) -> bool:
+    """Whether compiling `fn` (the eager function) failed on `device_type` in this process."""
+    return (device_type, name(fn)) in failed
+
+
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process, every function and shape together."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def maybe_compiled(fn: Callable, compiled: dict[str, Callable], device_type: str, compile: bool,
                    **options: Any) -> Callable:
     """fn compiled (fullgraph, with `options`) for `device_type` and kept in `compiled`, or fn itself when not
-    compiling or when compiling has failed on that device type before."""
-    if not compile or device_type in failed:
+    compiling or when compiling it has failed on that device type before."""
+    if not compile or has_failed(fn, device_type):
         return fn
     if device_type not in compiled:
+        _raise_recompile_limit()
         compiled[device_type] = torch.compile(fn, fullgraph=True, **options)
     return compiled[device_type]
 
@@ -37,15 +63,21 @@ def run_or_fall_back(fn: Callable, eager: Callable, device_type: str, *args: Any
         return run(fn), fn
     try:
         return run(fn), fn
-    except torch._dynamo.exc.TorchDynamoException as error:
-        _give_up(device_type, error)
+    except _COMPILE_ERRORS as error:
+        _give_up(eager, device_type, error)
         return run(eager), eager
 
 
-def _give_up(device_type: str, error: Exception) -> None:
+def _raise_recompile_limit() -> None:
+    for setting in ("recompile_limit", "cache_size_limit"):  # the older torch's name for it
+        if hasattr(torch._dynamo.config, setting):
+            setattr(torch._dynamo.config, setting, max(RECOMPILE_LIMIT, getattr(torch._dynamo.config, setting)))
+
+
+def _give_up(eager: Callable, device_type: str, error: Exception) -> None:
     cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the backend's own error
     first_line = (str(cause).strip().splitlines() or [""])[0][:300]
-    failed[device_type] = f"{type(cause).__name__}: {first_line}"
-    warnings.warn(f"torch.compile failed on {device_type} ({failed[device_type]}); sampling and log-prob passes "
-                  "run without it from now on, which is slower. --no-compile skips the attempt.",
-                  RuntimeWarning, stacklevel=4)
+    failed[(device_type, name(eager))] = f"{type(cause).__name__}: {first_line}"
+    warnings.warn(f"torch.compile of {eager.__qualname__} failed on {device_type} "
+                  f"({failed[(device_type, name(eager))]}); it runs without compiling from now on, which is slower. "
+                  "--no-compile skips the attempt.", RuntimeWarning, stacklevel=4)

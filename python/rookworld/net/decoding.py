@@ -10,23 +10,25 @@ prompt once, attention reads only the slots written so far, and groups whose row
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 
-from rookworld.net import compiling
-from rookworld.net.compiling import maybe_compiled, run_or_fall_back
-from rookworld.net.model import GPT, GroupCache, KVCache, head_logits, recording_memo
+from rookworld.net.caches import GroupCache, KVCache
+from rookworld.net.compiling import has_failed, maybe_compiled, run_or_fall_back
+from rookworld.net.head import head_logits
+from rookworld.net.model import GPT
 
 # Round the cache length up to a multiple of this when compiling, so that prompts of slightly different widths
 # reuse one compiled graph (each distinct shape is a recompilation and another CUDA graph).
 CACHE_LEN_BUCKET = 64
 # Compiled decoding keeps its KV caches between calls (the CUDA graph has their addresses baked in); at most
-# this many shapes per model, least recently used evicted. `release_caches(model)` frees them.
-MAX_CACHED_SHAPES = 2
+# this many shapes per model, least recently used evicted. A run's steady state is each task at one or two batch
+# sizes (the mix rounds its prompt counts) in one cache-length bucket: with fewer, the shapes evict each other and
+# every eviction re-records a CUDA graph. `release_caches(model)` frees them.
+MAX_CACHED_SHAPES = 4
 
 _compiled_steps: dict[str, Callable[..., torch.Tensor]] = {}
 _cache_pool: weakref.WeakKeyDictionary[GPT, OrderedDict[tuple, KVCache]] = weakref.WeakKeyDictionary()
@@ -78,7 +80,7 @@ def decodes_eagerly(device: torch.device, compile: bool | None) -> bool:
     """Whether a `Decoder` on `device` with this `compile` setting runs eagerly, against a `GroupCache` whose done
     groups leave the batch (else compiled, against a static `KVCache`)."""
     compile = (device.type == "cuda") if compile is None else compile
-    return not compile or device.type in compiling.failed
+    return not compile or has_failed(decode_step, device.type)
 
 
 class Decoder:
@@ -116,9 +118,7 @@ class Decoder:
         P = input_ids.shape[1]
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
                             enabled=self.amp_dtype is not None):
-            memo = recording_memo()
-            with memo.at(("prompt",)) if memo is not None else contextlib.nullcontext():
-                hidden, kvs = self.model.prompt_trunk(input_ids, mask)
+            hidden, kvs = self.model.prompt_trunk(input_ids, mask)
             logits = head_logits(hidden[:, -1], self.model.lm_head.weight)
         self.rows_per_prompt = rows_per_prompt
         self.write_pos = torch.tensor([P], dtype=torch.long, device=self.device)

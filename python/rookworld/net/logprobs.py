@@ -25,7 +25,9 @@ import torch
 from torch import nn
 
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
-from rookworld.net.model import GPT, Replay, add_head_grad, head_grad_weight, head_input_grad, head_logits
+from rookworld.net.head import add_head_grad, head_grad_weight, head_input_grad, head_logits
+from rookworld.net.memo import Replay
+from rookworld.net.model import GPT
 
 #: loss(logprobs, entropy, kl, positions) -> the loss of each position [c]: a chunk's positions are given as their
 #: flat indices into [B * (T - start)]; entropy and kl are None where not computed.
@@ -103,7 +105,8 @@ def _states(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
         return model.trunk(input_ids, attention_mask)[:, start - 1 : -1]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
-    phase = replay.phase if replay is not None else lambda name: contextlib.nullcontext()  # noqa: E731
+    phase = (lambda name: replay.phase(model, name)) if replay is not None \
+        else lambda name: contextlib.nullcontext()  # noqa: E731
     prompt_ids, prompt_mask = input_ids[::rows_per_prompt, :start], attention_mask[::rows_per_prompt, :start]
     with phase("prompt"):
         prompt, prefix = model.prompt_trunk(prompt_ids, prompt_mask)
@@ -147,8 +150,11 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
         raise ValueError(f"start must lie in [1, {T}), got {start}")
     N, device_type = T - start, input_ids.device.type
     states = maybe_compiled(_states, _compiled_states, device_type, compile)
-    hidden, states = run_or_fall_back(states, _states, device_type, model, input_ids, attention_mask, start,
-                                      rows_per_prompt, replay)
+    if replay is None:
+        hidden, states = run_or_fall_back(states, _states, device_type, model, input_ids, attention_mask, start,
+                                          rows_per_prompt)
+    else:  # the memo is an eager seam: no compiled region ever sees it
+        hidden = _states(model, input_ids, attention_mask, start, rows_per_prompt, replay)
     hidden = hidden.reshape(B * N, -1)
     ref_hidden = None
     if reference is not None:

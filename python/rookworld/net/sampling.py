@@ -23,7 +23,8 @@ import torch
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
 from rookworld.net.decoding import Decoder
 from rookworld.net.limits import ContextTooLong
-from rookworld.net.model import GPT, recording_memo
+from rookworld.net.memo import ProductMemo
+from rookworld.net.model import GPT
 from rookworld.net.tokenizer import EOS_ID
 
 
@@ -123,7 +124,8 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
              max_new_tokens: int | torch.Tensor = 144, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, stop_at_eos: bool = True, seed: int | None = None,
              generator: torch.Generator | None = None, compile: bool | None = None,
-             dtype: torch.dtype | None = None, rows_per_prompt: int = 1, eos_id: int = EOS_ID) -> GenerationOutput:
+             dtype: torch.dtype | None = None, rows_per_prompt: int = 1, eos_id: int = EOS_ID,
+             memo: ProductMemo | None = None) -> GenerationOutput:
     """Sample completions for a left-padded batch of prompts.
 
     input_ids / attention_mask: [B, P], left-padded (see `rookworld.net.tokenizer`); mask None = no padding.
@@ -137,11 +139,11 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     seed or generator: seeded runs are reproducible (same device, same batch). The generator must live on the
         model's device.
     compile: compile the decode step (CUDA graphs on CUDA); default True on CUDA, False elsewhere. Each new
-        (batch size, bucketed length) compiles again; dynamo's recompile limit (torch._dynamo.config
-        .recompile_limit, 8) caps how many shapes one process can compile before falling back to eager. If
-        compiling fails, a RuntimeWarning says why and the process decodes eagerly from then on.
+        (batch size, bucketed length) compiles again, up to `compiling.RECOMPILE_LIMIT` shapes. If compiling
+        fails (that limit too), a RuntimeWarning says why and the process decodes eagerly from then on.
     dtype: compute dtype; default bfloat16 on CUDA for an fp32 model, else the model's own. If it differs from
         the parameters' dtype the forward runs under torch.autocast; the KV cache is kept in `dtype`.
+    memo: keeps the trunk's products of this (eager, CPU) decoding for the update's first pass (`ProductMemo`).
     """
     device = model.device
     input_ids = input_ids.to(device)
@@ -167,8 +169,16 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     model.eval()  # dropout must be off while sampling, whatever the trainer left it at
     try:
         decoder = Decoder(model, B, P + N, dtype, compile)
-        logits = decoder.prefill(input_ids, mask, rows_per_prompt)
-        return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator, eos_id)
+        if memo is None:
+            logits = decoder.prefill(input_ids, mask, rows_per_prompt)
+            return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator, eos_id)
+        if decoder.compile:
+            raise ValueError("a ProductMemo keeps the products of eager decoding; this decoding is compiled")
+        with memo.attached(model):
+            with memo.at(("prompt",)):
+                logits = decoder.prefill(input_ids, mask, rows_per_prompt)
+            return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator, eos_id,
+                           memo)
     finally:
         model.train(was_training)
 
@@ -188,8 +198,9 @@ def _row_limits(max_new_tokens: int | torch.Tensor, B: int, device: torch.device
 
 def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int, stop_at_eos: bool,
             temperature: float, top_k: int | None, top_p: float | None,
-            generator: torch.Generator | None, eos_id: int) -> GenerationOutput:
-    """Up to N tokens per row (at most `limits`), each drawn from the decoder's logits, from the prompts' on."""
+            generator: torch.Generator | None, eos_id: int, memo: ProductMemo | None = None) -> GenerationOutput:
+    """Up to N tokens per row (at most `limits`), each drawn from the decoder's logits, from the prompts' on;
+    `memo` (attached) keeps each step's products in the column of the token it fed."""
     B, device = limits.shape[0], limits.device
     tokens = torch.full((B, N), eos_id, dtype=torch.long, device=device)
     out_mask = torch.zeros((B, N), dtype=torch.bool, device=device)
@@ -198,7 +209,6 @@ def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int
     stopped = torch.zeros(B, dtype=torch.bool, device=device)
     check_every = 16 if device.type == "cuda" else 1  # "all rows done?" is a host sync
     rows = torch.arange(B, device=device)  # the output rows that the decoder's rows are
-    memo = recording_memo() if not decoder.compile else None
     for step in range(N):
         # A uniform for every row, done or dropped ones too, so that each row's draws do not depend on the others'.
         uniform = None if temperature <= 0 else torch.rand((B, 1), generator=generator, device=device,

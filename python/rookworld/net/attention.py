@@ -1,0 +1,127 @@
+"""How a block's attention sees its keys: an `Attention` is called with one layer's queries, keys and values of the
+new tokens [B, nh, T, hd] and returns the attention's output [B, nh, T, hd]. `GPT` picks one for each pass:
+`Causal` (the tokens given, padding masked), `AfterPrompts` and `GroupedPrompts` (continuations of prompts whose keys
+and values are computed once a group) and `Cached` (decoding against a cache, `rookworld.net.caches`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class Attention(Protocol):
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 dropout_p: float = 0.0) -> torch.Tensor: ...
+
+
+class Causal:
+    """Attention over the tokens given: `mask` [B, 1, T, T] bool (`padded_causal`), or None for plain causal
+    attention, which lets SDPA pick its fastest kernel."""
+
+    def __init__(self, mask: torch.Tensor | None):
+        self.mask = mask
+
+    def __call__(self, layer: int, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p,
+                                              is_causal=self.mask is None)
+
+
+class AfterPrompts:
+    """Rows that continue g prompts (`prefix`: each layer's keys and values [g, nh, P, hd], B / g consecutive rows a
+    prompt) attend to their prompt's real tokens, then causally to their own: SDPA over each row's copy of its
+    prompt under `mask` [B, 1, T, P + T] bool. A GPU's fused kernels never hold the scores, which is worth the
+    copies there."""
+
+    def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor):
+        self.prefix, self.mask = prefix, mask
+
+    def __call__(self, layer: int, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        prefix_k, prefix_v = self.prefix[layer]
+        k, v = after_prefix(prefix_k, k), after_prefix(prefix_v, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p)
+
+
+class GroupedPrompts:
+    """`AfterPrompts`' attention without the copies: each prompt read once for its group (`grouped_attention`),
+    under `bias` [g, 1, 1, P] (`prompt_bias`). On the CPU the copies (and their gradients' sums) cost more than
+    the attention itself. No dropout."""
+
+    def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], bias: torch.Tensor):
+        self.prefix, self.bias = prefix, bias
+
+    def __call__(self, layer: int, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        prefix_k, prefix_v = self.prefix[layer]
+        return grouped_attention(q, k, v, prefix_k.to(q.dtype), prefix_v.to(q.dtype), self.bias, 0)
+
+
+class Cached:
+    """Decoding: the new tokens' keys and values are written to `cache` (a `KVCache` or `GroupCache`) at slots
+    `write_pos` [T], and the tokens attend to every valid slot at or before their own (`mask`: the cache's
+    `begin`). No dropout."""
+
+    def __init__(self, cache, write_pos: torch.Tensor, mask: torch.Tensor | None):
+        self.cache, self.write_pos, self.mask = cache, write_pos, mask
+
+    def __call__(self, layer: int, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        return self.cache.attend(layer, q, k, v, self.write_pos, self.mask)
+
+
+def grouped_attention(q: torch.Tensor, own_k: torch.Tensor, own_v: torch.Tensor, prefix_k: torch.Tensor,
+                      prefix_v: torch.Tensor, prefix_bias: torch.Tensor, first: int) -> torch.Tensor:
+    """Attention of rows that come in groups sharing a prompt: queries q [B, nh, T, hd] over their group's prompt
+    (keys and values [g, nh, P, hd], B / g consecutive rows a group; prefix_bias [g, 1, 1, P] float, -inf on
+    padding) and over their own keys and values [B, nh, n, hd], the T queries being own positions first ..
+    first + T - 1, each seeing own keys up to its own. [B, nh, T, hd].
+
+    A prompt's keys are read once for its group (one [rows x T, hd] x [hd, P] product a head), not copied to every
+    row. Scores and softmax in float32 at least. A right-padded query sees its padding neighbours before it (harmless: its
+    output is never used), as a real query never does."""
+    B, H, T, D = q.shape
+    g, P, n = prefix_k.shape[0], prefix_k.shape[2], own_k.shape[2]
+    r = B // g
+    by_group = lambda x: x.view(g, r, H, T, -1).transpose(1, 2).reshape(g, H, r * T, -1)  # noqa: E731
+    by_row = lambda x: x.view(g, H, r, T, -1).transpose(1, 2).reshape(B, H, T, -1)  # noqa: E731
+    q, wide = q * (1.0 / math.sqrt(D)), torch.promote_types(q.dtype, torch.float32)
+    prompt_scores = (by_group(q) @ prefix_k.transpose(-1, -2)).to(wide) + prefix_bias  # [g, nh, r * T, P]
+    own_scores = (q @ own_k.transpose(-1, -2)).to(wide)  # [B, nh, T, n]
+    if first + T < n or T > 1:
+        seen = torch.ones(T, n, dtype=torch.bool, device=q.device).tril(first)
+        own_scores = own_scores.masked_fill(~seen, float("-inf"))
+    weights = torch.cat([by_row(prompt_scores), own_scores], dim=-1).softmax(-1).to(q.dtype)
+    return by_row(by_group(weights[..., :P]) @ prefix_v) + weights[..., P:] @ own_v
+
+
+def prompt_bias(prompt_mask: torch.Tensor) -> torch.Tensor:
+    """`grouped_attention`'s bias [g, 1, 1, P] from prompts' mask [g, P]: 0 on real tokens, -inf on padding."""
+    g, P = prompt_mask.shape
+    bias = torch.zeros(g, 1, 1, P, device=prompt_mask.device)
+    return bias.masked_fill(~prompt_mask.to(torch.bool).view(g, 1, 1, P), float("-inf"))
+
+
+def prompt_bias(prompt_mask: torch.Tensor) -> torch.Tensor:
+    """`grouped_attention`'s bias [g, 1, 1, P] from prompts' mask [g, P]: 0 on real tokens, -inf on padding."""
+    g, P = prompt_mask.shape
+    bias = torch.zeros(g, 1, 1, P, device=prompt_mask.device)
+    return bias.masked_fill(~prompt_mask.to(torch.bool).view(g, 1, 1, P), float("-inf"))
+
+
+def padded_causal(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T, T] bool: query t sees the real keys at or before it; a padding query also sees itself, which keeps
+    SDPA from writing NaN for a row with no key (its output is never read)."""
+    T = attention_mask.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=attention_mask.device).tril()
+    return (attention_mask.unsqueeze(1) & causal) | torch.eye(T, dtype=torch.bool, device=attention_mask.device)
+
+
+def after_prefix(prefix: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """Keys (or values) of g shared prompts [g, nh, P, hd], then each row's own [B, nh, T, hd]: [B, nh, P + T, hd].
+    Written into one new tensor (one copy; the gradient of each prompt is the sum over its rows)."""
+    g, H, P, D = prefix.shape
+    B, _, T, _ = own.shape
+    out = own.new_empty(B, H, P + T, D)
+    out.view(g, B // g, H, P + T, D)[:, :, :, :P] = prefix.unsqueeze(1).to(own.dtype)
+    out[:, :, P:] = own
+    return out

@@ -1,0 +1,145 @@
+"""The trunk's products that eager decoding made on the CPU, kept so that the update's first pass over the same tokens,
+with the same weights, takes them instead of making them again: with one minibatch and one epoch (the defaults), the
+update's forward then costs its LayerNorms, attention and GELUs, not its products. Its backward is the same.
+
+The memo reaches the model through one seam, `ProductMemo.attached`, which hands it to each trunk `Linear` for the
+duration of a sampling call or of a pass of the update; only a CPU model takes one (`ProductMemo.fits`), so no CUDA
+path and no compiled region ever sees it.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rookworld.net.model import GPT, GPTConfig, Linear
+from rookworld.net.onednn import linear, linear_grads, wants_grad
+
+
+class _Replayed(torch.autograd.Function):
+    """A product already made (by sampling, with the same weights): its value as it was, a Linear's gradients."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, y):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        return (*linear_grads(dy, x, weight, ctx.needs_input_grad, ctx.has_bias), None)
+
+
+class ProductMemo:
+    """Layout, for each trunk Linear by name: `prompts` [g, P, N] (prefill's: g prompts over their last P columns)
+    and `completions` [B, n, N] (column j: the product for completion token j, made when decoding fed that token;
+    zero where decoding never fed it: a row's last token or a dropped group's, whose products no loss term reaches).
+
+    Recording: `generate(..., memo=memo)`; prefill and each decode step say where their products go (`at`).
+    Replaying: `Replay(memo, rows, left, width).phase(model, "prompt" | "completion")` around the update's
+    `GPT.prompt_trunk` and `GPT.continue_trunk` of the model that sampled.
+    """
+
+    def __init__(self, rows: int, new_tokens: int, rows_per_prompt: int, prompt_left: int):
+        self.shape, self.rows_per_prompt, self.prompt_left = (rows, new_tokens), rows_per_prompt, prompt_left
+        self.prompts: dict[str, torch.Tensor] = {}
+        self.completions: dict[str, torch.Tensor] = {}
+        self._names: dict[nn.Module, str] = {}
+        self._at: tuple | None = None  # where a recorded product goes: ("prompt",) or ("column", rows, j)
+        self._replay: tuple | None = None  # what a replayed product is: (rows, left, width, phase)
+
+    @staticmethod
+    def fits(model: GPT) -> bool:
+        """Whether a memo may serve `model`: on the CPU, without dropout (the update's pass would drop what
+        sampling did not)."""
+        return model.device.type == "cpu" and model.config.dropout == 0
+
+    @staticmethod
+    def bytes_needed(config: GPTConfig, prompts: int, prompt_width: int, rows: int, new_tokens: int) -> int:
+        """What a memo of these shapes holds, in float32."""
+        widths = config.n_layer * 9 * config.n_embd  # c_attn 3C, attn c_proj C, c_fc 4C, mlp c_proj C
+        return 4 * widths * (prompts * prompt_width + rows * new_tokens)
+
+    @contextmanager
+    def attached(self, model: GPT, replay: tuple | None = None):
+        """Hands the memo to every trunk Linear of `model` (CPU only): each product recorded, or with `replay`,
+        taken from what was recorded."""
+        if not self.fits(model):
+            raise ValueError(f"a ProductMemo serves CPU models without dropout, not one on {model.device}")
+        linears = [(name, m) for name, m in model.transformer.named_modules() if isinstance(m, Linear)]
+        self._names, self._replay = {m: name for name, m in linears}, replay
+        for _, m in linears:
+            m.memo = self
+        try:
+            yield self
+        finally:
+            for _, m in linears:
+                del m.memo
+            self._names, self._replay, self._at = {}, None, None
+
+    @contextmanager
+    def at(self, where: tuple):
+        """Products made inside go to `where`: ("prompt",) or ("column", rows [b] long, j)."""
+        self._at = where
+        try:
+            yield
+        finally:
+            self._at = None
+
+    def product(self, module: Linear, x: torch.Tensor) -> torch.Tensor:
+        """`module`'s product of x: made and recorded, or replayed with the Linear's gradients."""
+        key = self._names[module]
+        if self._replay is None:
+            y = linear(x, module.weight, module.bias)
+            self._record(key, y)
+            return y
+        y = self._replayed(key, x.shape[:-1], module.out_features, x.device)
+        if wants_grad(x, module.weight, module.bias):
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            y = _Replayed.apply(rows, module.weight, module.bias, y.reshape(rows.shape[0], -1))
+        return y.view(*x.shape[:-1], module.out_features)
+
+    def _record(self, key: str, y: torch.Tensor) -> None:
+        if self._at is None:
+            return
+        if self._at[0] == "prompt":
+            self.prompts[key] = y
+            return
+        _, rows, j = self._at
+        buf = self.completions.get(key)
+        if buf is None:
+            buf = self.completions[key] = y.new_zeros(*self.shape, y.shape[-1])
+        buf[rows, j] = y.reshape(len(rows), -1)
+
+    def _replayed(self, key: str, shape: torch.Size, features: int, device: torch.device) -> torch.Tensor:
+        rows, left, width, phase = self._replay
+        if phase == "prompt":
+            kept = self.prompts[key]
+            y = kept[rows[:: self.rows_per_prompt] // self.rows_per_prompt, left - self.prompt_left:]
+        elif key in self.completions:
+            y = self.completions[key][rows, :width]
+        else:  # decoding fed no token (every row ended at its first): no product any loss term reaches
+            y = torch.zeros(*shape, features, device=device)
+        if y.shape[:-1] != shape:
+            raise RuntimeError(f"ProductMemo: {key} kept {tuple(y.shape[:-1])} where the pass asks {tuple(shape)}")
+        return y
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Which of a memo's products a log-prob pass over rollout rows `rows` (whole groups, in order; prompt columns
+    from `left` on, `width` completion columns) takes: `phase(model, "prompt")` around its prompt trunk,
+    `phase(model, "completion")` around the rest."""
+
+    memo: ProductMemo
+    rows: torch.Tensor
+    left: int
+    width: int
+
+    def phase(self, model: GPT, name: str):
+        return self.memo.attached(model, (self.rows, self.left, self.width, name))
