@@ -4,6 +4,7 @@ command end to end (resume, DDP, a model rookworld train and transformers load),
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -240,6 +241,24 @@ def sft_args(data, held_out, out, *extra):
     return ["sft", "--init", "tiny", "--n-embd", "32", "--data", str(data), "--eval-data", str(held_out),
             "--output-dir", str(out), "--seq-len", "256", "--rows-per-step", "4", "--micro-batch-size", "2",
             "--eval-size", "3", "--max-new-tokens", "12", "--device", "cpu", "--stockfish-depth", "4", *extra]
+
+
+def test_sft_in_bf16_on_the_cpu_trains_evaluates_and_saves(tmp_path):
+    """`--dtype bf16` on the CPU: the loss's pass under autocast (the fused head in bf16), the held-out evaluation
+    and the save, with finite figures that fall as float32's do."""
+    data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST, P_LINE)
+    held_out = text_file(tmp_path, "held_out.txt", A_LINE, P_LINE)
+    losses = {}
+    for dtype in ("bf16", "fp32"):
+        out = tmp_path / dtype
+        proc = run_cli(sft_args(data, held_out, out, "--steps", "6", "--eval-every", "6", "--lr", "3e-3",
+                                "--dtype", dtype))
+        assert proc.returncode == 0, proc.stderr
+        rows = metrics(out)
+        assert all(math.isfinite(r["loss"]) for r in rows) and rows[-1]["eval/loss"] > 0
+        losses[dtype] = [r["loss"] for r in rows]
+    assert losses["bf16"][-1] < losses["bf16"][0]
+    assert max(abs(a - b) for a, b in zip(losses["bf16"], losses["fp32"])) < 0.05 * losses["fp32"][0]
 
 
 def test_sft_end_to_end_gives_a_model_that_train_and_transformers_load(tmp_path):

@@ -626,6 +626,25 @@ def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_cop
     assert torch.equal(got, want)
 
 
+def test_bf16_on_the_cpu_runs_every_phase_of_a_run(tiny_dir, tmp_path):
+    """`--dtype bf16` on the CPU, through every phase a CUDA run takes in bf16: autocast copies for sampling and the
+    reference, the fused head under autocast in the update, a held-out evaluation, a checkpoint and a resume. No
+    product memo (it serves float32 eager passes only), and finite figures throughout."""
+    out = tmp_path / "bf16"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--dtype", "bf16", "--beta", "0.1", "--eval-every", "2",
+                              "--eval-size", "4", "--save-every", "1", "--entropy-coef", "0.01"))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "torch.compile" not in proc.stderr
+    rows = metrics(out)
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    for r in rows:
+        assert all(math.isfinite(v) for k, v in r.items() if isinstance(v, float)), r
+    assert any(k.startswith("eval/") for r in rows for k in r)  # the held-out evaluation ran
+    more = run_cli(["train", "--resume", str(out), "--steps", "3"])
+    assert more.returncode == 0, more.stderr
+    assert [r["step"] for r in metrics(out) if "loss" in r] == [1, 2, 3]
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_resumed_adamw_moments_take_their_parameter_s_layout(fused):
     """Moments saved beside a contiguous parameter, loaded for a transposed one (a model read from a Hugging Face
