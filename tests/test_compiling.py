@@ -17,6 +17,8 @@ from rookworld.net import compiling, decoding
 from rookworld.net.sampling import generate
 from rookworld.net.tokenizer import get_tokenizer
 
+# dynamo's recompile limit, by the name this torch gives it
+LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 FENS = ["3r1r2/ppb4k/8/2R5/5P2/8/1P4PP/2K3R1 w - - 1 27", "8/8/8/8/8/8/8/K6k w - - 0 1",
         "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", "r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1"]
 
@@ -30,7 +32,8 @@ def test_past_the_recompile_limit_decoding_falls_back_to_eager(monkeypatch):
     monkeypatch.setattr(compiling, "RECOMPILE_LIMIT", 2)
     model = tiny_gpt(scale=4.0)
     tok = get_tokenizer()
-    with torch._dynamo.config.patch(recompile_limit=2), pytest.warns(RuntimeWarning, match="decode_step failed on cpu.*runs without compiling"):
+    warning = pytest.warns(RuntimeWarning, match="decode_step failed on cpu.*runs without compiling")
+    with torch._dynamo.config.patch(**{LIMIT: 2}), warning:
         for batch in (1, 2, 3, 4):
             ids, mask = tok.encode_batch([f"P: {f}" for f in FENS[:batch]], bos=True)
             eager = generate(model, ids, mask, max_new_tokens=5, seed=1, compile=False)

@@ -35,14 +35,6 @@ CUDA = torch.device("cuda")
 SHORTFALL_MAX, SHORTFALL_MEAN = 0.3, 0.01
 
 
-@pytest.fixture(autouse=True)
-def _enough_recompiles():
-    # Each (batch, cache length) is its own graph; past the limit dynamo would decode eagerly without a word and
-    # the comparisons below would compare eager with eager.
-    with torch._dynamo.config.patch(recompile_limit=64):
-        yield
-
-
 def _model(n_layer: int = 2, scale: float = 4.0, seed: int = 0) -> GPT:
     """A random GPT with sharpened weights (GPT-2's init gives near-uniform next-token distributions), fp32 on
     the GPU as the trainer's policy is: decoding runs under bf16 autocast with a bf16 KV cache."""

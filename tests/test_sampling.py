@@ -558,6 +558,9 @@ def test_compiled_decode_matches_eager():
         compiled = generate(model, ids, mask, max_new_tokens=20, seed=1, compile=True)
         assert torch.equal(compiled.tokens, eager.tokens)
         assert torch.allclose(compiled.logprobs, eager.logprobs, atol=1e-4)
+    # Compiling raised dynamo's limit itself: eval, play, uci and the Python API decode many shapes too.
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    assert getattr(torch._dynamo.config, limit) >= compiling.RECOMPILE_LIMIT
 
 
 def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):

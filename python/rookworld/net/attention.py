@@ -77,8 +77,8 @@ def grouped_attention(q: torch.Tensor, own_k: torch.Tensor, own_v: torch.Tensor,
     first + T - 1, each seeing own keys up to its own. [B, nh, T, hd].
 
     A prompt's keys are read once for its group (one [rows x T, hd] x [hd, P] product a head), not copied to every
-    row. Scores and softmax in float32 at least. A right-padded query sees its padding neighbours before it (harmless: its
-    output is never used), as a real query never does."""
+    row. Scores and softmax in float32 at least. A right-padded query sees its padding neighbours before it
+    (harmless: its output is never used), as a real query never does."""
     B, H, T, D = q.shape
     g, P, n = prefix_k.shape[0], prefix_k.shape[2], own_k.shape[2]
     r = B // g

@@ -2,8 +2,9 @@
 them the entropy, the exact KL to a reference and a value head's estimates.
 
 Three things keep it cheap:
-- A group's prompt once. With `rows_per_prompt` G (a GRPO group when its prompt is shared), rows come in groups of G that share their prompt columns: the prompt
-  goes through the trunk once per group and its G completions attend to its keys and values
+- A group's prompt once. With `rows_per_prompt` G (a GRPO group when its prompt is shared), rows come in groups
+  of G that share their prompt columns: the prompt goes through the trunk once per group and its G completions
+  attend to its keys and values
   (`GPT.prompt_trunk`, `GPT.continue_trunk`); the backward flows into the prompt's computation once.
 - One pass over the vocabulary. The lm_head and the log-softmax run on chunks of positions sized by their bytes
   (`chunk_rows`), so no [tokens, vocab] tensor exists whole. Given a `loss` that sums a function of each position's
