@@ -1,21 +1,19 @@
-"""Everything a lent GPU is for, in one command: the CUDA tests, then every GPU benchmark, most important first,
-inside a time budget, each result written under --out as soon as it exists, and one short table last.
+"""rookworld on a GPU, in one command per call: first the proof that every CUDA path runs (the CUDA tests; fp32
+and compiled training of a GPT-2-small-shaped model; --auto-batch driven into out-of-memory), then the benchmarks
+at that size. Each call's stages run inside --budget (540 s: a command limit of 10 minutes, less the install),
+each as its own process under a time limit of its own.
 
-A GPU is lent for 30 minutes of device time at most, 10 minutes a command, and what a command leaves running is
-lost when it ends; so every stage runs as its own process with a timeout cut to what is left of --budget, a
-stage that does not fit is listed as not run (with the command that runs the rest), and `suite.json` is
-rewritten after every stage. Under --out: suite.json (every figure), suite.log (every stage's output) and the
-learning chain's curves when that stage runs: few files, since the device tool returns at most 8.
+Under --out: suite.json (every stage's status and figures, rewritten after each stage), suite.log (every command
+and its output) and the learning chain's curves when it runs. The output ends with a table and a verdict line,
+and the exit status is the verdict: 0 when every stage that ran passed, 1 when one failed (a command that exited
+non-zero or ran past its limit, a check that did not hold, a CUDA test that failed). A stage this machine cannot
+run ("skipped", e.g. --auto-batch without CUDA) or that did not fit in what was left of --budget ("not run",
+listed in a ready command for the next call) is not a failure.
 
-Here, first: `mkdir -p .git/info && bash ../shared/tools/gpu-pack` (wheel, Stockfish, vocabulary into .gpu/), then
-`bash benches/gpu_extras.sh` (the wheels the TRL baseline needs). On the device machine, with carry [".gpu"]:
-
-    python3 benches/gpu_suite.py --pack .gpu --out $OUT                                   # first call, 9 min
-    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages sft sft-eager auto-batch weights  # what is left
-    python3 benches/gpu_suite.py --pack .gpu --out $OUT --stages learning                  # issue 13's chain
-
-On a machine without a GPU (the CI smoke test): `python benches/gpu_suite.py --device cpu --tiny --out DIR`
-runs every stage at a toy size; the CUDA tests skip themselves there.
+Where rookworld is installed (`pip install -e '.[test,bench]'`), `python benches/gpu_suite.py --call 1` runs the
+first call. On a machine without network or Rust, `--pack DIR` first installs the wheel, Stockfish and vocabulary
+packed there (BENCHMARKS.md, "How to take the GPU figures", says how to make it). Without a GPU,
+`python benches/gpu_suite.py --device cpu --tiny` runs every stage at toy sizes (CI's smoke test).
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import platform
 import re
@@ -32,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +53,14 @@ class Skip(Exception):
         self.status, self.reason = status, reason
 
 
+class Failed(Exception):
+    """A stage that failed before its own figures: what it needed (a model to train) could not be made."""
+
+
+#: The statuses that are no failure: the exit status is 1 as soon as a stage ends with any other.
+PASSING = ("ok", "skipped", "not run")
+
+
 class Suite:
     def __init__(self, args: argparse.Namespace):
         self.args, self.tiny, self.device = args, args.tiny, args.device
@@ -63,6 +71,7 @@ class Suite:
         self.log = (self.out / "suite.log").open("a")
         self.results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv[1:], "stages": {}}
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.model: Path | None = None  # made once, by the first stage that trains one
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -72,12 +81,14 @@ class Suite:
         tmp.write_text(json.dumps(self.results, indent=1, default=str) + "\n")
         tmp.replace(self.out / "suite.json")
 
-    def run(self, cmd: list[str], cap: float, ok_codes: tuple[int, ...] = (0,)) -> tuple[int, str]:
+    def run(self, cmd: list[str], cap: float, need: float = 15) -> tuple[int, str]:
         """Runs cmd with a timeout of min(cap, the budget left less a margin for the table); its output goes to
-        suite.log. Returns (exit code, output); -1 when it was stopped at the timeout."""
+        suite.log. Returns (exit code, output); -1 when it ran past `cap`, its own limit. Stopped earlier by the
+        budget, it raises Skip("not run"): running out of the call's time says nothing about the stage. Nor does
+        it start with less than `need` seconds left, which would only spend them."""
         timeout = min(cap, self.left() - 10)
-        if timeout < 15:
-            raise Skip("not run", "out of time")
+        if timeout < need:
+            raise Skip("not run", "out of time" if timeout < 15 else f"needs {need:.0f} s, {timeout:.0f} s left")
         self.log.write(f"\n$ {' '.join(cmd)}\n")
         self.log.flush()
         out_file = self.work / "last_output.txt"
@@ -94,6 +105,8 @@ class Suite:
         text = out_file.read_text(errors="replace")
         self.log.write(text + (f"\n(stopped after {timeout:.0f} s)\n" if code == -1 else f"\n(exit {code})\n"))
         self.log.flush()
+        if code == -1 and timeout < cap:
+            raise Skip("not run", f"stopped at the end of --budget after {timeout:.0f} s (its own limit: {cap:.0f} s)")
         return code, text
 
 
@@ -109,9 +122,12 @@ def _json(path: Path) -> dict | None:
 
 
 def _failed(code: int, text: str) -> str:
+    """A failed command's status: its first Python exception (what went wrong first; an error while the process
+    shuts down may follow it), else its last line."""
     if code == -1:
         return "timed out"
-    return f"failed (exit {code}): " + (text.strip().splitlines() or [""])[-1][:160]
+    errors = re.findall(r"^[\w.]*(?:Error|Exception|Exit|Interrupt)(?::.*|$)", text, re.M)
+    return f"failed (exit {code}): " + (errors or text.strip().splitlines() or [""])[0 if errors else -1][:160]
 
 
 # -- stages ---------------------------------------------------------------------------------------------------
@@ -119,14 +135,17 @@ def _failed(code: int, text: str) -> str:
 
 
 def stage_env(s: Suite) -> tuple[str, dict, str]:
+    """The machine: GPU, driver, torch, cores, the card's bf16 peak (MFU's denominator) and the commit measured."""
     import torch
+
+    from rookworld.net.device import peak_tflops
 
     f = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
          "cuda": torch.cuda.is_available(), "device": s.device}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         f.update(gpu=props.name, gpu_memory_gib=props.total_memory / 2**30, sms=props.multi_processor_count,
-                 capability=f"{props.major}.{props.minor}")
+                 capability=f"{props.major}.{props.minor}", peak_bf16_tflops=peak_tflops(props.name))
     if shutil.which("nvidia-smi"):
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                               "--format=csv,noheader"], capture_output=True, text=True)
@@ -134,7 +153,9 @@ def stage_env(s: Suite) -> tuple[str, dict, str]:
     f["commit"] = source_commit(s.args.pack)
     for name in ("ROOKWORLD_STOCKFISH", "ROOKWORLD_TIKTOKEN_FILE"):
         f[name] = os.environ.get(name)
-    return "ok", f, f"{f.get('gpu', 'no GPU')}, torch {f['torch']}, {f['cpus']} CPUs, commit {f['commit']}"
+    peak = "" if "gpu" not in f else (f", bf16 peak {f['peak_bf16_tflops']} TFLOP/s" if f["peak_bf16_tflops"]
+                                       else ", bf16 peak unknown (no MFU)")
+    return "ok", f, f"{f.get('gpu', 'no GPU')}{peak}, torch {f['torch']}, {f['cpus']} CPUs, commit {f['commit']}"
 
 
 def source_commit(pack: Path | None) -> str | None:
@@ -151,17 +172,162 @@ def source_commit(pack: Path | None) -> str | None:
 
 
 def stage_cuda_tests(s: Suite) -> tuple[str, dict, str]:
+    """pytest -m cuda tests/test_cuda.py: compiled decoding replayed as CUDA graphs, bf16 against float64, and
+    rookworld train, sft and --auto-batch as processes on CUDA. A run where every test skipped fails on CUDA."""
     # One process (not pyproject's -n auto): the CUDA tests share one GPU, and pytest-xdist may not be installed here.
     code, text = s.run(python() + ["-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-q", "-rfEs",
                                    "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=", "--durations=5"],
-                       cap=300)
+                       cap=360)
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", text.splitlines()[-1]
                                                  if text.strip() else "")}
     f = {**counts, "failures": re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)}
     summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no summary"
     if code == -1:
         return "timed out", f, summary
-    return ("ok" if code == 0 else f"failed (exit {code})"), f, summary
+    if code != 0:
+        return f"failed (exit {code})", f, summary
+    if not counts.get("passed"):
+        if s.device.startswith("cuda"):  # a GPU the tests cannot see proves nothing
+            return "failed: every CUDA test skipped on a CUDA device", f, summary
+        return "skipped", f, f"{summary}: no CUDA device (the file imports and collects)"
+    return "ok", f, summary
+
+
+def model_dir(s: Suite) -> Path:
+    """A GPT-2-small-shaped model (12 layers, 768 wide, GPT-2's vocabulary; 2 layers with --tiny) for the stages
+    that train one, made once a call: one SFT step from random weights. Its memory and compute are a trained
+    model's; a random model seldom writes EOS, so every completion runs to --max-new-tokens, a step's most."""
+    if s.model is not None:
+        return s.model
+    data, out = s.work / "model_data.jsonl", s.work / "model"
+    code, text = s.run(python() + ["-m", "rookworld", "positions", "--count", "8", "--seed", "7", "--annotate",
+                                   "--stockfish-depth", "2", "--out", str(data), "--quiet"], cap=60)
+    if code != 0:
+        raise Failed("making the model's data: positions " + _failed(code, text))
+    code, text = s.run(python() + ["-m", "rookworld", "sft", "--init", "tiny" if s.tiny else "small", "--steps", "1",
+                                   "--rows-per-step", "2", "--micro-batch-size", "2", "--seq-len", "256", "--pack",
+                                   "--data", str(data), "--output-dir", str(out), "--overwrite", "--eval-every", "0",
+                                   "--save-every", "0", "--warmup-steps", "0", "--no-compile", "--device", s.device],
+                       cap=120)
+    if code != 0 or not (out / "config.json").is_file():
+        raise Failed("making the model: sft " + _failed(code, text))
+    s.model = out
+    return out
+
+
+def _metrics(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+#: Toy sizes of the train stages with --tiny: a step of seconds on two CPU cores.
+TINY_TRAIN = ["--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--eval-size", "2",
+              "--stockfish-depth", "2"]
+
+
+def _train(s: Suite, name: str, flags: list[str], steps: int, cap: float,
+           need: float = 15) -> tuple[str | None, dict, list[dict], str]:
+    """`rookworld train` of model_dir's model for `steps` steps: (what went wrong or None, figures, the metrics
+    rows, the output)."""
+    out = s.work / name
+    model = model_dir(s)
+    code, text = s.run(python() + ["-m", "rookworld", "train", "--model", str(model), "--output-dir", str(out),
+                                   "--overwrite", "--device", s.device, "--steps", str(steps), "--save-every", "0",
+                                   *(TINY_TRAIN if s.tiny else []), *flags], cap=cap, need=need)
+    rows = _metrics(out)
+    f = {"steps": [r["step"] for r in rows], "loss": [r.get("loss") for r in rows],
+         "samples_per_s": [r.get("samples_per_s") for r in rows], "time_per_step": [r.get("time/step") for r in rows],
+         "peak_memory_gb": max((r.get("peak_memory_gb") or 0 for r in rows), default=None)}
+    if code != 0:
+        return _failed(code, text), f, rows, text
+    if f["steps"] != list(range(1, steps + 1)):
+        return f"failed: metrics.jsonl holds steps {f['steps']}, not 1 to {steps}", f, rows, text
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in f["loss"]):
+        return f"failed: a loss is not finite: {f['loss']}", f, rows, text
+    return None, f, rows, text
+
+
+def _rate(f: dict) -> str:
+    rates = [x for x in f["samples_per_s"][1:] or f["samples_per_s"] if x]  # the first step compiles and warms up
+    return f"{statistics.median(rates):,.0f} samples/s" if rates else "no rate"
+
+
+def stage_train_fp32(s: Suite) -> tuple[str, dict, str]:
+    """rookworld train --dtype fp32 --no-compile for 2 steps at 124M: fp32 weights and eager decoding on CUDA.
+    A CPU-only op in the update's backward once crashed this in the first step."""
+    problem, f, _, _ = _train(s, "train_fp32", ["--dtype", "fp32", "--no-compile", "--eval-every", "0"], steps=2,
+                              cap=180)
+    if problem:
+        return problem, f, ""
+    return "ok", f, f"2 steps, loss {f['loss'][-1]:.4f}, {_rate(f)}, peak {f['peak_memory_gb'] or 0:.1f} GB"
+
+
+#: The most graphs dynamo may compile in train-compiled's run (its last compile/graphs): the bound that
+#: tests/test_compiling.py holds a 20-step run with evaluations to on the CPU, compiled as on CUDA. A graph per
+#: prompt width or per evaluation would pass it; suite.json keeps the count after each step, so that slower growth
+#: shows too.
+MAX_GRAPHS = 40
+
+
+def stage_train_compiled(s: Suite) -> tuple[str, dict, str]:
+    """rookworld train as users run it (bf16, torch.compile, CUDA graphs) for 12 steps at 124M with a held-out
+    evaluation every 4, no compiled function falling back to eager and at most --max-graphs graphs compiled.
+    Read from metrics.jsonl's compile/failed and compile/graphs."""
+    steps, every = (2, 2) if s.tiny else (12, 4)
+    # Not started with less than 4 minutes left: its compiling alone may take them, and a run cut short by the
+    # budget proves nothing (the next call runs it whole).
+    problem, f, rows, text = _train(s, "train_compiled", ["--eval-every", str(every)], steps=steps, cap=480,
+                                    need=15 if s.tiny else 240)
+    if problem:
+        return problem, f, ""
+    f["evaluations"] = [r["step"] for r in rows if "eval/P/best_move_accuracy" in r]
+    if f["evaluations"] != list(range(every, steps + 1, every)):
+        return f"failed: held-out evaluations at steps {f['evaluations']}", f, ""
+    lacking = [r["step"] for r in rows if "compile/graphs" not in r or "compile/failed" not in r]
+    if lacking:
+        return (f"failed: metrics.jsonl rows {lacking} lack compile/graphs and compile/failed: the trainer does not "
+                "report what it compiled, so this stage cannot check it"), f, ""
+    f["graphs"] = [r["compile/graphs"] for r in rows]
+    f["compile_failed"] = rows[-1]["compile/failed"]
+    warning = next((line for line in text.splitlines() if "torch.compile failed" in line), None)
+    if f["compile_failed"] or warning:
+        return (f"failed: {f['compile_failed']} compiled function(s) fell back to eager"
+                + (f": {warning.strip()[:200]}" if warning else "")), f, ""
+    if max(f["graphs"]) > s.args.max_graphs:
+        return f"failed: {max(f['graphs'])} graphs compiled, more than --max-graphs {s.args.max_graphs}", f, ""
+    evaluations = len(f["evaluations"])
+    return "ok", f, (f"{steps} steps, {evaluations} evaluation{'s' * (evaluations > 1)}, {f['graphs'][-1]} graphs "
+                     f"compiled (at most {s.args.max_graphs}), none fell back; {_rate(f)}")
+
+
+def stage_auto_batch_oom(s: Suite) -> tuple[str, dict, str]:
+    """rookworld train --auto-batch at 124M driven into out-of-memory, then 2 real steps at the largest size that
+    fitted. The search must catch the error, free what the failed trial held and train on."""
+    # --memory-target 1.0: no size is over the target, so the doubling stops only at an out-of-memory (or at
+    # --auto-batch-max, which no card's memory reaches: 8,192 prompts' KV caches alone are about 1 TB).
+    # --micro-batch-size past any rollout: the update's forward and backward then take every row at once, so its
+    # activations (about 0.3 MB a token at 124M, against the KV cache's 37 KB) grow with the batch. At group 16 and
+    # 144 new tokens a prompt is about 2,400 tokens: memory runs out near 100 prompts on 80 GB, 200 on 141 GB,
+    # after 4 or 5 cheap trial steps. --no-compile: each trial's new shapes would compile for minutes; the
+    # compiled search is the auto-batch stage's.
+    flags = ["--auto-batch", "--memory-target", "1.0", "--prompts-per-step", "2" if s.tiny else "8",
+             "--auto-batch-max", "8192", "--micro-batch-size", "65536", "--no-compile", "--eval-every", "0"]
+    problem, f, _, text = _train(s, "auto_batch_oom", flags, steps=2, cap=240)
+    if problem and not s.device.startswith("cuda") and "needs a CUDA device" in text:
+        raise Skip("skipped", "--auto-batch needs CUDA (the command was refused, as it should be)")
+    probes = [{"prompts": int(p), "result": r}
+              for p, r in re.findall(r"auto-batch: (\d+) prompts x \d+ = \d+ completions: (.*)", text)]
+    chosen = re.findall(r"auto-batch: training with (\d+) prompts", text)
+    f.update(probes=probes, chosen=int(chosen[0]) if chosen else None)
+    if problem:
+        return problem, f, ""
+    if not probes or "out of memory" not in probes[-1]["result"]:
+        return f"failed: the search ended without an out-of-memory: {probes[-1:] or 'no trial step'}", f, ""
+    fitted = [p["prompts"] for p in probes if "out of memory" not in p["result"]]
+    if not fitted or f["chosen"] != max(fitted):
+        return f"failed: kept {f['chosen']} prompts after trials {probes}", f, ""
+    return "ok", f, (f"out of memory at {probes[-1]['prompts']} prompts; trained 2 steps at {f['chosen']}, "
+                     f"peak {f['peak_memory_gb'] or 0:.1f} GB")
 
 
 def _grpo_step(s: Suite, name: str, extra: list[str], cap: float) -> tuple[str, dict, str]:
@@ -178,15 +344,17 @@ def _grpo_step(s: Suite, name: str, extra: list[str], cap: float) -> tuple[str, 
 
 
 def stage_grpo_step(s: Suite) -> tuple[str, dict, str]:
+    """benches/grpo_step.py at 124M, 128 prompts x 16: samples/s of the whole GRPO step with its rewards, MFU."""
     return _grpo_step(s, "grpo_step", [], cap=200)
 
 
 def stage_grpo_step_u64(s: Suite) -> tuple[str, dict, str]:
+    """grpo-step with every completion 64 tokens long: the trl stage's work."""
     return _grpo_step(s, "grpo_step_u64", ["--uniform-length", "4" if s.tiny else "64"], cap=150)
 
 
 def stage_every_prompt(s: Suite) -> tuple[str, dict, str]:
-    """The default GRPO step with every row's prompt computed (--no-shared-prompt), beside grpo-step's shared one."""
+    """grpo-step with every row's prompt computed (--no-shared-prompt): what computing each prompt once gains."""
     status, f, summary = _grpo_step(s, "grpo_step_every_prompt", ["--no-shared-prompt"], cap=200)
     shared = s.results["stages"].get("grpo-step", {}).get("figures", {}).get("samples_per_s")
     if shared and f.get("samples_per_s"):
@@ -195,14 +363,15 @@ def stage_every_prompt(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_fused_head(s: Suite) -> tuple[str, dict, str]:
-    """Forward + backward of the log-prob pass: the fused pass over the vocabulary against checkpointed chunks."""
+    """benches/generate.py --backward: the log-prob pass's forward and backward, fused over the vocabulary against
+    checkpointed chunks."""
     path = s.work / "fused_head.json"
     sizes = ["--device", "cpu", "--batch-sizes", "3", "--prompt-len", "3", "5", "--new-tokens", "2", "4",
              "--repeats", "1", "--warmup", "0", "--threads", "1"] if s.tiny else ["--batch-sizes", "64", "256"]
     code, text = s.run(python() + [str(BENCHES / "generate.py"), *sizes, "--backward", "--json", str(path)], cap=200)
     f = _json(path) or {}
     rows = [r for r in f.get("rows", []) if "checkpointed_forward_backward_tokens_per_s" in r]
-    if not rows:
+    if code != 0 or not rows:
         return _failed(code, text), f, ""
     r = rows[-1]
     fused, plain = r["forward_backward_tokens_per_s"], r["checkpointed_forward_backward_tokens_per_s"]
@@ -211,6 +380,8 @@ def stage_fused_head(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_generate(s: Suite) -> tuple[str, dict, str]:
+    """benches/generate.py at batch 64 to 2,048, eager and compiled: generated tokens/s against the decode step's
+    memory-bandwidth floor."""
     path = s.work / "generate.json"
     sizes = ["--device", "cpu", "--batch-sizes", "3", "--prompt-len", "3", "5", "--new-tokens", "2", "4",
              "--repeats", "1", "--warmup", "0", "--threads", "1"] if s.tiny else ["--batch-sizes", "64", "256",
@@ -228,6 +399,7 @@ def stage_generate(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_sampler(s: Suite) -> tuple[str, dict, str]:
+    """benches/sampler.py: the sampling draw over the vocabulary, eager against compiled."""
     path = s.work / "sampler.json"
     sizes = ["--device", "cpu", "--batch-sizes", "2", "--repeats", "1", "--threads", "1"] if s.tiny else []
     code, text = s.run(python() + [str(BENCHES / "sampler.py"), *sizes, "--json", str(path)], cap=90)
@@ -240,6 +412,7 @@ def stage_sampler(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_decode_cache(s: Suite) -> tuple[str, dict, str]:
+    """benches/decode_cache.py: what attending over the whole bucketed KV cache costs a decode step."""
     path = s.work / "decode_cache.json"
     sizes = ["--device", "cpu", "--batch-sizes", "2", "--prompt-len", "3", "5", "--new-tokens", "2", "4",
              "--repeats", "2", "--threads", "1"] if s.tiny else []
@@ -253,8 +426,8 @@ def stage_decode_cache(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_weights(s: Suite) -> tuple[str, dict, str]:
-    """Compiled decoding at batch 1,024 with fp32 weights under autocast (every step casts every weight again)
-    against their autocast copy (Linear weights stored in bf16), as the trainer now samples."""
+    """Compiled decoding at batch 1,024 from fp32 weights under autocast against their bf16 copy, as the trainer
+    samples. Under autocast every step casts every weight again; the copy stores the Linear weights in bf16."""
     sizes = (["--device", "cpu", "--dtype", "bfloat16", "--no-compile", "--batch-sizes", "3", "--prompt-len", "3", "5",
               "--new-tokens", "2", "4", "--repeats", "1", "--warmup", "0", "--threads", "1"] if s.tiny
              else ["--compile", "--batch-sizes", "1024"])
@@ -274,6 +447,7 @@ def stage_weights(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_trl(s: Suite) -> tuple[str, dict, str]:
+    """benches/trl_baseline.py: TRL's GRPOTrainer at grpo-step-u64's work, and rookworld's speed over it."""
     probe = subprocess.run(python() + ["-c", "import trl, datasets"], capture_output=True, text=True, env=s.env)
     if probe.returncode:
         raise Skip("skipped", "trl/datasets do not import (" + (probe.stderr.strip().splitlines() or ["?"])[-1][:120]
@@ -316,6 +490,7 @@ def _sft(s: Suite, name: str, data: Path, extra: list[str], steps: int) -> tuple
 
 
 def stage_sft(s: Suite) -> tuple[str, dict, str]:
+    """rookworld sft of a 124M model on packed 1,024-token rows: tokens/s and MFU."""
     data = s.work / "sft_data.jsonl"
     count, depth = ("16", "2") if s.tiny else ("4000", "4")
     code, text = s.run(python() + ["-m", "rookworld", "positions", "--count", count, "--seed", "7", "--annotate",
@@ -326,7 +501,7 @@ def stage_sft(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_sft_eager(s: Suite) -> tuple[str, dict, str]:
-    """The same SFT without torch.compile: what compiling the trunk and the log-softmax gains a training step."""
+    """sft without torch.compile: what compiling the trunk and the log-softmax gains a training step."""
     compiled = s.results["stages"].get("sft", {}).get("figures", {})
     if not compiled.get("data"):
         raise Skip("skipped", "needs the sft stage's data and figures (run sft in the same call)")
@@ -340,15 +515,16 @@ def stage_sft_eager(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_auto_batch(s: Suite) -> tuple[str, dict, str]:
+    """rookworld train --auto-batch as users run it (compiled, the default memory target): the size it keeps."""
     model = s.results["stages"].get("sft", {}).get("figures", {}).get("model_dir")
     if not model or not Path(model, "config.json").is_file():
-        raise Skip("skipped", "needs the sft stage's model (run sft in the same call)")
+        model = str(model_dir(s))
     out = s.work / "auto_batch"
     code, text = s.run(python() + ["-m", "rookworld", "train", "--model", model, "--output-dir", str(out),
                                    "--overwrite", "--auto-batch", "--prompts-per-step", "2" if s.tiny else "32",
                                    "--auto-batch-max", "4" if s.tiny else "1024", "--steps", "1", "--eval-every",
                                    "0", "--save-every", "0", "--device", s.device], cap=240)
-    if s.device == "cpu" and "needs a CUDA device" in text:
+    if code != 0 and not s.device.startswith("cuda") and "needs a CUDA device" in text:
         raise Skip("skipped", "--auto-batch needs CUDA (the command was refused, as it should be)")
     probes = [{"prompts": int(p), "completions": int(c), "result": r}
               for p, c, r in re.findall(r"auto-batch: (\d+) prompts x \d+ = (\d+) completions: (.*)", text)]
@@ -360,6 +536,7 @@ def stage_auto_batch(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_learning(s: Suite) -> tuple[str, dict, str]:
+    """benches/learning.py at 124M: SFT, then GRPO with two seeds, measured on held-out positions."""
     out = s.work / "learning"
     size = ["--smoke"] if s.tiny else [
         # Sized to finish in one call (estimated, not yet timed: about 6 minutes on an H100 with 16 cores).
@@ -381,15 +558,50 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
 
 
 STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
-    "env": stage_env, "cuda-tests": stage_cuda_tests, "grpo-step": stage_grpo_step, "generate": stage_generate,
-    "sampler": stage_sampler, "decode-cache": stage_decode_cache, "grpo-step-u64": stage_grpo_step_u64,
-    "trl": stage_trl, "sft": stage_sft, "sft-eager": stage_sft_eager, "auto-batch": stage_auto_batch,
-    "weights": stage_weights, "learning": stage_learning, "every-prompt": stage_every_prompt,
-    "fused-head": stage_fused_head,
+    "env": stage_env, "cuda-tests": stage_cuda_tests, "train-fp32": stage_train_fp32,
+    "train-compiled": stage_train_compiled, "auto-batch-oom": stage_auto_batch_oom, "grpo-step": stage_grpo_step,
+    "fused-head": stage_fused_head, "sft": stage_sft, "sft-eager": stage_sft_eager, "generate": stage_generate,
+    "every-prompt": stage_every_prompt, "grpo-step-u64": stage_grpo_step_u64, "trl": stage_trl,
+    "sampler": stage_sampler, "decode-cache": stage_decode_cache, "weights": stage_weights,
+    "auto-batch": stage_auto_batch, "learning": stage_learning,
 }
-#: The stages a plain call runs, most important first; `learning` needs a call of its own.
-DEFAULT = ["env", "cuda-tests", "grpo-step", "every-prompt", "fused-head", "generate", "sampler", "decode-cache",
-           "grpo-step-u64", "trl", "sft", "sft-eager", "auto-batch", "weights"]
+#: The plan: one command a call, each within a 10-minute command, the three within 30 minutes of GPU time. The
+#: first proves the CUDA paths, so that a broken one costs one call, not the figures of three; stages that use
+#: another's results (sft-eager, every-prompt, trl) come after it in the same call, since each call may start on
+#: a fresh machine.
+CALLS: dict[str, tuple[str, list[str]]] = {
+    # train-compiled last: the longest and least known (compiling), so that the others are sure to fit.
+    "1": ("proves that every CUDA path runs: any failure here is a bug to fix before a figure counts",
+          ["cuda-tests", "train-fp32", "auto-batch-oom", "train-compiled"]),
+    "2": ("measures the GRPO step, the fused vocabulary head and SFT at 124M",
+          ["grpo-step", "every-prompt", "fused-head", "sft", "sft-eager"]),
+    "3": ("measures decoding, the TRL baseline and the batch size --auto-batch keeps",
+          ["generate", "grpo-step-u64", "trl", "sampler", "decode-cache", "weights", "auto-batch"]),
+}
+#: What no call runs: it needs a 10-minute command of its own.
+OWN_CALL = ["learning"]
+
+
+def plan() -> str:
+    """The plan as --help prints it: each call's command, then one line per stage (its docstring's first sentence)."""
+    lines = ["The plan for a GPU lent for 30 minutes of GPU time, 10 minutes a command: one command a call, in this",
+             "order, each writing its results under $OUT (any folder). Add --pack DIR where the machine has no",
+             "network; with a GPU of your own, --call all --budget 3600 runs the three at once.", ""]
+
+    def describe(stage: str) -> None:
+        first = re.split(r"(?<=\.)\s", " ".join((STAGES[stage].__doc__ or "").split()))[0].rstrip(".")
+        lines.extend(textwrap.wrap(first, width=116, initial_indent=f"      {stage:<16}", subsequent_indent=" " * 22,
+                                   break_on_hyphens=False))
+
+    for name, (purpose, stages) in CALLS.items():
+        lines.append(f"  python3 benches/gpu_suite.py --call {name} --out $OUT")
+        lines.extend(textwrap.wrap(purpose, width=116, initial_indent="    ", subsequent_indent="    "))
+        for stage in stages:
+            describe(stage)
+    lines.append(f"  python3 benches/gpu_suite.py --stages {' '.join(OWN_CALL)} --out $OUT   (a command of its own)")
+    for stage in OWN_CALL:
+        describe(stage)
+    return "\n".join(lines)
 
 
 def unpack(pack: Path) -> None:
@@ -417,23 +629,43 @@ def unpack(pack: Path) -> None:
         os.environ["ROOKWORLD_TIKTOKEN_FILE"] = str((pack / "gpt2.tiktoken").resolve())
 
 
+def command(args: argparse.Namespace, stages: list[str]) -> str:
+    """The command that runs `stages` as this call ran its own."""
+    words = ["python3", "benches/gpu_suite.py"]
+    if args.pack is not None:
+        words += ["--pack", str(args.pack)]
+    words += ["--out", "$OUT" if os.environ.get("OUT") == args.out else args.out]
+    if args.tiny:
+        words += ["--device", args.device, "--tiny"]
+    return " ".join(words + ["--stages", *stages])
+
+
 def table(s: Suite, order: list[str]) -> str:
-    lines = [f"{'stage':<14} {'status':<12} {'s':>5}  figures", "-" * 100]
+    lines = [f"{'stage':<15} {'status':<12} {'s':>5}  figures", "-" * 100]
     for name in order:
         r = s.results["stages"].get(name)
         if r is None:
             continue
         status = r["status"] if len(r["status"]) <= 12 else r["status"][:11] + "~"
-        lines.append(f"{name:<14} {status:<12} {r['seconds']:>5.0f}  {r['summary'] or r['status']}")
+        lines.append(f"{name:<15} {status:<12} {r['seconds']:>5.0f}  {r['summary'] or r['status']}")
     goals = s.results.get("goals")
     if goals:
         toy = " (toy sizes: not the goals' work)" if s.tiny else ""
         lines.append(f"goals{toy}: " + "; ".join(f"{k} {v}" for k, v in goals.items()))
     left = [n for n in order if s.results["stages"].get(n, {}).get("status") == "not run"]
     if left:
-        lines.append("not run for want of time; next call: python3 benches/gpu_suite.py --pack .gpu --out $OUT "
-                     f"--stages {' '.join(left)}")
+        lines.append(f"not run for want of time; next call: {command(s.args, left)}")
     return "\n".join(lines)
+
+
+def verdict(s: Suite) -> tuple[int, str]:
+    """The exit status and the last line: 1 if any stage that ran failed."""
+    stages = s.results["stages"]
+    failed = [n for n, r in stages.items() if r["status"] not in PASSING]
+    if failed:
+        return 1, "gpu suite: FAILED: " + "; ".join(f"{n}: {stages[n]['status']}" for n in failed)
+    counts = {k: sum(r["status"] == k for r in stages.values()) for k in PASSING}
+    return 0, "gpu suite: passed (" + ", ".join(f"{n} {k}" for k, n in counts.items() if n) + ")"
 
 
 def goals(s: Suite) -> dict[str, str]:
@@ -457,23 +689,37 @@ def goals(s: Suite) -> dict[str, str]:
 
 
 def main() -> int:
-    import torch
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__ + "\n" + plan(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--call", choices=[*CALLS, "all"], default="all",
+                    help="the plan's call to run (default: all, one after the other)")
+    ap.add_argument("--stages", nargs="+", choices=list(STAGES), default=None, metavar="STAGE",
+                    help=f"these stages instead of a call, in this order: {', '.join(STAGES)}")
     ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_suite_out", help="where suite.json and suite.log "
                     "go (default $OUT)")
-    ap.add_argument("--pack", type=Path, default=None, help="the .gpu folder of gpu-pack: install and use it first")
+    ap.add_argument("--pack", type=Path, default=None, help="a folder made by gpu-pack (and gpu_extras.sh): install "
+                    "its wheel, Stockfish and vocabulary first, for a machine without network")
     ap.add_argument("--budget", type=float, default=540, help="seconds for every stage together (default 540: "
                     "a 10-minute command with room for the install and the transfers)")
-    ap.add_argument("--stages", nargs="+", choices=list(STAGES), default=None,
-                    help=f"stages to run, in this order (default: {' '.join(DEFAULT)})")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--max-graphs", type=int, default=MAX_GRAPHS,
+                    help=f"most graphs train-compiled's run may compile (default {MAX_GRAPHS})")
+    ap.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
     ap.add_argument("--tiny", action="store_true", help="toy sizes (with --device cpu: the CI smoke test)")
     args = ap.parse_args()
+    if args.stages is not None and args.call != "all":
+        ap.error("give --call or --stages, not both")
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.pack is not None:
         unpack(args.pack)
     suite = Suite(args)
-    order = args.stages or DEFAULT
+    if args.stages is not None:
+        order = args.stages
+    else:
+        calls = CALLS.values() if args.call == "all" else [CALLS[args.call]]
+        order = [stage for _, stages in calls for stage in stages]
     if "env" not in order:
         order = ["env", *order]
     print(f"gpu suite: {' '.join(order)}; budget {args.budget:.0f} s; results in {suite.out}", flush=True)
@@ -483,6 +729,8 @@ def main() -> int:
             status, figures, summary = STAGES[name](suite)
         except Skip as why:
             status, figures, summary = why.status, {}, why.reason
+        except Failed as why:
+            status, figures, summary = f"failed: {why}", {}, ""
         except Exception as e:  # a broken stage must not cost the stages after it
             status, figures, summary = f"error: {type(e).__name__}: {e}", {}, ""
         suite.results["stages"][name] = {"status": status, "seconds": time.monotonic() - t0, "figures": figures,
@@ -490,9 +738,12 @@ def main() -> int:
         suite.results["goals"] = goals(suite)
         suite.save()
         print(f"== {name}: {status} in {time.monotonic() - t0:.0f} s{': ' + summary if summary else ''}", flush=True)
-    print("\n" + table(suite, order), flush=True)
+    code, last = verdict(suite)
+    suite.results["verdict"] = last
+    suite.save()
+    print("\n" + table(suite, order) + "\n" + last, flush=True)
     shutil.rmtree(suite.work, ignore_errors=True)
-    return 0
+    return code
 
 
 if __name__ == "__main__":

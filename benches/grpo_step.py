@@ -32,10 +32,9 @@ from rookworld.net.sampling import generate  # noqa: E402
 from rookworld.settings.config import TrainConfig  # noqa: E402
 from rookworld.grpo.models import Sampler  # noqa: E402
 from rookworld.grpo.trainer import Trainer  # noqa: E402
+from rookworld.net.device import peak_tflops  # noqa: E402
 from rookworld.net.tokenizer import vocabulary  # noqa: E402
 
-#: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation.
-H100_BF16_TFLOPS = 989.4
 
 
 def model_config(args: argparse.Namespace, vocab_size: int = 50257) -> GPTConfig:
@@ -125,7 +124,8 @@ def main() -> int:
                     "sft --init --vocabulary makes it)")
     ap.add_argument("--stockfish-depth", type=int, default=10)
     ap.add_argument("--stockfish-workers", type=int, default=None)
-    ap.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS)
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the card's dense bf16 peak for MFU (default: rookworld.net.device.peak_tflops of its name)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
 
@@ -182,13 +182,15 @@ def main() -> int:
     phase_flops = {k: statistics.mean(f[k] for f in per_step) for k in per_step[0]}
     flops = sum(phase_flops.values())
     step_time = med("time/step")
+    cuda = args.device.startswith("cuda")
+    peak = args.peak_tflops or (peak_tflops(torch.cuda.get_device_name()) if cuda else None)
     figures = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "params_m": n_params / 1e6, "prompts": args.prompts, "group": args.group, "lengths": lengths,
         "samples_per_s": samples / step_time, "generated_tokens_per_s": med("tokens_per_s"),
         "step_s": step_time, "generate_s": med("time/generate"), "reward_s": med("time/reward"),
         "reference_s": med("time/reference"), "update_s": med("time/update"),
-        "mfu": flops / step_time / (args.peak_tflops * 1e12) if args.device.startswith("cuda") else None,
+        "mfu": flops / step_time / (peak * 1e12) if peak else None,
         "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "compile": not args.no_compile,
         "update_padding": med("padding"), "kl_estimator": args.kl_estimator, "advantage": args.advantage,
         "shared_prompt": not args.no_shared_prompt, "threads": torch.get_num_threads(),

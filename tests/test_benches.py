@@ -1,7 +1,9 @@
 """The benchmarks run (as CPU smoke checks with tiny models or tiny batches) and report what they promise."""
 
+import argparse
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -120,33 +122,97 @@ def test_learning_chain_smoke(tmp_path):
 
 
 def test_gpu_suite_smoke(tmp_path):
-    """The one command for a lent GPU, at toy sizes on the CPU: every stage runs or says why not, suite.json holds
-    the figures of each, and the table comes last (the device tool returns only the end of the output)."""
+    """The lent GPU's commands, every call at toy sizes on the CPU: every stage runs or says why not, suite.json
+    holds the figures of each, and the table and the verdict come last (the device tool returns only the end of
+    the output). What needs CUDA says so and is skipped, which is no failure: the exit status is 0."""
     out = tmp_path / "suite"
     proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "500")
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
-    assert list(stages) == ["env", "cuda-tests", "grpo-step", "every-prompt", "fused-head", "generate", "sampler",
-                            "decode-cache", "grpo-step-u64", "trl", "sft", "sft-eager", "auto-batch", "weights"]
-    for name in ("env", "grpo-step", "every-prompt", "fused-head", "generate", "sampler", "decode-cache",
-                 "grpo-step-u64", "sft", "sft-eager", "weights"):
+    assert list(stages) == ["env", "cuda-tests", "train-fp32", "auto-batch-oom", "train-compiled", "grpo-step",
+                            "every-prompt", "fused-head", "sft", "sft-eager", "generate", "grpo-step-u64", "trl",
+                            "sampler", "decode-cache", "weights", "auto-batch"]
+    for name in ("env", "train-fp32", "train-compiled", "grpo-step", "every-prompt", "fused-head", "sft", "sft-eager",
+                 "generate", "grpo-step-u64", "sampler", "decode-cache", "weights"):
         assert stages[name]["status"] == "ok", (name, stages[name])
-    assert stages["cuda-tests"]["status"] == "ok" and stages["cuda-tests"]["figures"]["skipped"] >= 5
+    assert stages["cuda-tests"]["status"] == "skipped" and stages["cuda-tests"]["figures"]["skipped"] >= 5
+    assert stages["train-fp32"]["figures"]["steps"] == [1, 2]
+    compiled = stages["train-compiled"]["figures"]
+    assert compiled["evaluations"] == [2] and compiled["compile_failed"] == 0 and len(compiled["graphs"]) == 2
     assert stages["grpo-step"]["figures"]["samples_per_s"] > 0
     assert stages["generate"]["figures"]["rows"][0]["generated_tokens_per_s"] > 0
-    assert stages["every-prompt"]["figures"]["shared_prompt"] is False and stages["grpo-step"]["figures"]["shared_prompt"]
+    assert stages["every-prompt"]["figures"]["shared_prompt"] is False
+    assert stages["grpo-step"]["figures"]["shared_prompt"]
     assert stages["fused-head"]["figures"]["rows"][0]["checkpointed_forward_backward_tokens_per_s"] > 0
-    assert stages["sft"]["figures"]["tokens_per_s"] > 0
+    assert stages["sft"]["figures"]["tokens_per_s"] > 0 and stages["sft"]["figures"]["mfu"] is None  # no CUDA
     assert stages["sft-eager"]["figures"]["compiled_over_eager"] > 0
     assert stages["decode-cache"]["figures"]["rows"][0]["bucket_ms"] > 0
     assert set(stages["weights"]["figures"]["copy_over_fp32"]) == {"P", "A"}
     assert stages["env"]["figures"]["commit"]  # a checkout: git names it
-    assert stages["auto-batch"]["status"] == "skipped" and "needs CUDA" in stages["auto-batch"]["summary"]
+    for name in ("auto-batch", "auto-batch-oom"):  # the command was run, and refused the CPU
+        assert stages[name]["status"] == "skipped" and "needs CUDA" in stages[name]["summary"], stages[name]
     if importlib.util.find_spec("trl"):
         assert stages["trl"]["figures"]["rookworld_over_trl"] > 0
     assert (out / "suite.log").read_text().count("$ ") >= 6
-    tail = proc.stdout.strip().splitlines()
-    assert tail[0].startswith("gpu suite:") and any(line.startswith("grpo-step ") for line in tail[-18:])
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("gpu suite:") and any(line.startswith("grpo-step ") for line in lines[-22:])
+    assert lines[-1] == results["verdict"] and lines[-1].startswith("gpu suite: passed (")
+
+
+def test_gpu_suite_exits_non_zero_when_a_stage_fails(tmp_path):
+    """A stage whose command really fails (here grpo_step.py, given a Stockfish that is not there) fails the suite:
+    exit status 1, the stage's status and the verdict name it, and the stages after it still run."""
+    out = tmp_path / "suite"
+    env = dict(os.environ, ROOKWORLD_STOCKFISH=str(tmp_path / "no-stockfish"))
+    proc = subprocess.run([sys.executable, str(REPO / "benches" / "gpu_suite.py"), "--device", "cpu", "--tiny",
+                           "--out", str(out), "--stages", "grpo-step", "cuda-tests"], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads((out / "suite.json").read_text())
+    failed = results["stages"]["grpo-step"]["status"]
+    assert failed.startswith("failed (exit 1)") and "no-stockfish" in failed
+    assert results["stages"]["cuda-tests"]["status"] == "skipped"  # no CUDA here: run, and no failure
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == results["verdict"] and last.startswith("gpu suite: FAILED: grpo-step: failed (exit 1)")
+    assert "cuda-tests" not in last
+
+
+def test_gpu_suite_help_gives_the_plan():
+    """--help is the plan: one command per call, the stages of each, and what the exit status says."""
+    proc = subprocess.run([sys.executable, str(REPO / "benches" / "gpu_suite.py"), "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    calls = [text.index(f"python3 benches/gpu_suite.py --call {n} --out $OUT") for n in (1, 2, 3)]
+    assert calls == sorted(calls)
+    first = text[calls[0]:calls[1]]
+    for stage in ("cuda-tests", "train-fp32", "auto-batch-oom", "train-compiled"):
+        assert f"      {stage} " in first, stage
+    later = text[calls[1]:]
+    for stage in ("grpo-step", "fused-head", "sft", "learning"):
+        assert f"      {stage} " in later, stage
+    assert "exit status" in text and "--stages learning" in text
+    both = subprocess.run([sys.executable, str(REPO / "benches" / "gpu_suite.py"), "--call", "1", "--stages", "env"],
+                          capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_gpu_suite_mfu_takes_each_cards_own_peak():
+    """MFU's denominator is the card's dense bf16 peak, by the name torch.cuda.get_device_name gives; a card not in
+    the table, or a MIG slice of one, has no peak, and SFT then leaves MFU out rather than divide by an H100's."""
+    from rookworld.net.device import peak_tflops
+
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.4  # SXM
+    assert peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops("NVIDIA H100 NVL") == 835.0
+    assert peak_tflops("NVIDIA H200") == 989.4
+    assert peak_tflops("NVIDIA A100-SXM4-80GB") == peak_tflops("NVIDIA A100 80GB PCIe") == 312.0
+    assert peak_tflops("NVIDIA A10") == 125.0 and peak_tflops("NVIDIA L4") == 121.0
+    assert peak_tflops("NVIDIA L40S") == 362.05 and peak_tflops("NVIDIA L40") == 181.05
+    assert peak_tflops("NVIDIA GeForce RTX 4090") == 165.2
+    for unknown in ("NVIDIA A10G", "NVIDIA GeForce RTX 4090 D", "NVIDIA GeForce RTX 4090 Laptop GPU", "Tesla T4",
+                    "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "AMD Instinct MI300X", ""):
+        assert peak_tflops(unknown) is None, unknown
 
 
 def test_gpu_suite_names_the_commit_without_git(tmp_path):
@@ -175,10 +241,31 @@ def test_gpu_suite_names_the_commit_without_git(tmp_path):
 
 
 def test_gpu_suite_stops_at_its_budget(tmp_path):
-    """With too little time left, stages are listed as not run and the table names the call that runs them."""
+    """With too little time left, stages are listed as not run, the table names the call that runs them, and the
+    exit status stays 0 (run_bench checks it)."""
     out = tmp_path / "suite"
     proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "20",
                      "--stages", "generate", "sft")
-    stages = json.loads((out / "suite.json").read_text())["stages"]
+    results = json.loads((out / "suite.json").read_text())
+    stages = results["stages"]
     assert stages["sft"]["status"] == "not run" and stages["sft"]["summary"] == "out of time"
-    assert "--stages" in proc.stdout.splitlines()[-1] and proc.stdout.splitlines()[-1].endswith("sft")
+    *_, next_call, verdict = proc.stdout.strip().splitlines()
+    left = [name for name in ("generate", "sft") if stages[name]["status"] == "not run"]
+    assert next_call.endswith(f"--out {out} --device cpu --tiny --stages {' '.join(left)}")
+    assert verdict == results["verdict"] and verdict.startswith("gpu suite: passed (")  # no time is no failure
+    assert f"{len(left)} not run" in verdict
+
+
+def test_gpu_suite_tells_a_stage_past_its_limit_from_one_cut_by_the_budget(tmp_path):
+    """A command stopped at its own time limit has failed ("timed out"); one stopped earlier because the call's
+    --budget ran out is "not run", to run in the next call. Real processes, stopped for real."""
+    spec = importlib.util.spec_from_file_location("gpu_suite_limits", REPO / "benches" / "gpu_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    args = lambda budget: argparse.Namespace(tiny=True, device="cpu", out=str(tmp_path / str(budget)),  # noqa: E731
+                                             budget=budget, pack=None)
+    assert suite.Suite(args(200)).run(sleep, cap=15) == (-1, "")
+    with pytest.raises(suite.Skip) as cut:
+        suite.Suite(args(26)).run(sleep, cap=100)
+    assert cut.value.status == "not run" and "--budget" in cut.value.reason

@@ -22,6 +22,7 @@ from test_trainer import metrics
 from rookworld.net import compiling, logprobs
 from rookworld.net.logprobs import token_logprobs
 from rookworld.net.model import GPT, GPTConfig
+from rookworld.net.device import peak_tflops
 from rookworld.net.precision import autocast_copy, refresh_copy
 from rookworld.net.sampling import generate
 
@@ -305,7 +306,10 @@ def test_sft_on_cuda_reports_mfu_and_writes_a_model(tmp_path):
     assert "torch.compile failed" not in proc.stderr
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(math.isfinite(r["loss"]) and 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 for r in rows)
+    assert all(math.isfinite(r["loss"]) and r["tokens_per_s"] > 0 for r in rows)
+    # MFU where the card's peak is known, else left out rather than wrong
+    known = peak_tflops(torch.cuda.get_device_name()) is not None
+    assert all((0 < r["mfu"] < 1) if known else "mfu" not in r for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"], "three steps at the default lr must lower the loss on the same data"
     from rookworld.net.pretrained import from_pretrained
 

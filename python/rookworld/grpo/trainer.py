@@ -109,26 +109,32 @@ class Trainer:
             raise ConfigError(f"--data {cfg.data}: every position is among the held-out ones of --eval-data "
                               f"{cfg.eval_data}: train on other positions, or hold out others")
         self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary)
-        if finished:
-            run.log.say(f"warning: --data {cfg.data}: {finished_message(finished, len(records) + len(finished))}")
-        self.objective = Objective(cfg, reference_given=reference is not None)
-        self.models = self._models(reference)
-        self.sampler = Sampler(self.models, cfg, run.tokenizer.eos_id)
-        head = self.models.value_head
-        state = run.build_optimizer([{"params": list(head.parameters()), "weight_decay": 0.0, "lr": cfg.value_lr}]
-                                    if head is not None else [])
-        self.objective.load_state(state)
-        self.best_reward = state.get("best_reward", -math.inf)
         self.pool = None
-        self.reward_fn = reward_fn if reward_fn is not None else self._chess_reward()
-        if prompts is None:
-            prompts = PromptSource(cfg, records, run.dist.rank, run.dist.world, held_out)
-            left_out = f" less {prompts.left_out} held out" if prompts.left_out else ""
-            apart = f", none of the {len(held_out)} held-out positions" if held_out else ""
-            run.log.say(f"prompts: {cfg.prompts_per_step} x group {cfg.group_size} per step, "
-                        f"{100 * cfg.task_mix:.0f}% P: / {100 * (1 - cfg.task_mix):.0f}% A:, from "
-                        f"{cfg.data or 'generated positions'}{left_out}{apart}")
-        self.prompts = prompts
+        try:  # a start that fails (an engine that is not there) leaves no engine running, no log open, nothing locked
+            if finished:
+                run.log.say(f"warning: --data {cfg.data}: {finished_message(finished, len(records) + len(finished))}")
+            self.objective = Objective(cfg, reference_given=reference is not None)
+            self.models = self._models(reference)
+            self.sampler = Sampler(self.models, cfg, run.tokenizer.eos_id)
+            head = self.models.value_head
+            state = run.build_optimizer([{"params": list(head.parameters()), "weight_decay": 0.0, "lr": cfg.value_lr}]
+                                        if head is not None else [])
+            self.objective.load_state(state)
+            self.best_reward = state.get("best_reward", -math.inf)
+            self.reward_fn = reward_fn if reward_fn is not None else self._chess_reward()
+            if prompts is None:
+                prompts = PromptSource(cfg, records, run.dist.rank, run.dist.world, held_out)
+                left_out = f" less {prompts.left_out} held out" if prompts.left_out else ""
+                apart = f", none of the {len(held_out)} held-out positions" if held_out else ""
+                run.log.say(f"prompts: {cfg.prompts_per_step} x group {cfg.group_size} per step, "
+                            f"{100 * cfg.task_mix:.0f}% P: / {100 * (1 - cfg.task_mix):.0f}% A:, from "
+                            f"{cfg.data or 'generated positions'}{left_out}{apart}")
+            self.prompts = prompts
+        except BaseException:
+            if self.pool is not None:
+                self.pool.close()
+            run.close()
+            raise
         self._eval_records = None
         self._last_rollout: Rollout | None = None
 

@@ -1,9 +1,10 @@
-"""The device a model runs on, from the --device setting."""
+"""The device a model runs on, from the --device setting, and what it can do (memory, its bf16 peak)."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import re
 import resource
 
 import torch
@@ -56,3 +57,35 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+#: Dense bf16 tensor-core peaks (TFLOP/s, fp32 accumulate, no 2:4 sparsity) by a pattern of
+#: torch.cuda.get_device_name's answer, first match wins: the denominator of model FLOP utilisation. NVIDIA's
+#: datasheets (H100, H200, A100, A10, L4, L40, L40S) quote bf16 with sparsity, twice the dense figure given here;
+#: the GeForce cards' figures are the "Peak BF16 Tensor TFLOPS with FP32 Accumulate" of the Ada (RTX 4090) and
+#: Ampere GA102 (RTX 3090) whitepapers, half their fp16-accumulate rate. Names are anchored so that a smaller
+#: sibling (A10G, RTX 4090 D, a laptop part) finds no peak rather than a wrong one.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    (r"\bH100 NVL\b", 835.0),
+    (r"\bH100 PCIe\b", 756.0),
+    (r"\bH100\b", 989.4),  # SXM5: "NVIDIA H100 80GB HBM3"
+    (r"\bGH200\b", 989.4),
+    (r"\bH200 NVL\b", 835.0),
+    (r"\bH200\b", 989.4),
+    (r"\bA100\b", 312.0),
+    (r"\bA10$", 125.0),
+    (r"\bL4$", 121.0),
+    (r"\bL40S$", 362.05),
+    (r"\bL40$", 181.05),
+    (r"\bRTX 4090$", 165.2),
+    (r"\bRTX 3090$", 71.0),
+)
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of the card `torch.cuda.get_device_name` calls `device_name`, or None for a card not in
+    `PEAK_TFLOPS` or a MIG slice (a share of the card's units): MFU is then left out rather than wrong."""
+    if "MIG" in device_name:
+        return None
+    name = device_name.strip()
+    return next((peak for pattern, peak in PEAK_TFLOPS if re.search(pattern, name)), None)

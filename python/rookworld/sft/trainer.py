@@ -23,16 +23,12 @@ from rookworld.harness.run import Run, step_if_finite
 from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
-from rookworld.net.device import peak_memory_gb
+from rookworld.net.device import peak_memory_gb, peak_tflops
 from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.model import GPT, GPTConfig
 from rookworld.net.tokenizer import vocabulary
 from rookworld.settings.config import SFTConfig
 from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, relayout, tokenize
-
-#: Dense bf16 peak of one H100 SXM (TFLOP/s), for model FLOP utilisation on CUDA.
-PEAK_TFLOPS = 989.4
-
 
 def summary(m: dict[str, Any]) -> list[str]:
     """The summary line of an SFT step, after "step N/M"."""
@@ -151,9 +147,10 @@ class SFTTrainer:
         # averaging), so their mean is the global mean.
         m = {"step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": all_tokens / step_time,
              "time/step": step_time, "peak_memory_gb": peak_memory_gb(run.device)}
-        if run.device.type == "cuda":
+        peak = peak_tflops(torch.cuda.get_device_name(run.device)) if run.device.type == "cuda" else None
+        if peak is not None:
             flops = step_flops(self.run.policy, all_tokens, tokens, context)
-            m["mfu"] = flops / step_time / (run.dist.world * PEAK_TFLOPS * 1e12)
+            m["mfu"] = flops / step_time / (run.dist.world * peak * 1e12)
         return m
 
     @torch.no_grad()
