@@ -170,7 +170,7 @@ def test_gpu_suite_exits_non_zero_when_a_stage_fails(tmp_path):
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = json.loads((out / "suite.json").read_text())
     failed = results["stages"]["grpo-step"]["status"]
-    assert failed.startswith("failed (exit 1)") and "no-stockfish" in failed
+    assert failed.startswith("failed (exit 1)") and "StockfishNotFoundError" in failed  # the cause, not a later one
     assert results["stages"]["cuda-tests"]["status"] == "skipped"  # no CUDA here: run, and no failure
     last = proc.stdout.strip().splitlines()[-1]
     assert last == results["verdict"] and last.startswith("gpu suite: FAILED: grpo-step: failed (exit 1)")
