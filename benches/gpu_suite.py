@@ -172,10 +172,12 @@ def source_commit(pack: Path | None) -> str | None:
 
 
 def stage_cuda_tests(s: Suite) -> tuple[str, dict, str]:
-    """pytest -m cuda tests/test_cuda.py: compiled decoding replayed as CUDA graphs, bf16 against float64, and
-    rookworld train, sft and --auto-batch as processes on CUDA. A run where every test skipped fails on CUDA."""
+    """pytest -m cuda tests/test_cuda.py tests/test_distributed.py: compiled decoding replayed as CUDA graphs, bf16
+    against float64, rookworld train, sft and --auto-batch as processes on CUDA, and what --auto-batch leaves. A
+    run where every test skipped fails on CUDA."""
     # One process (not pyproject's -n auto): the CUDA tests share one GPU, and pytest-xdist may not be installed here.
-    code, text = s.run(python() + ["-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-q", "-rfEs",
+    code, text = s.run(python() + ["-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "tests/test_distributed.py",
+                                   "-q", "-rfEs",
                                    "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=", "--durations=5"],
                        cap=360)
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", text.splitlines()[-1]
