@@ -33,8 +33,11 @@ from rookworld.net.sources import (CONFIG_FILE, LATEST, STATE_FILE, CheckpointEr
 
 #: What `torch.load(weights_only=True)` may build beyond tensors and plain containers: numpy's RNG state, as
 #: checkpoints written before the numpy state was saved as a tensor hold it. Nothing here runs code.
-_NUMPY_MULTIARRAY = getattr(np, "_core", None) or np.core
-LEGACY_SAFE_GLOBALS = [_NUMPY_MULTIARRAY.multiarray._reconstruct, np.ndarray, np.dtype,
+try:
+    from numpy._core.multiarray import _reconstruct  # numpy 2
+except ImportError:  # numpy 1, whose np._core may be only a partial shim
+    from numpy.core.multiarray import _reconstruct
+LEGACY_SAFE_GLOBALS = [_reconstruct, np.ndarray, np.dtype,
                        type(np.dtype(np.uint32))]
 
 

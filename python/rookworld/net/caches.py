@@ -44,7 +44,7 @@ class KVCache:
             return
         # Under torch.compile, a write through a view (as above) is functionalized into a copy of the whole cache
         # on every decode step. One index_put_ on the cache tensor itself, with an index for every dimension, is
-        # done in place. (In eager mode that form is ~10x slower than index_copy_, hence two paths.)
+        # done in place. (In eager mode that form is far slower than index_copy_, hence two paths.)
         _, _, B, H, _, D = self.kv.shape
         dev = self.kv.device
         index = (

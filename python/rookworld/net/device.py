@@ -47,8 +47,8 @@ def keep_freed_memory() -> bool:
     """Makes glibc's malloc keep freed memory for reuse: blocks under 32 MiB (the most glibc allows) come from the
     heap, whose free top is handed back to the kernel only past 1 GiB. By default the heap is trimmed as soon as
     twice the largest block freed so far lies free at its top, so a pass that frees a few 25 MB chunks of logits
-    at once gives their pages back, and the next chunks fault them in and zero them again: 198,000 faults in one
-    update's vocabulary pass for GPT-2 small (2,048 positions), none with this. The process keeps up to 1 GiB it
+    at once gives their pages back, and the next chunks fault them in and zero them again (BENCHMARKS.md counts
+    the faults; none with this). The process keeps up to 1 GiB it
     no longer uses, as PyTorch's CUDA caching allocator keeps GPU memory. False (nothing changed) where malloc is
     not glibc's."""
     try:

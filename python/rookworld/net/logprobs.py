@@ -63,9 +63,8 @@ def full_kl(logp: torch.Tensor, ref_logp: torch.Tensor, weights: tuple[float, fl
 def chunk_rows(device: torch.device, vocab_size: int) -> int:
     """Positions per chunk of the vocabulary pass: each [chunk, vocab] float32 tensor about 24 MiB on the CPU,
     under glibc's 32 MiB threshold, so the allocator reuses its memory instead of mapping and page-faulting fresh
-    pages for every chunk (measured: 1.28 million faults and half the time at 1,024 positions of GPT-2's vocabulary);
-    256 MiB on a GPU, whose caching allocator reuses any size. A multiple of 8 where it can be: MKL's head
-    products at 125 rows ran at two thirds of their speed at 120 or 128 here."""
+    pages for every chunk; 256 MiB on a GPU, whose caching allocator reuses any size. A multiple of 8 where it can
+    be: MKL's head products are markedly slower at other row counts (BENCHMARKS.md)."""
     budget = (256 if device.type == "cuda" else 24) * 2**20
     rows = max(1, budget // (4 * vocab_size))
     return rows - rows % 8 if rows > 8 else rows
@@ -246,7 +245,7 @@ class _FusedHead(torch.autograd.Function):
             add_head_grad(dw, dz, hidden[c], weight)
             parts.append((stats.logprobs, stats.entropy, stats.kl))
         # Kept on ctx, not saved: the one backward scales them in place and hands them on (a fresh [V, C] product
-        # would be 154 MB of new pages for GPT-2 on the CPU).
+        # would be that many new pages on the CPU).
         ctx.grads = dh, dw.to(weight.dtype)
         # Statistics not made come back empty (an autograd.Function returns tensors).
         columns = [torch.cat(c) if c[0] is not None else hidden.new_zeros(0) for c in zip(*parts)]
