@@ -101,13 +101,6 @@ def prompt_bias(prompt_mask: torch.Tensor) -> torch.Tensor:
     return bias.masked_fill(~prompt_mask.to(torch.bool).view(g, 1, 1, P), float("-inf"))
 
 
-def prompt_bias(prompt_mask: torch.Tensor) -> torch.Tensor:
-    """`grouped_attention`'s bias [g, 1, 1, P] from prompts' mask [g, P]: 0 on real tokens, -inf on padding."""
-    g, P = prompt_mask.shape
-    bias = torch.zeros(g, 1, 1, P, device=prompt_mask.device)
-    return bias.masked_fill(~prompt_mask.to(torch.bool).view(g, 1, 1, P), float("-inf"))
-
-
 def padded_causal(attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, T, T] bool: query t sees the real keys at or before it; a padding query also sees itself, which keeps
     SDPA from writing NaN for a row with no key (its output is never read)."""
