@@ -313,10 +313,9 @@ class Trainer:
         the compiled functions stay, and compile again on their next call (training's shapes only, once)."""
         if self.run.device.type != "cuda":
             return
-        release_caches()
         torch.compiler.reset()
         gc.collect()  # a failed step's tensors, in cycles through its traceback
-        torch.cuda.empty_cache()
+        self._free_caches()
 
     # -- evaluation, samples, checkpoints, the loop -------------------------------------------------------
 

@@ -77,7 +77,7 @@ def _raise_recompile_limit() -> None:
 def _give_up(eager: Callable, device_type: str, error: Exception) -> None:
     cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the backend's own error
     first_line = (str(cause).strip().splitlines() or [""])[0][:300]
-    failed[(device_type, name(eager))] = f"{type(cause).__name__}: {first_line}"
-    warnings.warn(f"torch.compile of {eager.__qualname__} failed on {device_type} "
-                  f"({failed[(device_type, name(eager))]}); it runs without compiling from now on, which is slower. "
-                  "--no-compile skips the attempt.", RuntimeWarning, stacklevel=4)
+    why = failed[(device_type, name(eager))] = f"{type(cause).__name__}: {first_line}"
+    warnings.warn(f"torch.compile of {eager.__qualname__} failed on {device_type} ({why}); it runs without "
+                  "compiling from now on, which is slower. --no-compile skips the attempt.", RuntimeWarning,
+                  stacklevel=4)

@@ -105,8 +105,10 @@ def _states(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
         return model.trunk(input_ids, attention_mask)[:, start - 1 : -1]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
-    phase = (lambda name: replay.phase(model, name)) if replay is not None \
-        else lambda name: contextlib.nullcontext()  # noqa: E731
+
+    def phase(name: str):
+        return replay.phase(model, name) if replay is not None else contextlib.nullcontext()
+
     prompt_ids, prompt_mask = input_ids[::rows_per_prompt, :start], attention_mask[::rows_per_prompt, :start]
     with phase("prompt"):
         prompt, prefix = model.prompt_trunk(prompt_ids, prompt_mask)

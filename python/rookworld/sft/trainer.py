@@ -30,6 +30,7 @@ from rookworld.net.tokenizer import vocabulary
 from rookworld.settings.config import SFTConfig
 from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, relayout, tokenize
 
+
 def summary(m: dict[str, Any]) -> list[str]:
     """The summary line of an SFT step, after "step N/M"."""
     return [f"loss {fmt(m, 'loss', '{:.4f}')}", f"lr {fmt(m, 'lr', '{:.2e}')}", f"{fmt(m, 'time/step', '{:.2f}')} s",
@@ -85,12 +86,13 @@ class SFTTrainer:
                     f"loss on {cfg.loss_on} tokens")
         self.logprobs = LogProbs(run.policy, compile=run.compile, entropy=False)
         if run.dist.enabled:
-
             self.logprobs = DDP(self.logprobs, device_ids=[run.device.index] if run.device.type == "cuda" else None)
         run.build_optimizer()
         self.eval_docs = tokenize(laid_out(held_out.samples), run.tokenizer, cfg.loss_on) if held_out else None
         self.eval_records = positions(held_out.samples, cfg.eval_size) if held_out else None
         self.pool = None
+        # The card's dense bf16 peak, for MFU: None off CUDA or for a card whose peak is not known.
+        self.peak_tflops = peak_tflops(torch.cuda.get_device_name(run.device)) if run.device.type == "cuda" else None
 
     def _loss(self, batch, normalizer: float, backward: bool) -> tuple[torch.Tensor, float]:
         """Summed NLL / normalizer of one micro-batch of rows, and how many tokens it counted."""
@@ -147,10 +149,9 @@ class SFTTrainer:
         # averaging), so their mean is the global mean.
         m = {"step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": all_tokens / step_time,
              "time/step": step_time, "peak_memory_gb": peak_memory_gb(run.device)}
-        peak = peak_tflops(torch.cuda.get_device_name(run.device)) if run.device.type == "cuda" else None
-        if peak is not None:
+        if self.peak_tflops is not None:
             flops = step_flops(self.run.policy, all_tokens, tokens, context)
-            m["mfu"] = flops / step_time / (run.dist.world * peak * 1e12)
+            m["mfu"] = flops / step_time / (run.dist.world * self.peak_tflops * 1e12)
         return m
 
     @torch.no_grad()
