@@ -159,11 +159,11 @@ def main() -> int:
     train, held_out = out / "train.jsonl", Path(args.eval_data or out / "held_out.jsonl")
     reuse = args.reuse and train.is_file() and held_out.is_file() and (out / "sft" / "config.json").is_file()
     if not reuse:
-        rookworld("positions", "--count", str(args.train_positions), "--seed", "1", "--annotate", "--out", str(train),
-                  "--quiet", *common, *layout, log=out / "positions_train.log")
+        rookworld("positions", "--count", str(args.train_positions), "--seed", "1", "--annotate", "--a-history",
+                  "full", "--out", str(train), "--quiet", *common, *layout, log=out / "positions_train.log")
     if not reuse and not args.eval_data:
-        rookworld("positions", "--count", str(args.eval_positions), "--seed", "2", "--annotate", "--out",
-                  str(held_out), "--quiet", *common, *layout, log=out / "positions_held_out.log")
+        rookworld("positions", "--count", str(args.eval_positions), "--seed", "2", "--annotate", "--a-history",
+                  "full", "--out", str(held_out), "--quiet", *common, *layout, log=out / "positions_held_out.log")
         held_out_without(train, held_out)
     n_eval = sum(1 for line in held_out.read_text().splitlines() if line.strip())
 

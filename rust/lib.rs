@@ -18,6 +18,8 @@ pub mod notation;
 mod openings;
 pub mod p_text;
 pub mod perft;
+pub mod pgn;
+pub mod pgn_positions;
 pub mod reward;
 pub mod rng;
 pub mod similarity;

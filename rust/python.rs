@@ -4,8 +4,13 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
+use std::io;
+use std::path::PathBuf;
+
 use crate::batch;
 use crate::generate::{generate_positions as generate, GeneratorConfig};
+use crate::pgn::{collect_games, read_files, Game, PgnError, PgnReader};
+use crate::pgn_positions::{sample_positions, GamePosition, SampleConfig};
 use crate::reward::{GroundTruth, Parts, Shaping};
 
 /// Failures of a batch, by index: the all-good batch crosses into Python as one plain list beside an empty one.
@@ -16,6 +21,13 @@ type StepTuple = (bool, String, f64, bool, bool);
 type PositionTuple = (String, Vec<String>, String, &'static str);
 /// One mate-in-one puzzle: `(fen, history, mates)`.
 type MateTuple = (String, Vec<String>, Vec<String>);
+
+/// One position of a real game: `(fen, history, move or None, phase, game, ply, "file:line" of the game)`.
+type GamePositionTuple = (String, Vec<String>, Option<String>, &'static str, usize, usize, String);
+/// `(games read, bad games skipped, their first reasons, games filtered out, duplicates, held-out games)`.
+type PgnStatsTuple = (usize, usize, Vec<String>, usize, usize, usize);
+/// One game: `(index, source, line, headers as (name, value), start FEN, mainline UCI)`.
+type GameTuple = (usize, String, usize, Vec<(&'static str, String)>, String, Vec<String>);
 
 /// Strings from any iterable of `str`. Lone surrogates become U+FFFD rather than an exception:
 /// model output must never crash a run.
@@ -222,6 +234,91 @@ fn mate_in_one_positions(py: Python<'_>, n: usize, seed: u64, start: u64) -> Vec
         .collect()
 }
 
+/// A file's error keeps its kind (FileNotFoundError, PermissionError) and says which file; a bad game is a ValueError.
+fn pgn_error(e: PgnError) -> PyErr {
+    match e {
+        PgnError::Io { source, error } => io::Error::new(error.kind(), format!("{source}: {error}")).into(),
+        PgnError::Game(e) => PyValueError::new_err(e.to_string()),
+    }
+}
+
+/// The games of `text` (named `name` in messages) if given, else of the files.
+fn pgn_source(
+    paths: Vec<PathBuf>,
+    text: Option<String>,
+    name: &str,
+) -> Box<dyn Iterator<Item = Result<Game, PgnError>> + Send> {
+    match text {
+        Some(text) => Box::new(PgnReader::new(io::Cursor::new(text.into_bytes()), name, 0)),
+        None => Box::new(read_files(paths)),
+    }
+}
+
+fn position_tuple(p: GamePosition) -> GamePositionTuple {
+    let source = format!("{}:{}", p.source, p.line);
+    (p.fen, p.history, p.mv, p.phase.as_str(), p.game, p.ply, source)
+}
+
+/// `(games, bad games skipped, their first reasons)`.
+#[pyfunction]
+#[pyo3(signature = (paths, text=None, name="<text>", skip_bad=false, max_games=None))]
+fn pgn_games(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    text: Option<String>,
+    name: &str,
+    skip_bad: bool,
+    max_games: Option<usize>,
+) -> PyResult<(Vec<GameTuple>, usize, Vec<String>)> {
+    let games = pgn_source(paths, text, name);
+    let (games, skipped) = py.detach(|| collect_games(games, skip_bad, max_games)).map_err(pgn_error)?;
+    let tuples = games
+        .into_iter()
+        .map(|g| (g.index, g.source.to_string(), g.line, g.headers.pairs(), crate::fen::to_fen(&g.start), g.moves))
+        .collect();
+    Ok((tuples, skipped.count, skipped.reasons))
+}
+
+/// `(positions, held-out positions, stats)` sampled from real games.
+#[pyfunction]
+#[pyo3(signature = (paths, text=None, name="<text>", min_ply=0, per_game=None, seed=0, min_elo=None,
+                    max_elo=None, min_base_seconds=None, dedup=true, held_out=0.0, skip_bad=false, max_games=None,
+                    max_positions=None))]
+#[allow(clippy::too_many_arguments)]
+fn pgn_positions(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    text: Option<String>,
+    name: &str,
+    min_ply: usize,
+    per_game: Option<usize>,
+    seed: u64,
+    min_elo: Option<u32>,
+    max_elo: Option<u32>,
+    min_base_seconds: Option<u32>,
+    dedup: bool,
+    held_out: f64,
+    skip_bad: bool,
+    max_games: Option<usize>,
+    max_positions: Option<usize>,
+) -> PyResult<(Vec<GamePositionTuple>, Vec<GamePositionTuple>, PgnStatsTuple)> {
+    if !(0.0..1.0).contains(&held_out) {
+        return Err(PyValueError::new_err(format!("held_out must lie in [0, 1), got {held_out}")));
+    }
+    let cfg = SampleConfig {
+        min_ply, per_game, seed, min_elo, max_elo, min_base_seconds, dedup, held_out, skip_bad, max_games,
+        max_positions,
+    };
+    let games = pgn_source(paths, text, name);
+    let sample = py.detach(|| sample_positions(games, &cfg)).map_err(pgn_error)?;
+    let st = sample.stats;
+    Ok((
+        sample.positions.into_iter().map(position_tuple).collect(),
+        sample.held_out.into_iter().map(position_tuple).collect(),
+        (st.games, st.bad.count, st.bad.reasons, st.filtered, st.duplicates, st.held_out_games),
+    ))
+}
+
 /// Column-wise scores as packed little-endian buffers (f64, u32 or u8 per item), which numpy wraps with
 /// `frombuffer`: a 100k batch crosses into Python as 17 objects instead of 1.7 million.
 #[derive(Default)]
@@ -400,6 +497,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(perft, m)?)?;
     m.add_function(wrap_pyfunction!(generate_positions, m)?)?;
     m.add_function(wrap_pyfunction!(mate_in_one_positions, m)?)?;
+    m.add_function(wrap_pyfunction!(pgn_games, m)?)?;
+    m.add_function(wrap_pyfunction!(pgn_positions, m)?)?;
     m.add_function(wrap_pyfunction!(score, m)?)?;
     m.add_function(wrap_pyfunction!(policy_targets, m)?)?;
     m.add_function(wrap_pyfunction!(parse_policy_answers, m)?)?;

@@ -78,9 +78,9 @@ def test_parsing_flags_does_not_load_torch(args):
 
 def test_positions_writes_the_same_file_for_the_same_seed(tmp_path):
     a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
-    run("positions", "--count", "300", "--seed", "9", "--out", str(a))
-    run("positions", "--count", "300", "--seed", "9", "--out", str(b), "--quiet")
-    run("positions", "--count", "300", "--seed", "10", "--out", str(c), "--quiet")
+    run("positions", "--count", "300", "--seed", "9", "--a-history", "full", "--out", str(a))
+    run("positions", "--count", "300", "--seed", "9", "--a-history", "full", "--out", str(b), "--quiet")
+    run("positions", "--count", "300", "--seed", "10", "--a-history", "full", "--out", str(c), "--quiet")
     assert a.read_text() == b.read_text() != c.read_text()
     lines = [json.loads(line) for line in a.read_text().splitlines()]
     assert len(lines) == 300

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from collections.abc import Iterator
 from concurrent.futures import as_completed
 
 from rookworld.commands.common import (CliError, check_out_file, read_positions, settings, stockfish_pool,
                                        write_failed)
-from rookworld.ground import data
+from rookworld.ground import data, pgn, selfplay
 from rookworld.ground.data import position_key
-from rookworld.ground.chess import Position, generate_positions
+from rookworld.ground.chess import generate_positions
+from rookworld.ground.selfplay import SelfPlay
 from rookworld.ground.progress import Progress
 from rookworld.settings.commands import PositionsSettings
 
@@ -23,33 +25,39 @@ def run(args: argparse.Namespace) -> int:
     s = settings(args, PositionsSettings)
     check_out_file(s.out)
     excluded = {position_key(r.fen) for r in read_positions(s.exclude, s.skip_bad)} if s.exclude else set()
-    if s.annotate or s.source:
+    if s.selfplay:
+        return _selfplay(s, excluded)
+    if s.annotate or s.source or s.pgn:
         return _annotate(s, excluded)
 
     with Progress(s.count, "positions", "pos", enabled=not s.quiet) as bar:
         def lines():
             for chunk in _generated(s, excluded):
-                yield from (p.to_dict() for p in chunk)
+                yield from (r.to_dict() for r in data.cut_histories(chunk, s.seed, s.a_history))
                 bar.update(len(chunk))
 
-        if s.out == "-":
-            for line in lines():
-                sys.stdout.write(json.dumps(line) + "\n")
-        else:
-            _write(lines(), s.out)
-    if s.out != "-" and not s.quiet:
-        print(f"wrote {s.count} positions to {s.out}", file=sys.stderr)
+        _emit(lines(), s)
     return 0
 
 
-def _write(lines, out: str) -> None:
+def _emit(lines, s: PositionsSettings) -> None:
+    if s.out == "-":
+        for line in lines:
+            sys.stdout.write(json.dumps(line) + "\n")
+        return
+    n = _write(lines, s.out)
+    if not s.quiet:
+        print(f"wrote {n} positions to {s.out}", file=sys.stderr)
+
+
+def _write(lines, out: str) -> int:
     try:
-        data.write_records(lines, out)  # atomic: an interrupted or failed write leaves no half file
+        return data.write_records(lines, out)  # atomic: an interrupted or failed write leaves no half file
     except OSError as e:
         raise write_failed("--out", out, e) from None
 
 
-def _generated(s: PositionsSettings, excluded: set[str]) -> Iterator[list[Position]]:
+def _generated(s: PositionsSettings, excluded: set[str]) -> Iterator[list[data.Record]]:
     """--count generated positions in chunks, in index order, leaving out those in `excluded` (then generating
     further indices in their place)."""
     made, start = 0, 0
@@ -63,15 +71,43 @@ def _generated(s: PositionsSettings, excluded: set[str]) -> Iterator[list[Positi
         start += len(chunk)
         kept = [p for p in chunk if position_key(p.fen) not in excluded]
         made += len(kept)
-        yield kept
+        yield [data.Record.from_position(p) for p in kept]
+
+
+def _from_pgn(s: PositionsSettings, excluded: set[str]) -> list[data.Record]:
+    """The PGN files' positions with a legal move, none twice and none of --exclude, at most --count (read no
+    further than needed: a Lichess dump holds billions)."""
+    limit = None if s.count is None else s.count + len(excluded) + 64
+    while True:
+        try:
+            sample = pgn.pgn_positions(s.pgn, per_game=s.per_game, seed=s.seed, min_elo=s.min_elo,
+                                       max_elo=s.max_elo, min_base_seconds=s.min_base_time, skip_bad=s.skip_bad,
+                                       max_positions=limit)
+        except (ValueError, OSError) as e:
+            raise CliError(str(e)) from None
+        records = [data.Record(p.fen, p.history, p.move, p.phase, source=p.source) for p in sample.positions
+                   if position_key(p.fen) not in excluded]
+        records, _ = data.playable(records)  # a game's last position may be mate or stalemate
+        if limit is None or len(records) >= s.count or len(sample.positions) < limit:
+            break
+        limit *= 2
+    if not s.quiet:
+        said = f"; skipped {sample.bad_games} bad games, the first: {sample.bad_reasons[0]}" if sample.bad_games else ""
+        print(f"read {sample.games} games ({sample.filtered_games} left out by --min-elo, --max-elo or "
+              f"--min-base-time){said}", file=sys.stderr)
+    if not records:
+        raise CliError(f"--pgn {' '.join(s.pgn)}: no new position with a legal move in its games")
+    return records[: s.count]
 
 
 def _annotate(s: PositionsSettings, excluded: set[str]) -> int:
     if s.source:
         records = [r for r in read_positions(s.source, s.skip_bad) if position_key(r.fen) not in excluded][: s.count]
+    elif s.pgn:
+        records = _from_pgn(s, excluded)
     else:
-        records = [data.Record.from_position(p) for chunk in _generated(s, excluded) for p in chunk]
-    records = data.assign_moves(records, s.seed)
+        records = [r for chunk in _generated(s, excluded) for r in chunk]
+    records = data.cut_histories(data.assign_moves(records, s.seed), s.seed, s.a_history)
     if not s.annotate:
         lines = [r.to_dict() for r in records]
     else:
@@ -88,11 +124,37 @@ def _annotate(s: PositionsSettings, excluded: set[str]) -> int:
                 except Exception as e:  # an engine that failed every retry: say which position
                     raise CliError(f"Stockfish could not analyse {r.fen!r} ({r.source or 'generated'}): {e}") from None
         lines = data.annotated(records, analyses, seed=s.seed, layout=s.layout or "rookworld")
-    if s.out == "-":
-        for line in lines:
-            sys.stdout.write(json.dumps(line) + "\n")
+    _emit(lines, s)
+    return 0
+
+
+def _selfplay(s: PositionsSettings, excluded: set[str]) -> int:
+    """--count positions from self-play games, new ones only (not in --exclude, not seen before in this run), at
+    most --per-game from each game."""
+    how = SelfPlay(temperature=s.selfplay_temperature, opening_temperature=s.opening_temperature)
+    seen = set(excluded)
+    records, analyses = [], []
+    with stockfish_pool(s) as pool, Progress(s.count, "positions", "pos", enabled=not s.quiet) as bar:
+        for game in selfplay.play(pool, None, s.seed, how):
+            picked = list(zip(game.records, game.analyses))
+            if s.per_game is not None and len(picked) > s.per_game:
+                rng = random.Random(f"{s.seed}:per-game:{game.index}")
+                picked = [picked[i] for i in sorted(rng.sample(range(len(picked)), s.per_game))]
+            for record, analysis in picked:
+                key = position_key(record.fen)
+                if key in seen:
+                    continue
+                seen.add(key)
+                records.append(record)
+                analyses.append(analysis)
+                bar.update(1)
+                if len(records) == s.count:
+                    break
+            if len(records) == s.count:
+                break
+    records = data.cut_histories(records, s.seed, s.a_history)
+    if s.annotate:
+        _emit(data.annotated(records, analyses, seed=s.seed, layout=s.layout or "rookworld"), s)
     else:
-        _write(lines, s.out)
-        if not s.quiet:
-            print(f"wrote {len(lines)} positions to {s.out}", file=sys.stderr)
+        _emit((r.to_dict() for r in records), s)
     return 0

@@ -224,6 +224,21 @@ def assign_moves(records: Sequence[Record], seed: int) -> list[Record]:
     return out
 
 
+def cut_histories(records: Sequence[Record], seed: int, lengths: str) -> list[Record]:
+    """The records with the history their A: prompts show. ``lengths="full"``: each history as it is (a prompt shows
+    its last nine moves and the move); ``"every"``: the last k moves, k drawn per position from 0 (the move alone,
+    as a position set up from a FEN gives it) to nine, so that the next state has to be read from the board."""
+    if lengths not in ("full", "every"):
+        raise ValueError(f'history lengths must be "full" or "every", got {lengths!r}')
+    if lengths == "full":
+        return list(records)
+    out = []
+    for r in records:
+        keep = random.Random(f"{seed}:history:{r.fen}").randint(0, chess.HISTORY_LEN - 1)
+        out.append(replace(r, history=r.history[-keep:] if keep else ()))
+    return out
+
+
 def write_records(lines: Iterable[dict], path: str | os.PathLike) -> int:
     """Writes JSON lines atomically (a temporary file renamed into place); returns the count."""
     n = 0

@@ -17,7 +17,7 @@ from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, Dat
 
 @group
 class PositionsOnly:
-    count: int | None = setting(None, "number of positions (required unless --from; with --from, at most this many)",
+    count: int | None = setting(None, "number of positions (required unless --from or --pgn, which it limits)",
                                 POSITIONS, check=positive)
     opening_share: float = setting(0.2, "share of opening positions", POSITIONS, check=share)
     endgame_share: float = setting(0.2, "share of endgames", POSITIONS, check=share)
@@ -29,11 +29,41 @@ class PositionsOnly:
                                         "compared by board, side to move, castling and en passant) and generate on "
                                         "until --count: a held-out set's, so that no training position is among "
                                         "them", POSITIONS, metavar="FILE", check=existing_files)
+    pgn: list = setting([], "positions from the games of a PGN file (plain, .gz or .zst, as Lichess's dumps; "
+                            "repeat for several), each with the moves that led to it as history and the game's "
+                            "next move as its A: move",
+                        POSITIONS, metavar="FILE", check=existing_files)
+    min_elo: int | None = setting(None, "PGN: only games whose players both have a WhiteElo/BlackElo of at least this",
+                                  POSITIONS, check=positive)
+    max_elo: int | None = setting(None, "PGN: only games whose players both have an Elo of at most this", POSITIONS,
+                                  check=positive)
+    min_base_time: int | None = setting(None, "PGN: only games whose TimeControl gives each player at least this "
+                                              "many seconds (300+3: 300)", POSITIONS, check=positive)
+    selfplay: bool = setting(False, "positions from games Stockfish plays against itself at --stockfish-depth, "
+                                    "each move drawn among its five best with --selfplay-temperature, every "
+                                    "position with its game's moves as history; --annotate labels them with the "
+                                    "analyses that chose the moves", POSITIONS)
+    selfplay_temperature: float = setting(0.3, "self-play: how far below the best move (in pawns) a move is still "
+                                               "drawn e^-1 as often; 0: always the best", POSITIONS,
+                                          check=non_negative)
+    opening_temperature: float = setting(1.0, "self-play: the same for the first 12 half-moves, which spreads the "
+                                              "games over many openings", POSITIONS, check=non_negative)
+    per_game: int | None = setting(None, "at most this many positions from each game, drawn at random "
+                                         "(default: all)", POSITIONS, check=positive)
+    a_history: str = setting("every", "the history an A: prompt shows: every (a length from the move alone to the "
+                                      "ten most recent moves, drawn per position, so that the next state is read "
+                                      "from the board) or full (the history as the source gives it; a prompt "
+                                      "shows its ten most recent moves)", POSITIONS, choices=("every", "full"))
     quiet: bool = setting(False, "no progress bar", OUTPUT)
 
     def check_together(self, need) -> None:
         need(self.opening_share + self.endgame_share <= 1.0, "--opening-share + --endgame-share must not exceed 1")
-        need(self.count is not None or self.source is not None, "--count is required (or --from FILE)")
+        need(self.count is not None or self.source is not None or bool(self.pgn),
+             "--count is required (or --from FILE, or --pgn FILE)")
+        sources = [name for name, given in (("--from", self.source), ("--pgn", self.pgn), ("--selfplay", self.selfplay))
+                   if given]
+        need(len(sources) <= 1, f"{' and '.join(sources)} are different sources of positions: give one")
+        need(self.count is not None or not self.selfplay, "--selfplay needs --count")
 
 
 @composed()
