@@ -83,10 +83,10 @@ def step_flops(cfg: GPTConfig, n_params: int, groups: list[tuple[int, list[int]]
     return total
 
 
-def mm_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """On the CPU, what torch.mm reaches here at n x n x n in float32 with the threads the run used: the machine's
-    own limit that each phase's GFLOP/s is read against."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def mm_peak_gflops(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """On the CPU, what torch.mm reaches here at n x n x n in `dtype` (the run's compute dtype) with the threads the
+    run used: the machine's own limit that each phase's GFLOP/s is read against."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):
@@ -199,7 +199,9 @@ def main() -> int:
         # Model FLOPs a phase does over the time it took (2 a multiply-add; see step_flops).
         "gflops": {k: phase_flops[k] / med(f"time/{k}") / 1e9 for k in phase_flops},
         "step_gflops": flops / step_time / 1e9,
-        "mm_peak_gflops": mm_peak_gflops() if args.device == "cpu" else None,
+        "mm_peak_gflops": (mm_peak_gflops(dtype=trainer.run.amp_dtype or torch.float32) if args.device == "cpu"
+                           else None),
+        "dtype": "bf16" if trainer.run.amp_dtype is not None else "fp32",
     }
     print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.2f}")
     print(f"{'generated tokens/s':<22}{figures['generated_tokens_per_s']:>12,.0f}")
@@ -213,7 +215,8 @@ def main() -> int:
         shown = "" if rate is None else f"{rate:>10.1f} GFLOP/s" + (f" ({100 * rate / peak:.0f}% of mm)" if peak else "")
         print(f"{k.replace('_s', ' (s)'):<22}{figures[k]:>12.3f}{shown}")
     if figures["mm_peak_gflops"]:
-        print(f"{'torch.mm 2048^3':<22}{figures['mm_peak_gflops']:>12.1f} GFLOP/s (the CPU's own limit here)")
+        print(f"{'torch.mm 2048^3':<22}{figures['mm_peak_gflops']:>12.1f} GFLOP/s (the CPU's own limit here, in "
+              f"{figures['dtype']}, the run's compute dtype)")
     mfu = "n/a" if figures["mfu"] is None else f"{100 * figures['mfu']:.1f}%"
     print(f"{'MFU':<22}{mfu:>12}")
     print(f"{'peak memory (GB)':<22}{figures['peak_memory_gb']:>12.2f}")

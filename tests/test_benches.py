@@ -35,6 +35,20 @@ def test_grpo_step_benchmark_smoke(tmp_path, objective):
     assert "samples/s" in proc.stdout and "MFU" in proc.stdout
     assert 0 <= figures["update_padding"] < 1 and "update padding" in proc.stdout
     assert figures["kl_estimator"] == ("full" if objective else "k3")
+    assert figures["dtype"] in ("fp32", "bf16") and f"in {figures['dtype']}, the run's compute dtype" in proc.stdout
+
+
+def test_sft_dtype_benchmark_smoke(tmp_path):
+    """bf16 against float32 SFT, the steps alternated: the CPU, mm per dtype, tokens/s, the ratio, both losses."""
+    out = tmp_path / "figures.json"
+    proc = run_bench("sft_dtype.py", "--shapes", "chess-cpu", "--steps", "2", "--warmup", "0", "--rows", "2",
+                     "--json", str(out))
+    figures = json.loads(out.read_text())
+    assert set(figures["mm_gflops"]) == {"fp32_768", "bf16_768", "fp32_2048", "bf16_2048"}
+    r = figures["shapes"]["chess-cpu"]
+    assert r["fp32"]["tokens_per_s"] > 0 and r["bf16"]["tokens_per_s"] > 0 and r["speedup"] > 0
+    assert len(r["fp32"]["loss"]) == len(r["bf16"]["loss"]) == 2 and r["max_rel_loss_diff"] < 0.01
+    assert "CPU: " in proc.stdout and "bf16 / fp32:" in proc.stdout and "% of bf16 mm 2048^3" in proc.stdout
 
 
 @pytest.mark.parametrize("mode", [[], ["--mixed"], ["--weights", "copy", "--dtype", "bfloat16", "--backward"]])

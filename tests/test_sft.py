@@ -190,7 +190,8 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
     data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE, FIRST, P_LINE.replace("h7f6", "h7g5"))
     cfg = SFTConfig(init="tiny", n_embd=32, n_head=2, data=[str(data)], output_dir=str(tmp_path / "out"), steps=1,
                     seq_len=seq_len, pack=pack, rows_per_step=5, micro_batch_size=2, loss_on="target",
-                    max_grad_norm=0.0, eval_every=0, warmup_steps=0, compile=False, device="cpu").validate()
+                    max_grad_norm=0.0, eval_every=0, warmup_steps=0, compile=False, device="cpu",
+                    dtype="fp32").validate()  # float32's numerics against float64 (auto may be bf16 on the CPU)
     t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
     import copy
 

@@ -187,7 +187,7 @@ def test_each_prompt_once_trains_as_computing_every_row_s_prompt_does(tiny_dir, 
     prompts, two epochs of two minibatches and the exact KL: the same samples, losses and weights within fp32
     rounding."""
     common = ["--steps", "2", "--save-every", "2", "--mu", "2", "--minibatches", "2", "--lr", "1e-3",
-              "--entropy-coef", "0.01", "--kl-estimator", "full", "--task-mix", "0.5"]
+              "--entropy-coef", "0.01", "--kl-estimator", "full", "--task-mix", "0.5", "--dtype", "fp32"]
     once, each = tmp_path / "once", tmp_path / "each"
     proc = run_cli(train_args(tiny_dir, once, *common))
     assert proc.returncode == 0, proc.stderr
@@ -484,7 +484,7 @@ def _cut_step(tmp_path, micro_batch_size, reference):
     cfg = TrainConfig(steps=1, prompts_per_step=6, group_size=3, max_new_tokens=9, lr=1e-30, beta=0.1, mu=1,
                       minibatches=2, micro_batch_size=micro_batch_size, warmup_steps=0, eval_every=0,
                       save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False, seed=5,
-                      task_mix=0.5).validate()
+                      task_mix=0.5, dtype="fp32").validate()  # the tests compare to float32's rounding
     t = fixed_lengths(Trainer(cfg, policy=tiny_gpt(seed=2, scale=3.0), reference=reference, tokenizer=get_tokenizer(),
                               reward_fn=ByteSum(), prompts=PromptSource(cfg), stream=open(os.devnull, "w")),
                       {"P": 4, "A": 9})
@@ -719,7 +719,8 @@ def test_the_updates_first_pass_takes_samplings_products_and_gets_the_same_gradi
     tok = get_tokenizer()
     cfg = TrainConfig(steps=2, prompts_per_step=6, group_size=4, max_new_tokens=9, beta=0.1, entropy_coef=0.01,
                       micro_batch_size=8, warmup_steps=0, eval_every=0, save_every=0, sample_every=0,
-                      output_dir=str(tmp_path), compile=False, log_every=100).validate()
+                      output_dir=str(tmp_path), compile=False, log_every=100,
+                      dtype="fp32").validate()  # the memo is float32's: under autocast the products are made again
     policy = tiny_gpt(seed=1, scale=4.0)
     trainer = Trainer(cfg, policy=policy, reference=tiny_gpt(seed=2, scale=4.0), tokenizer=tok,
                       reward_fn=HashReward(), prompts=MixedPrompts(tok), stream=open(os.devnull, "w"))

@@ -22,7 +22,7 @@ from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm, init_distributed
 from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
 from rookworld.harness.runlog import RunLog, Summary
-from rookworld.net.device import keep_freed_memory, resolve_device
+from rookworld.net.device import BF16_FLAGS, cpu_bf16, keep_freed_memory, resolve_device
 from rookworld.net.pretrained import from_pretrained, model_directory, save_pretrained
 from rookworld.net.tokenizer import get_tokenizer
 from rookworld.settings.config import RunConfig
@@ -54,6 +54,27 @@ def step_if_finite(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor, lo
     optimizer.step()
 
 
+def compute_dtype(dtype: str, kind: str) -> tuple[bool, str]:
+    """Whether a run on a `kind` device computes under bf16 autocast, and why, for the run's header (empty when
+    --dtype said so). --dtype auto takes bf16 where the hardware multiplies bf16 several times faster than float32:
+    on CUDA, and on a CPU with AMX (`cpu_bf16`). AVX-512 BF16 only doubles the products' rate, which a step did
+    not turn into speed (BENCHMARKS.md, issue 44: SFT 1.00x on the chess-cpu shape, 1.22x on GPT-2 small; GRPO
+    0.8-0.9x on GPT-2 small, whose update cannot reuse sampling's products under autocast), so there and elsewhere
+    it keeps float32."""
+    if dtype != "auto":
+        return dtype == "bf16", ""
+    if kind == "cuda":
+        return True, ": --dtype auto on CUDA"
+    flag = cpu_bf16() if kind == "cpu" else None
+    if flag == "amx_bf16":
+        return True, ": --dtype auto and the CPU has AMX (amx_bf16)"
+    if flag is not None:
+        return False, f": --dtype auto; the CPU's {flag} measured no faster than fp32 end to end"
+    if kind == "cpu":
+        return False, f": --dtype auto and the CPU has no {' or '.join(BF16_FLAGS)}"
+    return False, f": --dtype auto on {kind}"
+
+
 def complete_message(command: str, cfg: RunConfig, step: int) -> str:
     return (f"the run is complete: step {step} of --steps {cfg.steps}; to train longer, rookworld {command} "
             f"--resume {cfg.output_dir} --steps N with N > {step}")
@@ -83,7 +104,7 @@ class Run:
             # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
             # newer ones map to their own fp32_precision settings.
             torch.set_float32_matmul_precision("high")
-        bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and kind == "cuda")
+        bf16, why = compute_dtype(cfg.dtype, kind)
         self.amp_dtype = torch.bfloat16 if bf16 else None
         self.compile = cfg.compile and kind == "cuda"
         torch.manual_seed(cfg.seed)
@@ -112,7 +133,7 @@ class Run:
         ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
         steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
         self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "
-                     f"({'bf16 autocast' if bf16 else 'fp32'}{', compiled' if self.compile else ''}{ranks})")
+                     f"({'bf16 autocast' if bf16 else 'fp32'}{why}{', compiled' if self.compile else ''}{ranks})")
 
         if policy is None:
             policy = from_pretrained(directory, device=self.device)

@@ -1,4 +1,5 @@
-"""The device a model runs on, from the --device setting, and what it can do (memory, its bf16 peak)."""
+"""The device a model runs on, from the --device setting, and what it can do (memory, its bf16 peak, whether a CPU
+multiplies bf16 in hardware)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import ctypes
 import ctypes.util
 import re
 import resource
+import sys
 
 import torch
 
@@ -37,6 +39,34 @@ def peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+#: The x86 CPU flags (as Linux's /proc/cpuinfo lists them) of bf16 matrix hardware: AMX's tiles (Sapphire Rapids
+#: on) and AVX-512 BF16's dot products (Cooper Lake, Zen 4 on), which oneDNN's bf16 products use. Not
+#: `torch.ops.mkldnn._is_mkldnn_bf16_supported()`: it also says yes on AVX-512 CPUs without either, where bf16 is
+#: emulated (converted to float32 and back) and slower than float32.
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_bf16_flag(cpuinfo: str) -> str | None:
+    """The first of `BF16_FLAGS` that every processor of `cpuinfo` (the text of Linux's /proc/cpuinfo) lists in its
+    "flags" line, or None (None too for text without a flags line, as an ARM machine's or another format)."""
+    flags = [set(line.partition(":")[2].split()) for line in cpuinfo.splitlines()
+             if line.partition(":")[0].strip() == "flags"]
+    return next((f for f in BF16_FLAGS if flags and all(f in cpu for cpu in flags)), None)
+
+
+def cpu_bf16() -> str | None:
+    """This machine's CPU flag of bf16 matrix hardware (`cpu_bf16_flag` of /proc/cpuinfo), or None: none of them,
+    another OS than Linux, /proc/cpuinfo unreadable, or a torch without oneDNN (whose products would not use it).
+    `--dtype auto` takes bf16 autocast on the CPU where this is not None."""
+    if not sys.platform.startswith("linux") or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return cpu_bf16_flag(f.read())
+    except OSError:
+        return None
 
 
 # mallopt's parameters (glibc's malloc.h).

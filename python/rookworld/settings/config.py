@@ -60,8 +60,8 @@ class RunSettings:
                                      "and checkpoints", RUN)
     resume: str | None = setting(None, "continue from a checkpoint directory, or an output directory's latest "
                                        "checkpoint", RUN, main=True)
-    dtype: str = setting("auto", "compute dtype: auto (bf16 autocast on CUDA, fp32 on CPU), bf16 or fp32", RUN,
-                         choices=("auto", "bf16", "fp32"))
+    dtype: str = setting("auto", "compute dtype: auto (bf16 autocast on CUDA and on a CPU with AMX; else fp32), bf16 "
+                                 "or fp32", RUN, choices=("auto", "bf16", "fp32"))
     compile: bool = setting(True, "on CUDA, torch.compile the hot paths", RUN)
 
     def check_together(self, need) -> None:
