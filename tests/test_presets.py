@@ -14,7 +14,8 @@ from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig, from_
 from test_trainer import run_cli
 
 #: Parameters of each preset's model: a fresh 12-layer, 128-wide GPT-2, or RookWorld-LM-124M.
-SIZES = {"chess-cpu": 3.1e6, "cpu-demo": 8.9e6, "learning": 8.9e6, "rookworld-lm-124m": 124.4e6}
+SIZES = {"chess-cpu": 3.1e6, "chess-play": 4.5e6, "cpu-demo": 8.9e6, "learning": 8.9e6,
+         "rookworld-lm-124m": 124.4e6}
 
 
 def test_the_presets_are_installed_with_the_package():
@@ -26,10 +27,11 @@ def test_the_presets_are_installed_with_the_package():
 def user_files(tmp_path, monkeypatch, tiny_dir):
     """The files the presets name, where a user following their comments would have them."""
     monkeypatch.chdir(tmp_path)
-    for name in ("train.jsonl", "held_out.jsonl", "chess-cpu-train.jsonl", "data/chess-cpu-held-out.jsonl"):
+    for name in ("train.jsonl", "held_out.jsonl", "chess-cpu-train.jsonl", "data/chess-cpu-held-out.jsonl",
+                 "chess-play-train.jsonl", "data/chess-play-held-out.jsonl"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("")
-    for run in ("runs/cpu-demo-sft", "runs/learning-sft", "models/chess-cpu-sft"):
+    for run in ("runs/cpu-demo-sft", "runs/learning-sft", "models/chess-cpu-sft", "runs/chess-play-sft"):
         (tmp_path / run).parent.mkdir(exist_ok=True)
         (tmp_path / run).symlink_to(tiny_dir)
 
@@ -54,7 +56,7 @@ def test_a_path_wins_over_a_preset_of_the_same_name_and_a_typo_lists_the_presets
     (tmp_path / "samples.txt").write_text("")
     (tmp_path / "cpu-demo").write_text("[sft]\nsteps = 3\ninit = 'tiny'\ndata = ['samples.txt']\n")
     assert from_args(argparse.Namespace(config="cpu-demo"), SFTConfig).steps == 3
-    with pytest.raises(ConfigError, match="no such file or preset: cpu-dem .*presets: chess-cpu, cpu-demo, learning"):
+    with pytest.raises(ConfigError, match="no such file or preset: cpu-dem .*presets: chess-cpu, chess-play, cpu-demo, learning"):
         from_args(argparse.Namespace(config="cpu-dem"), SFTConfig)
 
 
