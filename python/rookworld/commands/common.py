@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import stat
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
-from rookworld.ground import data
+from rookworld.ground import data, files
 from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, StockfishPool
 from rookworld.settings.base import ConfigError
 from rookworld.settings.declare import Settings
@@ -21,12 +24,58 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2, no traceback."""
 
 
-def settings(args: argparse.Namespace, cls: type[Settings]):
-    """The command's settings from its flags, checked; a bad one is one line."""
+def settings(args: argparse.Namespace, cls: type[Settings], streams: dict[str, str] | None = None):
+    """The command's settings from its flags, checked; a bad one is one line. `streams` ({attribute: flag}) are
+    input files that may be a pipe or a FIFO (`--from <(zcat f.gz)`): each is read once, now, into a copy that
+    `read_positions` reads, so that the checks see a file and no reader waits on a FIFO for ever."""
+    given = {name: path for name, path in ((name, getattr(args, name, None)) for name in streams or {})
+             if isinstance(path, str) and _is_stream(path)}
+    for name, path in given.items():
+        setattr(args, name, _copy_stream(path, streams[name]))
     try:
-        return from_args(args, cls)
+        s = from_args(args, cls)
     except ConfigError as e:
         raise CliError(str(e)) from None
+    finally:
+        for name, path in given.items():
+            setattr(args, name, path)
+    for name, path in given.items():  # the names the user gave, in every message and record
+        setattr(s, name, path)
+    return s
+
+
+#: What was read from each input that can be read only once (a pipe, a FIFO), by the name it was given.
+_copies: dict[str, BinaryIO] = {}
+
+
+def _is_stream(path: str) -> bool:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def _copy_stream(path: str, flag: str) -> str:
+    """A private temporary copy of what the pipe or FIFO `path` gives, named as an open descriptor."""
+    copy = tempfile.TemporaryFile()
+    try:
+        if not files.copy_stream(path, copy, files.PEER_WAIT_S):
+            raise CliError(f"{flag} {path}: nothing wrote to the FIFO in {files.PEER_WAIT_S:.0f} s: start its "
+                           f"writer first (cat FILE > {path} &), or give the file itself")
+    except OSError as e:
+        copy.close()
+        raise CliError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+    except BaseException:
+        copy.close()
+        raise
+    copy.flush()
+    _copies[path] = copy
+    return _stand_in(copy)
+
+
+def _stand_in(copy: BinaryIO) -> str:
+    return f"/dev/fd/{copy.fileno()}"
 
 
 def stockfish_pool(s) -> StockfishPool:
@@ -40,21 +89,67 @@ def stockfish_pool(s) -> StockfishPool:
         raise CliError(f"cannot start Stockfish: {e}") from None
 
 
-def check_out_file(out: str | None, flag: str = "--out") -> None:
-    """Before any work: an output file that cannot be written is an error now, not after an hour. A file is made
-    and removed beside it, since permission bits say nothing for root or on a read-only mount."""
-    if not out or out == "-":
-        return
+def output_file(out: str | None, flag: str = "--out") -> files.Output | None:
+    """Before any work: an output that cannot be written is an error now, not after an hour. A file is made and
+    removed beside it, since permission bits say nothing for root or on a read-only mount. A FIFO's reader is
+    waited for now (a bounded time), as a shell's `> fifo` would."""
+    if not out:
+        return None
     path = Path(out)
-    parent = path.parent
-    if path.is_dir():
+    if out != "-" and path.is_dir():
         raise CliError(f"{flag} {out} is a directory: give a file name, such as {path / 'out.json'}")
+    try:
+        output = files.Output(out)
+    except files.OutputError as e:
+        raise CliError(f"{flag} {out} {e}") from None
+    if output.through:
+        _connect(output, flag)
+    else:
+        _check_not_kept(output.target, out, flag)
+        _check_writable(output.target, out, flag)
+    return output
+
+
+#: The files of a model, a run or a checkpoint directory: what `--model`, `plot` and `--resume` read there.
+_KEPT = ("model.safetensors", "config.json", "vocab.json", "merges.txt", "generation_config.json", "metrics.jsonl",
+         "samples.jsonl", "run.json", "trainer_state.pt", "train_config.json", "latest")
+
+
+def _check_not_kept(target: Path, out: str, flag: str) -> None:
+    """An output named as one of the files of a model or a run directory would replace it (`eval --model m --out
+    m/config.json`, `plot RUN --out RUN/metrics.jsonl`)."""
+    parent = target.parent
+    if target.name in _KEPT and any((parent / name).exists() for name in ("config.json", "run.json",
+                                                                          "metrics.jsonl", "trainer_state.pt")):
+        raise CliError(f"{flag} {out} would replace the {target.name} of the model or run in {parent}: give "
+                       "another file name")
+
+
+def _connect(output: files.Output, flag: str) -> None:
+    out = output.name
+    if output.target is not None and not os.access(output.target, os.W_OK):
+        raise CliError(f"{flag} {out}: cannot write to it (permission denied)")
+    try:
+        if output.connect(0):
+            return
+        print(f"{flag} {out}: waiting up to {files.PEER_WAIT_S:.0f} s for a reader of the FIFO", file=sys.stderr)
+        if not output.connect(files.PEER_WAIT_S):
+            raise CliError(f"{flag} {out}: nothing read the FIFO in {files.PEER_WAIT_S:.0f} s: start its reader "
+                           f"first (cat {out} > FILE &), or give a file")
+    except OSError as e:
+        raise CliError(f"{flag} {out}: cannot open it ({e.strerror or e})") from None
+
+
+def _check_writable(target: Path, out: str, flag: str) -> None:
+    """A file renamed into place: its directory must take a new file."""
+    parent = target.parent
+    shown = f"{out}: its directory {parent}" if Path(out).parent == parent else f"{out} (a link to {target}): {parent}"
     if not parent.exists():
-        raise CliError(f"{flag} {out}: its directory {parent} does not exist (mkdir -p {parent})")
+        raise CliError(f"{flag} {shown} does not exist (mkdir -p {parent})")
     if not parent.is_dir():
         raise CliError(f"{flag} {out}: {parent} is a file, not a directory")
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", dir=parent)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
@@ -69,10 +164,13 @@ def write_failed(flag: str, out: str, e: OSError) -> CliError:
 
 def read_positions(path: str, skip_bad: bool) -> list[data.Record]:
     """A positions file's records that have a legal move; bad lines and finished games are said on stderr."""
+    copy = _copies.get(path)
     try:
-        records, skipped = data.read_records(path, skip_bad=skip_bad)
+        records, skipped = data.read_records(_stand_in(copy) if copy else path, skip_bad=skip_bad)
     except data.DataError as e:
-        raise CliError(str(e)) from None
+        raise CliError(str(e).replace(_stand_in(copy), path) if copy else str(e)) from None
+    if copy:  # the lines named by the pipe or FIFO read, not by the copy's descriptor
+        records = [replace(r, source=r.source.replace(_stand_in(copy), path, 1)) if r.source else r for r in records]
     if skipped:
         print(f"skipped {skipped} bad lines of {path}", file=sys.stderr)
     kept, finished = data.playable(records)

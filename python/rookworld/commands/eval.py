@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from rookworld.commands.common import (CliError, check_out_file, read_positions, settings, stockfish_pool,
+from rookworld.commands.common import (CliError, output_file, read_positions, settings, stockfish_pool,
                                        write_failed)
 from rookworld.commands.model import load_lm
 from rookworld.ground import data
+from rookworld.ground.files import Output
 from rookworld.ground.progress import Progress
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
@@ -33,8 +35,16 @@ def _suite_options(s: EvalSettings) -> tuple[list[str], SuiteOptions]:
 
 
 def run(args: argparse.Namespace) -> int:
-    s = settings(args, EvalSettings)
-    check_out_file(s.out)
+    s = settings(args, EvalSettings, streams={"data": "--data"})
+    out = output_file(s.out)
+    try:
+        return _run(s, out)
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _run(s: EvalSettings, out: Output | None) -> int:
     names, opts = _suite_options(s)
     file_records = read_positions(s.data, s.skip_bad) if s.data else None
     records = None
@@ -76,14 +86,16 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     finally:
         if pool is not None:
-            pool.close()
+            pool.close(cancel_pending=True)  # its analyses are in, or no longer wanted (Ctrl-C, SIGTERM)
     print(format_report(results))
-    if s.out:
+    if out is not None:
         try:
-            data.write_json({"model": str(directory), "model_step": step, "protocol": opts.decoding.name,
-                             "decoding": {"temperature": opts.decoding.temperature, "top_k": opts.decoding.top_k},
-                             "data": str(s.data) if s.data else f"generated (seed {s.seed})",
-                             "suites": {r.suite: r.to_dict() for r in results}}, s.out)
+            with out.open() as f:
+                json.dump({"model": str(directory), "model_step": step, "protocol": opts.decoding.name,
+                           "decoding": {"temperature": opts.decoding.temperature, "top_k": opts.decoding.top_k},
+                           "data": str(s.data) if s.data else f"generated (seed {s.seed})",
+                           "suites": {r.suite: r.to_dict() for r in results}}, f, indent=2)
+                f.write("\n")
         except OSError as e:  # checked before the work, so a disk that filled during it; the report is above
             raise CliError(f"{write_failed('--out', s.out, e)}; the report above holds the figures") from None
         print(f"wrote {s.out}", file=sys.stderr)

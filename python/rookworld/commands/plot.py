@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rookworld.commands.common import CliError, check_out_file, settings, write_failed
+from rookworld.commands.common import CliError, output_file, settings, write_failed
 from rookworld.harness.plot import PlotError, plot_runs
 from rookworld.settings.commands import PlotSettings
 
 
 def run(args: argparse.Namespace) -> int:
     s = settings(args, PlotSettings)
-    check_out_file(s.out)
+    out = output_file(s.out)
     try:
-        panels = plot_runs(s.runs, s.out, title=s.title)
+        panels = plot_runs(s.runs, out, title=s.title)
     except PlotError as e:
         raise CliError(str(e)) from None
     except OSError as e:
         raise write_failed("--out", s.out, e) from None
+    finally:
+        out.close()
     print(f"wrote {s.out} ({panels} panels, {len(s.runs)} run(s))", file=sys.stderr)
     return 0

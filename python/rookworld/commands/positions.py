@@ -9,12 +9,14 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import as_completed
 
-from rookworld.commands.common import (CliError, check_out_file, read_positions, settings, stockfish_pool,
+from rookworld.commands.common import (CliError, output_file, read_positions, settings, stockfish_pool,
                                        write_failed)
 from rookworld.ground import data, pgn, selfplay
 from rookworld.ground.data import position_key
 from rookworld.ground.chess import generate_positions
+from rookworld.ground.files import Output
 from rookworld.ground.selfplay import SelfPlay
+from rookworld.ground.stockfish import StockfishError
 from rookworld.ground.progress import Progress
 from rookworld.settings.commands import PositionsSettings
 
@@ -22,13 +24,24 @@ POSITIONS_CHUNK = 20_000
 
 
 def run(args: argparse.Namespace) -> int:
-    s = settings(args, PositionsSettings)
-    check_out_file(s.out)
+    s = settings(args, PositionsSettings, streams={"source": "--from", "exclude": "--exclude"})
+    out = output_file(s.out)
+    try:
+        return _run(s, out)
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _run(s: PositionsSettings, out: Output) -> int:
     excluded = {position_key(r.fen) for r in read_positions(s.exclude, s.skip_bad)} if s.exclude else set()
     if s.selfplay:
-        return _selfplay(s, excluded)
+        try:
+            return _selfplay(s, excluded, out)
+        except StockfishError as e:  # an engine that kept failing after its restarts, or that the pool gave up on
+            raise CliError(str(e)) from None
     if s.annotate or s.source or s.pgn:
-        return _annotate(s, excluded)
+        return _annotate(s, excluded, out)
 
     with Progress(s.count, "positions", "pos", enabled=not s.quiet) as bar:
         def lines():
@@ -36,25 +49,32 @@ def run(args: argparse.Namespace) -> int:
                 yield from (r.to_dict() for r in data.cut_histories(chunk, s.seed, s.a_history))
                 bar.update(len(chunk))
 
-        _emit(lines(), s)
+        _emit(lines(), s, out)
     return 0
 
 
-def _emit(lines, s: PositionsSettings) -> None:
+def _emit(lines, s: PositionsSettings, out: Output) -> None:
     if s.out == "-":
         for line in lines:
             sys.stdout.write(json.dumps(line) + "\n")
         return
-    n = _write(lines, s.out)
+    n = _write(lines, out)
     if not s.quiet:
         print(f"wrote {n} positions to {s.out}", file=sys.stderr)
 
 
-def _write(lines, out: str) -> int:
+def _write(lines, out: Output) -> int:
+    """A file written whole or not at all (an interrupted or failed write leaves no half file), or a FIFO or
+    device written through."""
+    n = 0
     try:
-        return data.write_records(lines, out)  # atomic: an interrupted or failed write leaves no half file
+        with out.open() as f:
+            for line in lines:
+                f.write(json.dumps(line) + "\n")
+                n += 1
     except OSError as e:
-        raise write_failed("--out", out, e) from None
+        raise write_failed("--out", out.name, e) from None
+    return n
 
 
 def _generated(s: PositionsSettings, excluded: set[str]) -> Iterator[list[data.Record]]:
@@ -100,7 +120,7 @@ def _from_pgn(s: PositionsSettings, excluded: set[str]) -> list[data.Record]:
     return records[: s.count]
 
 
-def _annotate(s: PositionsSettings, excluded: set[str]) -> int:
+def _annotate(s: PositionsSettings, excluded: set[str], out: Output) -> int:
     if s.source:
         records = [r for r in read_positions(s.source, s.skip_bad) if position_key(r.fen) not in excluded][: s.count]
     elif s.pgn:
@@ -124,11 +144,11 @@ def _annotate(s: PositionsSettings, excluded: set[str]) -> int:
                 except Exception as e:  # an engine that failed every retry: say which position
                     raise CliError(f"Stockfish could not analyse {r.fen!r} ({r.source or 'generated'}): {e}") from None
         lines = data.annotated(records, analyses, seed=s.seed, layout=s.layout or "rookworld")
-    _emit(lines, s)
+    _emit(lines, s, out)
     return 0
 
 
-def _selfplay(s: PositionsSettings, excluded: set[str]) -> int:
+def _selfplay(s: PositionsSettings, excluded: set[str], out: Output) -> int:
     """--count positions from self-play games, new ones only (not in --exclude, not seen before in this run), at
     most --per-game from each game."""
     how = SelfPlay(temperature=s.selfplay_temperature, opening_temperature=s.opening_temperature)
@@ -154,7 +174,7 @@ def _selfplay(s: PositionsSettings, excluded: set[str]) -> int:
                 break
     records = data.cut_histories(records, s.seed, s.a_history)
     if s.annotate:
-        _emit(data.annotated(records, analyses, seed=s.seed, layout=s.layout or "rookworld"), s)
+        _emit(data.annotated(records, analyses, seed=s.seed, layout=s.layout or "rookworld"), s, out)
     else:
-        _emit((r.to_dict() for r in records), s)
+        _emit((r.to_dict() for r in records), s, out)
     return 0

@@ -1,4 +1,5 @@
-"""Files written whole or not at all: a temporary file or directory beside the target, renamed into place.
+"""Files written whole or not at all: a temporary file or directory beside the target, renamed into place; the
+outputs a user names, written as their kind allows (`Output`); pipes and FIFOs read once (`copy_stream`).
 
 tempfile makes them private (-rw------- and drwx------) for safety while they are being written; once in place
 they get the permissions any other file of the user gets (0666 or 0777 less the umask), so a run directory can
@@ -8,10 +9,16 @@ be read by a colleague or a web server exactly as the user's umask allows.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
+import stat
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 def _umask() -> int:
@@ -57,3 +64,155 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, fsync: bool = Fals
 def temporary_directory(prefix: str, parent: str | os.PathLike) -> Path:
     """A new private directory in `parent`, to be filled, `publish`ed and renamed into place."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+#: How long the other end of a FIFO is waited for: its reader when it is an output, its writer when it is an
+#: input. Opening a FIFO blocks until the other end opens it, so one that nobody opens would hang a command.
+PEER_WAIT_S = 60.0
+
+# An open descriptor named as a file: /dev/stdout, /dev/fd/N, /proc/self/fd/N.
+_DESCRIPTOR = re.compile(r"^/(proc/[^/]+|dev)/fd/\d+$")
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a file"))
+
+
+class OutputError(ValueError):
+    """An output that cannot be written the way it is; the message follows its name."""
+
+
+def kind(mode: int) -> str:
+    """What a file of this st_mode is, in words ("a FIFO")."""
+    return next((name for test, name in _KINDS if test(mode)), "not a file")
+
+
+def _follow_links(path: str) -> tuple[str, bool]:
+    """The file `path` names once its symlinks are followed, and whether one of them named an open descriptor
+    (/dev/stdout, /dev/fd/N), whose file is the descriptor's, not a path that could be renamed over."""
+    p, descriptor = os.path.abspath(path), False
+    for _ in range(40):  # the kernel's own limit on the links one lookup follows
+        p = os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
+        descriptor = descriptor or bool(_DESCRIPTOR.match(p))
+        try:
+            link = os.readlink(p)
+        except OSError:  # not a link, or nothing there: the end of the chain
+            return p, descriptor
+        p = os.path.join(os.path.dirname(p), link)
+    raise OutputError("is a symlink loop: point the link at a file, or give another name")
+
+
+class Output:
+    """A file a user named for a command's output, written as its kind allows. A regular file, or a new one, is
+    written whole or not at all (a temporary file beside it renamed over it); a symlink's file the same way, beside
+    that file, so the link stays a link. A FIFO, a character device (/dev/null, a terminal) or an open descriptor
+    (/dev/stdout) is written through: a file renamed over it would replace the pipe or the device itself, which as
+    root is /dev/null for the whole system. `-` is standard output."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.fifo = False
+        self._fd: int | None = None
+        if name == "-":
+            self.through, self.target = True, None
+            return
+        target, descriptor = _follow_links(name)
+        try:
+            mode = os.stat(name).st_mode
+        except FileNotFoundError:  # a new file, or a symlink to one: made where the link points
+            mode = None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise OutputError("is a symlink loop: point the link at a file, or give another name") from None
+            mode = None  # a directory on the way that is not one: the caller's checks of the parent say it
+        if mode is not None and (stat.S_ISBLK(mode) or stat.S_ISSOCK(mode)):
+            raise OutputError(f"is {kind(mode)}, not a file to write: give a file name")
+        self.through = descriptor or (mode is not None and not stat.S_ISREG(mode))
+        self.fifo = mode is not None and stat.S_ISFIFO(mode)
+        self.target = Path(target) if os.path.islink(name) and not self.through else Path(name)
+
+    def connect(self, wait_s: float) -> bool:
+        """A FIFO's write end, opened now (before the work, as a shell's `> fifo` does) waiting up to `wait_s` for
+        its reader; False when none came. Held open until the write, so the reader sees no end before it."""
+        if not self.fifo or self._fd is not None:
+            return True
+        self._fd = open_fifo(str(self.target), wait_s)
+        return self._fd is not None
+
+    @contextlib.contextmanager
+    def open(self, mode: str = "w") -> Iterator:
+        """The output as a file object, `mode` "w" or "wb"."""
+        if self.target is None:
+            stream = sys.stdout.buffer if "b" in mode else sys.stdout
+            yield stream
+            stream.flush()
+            return
+        if not self.through:
+            with atomic_write(self.target, mode) as f:
+                yield f
+            return
+        # O_APPEND, not O_TRUNC: through /dev/stdout that is the shell's file, which `>>` asked to be appended to.
+        fd = self._fd if self._fd is not None else os.open(self.target, os.O_WRONLY | os.O_APPEND)
+        self._fd = None
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def open_fifo(path: str, wait_s: float) -> int | None:
+    """A descriptor of the FIFO `path` for writing, once a reader has it open; None when none came within `wait_s`
+    seconds. The descriptor blocks as usual."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # ENXIO: no reader yet
+                raise
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+        else:
+            os.set_blocking(fd, True)
+            return fd
+
+
+def copy_stream(path: str, into: BinaryIO, wait_s: float) -> bool:
+    """Copies all that a pipe, a FIFO or a device gives into `into`, reading it once; False when `path` is a FIFO
+    that no writer opened within `wait_s` seconds (opening it the usual way would have waited for ever)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never blocks, writer or not
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:  # a writer has it open and has not written yet
+                chunk = None
+                break
+            if chunk or not _named_fifo(fd):  # data, or the end of a pipe or a device
+                break
+            if time.monotonic() >= deadline:  # the end of a FIFO only says that no writer has it open (yet)
+                return False
+            time.sleep(0.05)
+        os.set_blocking(fd, True)
+        if chunk is None:
+            chunk = os.read(fd, 1 << 16)
+        while chunk:  # to the end: every writer has closed it
+            into.write(chunk)
+            chunk = os.read(fd, 1 << 16)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _named_fifo(fd: int) -> bool:
+    """A FIFO in the file system, which a writer may open later (not an anonymous pipe, such as bash's
+    <(command), whose writer had it from the start)."""
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        return False
+    try:
+        return not os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:  # no /proc: taken as named, which only means waiting for a writer that is there
+        return True

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from rookworld.ground.files import Output
 from rookworld.net.sources import CONFIG_FILE
 
 #: A GRPO run's "loss" (near 0, either sign) is drawn apart from SFT's cross-entropy (about 1 to 11).
@@ -46,7 +47,7 @@ def read_metrics(run: str | Path) -> list[dict]:
     for line in text.splitlines():
         try:
             row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):  # a line cut short by a crash: the rest still plots
+        except (ValueError, RecursionError):  # a line cut short by a crash: the rest still plots
             row = None
         if isinstance(row, dict):
             rows.append(row)
@@ -107,13 +108,17 @@ def run_names(runs: Sequence[str | Path]) -> list[str]:
     return [name(p) for p in parts]
 
 
-def plot_runs(runs: Sequence[str | Path], out: str | Path, title: str | None = None) -> int:
-    """Draws every panel some run has data for into the PNG `out`; returns how many."""
+def plot_runs(runs: Sequence[str | Path], out: str | Path | Output, title: str | None = None) -> int:
+    """Draws every panel some run has data for into the PNG `out`; returns how many. It is written as any output
+    (`Output`): a file whole or not at all, a FIFO or a device through."""
     fig, n = figure(runs, title)
-    fig.savefig(out, dpi=110, format="png")  # to `out` itself: without a format, a name without .png got one added
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    try:
+        with (out if isinstance(out, Output) else Output(str(out))).open("wb") as f:
+            fig.savefig(f, dpi=110, format="png")  # format: a name without .png would get one added
+    finally:
+        plt.close(fig)
     return n
 
 

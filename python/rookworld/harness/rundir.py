@@ -9,26 +9,30 @@ started afresh without asking when it has not logged a single step.
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import json
 import os
 import shutil
 import socket
+import stat
 from pathlib import Path
 
 from rookworld import __version__
-from rookworld.ground.files import atomic_write
+from rookworld.ground.files import atomic_write, kind
 from rookworld.harness import checkpoint
-from rookworld.harness.runlog import WANDB_ID
 from rookworld.settings.config import ConfigError, RunConfig
 
 RUN_FILE = "run.json"
+#: OUTPUT_DIR/WANDB_ID holds the id of the run's W&B run, so that --resume continues the same one.
+WANDB_ID = "wandb_id"
 #: Held (flock) by the run writing to the directory, for as long as its process lives: the kernel drops the lock of a
 #: process that dies however it dies, so a crashed run's lock file is stale by itself and never needs clearing.
 LOCK_FILE = ".rookworld.lock"
 COMMANDS = ("train", "sft")
 # What a run writes, besides the model files `sft` (and `train`) keep at the top.
 _RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard", "wandb", WANDB_ID, RUN_FILE)
+_RUN_DIRS = ("checkpoints", "tensorboard", "wandb")
 _MODEL_FILES = ("model.safetensors", "config.json", "vocab.json", "merges.txt")
 
 
@@ -43,7 +47,7 @@ def made_by(out: Path) -> str | None:
         command = json.loads((out / RUN_FILE).read_text()).get("command")
         if command in COMMANDS:
             return command
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         pass
     saved = checkpoint.list_checkpoints(out)
     if saved:
@@ -80,10 +84,11 @@ class RunDirectoryLock:
     directory is refused with a message naming the first (two runs together interleaved their metrics and
     overwrote each other's checkpoints, both exiting 0)."""
 
-    def __init__(self, out: Path, command: str):
+    def __init__(self, out: Path, command: str | None):
+        check_directory(out)
         try:
             out.mkdir(parents=True, exist_ok=True)
-            self._file = open(out / LOCK_FILE, "a+")
+            self._file = _open_lock_file(out / LOCK_FILE)
         except OSError as e:
             raise ConfigError(f"--output-dir {out}: cannot write there ({e.strerror}): give a directory you can "
                               "write to") from None
@@ -108,29 +113,118 @@ class RunDirectoryLock:
             self._file.close()
 
 
+def _open_lock_file(path: Path):
+    """The lock file, never through a symlink (its target would be truncated) nor a FIFO (which blocks)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise ConfigError(f"{path} is a symlink, where a run keeps its lock: remove it") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ConfigError(f"{path} is {kind(mode)}, where a run keeps its lock: remove it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+", encoding="utf-8")
+
+
 def _describe(holder: str) -> str:
     try:
         h = json.loads(holder)
         return f"rookworld {h['command']}, process {h['pid']} on {h['host']}, started {h['started']}"
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return "a rookworld run that has not said which yet"
+
+
+def check_directory(out: Path, flag: str = "--output-dir") -> None:
+    """An output directory that is not one, or cannot be made, is said as such (mkdir says "File exists")."""
+    try:
+        mode = os.stat(out).st_mode
+    except FileNotFoundError:
+        if os.path.islink(out):
+            raise ConfigError(f"{flag} {out} is a symlink to {os.readlink(out)}, which does not exist: make that "
+                              f"directory, or give another {flag}") from None
+        return
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"{flag} {out} is a symlink loop: give another {flag}") from None
+        if e.errno == errno.ENOTDIR:
+            blocker = next((p for p in reversed(out.absolute().parents) if p.exists() and not p.is_dir()), None)
+            raise ConfigError(f"{flag} {out}: cannot write there ({blocker or 'a directory on its way'} is a file, "
+                              "not a directory): give a directory you can write to") from None
+        return  # mkdir says it
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(f"{flag} {out} is {kind(mode)}, not a directory: give a directory (a new one is made)")
+
+
+def _local_model(cfg: RunConfig) -> Path | None:
+    model = getattr(cfg, "model", None)
+    path = Path(model).expanduser() if model else None
+    return path if path is not None and path.is_dir() else None
+
+
+def _check_inputs(cfg: RunConfig, resume_from: Path | None, continuing: bool, command: str) -> None:
+    """The directory a run writes is not the model it starts from (nor holds it): the run writes its model there,
+    and --overwrite would delete it before it is read. (A directory inside the model's is safe: the run writes
+    only in its own.)"""
+    out = Path(cfg.output_dir).resolve()
+    inputs = [("--model", _local_model(cfg))]
+    if not continuing:
+        inputs.append(("--resume", resume_from))
+    for flag, path in inputs:
+        if path is None:
+            continue
+        source = path.resolve()
+        if out == source or out in source.parents:
+            what = "is" if out == source else "holds"
+            raise ConfigError(f"--output-dir {cfg.output_dir} {what} the {flag} {path} the run starts from, and the "
+                              f"run would write over it: give another --output-dir, such as "
+                              f"{source.name}-{command} beside it")
+
+
+def _check_own_files(out: Path) -> None:
+    """The files a run appends to and rewrites are its own regular files: a symlink's file is someone else's, and
+    a FIFO blocks whoever reads it. (Its directories may be symlinks: kept on another disk.)"""
+    for name in _RUN_FILES:
+        path = out / name
+        if not os.path.lexists(path):
+            continue
+        directory = name in _RUN_DIRS
+        if path.is_dir() if directory else stat.S_ISREG(path.lstat().st_mode):
+            continue
+        what = ("a broken symlink" if not path.exists() else "a symlink") if path.is_symlink() else \
+            kind(path.lstat().st_mode)
+        raise ConfigError(f"{path} is {what}, where a run keeps its {'directory' if directory else 'file'} of "
+                          "that name: remove it, or give another --output-dir")
+
+
+def _is_run(out: Path) -> bool:
+    """Whether `out` holds a run (its run.json, its metrics or its checkpoints), not only names a run also uses."""
+    return any((out / name).exists() for name in (RUN_FILE, "metrics.jsonl", "checkpoints"))
 
 
 def prepare_output_dir(cfg: RunConfig, resume_from: Path | None, main: bool, command: str) -> None:
     """A run does not write over another one: a new run needs --resume to continue the run in its directory, or
     --overwrite to replace it (never a run of the other command); a run resumed from one directory into another
-    must not land on a third run."""
+    must not land on a third run. Nor does it write over what is not a run: the model it starts from, ever, or
+    files of a run's names in a directory that holds no run, without --overwrite."""
     out = Path(cfg.output_dir)
-    found = [name for name in _RUN_FILES if (out / name).exists()]
     continuing = resume_from is not None and run_directory(resume_from).resolve() == out.resolve()
+    _check_own_files(out)
+    found = [name for name in _RUN_FILES if (out / name).exists()]
+    owner = made_by(out) if found and not continuing else None
+    if owner is not None and owner != command:
+        what = "delete it" if cfg.overwrite else "write over it"
+        raise ConfigError(f"--output-dir {out} holds a `rookworld {owner}` run, which this `rookworld {command}` "
+                          f"will not {what}: give a new --output-dir (with --model {out} to start from its "
+                          f"model){', or remove it yourself' if cfg.overwrite else ''}")
+    _check_inputs(cfg, resume_from, continuing, command)
+    if not continuing and not _is_run(out):
+        _claim(out, cfg.overwrite, main)
+        found = []
     if found and not continuing:
-        owner = made_by(out)
         saved = checkpoint.list_checkpoints(out)
-        if owner is not None and owner != command:
-            what = "delete it" if cfg.overwrite else "write over it"
-            raise ConfigError(f"--output-dir {out} holds a `rookworld {owner}` run, which this `rookworld {command}` "
-                              f"will not {what}: give a new --output-dir (with --model {out} to start from its "
-                              f"model){', or remove it yourself' if cfg.overwrite else ''}")
         if not cfg.overwrite and (saved or _logged_steps(out)):
             if resume_from is not None:
                 raise ConfigError(f"--output-dir {out} already holds another run ({', '.join(found)}) than the one "
@@ -142,11 +236,33 @@ def prepare_output_dir(cfg: RunConfig, resume_from: Path | None, main: bool, com
             raise ConfigError(f"--output-dir {out} already holds a run ({', '.join(found)}): continue it with "
                               f"--resume {out}, or start over with --overwrite")
         if main:  # --overwrite, or a run that stopped before logging a step: nothing worth keeping
-            for name in (*_RUN_FILES, *(_MODEL_FILES if (out / "model.safetensors").exists() else ())):
-                path = out / name
-                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            _remove(out, (*_RUN_FILES, *(_MODEL_FILES if (out / "model.safetensors").exists() else ())))
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        with atomic_write(out / RUN_FILE) as f:
-            json.dump({"command": command, "rookworld": __version__}, f)
-            f.write("\n")
+        mark(out, command)
+
+
+def _claim(out: Path, overwrite: bool, main: bool) -> None:
+    """A directory that holds no run but files a run writes (a model's config.json, someone's tensorboard/): they
+    are replaced only with --overwrite."""
+    clashing = [name for name in (*_RUN_FILES, *_MODEL_FILES) if os.path.lexists(out / name)]
+    if not clashing:
+        return
+    if not overwrite:
+        raise ConfigError(f"--output-dir {out} holds no run but files a run writes ({', '.join(clashing)}): give a "
+                          "new or empty --output-dir, or --overwrite to replace them")
+    if main:
+        _remove(out, clashing)
+
+
+def _remove(out: Path, names) -> None:
+    for name in names:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+
+
+def mark(out: Path, command: str) -> None:
+    """OUTPUT_DIR/run.json: which command's run the directory holds."""
+    with atomic_write(out / RUN_FILE) as f:
+        json.dump({"command": command, "rookworld": __version__}, f)
+        f.write("\n")

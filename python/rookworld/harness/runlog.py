@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from rookworld.ground.files import atomic_write, kind
 from rookworld.ground.progress import Progress, _duration
+from rookworld.harness.rundir import WANDB_ID, RunDirectoryLock, mark
 from rookworld.settings import presets
 from rookworld.settings.config import ConfigError
 
@@ -76,8 +80,6 @@ class TensorBoardSink:
         self.writer.close()
 
 
-#: OUTPUT_DIR/WANDB_ID holds the id of the run's W&B run, so that --resume continues the same one.
-WANDB_ID = "wandb_id"
 
 
 class WandbSink:
@@ -131,6 +133,8 @@ class RunLog:
         self.config = config
         self.command = command
         self.sinks: list[TensorBoardSink | WandbSink] = []
+        self._locks: list = []  # of an output directory made again (`_remake`)
+        self._lost = False
         self._t0: float | None = None
         self._first_step = 0
         # A live bar on a terminal only; logs and pipes get the summary lines alone.
@@ -146,20 +150,8 @@ class RunLog:
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
         for path in (self.metrics_path, self.samples_path):
-            if path.exists():
-                kept, torn = [], 0
-                for line in path.read_text(errors="replace").splitlines():
-                    try:
-                        row = json.loads(line) if line.strip() else None
-                    except ValueError:  # a line cut short (a full disk, a kill mid-write): that step is replayed
-                        torn += 1
-                        continue
-                    if isinstance(row, dict) and row.get("step", 0) <= resume_step:
-                        kept.append(line)
-                if torn:
-                    self.say(f"warning: {path}: dropped {torn} line{'s' if torn > 1 else ''} that "
-                             f"{'were' if torn > 1 else 'was'} cut short")
-                path.write_text("".join(line + "\n" for line in kept))
+            if os.path.lexists(path):
+                self._keep_rows(path, resume_step)
         # W&B first: it is the one that can fail (no login), and then no event files are left open.
         if "wandb" in self.report_to:
             self.sinks.append(WandbSink(self.dir, self.wandb_project, self.config, self.command))
@@ -169,6 +161,75 @@ class RunLog:
             except ImportError:
                 self.say("TensorBoard is not installed: no event files (metrics.jsonl has every figure; "
                          "pip install tensorboard for them)")
+
+    def _keep_rows(self, path: Path, resume_step: int) -> None:
+        """The rows of steps up to `resume_step`, written back whole (a crash while writing loses none)."""
+        mode = path.lstat().st_mode
+        if not stat.S_ISREG(mode):  # a symlink's file is not the run's to rewrite; a FIFO would block the read
+            raise ConfigError(f"{path} is {'a symlink' if stat.S_ISLNK(mode) else kind(mode)}, not the file a run "
+                              f"writes: remove it, or give another --output-dir")
+        kept, torn = [], 0
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line) if line.strip() else None
+            except (ValueError, RecursionError):  # a line cut short (a full disk, a kill mid-write): replayed
+                torn += 1
+                continue
+            step = row.get("step", 0) if isinstance(row, dict) else None
+            if isinstance(step, (int, float)) and step <= resume_step:  # a step that is not a number: not kept
+                kept.append(line)
+        if torn:
+            self.say(f"warning: {path}: dropped {torn} line{'s' if torn > 1 else ''} that "
+                     f"{'were' if torn > 1 else 'was'} cut short")
+        with atomic_write(path) as f:
+            f.write("".join(line + "\n" for line in kept))
+
+    def _append(self, path: Path, text: str) -> None:
+        """`text` at the end of the run's file `path`. An output directory deleted (or moved) under the run is
+        made again, and the run goes on: stopping would lose the weights of every step since the last checkpoint,
+        which went with the directory, where going on saves them at the next one."""
+        if self._lost:
+            return
+        try:
+            with path.open("a") as f:
+                f.write(text)
+            return
+        except (FileNotFoundError, NotADirectoryError):
+            if self.dir.is_dir():
+                raise
+        if self._remake():
+            with path.open("a") as f:
+                f.write(text)
+
+    def _remake(self) -> bool:
+        step = self.bar.done
+        try:
+            self._locks.append(RunDirectoryLock(self.dir, self.command))
+        except ConfigError as e:  # a file in its place, another run in it: the next save says it in one line
+            self._lost = True
+            self._drop_event_files()
+            self.say(f"warning: the output directory {self.dir} disappeared after step {step}, and cannot be made "
+                     f"again: {e}")
+            return False
+        if self.command is not None:
+            mark(self.dir, self.command)
+        if self._drop_event_files():
+            self.sinks.append(TensorBoardSink(self.dir, step))
+        self.say(f"warning: the output directory {self.dir} disappeared after step {step}: made it again, and the "
+                 f"run goes on; what it held is gone (metrics before this step, checkpoints), and the next "
+                 f"checkpoint saves this run's weights (Ctrl-C saves one now)")
+        return True
+
+    def _drop_event_files(self) -> bool:
+        """Closes the TensorBoard sink, whose file went with the directory; whether there was one."""
+        dropped = [sink for sink in self.sinks if isinstance(sink, TensorBoardSink)]
+        self.sinks = [sink for sink in self.sinks if sink not in dropped]
+        for sink in dropped:
+            try:
+                sink.close()
+            except OSError:  # its last events had nowhere to go
+                pass
+        return bool(dropped)
 
     def begin_steps(self) -> None:
         """The clock of the rate and the ETA starts here, after models and engines are up."""
@@ -199,8 +260,7 @@ class RunLog:
     def step(self, m: dict[str, Any], log_line: bool) -> None:
         if not self.enabled:
             return
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps({k: _num(v) for k, v in m.items()}) + "\n")
+        self._append(self.metrics_path, json.dumps({k: _num(v) for k, v in m.items()}) + "\n")
         if self.sinks:
             values = _scalars(m)
             for sink in self.sinks:
@@ -244,9 +304,7 @@ class RunLog:
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not self.enabled:
             return
-        with self.samples_path.open("a") as f:
-            for row in rows:
-                f.write(json.dumps({"step": step, **row}) + "\n")
+        self._append(self.samples_path, "".join(json.dumps({"step": step, **row}) + "\n" for row in rows))
         for sink in self.sinks:
             sink.samples(step, rows)
 
@@ -257,3 +315,5 @@ class RunLog:
         sinks, self.sinks = self.sinks, []
         for sink in sinks:
             sink.close()
+        for lock in self._locks:
+            lock.release()
