@@ -4,16 +4,19 @@ trainer's loop."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rookworld.commands.common import CliError
 from rookworld.ground.data import DataError
 from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
 from rookworld.grpo.trainer import Trainer
 from rookworld.harness import checkpoint
+from rookworld.harness.distributed import DistributedError, lost_rank, rerun
 from rookworld.harness.run import Diverged, complete_message
-from rookworld.harness.rundir import check_resume
+from rookworld.harness.rundir import check_resume, run_directory
 from rookworld.net.pretrained import ModelNotAvailableError
 from rookworld.net.tokenizer import TokenizerUnavailableError
 from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig, from_args
@@ -23,17 +26,10 @@ from rookworld.sft.trainer import SFTTrainer
 def run(args: argparse.Namespace) -> int:
     command = args.command
     cls, trainer_class = (TrainConfig, Trainer) if command == "train" else (SFTConfig, SFTTrainer)
-    resume_from = None
+    resume_from, notes = None, []
     try:
         if getattr(args, "resume", None):
-            # A resumed run keeps the settings it was started with, unless flags say otherwise.
-            resume_from = checkpoint.resolve_checkpoint(args.resume)
-            check_resume(command, resume_from)
-            saved = checkpoint.load_config(resume_from)
-            given = {k for k in vars(args) if k not in ("command", "config")}
-            for key, value in saved.items():
-                if key not in given and key != "overwrite" and not getattr(args, "config", None):
-                    setattr(args, key, value)
+            resume_from, notes = resumed_settings(args, command)
         cfg = from_args(args, cls)
         done = checkpoint.step_of(resume_from) if resume_from is not None else None
         if done is not None and done >= cfg.steps:  # said before any model or engine starts
@@ -49,10 +45,14 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, DataError, ModelNotAvailableError, TokenizerUnavailableError, StockfishError,
             checkpoint.CheckpointError, FileNotFoundError, NotADirectoryError) as e:
         raise CliError(str(e)) from None
+    except RuntimeError as e:  # a rank that never came, or was lost at the start
+        raise _ranks_apart(e, 0, command, cfg) from None
+    for note in notes:  # once nothing refuses the run: an error stays one line
+        print(f"warning: {note}", file=sys.stderr)
     try:
         trainer.train()
-    except StockfishNotFoundError as e:  # sft's evaluation starts Stockfish only when it first needs it
-        raise CliError(str(e)) from None
+    except (StockfishNotFoundError, StockfishError) as e:  # sft's evaluation starts Stockfish only when it first
+        raise CliError(str(e)) from None                   # needs it; an engine that stopped scoring stops a run
     except checkpoint.SaveFailed as e:
         last = _last_checkpoint(cfg)
         raise CliError(f"{e}; " + (f"its last checkpoint, {last.name}, is intact: once there is room, continue "
@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
                 "it saved no checkpoint: start again with a lower --lr (--overwrite)")
         raise CliError(f"stopped at step {trainer.run.step + 1}: {e}; the step was not applied and nothing was "
                        f"saved after it; {hint}") from None
+    except RuntimeError as e:  # gloo's word for a rank that died or stopped answering
+        raise _ranks_apart(e, trainer.run.step, command, cfg) from None
     finally:
         trainer.close()
     if trainer.run.interrupted:
@@ -77,6 +79,113 @@ def run(args: argparse.Namespace) -> int:
               f"{_resume(command, cfg)}", file=sys.stderr)
         return 130
     return 0
+
+
+#: The saved settings --resume does not take as they are: where the run writes, the engine it runs (settings that
+#: name a program or a place to write), and what starts a run rather than continues one.
+NOT_RESUMED = ("output_dir", "stockfish_path", "stockfish_cache", "resume", "overwrite")
+#: The saved settings that name files a resumed run reads: taken, and a flag that names others is said.
+READ_PLACES = ("model", "data", "eval_data")
+
+
+def resumed_settings(args: argparse.Namespace, command: str) -> tuple[Path, list[str]]:
+    """Fills `args` in with the settings a resumed run keeps; returns its checkpoint, and where the run departs
+    from its saved settings, in words. A run directory is data, not instructions: its saved settings fill in what
+    no flag gives (a --config file's settings instead, when one is given), except those that name a program or a
+    place to write. The run goes on where it is (or in --output-dir), with --stockfish-path's engine or the
+    default one, and with a --stockfish-cache of the command line or in the run's own directory."""
+    resume_from = checkpoint.resolve_checkpoint(args.resume)
+    check_resume(command, resume_from)
+    saved = checkpoint.load_config(resume_from)
+    given = {k for k in vars(args) if k not in ("command", "config")}
+    notes = []
+    if "output_dir" not in given:
+        args.output_dir = str(_run_directory(args.resume, resume_from))
+        was = saved.get("output_dir")
+        if isinstance(was, str) and _place(was) != _place(args.output_dir):
+            notes.append(f"the run goes on in {args.output_dir}, where it is (its settings say {was})")
+    if getattr(args, "config", None):  # the file's settings, not the saved ones
+        return resume_from, notes
+    _check_engine(args.resume, saved.get("stockfish_path"), given)
+    cache = saved.get("stockfish_cache")
+    if cache is not None and "stockfish_cache" not in given:
+        if _within(cache, args.output_dir):
+            args.stockfish_cache = cache
+        else:
+            notes.append(f"the run's --stockfish-cache {cache} is outside it, and --resume writes nowhere a run "
+                         f"directory names: no cache (give --stockfish-cache {cache} to keep it)")
+    if command == "sft" and "model" in given and saved.get("model") != args.model:
+        raise ConfigError(f"--resume {args.resume} continues the run's own weights, and --model {args.model} "
+                          f"would be ignored: drop --model, or start a new run from it with --output-dir NEW_DIR")
+    for key, value in saved.items():
+        if key in NOT_RESUMED:
+            continue
+        if key not in given:
+            setattr(args, key, value)
+        elif key in READ_PLACES and value is not None and getattr(args, key) != value:
+            notes.append(f"--{key.replace('_', '-')} {_shown(getattr(args, key))} instead of the run's "
+                         f"{_shown(value)}")
+    return resume_from, notes
+
+
+def _run_directory(resume: str, resume_from: Path) -> Path:
+    """Where a resumed run goes on writing: the run directory its checkpoint is in, never a place its settings
+    name (a copied or moved run goes on where it is now)."""
+    if resume_from.parent.name != "checkpoints":
+        raise ConfigError(f"--resume {resume}: the checkpoint is not in a run's checkpoints directory, so nothing "
+                          f"says where the run goes on: give --output-dir DIR")
+    return run_directory(resume_from)
+
+
+def _engine(path: str | None) -> str | None:
+    """The engine file `--stockfish-path path` would start (None: the default one), or None when there is none."""
+    try:
+        return os.path.realpath(find_stockfish(path))
+    except (StockfishNotFoundError, TypeError):
+        return None
+
+
+def _check_engine(resume: str, saved: Any, given: set[str]) -> None:
+    """A resumed run starts --stockfish-path's engine or the default one; one its saved settings name is started
+    only when it is the default one."""
+    if saved is None or "stockfish_path" in given:
+        return
+    default = _engine(None)
+    if default is not None and _engine(saved) == default:
+        return
+    instead = f", or --stockfish-path {default} (the default one)" if default else ""
+    raise ConfigError(f"--resume {resume}: the run's settings name the engine {saved}, and --resume starts no "
+                      f"program on a run directory's word: give --stockfish-path {saved} to start it{instead}")
+
+
+def _place(path: Any) -> Path | None:
+    """Where a path leads, through every link; None for what is not a path."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (TypeError, OSError, RuntimeError):  # not a path; a loop of links
+        return None
+
+
+def _within(path: Any, directory: str) -> bool:
+    place = _place(path)
+    return place is not None and place.is_relative_to(_place(directory))
+
+
+def _shown(value: Any) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _ranks_apart(e: RuntimeError, step: int, command: str, cfg) -> Exception:
+    """A run whose ranks could not work together, as one line with what to run on every rank; any other error as
+    it is."""
+    if not isinstance(e, DistributedError):
+        e = lost_rank(e, step) or e
+        if not isinstance(e, DistributedError):
+            return e
+    last = _last_checkpoint(cfg)
+    return CliError(f"{e}; " + (f"its last checkpoint, {last.name}, is intact: continue with "
+                                f"{rerun(_resume(command, cfg))}" if last else
+                                "it saved no checkpoint: start it again on every rank"))
 
 
 def _last_checkpoint(cfg) -> Path | None:

@@ -23,29 +23,30 @@ import dataclasses
 import gc
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
 from typing import Any
 
 import torch
 from torch import nn
 
 from rookworld.ground.data import assign_moves, finished_message, playable, position_key, read_records
-from rookworld.ground.rewards import RewardScorer
-from rookworld.ground.stockfish import StockfishPool
+from rookworld.ground.rewards import RewardScorer, Scores
+from rookworld.ground.stockfish import StockfishError, StockfishPool
 from rookworld.grpo.metrics import step_metrics
 from rookworld.grpo.models import Models, Sampler
 from rookworld.grpo.objective import Objective
-from rookworld.grpo.prompts import PromptSource
+from rookworld.grpo.prompts import Prompt, PromptSource
 from rookworld.grpo.rollout import ChessReward, RewardFn, Rollout, collect_rollout
 from rookworld.grpo.update import update
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm
-from rookworld.harness.run import Run
+from rookworld.harness.run import Run, StepAbandoned
 from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
 from rookworld.net.decoding import release_caches
-from rookworld.net.pretrained import from_pretrained
+from rookworld.net.pretrained import check_model, from_pretrained, model_directory
 from rookworld.net.tokenizer import Tokenizer
 from rookworld.net.value import VALUE_HEAD_NAME, ValueHead
 from rookworld.settings.config import ConfigError, TrainConfig
@@ -78,6 +79,40 @@ def largest_batch(start: int, limit: int, usable: Callable[[int], bool], fits: C
     return chosen
 
 
+#: How often a wait on Stockfish looks up from the analyses: for a stop asked for meanwhile.
+WAIT_SLICE_S = 0.25
+#: How long a stop (Ctrl-C, SIGTERM) lets the engines finish the step's analyses before the step is dropped.
+STOP_GRACE_S = 1.0
+
+
+class StoppableChessReward(ChessReward):
+    """The chess rewards, waiting on Stockfish's analyses of a step in short slices: a stop asked for meanwhile
+    (`stopping`) drops the step (`StepAbandoned`) once the engines have had `STOP_GRACE_S` more, since no weight has
+    changed yet; a pool that gave up on its engine ends the wait with its `StockfishError`."""
+
+    def __init__(self, scorer: RewardScorer, stopping: Callable[[], bool]):
+        super().__init__(scorer)
+        self.stopping = stopping
+
+    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> Scores:
+        texts = [p.text for p in prompts if p.task == "P" and p.truth is None]
+        if texts:
+            self._wait(self.scorer.prefetch(texts))  # the step's analyses, queued or cached already
+        return super().__call__(prompts, completions)
+
+    def _wait(self, futures: list[Future]) -> None:
+        pending, drop_at = set(futures), None
+        while pending:
+            _, pending = wait(pending, timeout=WAIT_SLICE_S)
+            if drop_at is None and self.stopping():
+                drop_at = time.monotonic() + STOP_GRACE_S
+            if pending and drop_at is not None and time.monotonic() > drop_at:
+                raise StepAbandoned
+        failure = self.scorer.stockfish.failure
+        if failure is not None:
+            raise failure
+
+
 def held_out_keys(cfg: TrainConfig) -> frozenset[str]:
     """The positions training is evaluated on, which it never trains on: all of --eval-data (`rookworld eval --data`
     takes the whole file), or the generated held-out positions of the run's evaluation."""
@@ -108,12 +143,16 @@ class Trainer:
         if records is not None and held_out and all(position_key(r.fen) in held_out for r in records):
             raise ConfigError(f"--data {cfg.data}: every position is among the held-out ones of --eval-data "
                               f"{cfg.eval_data}: train on other positions, or hold out others")
+        self.objective = Objective(cfg, reference_given=reference is not None)
+        # Before the run starts: a resumed run whose reference is not its own is one line, and no header.
+        reference_fingerprint = self._reference_fingerprint() if reference is None and self.objective.measures_kl \
+            else None
         self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary)
+        run.fingerprints["reference"] = reference_fingerprint
         self.pool = None
         try:  # a start that fails (an engine that is not there) leaves no engine running, no log open, nothing locked
             if finished:
                 run.log.say(f"warning: --data {cfg.data}: {finished_message(finished, len(records) + len(finished))}")
-            self.objective = Objective(cfg, reference_given=reference is not None)
             self.models = self._models(reference)
             self.sampler = Sampler(self.models, cfg, run.tokenizer.eos_id)
             head = self.models.value_head
@@ -137,6 +176,8 @@ class Trainer:
             raise
         self._eval_records = None
         self._last_rollout: Rollout | None = None
+        #: Why Stockfish could not score, once it could not: the run stops with it, its last step saved.
+        self.engine_failure: StockfishError | None = None
 
     def _models(self, reference: nn.Module | None) -> Models:
         """The policy (the run's), the frozen reference (loaded when the objective measures a KL and none was
@@ -154,6 +195,33 @@ class Trainer:
         return Models(run.policy, reference, value_head, run.device, run.amp_dtype, run.compile, run.dist.enabled,
                       run.autocast, rows_per_prompt=cfg.group_size if cfg.shared_prompt else 1)
 
+    def _reference_fingerprint(self) -> str | None:
+        """The fingerprint of the reference the run loads (--model), saved with each checkpoint. A resumed run keeps
+        the reference it started from: another model (a --model given with --resume, a saved setting edited, the
+        directory trained over since) would become its reference without a word, its KL measured from weights the
+        run never started at. A checkpoint from before fingerprints is checked by the model's name."""
+        cfg = self.cfg
+        directory = model_directory(cfg.model, cfg.revision)
+        check_model(directory)  # a weights file that does not fit its config is refused before it is hashed whole
+        found = checkpoint.fingerprint(directory)
+        if not cfg.resume:
+            return found
+        resume_from = checkpoint.resolve_checkpoint(cfg.resume)
+        saved = checkpoint.saved_fingerprints(resume_from)
+        if "reference" in saved:
+            if saved["reference"] in (None, found):  # none before (beta 0), or the same weights
+                return found
+            differs = "its weights are not those the run started from"
+        else:
+            started = checkpoint.load_config(resume_from)
+            if not started.get("beta") or started.get("model") in (None, cfg.model):
+                return found
+            differs = f"the run started from {started['model']}"
+        raise ConfigError(f"--resume {cfg.resume}: the KL reference {cfg.model} is not the run's ({differs}), and a "
+                          f"resumed run keeps its reference: resume without --model, or with the model the run "
+                          f"started from; or start a new run from this one's model: rookworld train --model "
+                          f"{cfg.output_dir} --output-dir NEW_DIR")
+
     def _chess_reward(self) -> ChessReward:
         cfg, run = self.cfg, self.run
         # On CUDA the engines analyse the next step's prompts while the GPU samples, beside the one core that drives
@@ -163,7 +231,12 @@ class Trainer:
                                   cache_path=cfg.stockfish_cache)
         run.log.say(f"rewards: Stockfish {self.pool.path} (depth {cfg.stockfish_depth}, {workers} worker"
                     f"{'s' if workers > 1 else ''}) for P:, the rules for A:; {cfg.reward_shaping} shaping")
-        return ChessReward(RewardScorer(self.pool, shaping=cfg.reward_shaping))
+        return StoppableChessReward(RewardScorer(self.pool, shaping=cfg.reward_shaping), self._stopping)
+
+    def _stopping(self) -> bool:
+        """Whether a stop was asked for that this rank may act on alone: under torchrun every rank must drop a step or
+        none, so there the step ends as the run's stop says."""
+        return self.run._stop_requested and not self.run.dist.enabled
 
     # -- one GRPO step ------------------------------------------------------------------------------------
 
@@ -173,11 +246,16 @@ class Trainer:
         if run.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(run.device)
         prompts = self.prompts.batch(step)
-        if step + 1 < cfg.steps and run.device.type == "cuda":
-            self.reward_fn.prefetch(self.prompts.batch(step + 1))  # Stockfish works while the GPU samples
-
-        rollout = collect_rollout(cfg, self.objective, self.models, self.sampler, run.comm, run.tokenizer,
-                                  self.reward_fn, prompts, step=step, log=run.log)
+        try:
+            if self.pool is not None and self.pool.failure is not None:  # given up on during an evaluation
+                raise self.pool.failure
+            if step + 1 < cfg.steps and run.device.type == "cuda":
+                self.reward_fn.prefetch(self.prompts.batch(step + 1))  # Stockfish works while the GPU samples
+            rollout = collect_rollout(cfg, self.objective, self.models, self.sampler, run.comm, run.tokenizer,
+                                      self.reward_fn, prompts, step=step, log=run.log)
+        except StockfishError as e:  # no weight has changed: the step is dropped, the one before saved
+            self.engine_failure = e
+            raise StepAbandoned from None
         t_update = time.perf_counter()
         with run.applying():  # from the first weight changed to the step's end, a step is done whole
             sums = update(cfg, self.objective, self.models, run.optimizer, run.comm, rollout, step)
@@ -327,8 +405,12 @@ class Trainer:
         if self._eval_records is None:
             self._eval_records = heldout_records(cfg.eval_size, cfg.seed, cfg.eval_data, cfg.illegal_share,
                                                  warn=lambda text: self.run.log.say(f"warning: --eval-data {text}"))
-        return training_metrics(self.run.policy, self.run.tokenizer, cfg, self._eval_records, scorer,
-                                compile=self.run.compile)
+        try:
+            return training_metrics(self.run.policy, self.run.tokenizer, cfg, self._eval_records, scorer,
+                                    compile=self.run.compile)
+        except StockfishError as e:  # the step it follows stands and is saved; an engine given up on stops the run
+            self.run.log.say(f"warning: the evaluation at step {self.run.step} is left out: {e}")
+            return {}
 
     def write_samples(self, k: int = 8) -> None:
         r = self._last_rollout
@@ -346,18 +428,38 @@ class Trainer:
         return {VALUE_HEAD_NAME: value_head} if value_head is not None else {}
 
     def train(self) -> dict[str, Any]:
+        """The run; `StockfishError` when Stockfish stopped scoring, saying which step is saved and how to go on."""
         cfg, run = self.cfg, self.run
-        if cfg.auto_batch:
-            if run.resume_from is not None:
-                run.log.say(f"auto-batch: keeping the resumed run's {cfg.prompts_per_step} prompts per step")
-            elif run.step < cfg.steps:
-                self.auto_batch()
-        return run.loop(self.train_step, state=self.state, modules=self.modules, evaluate=self.evaluate,
-                        samples=self.write_samples, sample_every=cfg.sample_every)
+        try:
+            if cfg.auto_batch:
+                if run.resume_from is not None:
+                    run.log.say(f"auto-batch: keeping the resumed run's {cfg.prompts_per_step} prompts per step")
+                elif run.step < cfg.steps:
+                    self.auto_batch()
+            last = run.loop(self.train_step, state=self.state, modules=self.modules, evaluate=self.evaluate,
+                            samples=self.write_samples, sample_every=cfg.sample_every)
+        except StepAbandoned:  # a trial step of --auto-batch, outside the loop
+            if self.engine_failure is None:
+                raise
+            last = {}
+        failure = self.engine_failure or (self.pool.failure if self.pool is not None else None)
+        if failure is not None:
+            raise StockfishError(f"{failure}; {self._kept()}") from None
+        return last
+
+    def _kept(self) -> str:
+        """What a run stopped by its engine keeps, and the command that goes on from it."""
+        run, out = self.run, self.cfg.output_dir
+        if run.step == 0:
+            return "no step was done: start again once Stockfish answers"
+        if run.step >= self.cfg.steps:
+            return (f"its {run.step} steps are saved, its last evaluation left out: rookworld eval --model {out} "
+                    f"makes it once Stockfish answers")
+        return f"step {run.step} is saved: continue with rookworld train --resume {out} once Stockfish answers"
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.close()
+            self.pool.close(cancel_pending=True)  # analyses prefetched for a step that will not run
             self.pool = None
         self.run.comm.close()
         self.run.close()  # the output directory is free for the next run, in this process too

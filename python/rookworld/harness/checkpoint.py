@@ -1,7 +1,7 @@
 """Checkpoints: the policy in the Hugging Face GPT-2 layout plus the trainer's state, written atomically.
 
     OUTPUT_DIR/checkpoints/step-000050/{config.json, model.safetensors, vocab.json, merges.txt, trainer_state.pt,
-                                        train_config.json}
+                                        train_config.json, fingerprints.json}
                                        (+ one NAME.safetensors per extra module, e.g. the GAE value head)
     OUTPUT_DIR/checkpoints/latest        (the name of the newest complete checkpoint)
 
@@ -12,6 +12,7 @@ atomically after it, so a crash at any moment leaves the previous checkpoint int
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import pickle
@@ -61,16 +62,61 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+#: Beside a checkpoint's weights: the fingerprints of its model's files and its modules' ("files") and of what the
+#: run started from ("reference", GRPO's), by which a resume tells them from any others put in their place.
+FINGERPRINTS_FILE = "fingerprints.json"
+#: The files a model is loaded from, in the order `rookworld.net.pretrained` tries them.
+WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def digest(path: Path) -> str | None:
+    """The SHA-256 of a regular file; None for anything else (a pipe or a device would be read for ever)."""
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def fingerprint(directory: str | os.PathLike) -> str | None:
+    """The fingerprint of a model directory's weights: the digest of the file it is loaded from; None when it has
+    none to read (loading it says why)."""
+    name = next((n for n in WEIGHTS_FILES if os.path.lexists(Path(directory) / n)), None)
+    return digest(Path(directory) / name) if name else None
+
+
+def saved_fingerprints(checkpoint: Path) -> dict[str, Any]:
+    """What a checkpoint's fingerprints file holds; empty for a checkpoint saved before there was one."""
+    path = checkpoint / FINGERPRINTS_FILE
+    return _read_json(path) if os.path.lexists(path) else {}
+
+
+def check_weights(checkpoint: Path) -> None:
+    """The checkpoint's model (its config.json and weights) and modules (a value head) are those its training state
+    was saved with (a checkpoint from before fingerprints is taken as it is): another model in their place would be
+    trained with moments that are not its own, or not of its shape."""
+    files = saved_fingerprints(checkpoint).get("files")
+    for name, saved in (files.items() if isinstance(files, dict) else ()):
+        if Path(name).name != name:  # the checkpoint's own files only
+            continue
+        found = digest(checkpoint / name)
+        if found is not None and found != saved:  # no file at all: loading it says so
+            raise CheckpointError(f"{checkpoint / name} is not the one its training state was saved with (it was "
+                                  f"replaced or changed since): resume from a checkpoint as it was saved, or train "
+                                  f"its model as a new run with --model {checkpoint} --output-dir NEW_DIR")
+
+
 def _write_text_atomic(path: Path, text: str) -> None:
     with atomic_write(path, fsync=True) as f:
         f.write(text)
 
 
 def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict[str, Any], config: dict[str, Any],
-                    keep: int, modules: dict[str, torch.nn.Module] | None = None, tokenizer=None) -> Path:
+                    keep: int, modules: dict[str, torch.nn.Module] | None = None, tokenizer=None,
+                    fingerprints: dict[str, str | None] | None = None) -> Path:
     """Writes checkpoint `step` and prunes all but the newest `keep`; returns its directory. `modules` are
     trained beside the policy but not part of it: each goes to its own NAME.safetensors, so `model.safetensors`
-    stays a plain GPT-2. The tokenizer's vocab.json and merges.txt make the directory loadable offline."""
+    stays a plain GPT-2. The tokenizer's vocab.json and merges.txt make the directory loadable offline.
+    `fingerprints` are those of what the run started from, saved beside its weights' own."""
     root = Path(output_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
@@ -85,6 +131,9 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict
             tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
             save_file(tensors, str(tmp / f"{module_name}.safetensors"))
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        files = [WEIGHTS_FILES[0], "config.json", *(f"{module_name}.safetensors" for module_name in modules or {})]
+        (tmp / FINGERPRINTS_FILE).write_text(json.dumps({"files": {n: digest(tmp / n) for n in files},
+                                                         **(fingerprints or {})}) + "\n")
         if final.exists():  # saved again (e.g. the final step right after a periodic save)
             shutil.rmtree(final)
         publish(tmp)
@@ -131,7 +180,7 @@ def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> di
     path = checkpoint / STATE_FILE
     try:
         with torch.serialization.safe_globals(LEGACY_SAFE_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         refused = str(e).split("\n")[0] if "Unsupported global" not in str(e) else next(
             line.strip() for line in str(e).splitlines() if "Unsupported global" in line)
@@ -141,6 +190,9 @@ def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> di
                               f"{checkpoint}") from None
     except Exception as e:  # a truncated or foreign file
         raise CheckpointError(f"cannot read {path}: {e}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"cannot read {path}: it holds a {type(state).__name__}, not a trainer's state")
+    return state
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -153,6 +205,10 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]
         for p in group["params"]:
             moments = optimizer.state.get(p, {})
             for key, value in moments.items():
+                # torch checks only the number of parameters: moments of another shape crash the fused step.
+                if torch.is_tensor(value) and value.dim() and value.shape != p.shape:
+                    raise ValueError(f"the optimizer's {key} of shape {list(value.shape)} for a weight of shape "
+                                     f"{list(p.shape)}: it is another model's")
                 if torch.is_tensor(value) and value.shape == p.shape and value.stride() != p.stride():
                     moments[key] = torch.empty_like(p).copy_(value)
 
@@ -168,8 +224,30 @@ def load_module(checkpoint: Path, name: str, module: torch.nn.Module) -> None:
         raise CheckpointError(f"cannot load {path}: {e}") from None
 
 
+#: More than a checkpoint's settings or fingerprints take (a few KB): a larger file is not one of them.
+JSON_BYTES = 1 << 20
+
+
 def load_config(checkpoint: Path) -> dict[str, Any]:
+    """A checkpoint's saved settings."""
+    return _read_json(checkpoint / CONFIG_FILE)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object that a checkpoint holds, read as data: a pipe or a device in the file's place is not opened (it
+    could block for ever), nor more than `JSON_BYTES` read, and anything but a JSON object is an error."""
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"cannot read {path}: it is not a regular file")
     try:
-        return json.loads((checkpoint / CONFIG_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {checkpoint / CONFIG_FILE}: {e}") from None
+        with open(path, "rb") as f:
+            text = f.read(JSON_BYTES + 1)
+        value = json.loads(text) if len(text) <= JSON_BYTES else None
+    except RecursionError:
+        raise CheckpointError(f"cannot read {path}: it is nested too deep for what it should hold") from None
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise CheckpointError(f"cannot read {path}: {e}") from None
+    if len(text) > JSON_BYTES:
+        raise CheckpointError(f"cannot read {path}: it is over {JSON_BYTES >> 20} MB, more than it should hold")
+    if not isinstance(value, dict):
+        raise CheckpointError(f"cannot read {path}: it holds a JSON {type(value).__name__}, not an object")
+    return value

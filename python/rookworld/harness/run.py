@@ -113,6 +113,11 @@ class Run:
         # the header: a model that cannot be found (a typo, a hub out of reach) is one line and no run directory.
 
         self.resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
+        if self.resume_from is not None:
+            checkpoint.check_weights(self.resume_from)
+        #: The fingerprints of what the run started from besides its policy (GRPO's reference), saved with each
+        #: checkpoint.
+        self.fingerprints: dict[str, str | None] = {}
         source, directory = self.resume_from or cfg.model or label, None
         if policy is None:
             directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
@@ -136,7 +141,7 @@ class Run:
                      f"({'bf16 autocast' if bf16 else 'fp32'}{why}{', compiled' if self.compile else ''}{ranks})")
 
         if policy is None:
-            policy = from_pretrained(directory, device=self.device)
+            policy = from_pretrained(directory, device=self.device, training=True)
         self.policy = policy.to(self.device).eval()  # eval(): dropout stays off
         # The vocabulary of the model's own directory when it has one (a download, a checkpoint of ours).
         self.tokenizer = tokenizer or get_tokenizer(directory)
@@ -170,16 +175,31 @@ class Run:
         state: dict[str, Any] = {}
         if self.resume_from is not None:
             state = checkpoint.load_state(self.resume_from)
-            checkpoint.load_optimizer_state(self.optimizer, state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            # The saved lr belongs to the saved schedule; a resume with more --steps has a longer one, whose lr
-            # must hold from the first resumed step (the same value when --steps is unchanged).
-            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
-                group["lr"] = base * lr_factor(self.scheduler.last_epoch, cfg)
-            self.step = state["step"]
-            checkpoint.set_rng_state(state["rng"])
+            try:
+                self._restore(state)
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:  # not a state saved for these weights
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                raise checkpoint.CheckpointError(
+                    f"cannot resume from {self.resume_from}: its {checkpoint.STATE_FILE} does not fit its model "
+                    f"({why}); resume from another checkpoint of the run, or train its model as a new run with "
+                    f"--model {self.resume_from} --output-dir NEW_DIR") from None
         self.log.start(self.step)
         return state
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """The optimizer, the schedule, the step and the generators of a resumed run from its saved state."""
+        cfg = self.cfg
+        checkpoint.load_optimizer_state(self.optimizer, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        # The saved lr belongs to the saved schedule; a resume with more --steps has a longer one, whose lr
+        # must hold from the first resumed step (the same value when --steps is unchanged).
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+            group["lr"] = base * lr_factor(self.scheduler.last_epoch, cfg)
+        step = state["step"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"its step is {step!r}")
+        self.step = step
+        checkpoint.set_rng_state(state["rng"])
 
     def save(self, state: dict[str, Any], modules: dict[str, nn.Module] | None = None,
              rng: dict[str, Any] | None = None) -> Path | None:
@@ -193,7 +213,7 @@ class Run:
             try:
                 path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full,
                                                   self.cfg.to_dict(), self.cfg.keep_checkpoints, modules,
-                                                  tokenizer=self.tokenizer)
+                                                  tokenizer=self.tokenizer, fingerprints=self.fingerprints)
                 save_pretrained(self.policy, self.cfg.output_dir)
                 self.tokenizer.save_pretrained(self.cfg.output_dir)
             except (OSError, RuntimeError) as e:

@@ -25,20 +25,44 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found) if (p / STATE_FILE).is_file()]
+    return [p for _, p in sorted(found) if (p / STATE_FILE).is_file() and _inside(root, p)]
+
+
+def _inside(root: Path, checkpoint: Path) -> bool:
+    """Whether a checkpoint is the run's own: one reached through a symbolic link (its own, or its checkpoints
+    directory's) is another run's, which --resume would continue, write into and prune."""
+    try:
+        return checkpoint.resolve() == root.parent.resolve() / root.name / checkpoint.name
+    except (OSError, RuntimeError):  # a loop of links (RuntimeError before Python 3.13)
+        return False
+
+
+def _latest(root: Path) -> Path | None:
+    """The checkpoint `latest` names, when it names one of this run's own: a plain `step-N`. (A few bytes are read:
+    a `latest` linked to a large file costs nothing; a pipe is no file and is not opened.)"""
+    latest = root / LATEST
+    try:
+        if not latest.is_file():
+            return None
+        with open(latest, "rb") as f:
+            name = f.read(64).decode("utf-8", "replace").strip()
+    except OSError:  # unreadable: the checkpoints themselves say which is newest
+        return None
+    candidate = root / name
+    if not _STEP_DIR.fullmatch(name) or not (candidate / STATE_FILE).is_file() or not _inside(root, candidate):
+        return None
+    return candidate
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory, or the newest checkpoint of an output directory."""
+    """A checkpoint directory, or the newest checkpoint of an output directory (the one `latest` names, when it
+    is the run's own)."""
     path = Path(path).expanduser()
     if (path / STATE_FILE).is_file():
         return path
-    root = path / "checkpoints"
-    latest = root / LATEST
-    if latest.is_file():
-        candidate = root / latest.read_text().strip()
-        if (candidate / STATE_FILE).is_file():
-            return candidate
+    latest = _latest(path / "checkpoints")
+    if latest is not None:
+        return latest
     found = list_checkpoints(path)
     if found:
         return found[-1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -140,7 +141,8 @@ class Settings:
         for f in dataclasses.fields(cls):  # TOML has no None; types are checked here, values in validate()
             v = getattr(cfg, f.name)
             if v is not None and not _type_ok(f, v):
-                raise ConfigError(f"{source}: {f.name} = {v!r} is not a {base_type(f).__name__}")
+                # reprlib: a value of any length or depth is said in a few words
+                raise ConfigError(f"{source}: {f.name} = {reprlib.repr(v)} is not a {base_type(f).__name__}")
         return cfg
 
 

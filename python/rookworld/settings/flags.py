@@ -99,39 +99,19 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+#: The tables of a --config file: one per command that reads one.
+TABLES = ("train", "sft")
+#: More than any settings file holds (a preset is a few KB): a larger file is not one.
+CONFIG_BYTES = 1 << 20
+
+
 def from_args(args: argparse.Namespace, cls: type[Settings]):
     """A command's settings from its parsed flags (and --config's file, where the command takes one), checked."""
     values: dict = {}
+    source, preset = "config", None
     if getattr(args, "config", None):
-        section = cls.config_section
         preset = presets.path(args.config) if not Path(args.config).exists() else None
-        path = preset or Path(args.config)
-        try:
-            values = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"--config: no such file or preset: {path} (presets: {', '.join(presets.names())})"
-                              ) from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"--config {path}: {e}") from None
-        except IsADirectoryError:
-            raise ConfigError(f"--config {path} is a directory: give a TOML file or a preset (presets: "
-                              f"{', '.join(presets.names())})") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"--config {path} is not a text file: give a TOML file or a preset") from None
-        except OSError as e:
-            raise ConfigError(f"--config {path}: cannot read it ({e.strerror})") from None
-        if preset is not None and section not in values:
-            raise ConfigError(f"--config {args.config}: the preset has no settings for rookworld {section} (it has "
-                              f"{', '.join('rookworld ' + k for k in values)})")
-        loose = [k for k, v in values.items() if not isinstance(v, dict)]
-        if section in values and loose:  # read as settings, they would be dropped for the table's without a word
-            raise ConfigError(f"--config {path}: {', '.join(loose)} {'is' if len(loose) == 1 else 'are'} outside its "
-                              f"[{section}] table, where rookworld {section} reads settings: move "
-                              f"{'it' if len(loose) == 1 else 'them'} under [{section}]")
-        values = dict(values.get(section, values))  # settings at the top level or under [train] / [sft]
-        source = f"preset {args.config}" if preset else str(path)
-    else:
-        source, preset = "config", None
+        values, source = config_values(args.config, preset, cls.config_section)
     for f in dataclasses.fields(cls):
         if hasattr(args, f.name):
             if flag(f.name) != f.name:
@@ -140,3 +120,61 @@ def from_args(args: argparse.Namespace, cls: type[Settings]):
     if preset is not None and (missing := presets.missing_data(args.config, values)):
         raise ConfigError(missing)
     return cls.from_dict(values, source).validate()
+
+
+def config_values(name: str, preset: Path | None, section: str) -> tuple[dict, str]:
+    """The settings of `rookworld SECTION` in --config NAME (a TOML file, or `preset`'s), and what to call their
+    source: the top level of the file, or its [SECTION] table, which every other table must be another command's."""
+    path = preset or Path(name)
+    values = read_toml(path)
+    tables = [k for k, v in values.items() if isinstance(v, dict)]
+    loose = [k for k in values if k not in tables]
+    if preset is not None and section not in values:
+        raise ConfigError(f"--config {name}: the preset has no settings for rookworld {section} (it has "
+                          f"{', '.join('rookworld ' + k for k in values)})")
+    if section not in values and (others := [t for t in tables if t in TABLES]):
+        raise ConfigError(f"--config {path} holds settings for rookworld {others[0]} ([{others[0]}]), not for "
+                          f"rookworld {section}: run rookworld {others[0]} --config {path}, or put the settings of "
+                          f"rookworld {section} under [{section}]")
+    if foreign := [t for t in tables if t not in TABLES]:
+        raise ConfigError(f"--config {path}: [{foreign[0]}] is no table rookworld reads: put the settings of "
+                          f"rookworld {section} under [{section}], or at the top level")
+    if section in values and loose:  # read as settings, they would be dropped for the table's without a word
+        raise ConfigError(f"--config {path}: {', '.join(loose)} {'is' if len(loose) == 1 else 'are'} outside its "
+                          f"[{section}] table, where rookworld {section} reads settings: move "
+                          f"{'it' if len(loose) == 1 else 'them'} under [{section}]")
+    return dict(values.get(section, values)), f"preset {name}" if preset else str(path)
+
+
+def read_toml(path: Path) -> dict:
+    """A --config file read as TOML, whatever is in its place: a directory, a pipe or a device (which would be
+    read for ever), a file too large or not text, a byte order mark before the first line (as some Windows editors
+    write, and TOML forbids), values nested past Python's recursion limit."""
+    what = f"give a TOML file or a preset (presets: {', '.join(presets.names())})"
+    if path.is_dir():
+        raise ConfigError(f"--config {path} is a directory: {what}")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"--config {path} is not a regular file (a pipe or a device): {what}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: no such file or preset: {path} (presets: {', '.join(presets.names())})"
+                          ) from None
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror})") from None
+    if len(data) > CONFIG_BYTES:
+        raise ConfigError(f"--config {path} is over {CONFIG_BYTES >> 20} MB, which no settings file is: {what}")
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path} is not a text file: give a TOML file or a preset") from None
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"--config {path}: values nested too deep for settings (a setting is a number, a string, "
+                          f"a boolean or a list of file names)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: {e}") from None
+    except ValueError:  # an integer past Python's 4300 digits
+        raise ConfigError(f"--config {path}: a number too long for any setting") from None
