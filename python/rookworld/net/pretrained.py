@@ -5,8 +5,10 @@ weights, checked before they are trusted) into a `GPT`, and a `GPT` written back
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rookworld.ground.files import publish, temporary_directory
-from rookworld.net.model import GPT, GPTConfig
+from rookworld.net.model import GPT, GPTConfig, check_memory
+from rookworld.net.tokenizer import model_tokenizer
 from rookworld.settings.hub import is_local_path
 
 DEFAULT_REPO = "jrahn/RookWorld-LM-124M"
@@ -132,8 +135,15 @@ class ModelFileError(ModelNotAvailableError, ValueError):
     ValueError too, as an unsupported config always was to the Python API)."""
 
 
+def _regular(file: Path) -> None:
+    """A model's file that is there but no regular file (a FIFO would never end, a device never either) is said."""
+    if file.exists() and not file.is_file():
+        raise ModelFileError(f"{file} is not a regular file: copy the {file.name} saved with this model in its place")
+
+
 def _read_config(directory: Path) -> GPTConfig:
     config_file = directory / "config.json"
+    _regular(config_file)
     if not config_file.is_file():
         inside = sorted(p.parent.name for p in directory.glob("*/config.json"))
         raise FileNotFoundError(f"{directory} has no config.json" + (
@@ -157,43 +167,177 @@ def _read_config(directory: Path) -> GPTConfig:
     return config
 
 
-def _read_hf_state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    safetensors_file = directory / "model.safetensors"
-    bin_file = directory / "pytorch_model.bin"
-    if safetensors_file.is_file():
-        try:
-            return load_file(str(safetensors_file))
-        except Exception as e:  # safetensors' own error type: a file cut short, empty or not safetensors
-            raise ModelFileError(f"{safetensors_file} cannot be read ({e}): it is cut short or not a safetensors "
-                                 f"file; copy or download it again") from None
-    if bin_file.is_file():
-        # weights_only: a .bin is a pickle, and a pickle from the internet must not run code.
-        try:
-            return torch.load(bin_file, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            raise ModelFileError(f"{bin_file} holds more than tensors (a pickle that could run code), which "
-                                 f"rookworld does not load; convert a model you trust to model.safetensors with "
-                                 f"transformers (save_pretrained) and load that") from None
-        except Exception as e:  # a file cut short, or not a torch file
-            raise ModelFileError(f"{bin_file} cannot be read ({str(e).splitlines()[0] if str(e) else e!r}); copy or "
-                                 f"download it again") from None
+def _weights_file(directory: Path) -> Path:
+    for name in ("model.safetensors", "pytorch_model.bin"):  # safetensors first: it runs no code and maps lazily
+        _regular(directory / name)
+        if (directory / name).is_file():
+            return directory / name
     raise FileNotFoundError(
         f"{directory} has neither model.safetensors nor pytorch_model.bin (sharded checkpoints are not supported)"
     )
 
 
+#: safetensors' own bound on its JSON header.
+_MAX_HEADER = 100_000_000
+#: Bytes an element of each safetensors dtype takes.
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
+                "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+
+
+def _unreadable(file: Path, why: object) -> ModelFileError:
+    return ModelFileError(f"{file} cannot be read ({why}): it is cut short or not a safetensors file; copy or "
+                          f"download it again")
+
+
+def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape from a safetensors file's header, no tensor read: the file starts with the length of a
+    JSON header (8 bytes, little-endian) naming each tensor's dtype, shape and byte range after it."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if size < 8 or length > min(size - 8, _MAX_HEADER):
+                raise ValueError(f"a header of {length:,} bytes in a file of {size:,}")
+            header = json.loads(f.read(length))
+        shapes, end = {}, 0
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            shape, (start, stop) = entry["shape"], entry["data_offsets"]
+            size_of = _DTYPE_BYTES.get(entry["dtype"])  # another dtype is left to safetensors to read or refuse
+            if (not all(isinstance(n, int) and n >= 0 for n in (*shape, start, stop)) or start > stop
+                    or size_of is not None and stop - start != math.prod(shape) * size_of):
+                raise ValueError(f"tensor {name}: {entry['dtype']} {shape} in bytes {start} to {stop}")
+            shapes[name], end = tuple(shape), max(end, stop)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # JSON errors too
+        raise _unreadable(file, e) from None
+    if 8 + length + end > size:
+        raise _unreadable(file, f"its tensors end at byte {8 + length + end:,} of a file of {size:,}")
+    return shapes
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(file))
+    except Exception as e:  # safetensors' own error type: a file cut short, empty or not safetensors
+        raise _unreadable(file, e) from None
+
+
+def _read_bin(file: Path) -> dict[str, torch.Tensor]:
+    # weights_only: a .bin is a pickle, and a pickle from the internet must not run code.
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ModelFileError(f"{file} holds more than tensors (a pickle that could run code), which rookworld does "
+                             f"not load; convert a model you trust to model.safetensors with transformers "
+                             f"(save_pretrained) and load that") from None
+    except Exception as e:  # a file cut short, or not a torch file
+        raise ModelFileError(f"{file} cannot be read ({str(e).splitlines()[0] if str(e) else e!r}); copy or "
+                             f"download it again") from None
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise ModelFileError(f"{file} holds a {type(state).__name__} of more than tensors, not a model's weights")
+    return state
+
+
+def _our_name(key: str) -> str | None:
+    """The name in a `GPT` of a tensor of a Hugging Face GPT-2 file; None for what is not loaded (the causal-mask
+    buffers, the lm_head tied to wte)."""
+    if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
+        return None
+    return key if key.startswith("transformer.") else f"transformer.{key}"  # GPT2Model saves lack the prefix
+
+
+_BLOCK = re.compile(r"transformer\.h\.(\d+)\.(.+)")
+
+
+def _place(name: str) -> tuple[int, str]:
+    """(layer, name within the block) of a block's tensor; (-1, name) of one outside the blocks."""
+    in_block = _BLOCK.fullmatch(name)
+    return (int(in_block[1]), in_block[2]) if in_block else (-1, name)
+
+
+def _check_shapes(config: GPTConfig, shapes: dict[str, tuple[int, ...]], weights: Path, config_file: Path) -> None:
+    """Raises ModelFileError, naming the first tensor that differs in the model's order (the embeddings first, then
+    layer by layer), unless the file holds exactly the tensors of a GPT of `config`: checked on shapes alone,
+    before any memory is taken for the model."""
+    top, block = config.parameter_shapes()
+    found = {name: (key, tuple(shape)) for key, shape in shapes.items() if (name := _our_name(key)) is not None}
+    places = {name: _place(name) for name in found}
+    layers: dict[int, set[str]] = {}
+    for layer, part in places.values():
+        if layer >= 0:
+            layers.setdefault(layer, set()).add(part)
+
+    def mismatch(problem: str) -> ModelFileError:
+        held = _held_sizes(found, len(layers))
+        return ModelFileError(f"the weights in {weights} do not match {config_file}: {problem} ({config_file.name} "
+                              f"says {config.describe()}{f'; the weights hold {held}' if held else ''}): use the "
+                              f"config.json saved with these weights, or the directory they were saved in")
+
+    def model_order(name: str) -> tuple[int, int]:
+        layer, part = places[name]
+        order = list(top if layer < 0 else block)
+        return layer, order.index(part) if part in order else len(order)
+
+    for name in sorted(found, key=model_order):
+        (key, shape), (layer, part) = found[name], places[name]
+        want = top.get(part) if layer < 0 else block.get(part) if layer < config.n_layer else None
+        if want is None:
+            raise mismatch(f"{key} is no tensor of this model")
+        want = want[::-1] if name.endswith(_CONV1D_SUFFIXES) else want  # the file's Conv1D layout: [in, out]
+        if shape != want:
+            raise mismatch(f"{key} is {list(shape)} where the config makes it {list(want)}")
+    missing = next((name for name in top if name not in found), None)
+    if missing is None:  # every layer of the file lies below n_layer, so one up to len(layers) lacks a tensor
+        layer = next((i for i in range(min(config.n_layer, len(layers) + 1)) if layers.get(i) != set(block)), None)
+        if layer is not None:
+            missing = f"transformer.h.{layer}.{next(p for p in block if p not in layers.get(layer, ()))}"
+    if missing is not None:
+        raise mismatch(f"{missing} is missing")
+
+
+def _held_sizes(found: dict[str, tuple[str, tuple[int, ...]]], layers: int) -> str:
+    """The sizes a file's tensors have, as far as its embeddings tell them."""
+    wte, wpe = (found.get(f"transformer.{name}.weight", (None, ()))[1] for name in ("wte", "wpe"))
+    if len(wte) != 2:
+        return ""
+    return (f"{layers} layer{'s' if layers != 1 else ''}, {wte[1]} wide, {wte[0]} tokens"
+            + (f", {wpe[0]} positions" if len(wpe) == 2 else ""))
+
+
 def _from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for key, tensor in hf_state.items():
-        if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":  # lm_head is tied to wte
+        name = _our_name(key)
+        if name is None:
             continue
-        name = key if key.startswith("transformer.") else f"transformer.{key}"  # GPT2Model saves lack the prefix
         # Contiguous, as a fresh model's [out, in] weights are: a transposed view would give the loaded model's
         # parameters (and AdamW's state, made in their layout) another layout than a fresh model's.
         state[name] = tensor.t().contiguous() if name.endswith(_CONV1D_SUFFIXES) else tensor
     if "transformer.wte.weight" in state:
         state["lm_head.weight"] = state["transformer.wte.weight"]
     return state
+
+
+def _checked(directory: Path, device: torch.device | str | None, dtype: torch.dtype | None, training: bool
+             ) -> tuple[GPTConfig, Path, dict[str, torch.Tensor] | None]:
+    """from_pretrained's checks, before any memory is taken for the model: its config, its weights file, and the
+    pickle's tensors when the weights are a pickle (whose shapes are known only once read)."""
+    config = _read_config(directory)
+    weights = _weights_file(directory)
+    hf_state = _read_bin(weights) if weights.suffix == ".bin" else None
+    shapes = _safetensors_shapes(weights) if hf_state is None else {k: tuple(v.shape) for k, v in hf_state.items()}
+    _check_shapes(config, shapes, weights, directory / "config.json")
+    model_tokenizer(directory, config.vocab_size)
+    check_memory(config, device or "cpu", training=training, dtype=dtype or torch.float32, what=str(directory),
+                 instead="run it where more memory is free (another --device, or another machine)")
+    return config, weights, hf_state
+
+
+def check_model(directory: str | os.PathLike, device: torch.device | str | None = None) -> None:
+    """What from_pretrained checks, without loading: for a caller that reads a model directory's files (hashes its
+    weights) before loading it, so that a file that does not fit its config is refused before it is read whole."""
+    _checked(Path(directory), device, None, False)
 
 
 def from_pretrained(
@@ -203,6 +347,7 @@ def from_pretrained(
     *,
     revision: str | None = None,
     cache_dir: str | os.PathLike | None = None,
+    training: bool = False,
 ) -> GPT:
     """Load a GPT-2 checkpoint in the Hugging Face layout from a local directory or a hub repo id.
 
@@ -211,17 +356,20 @@ def from_pretrained(
     and the hub cache are honoured). `dtype` defaults to float32 whatever the file holds (the hub checkpoint is
     bf16): the trainer needs fp32 master weights; pass torch.bfloat16 for an inference-only copy.
     The model is returned in eval mode (dropout off).
+
+    Before any memory is taken for the model, the directory is checked whole (a ModelFileError, or a
+    TokenizerUnavailableError for its vocabulary, naming the file): the weights' shapes, read from the safetensors
+    header, against config.json; its vocabulary (`get_tokenizer` of the directory) against the embedding's rows;
+    and the model's size against the memory free on `device` (a NotEnoughMemory), counting what training it
+    takes besides the weights when `training`.
     """
     directory = model_directory(name_or_path, revision, cache_dir)
-    config = _read_config(directory)
-    state = _from_hf_state_dict(_read_hf_state_dict(directory))
+    config, weights, hf_state = _checked(directory, device, dtype, training)
+    state = _from_hf_state_dict(hf_state if hf_state is not None else _read_safetensors(weights))
 
     with torch.device("meta"):  # no point in random-initialising 124M parameters that are overwritten next
         model = GPT(config)
-    try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as e:
-        raise ValueError(f"{directory}: weights do not match config.json: {e}") from e
+    model.load_state_dict(state, strict=True, assign=True)  # every name and shape was checked above
     model.lm_head.weight = model.transformer.wte.weight  # assign=True replaced the Parameter; tie again
     model.to(device=device or "cpu", dtype=dtype or torch.float32)
     return model.eval()

@@ -4,9 +4,11 @@ RookWorld-LM was pretrained on `[50256] + encode_ordinary(text)` documents packe
 `<|endoftext|>` (50256) is both the separator the model emits after a completion and the pad token here.
 Prompts are encoded as ordinary text: a prompt that happens to contain "<|endoftext|>" gets no special token.
 
-The vocabulary comes from, in order: the gpt2.tiktoken file named by ROOKWORLD_TIKTOKEN_FILE; the model's own
-directory (`vocab.json` + `merges.txt`, as every hub download of GPT-2 or RookWorld-LM and every checkpoint of
-ours has them); the copy of gpt2.tiktoken shipped inside the package. tiktoken's own cache or download is never
+The vocabulary comes from, in order: the model's own directory (`vocab.json` + `merges.txt`, as every hub download
+of GPT-2 or RookWorld-LM and every checkpoint of ours has them: a model is never read with another vocabulary, and
+ROOKWORLD_TIKTOKEN_FILE set beside them is ignored with a warning); the gpt2.tiktoken file named by
+ROOKWORLD_TIKTOKEN_FILE; the copy of gpt2.tiktoken shipped inside the package. A model's vocabulary is checked
+against its embedding's rows when it loads (`model_tokenizer`). tiktoken's own cache or download is never
 asked: it holds the same bytes (the shipped copy is checked against their hash), and offline a download attempt
 costs a network timeout before it fails.
 
@@ -24,6 +26,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -66,22 +69,46 @@ def chess_ranks(gpt2_ranks: dict[bytes, int]) -> dict[bytes, int]:
 
 def load_encoding(path: str | os.PathLike | None = None, model_dir: str | os.PathLike | None = None
                   ) -> tiktoken.Encoding:
-    """The GPT-2 encoding: from the gpt2.tiktoken file `path` or $ROOKWORLD_TIKTOKEN_FILE, else from
-    `model_dir`'s vocab.json and merges.txt, else from the copy shipped with the package."""
-    path = path or os.environ.get(ENV_VAR) or None
+    """The GPT-2 encoding: from the gpt2.tiktoken file `path`, else `model_dir`'s vocab.json and merges.txt, else
+    from $ROOKWORLD_TIKTOKEN_FILE, else from the copy shipped with the package."""
+    return _load(path, model_dir)[0]
+
+
+def _load(path: str | os.PathLike | None, model_dir: str | os.PathLike | None) -> tuple[tiktoken.Encoding, str]:
+    """`load_encoding`'s encoding, and where it was read, in words."""
+    named = os.environ.get(ENV_VAR) or None
+    if path is None and model_dir is not None and has_own_vocabulary(Path(model_dir)):
+        if named is not None:
+            print(f"warning: {ENV_VAR}={named} ignored: {model_dir} has its own vocabulary (vocab.json, merges.txt), "
+                  f"which its model is read with", file=sys.stderr, flush=True)
+        ranks = read_hf_vocabulary(Path(model_dir))
+        return (_encoding(ranks, name="gpt2" if len(ranks) == EOS_ID else "chess"),
+                f"{Path(model_dir) / 'vocab.json'} and merges.txt")
+    path = path or named
     if path is not None:
         file = Path(path).expanduser()
         if not file.is_file():
             raise TokenizerUnavailableError(f"{ENV_VAR}: {file} is not a file (expected a gpt2.tiktoken vocabulary)")
-        return _encoding(_read_tiktoken_file(file))
-    if model_dir is not None and all((Path(model_dir) / name).is_file() for name in HF_FILES):
-        ranks = read_hf_vocabulary(Path(model_dir))
-        return _encoding(ranks, name="gpt2" if len(ranks) == EOS_ID else "chess")
+        return _encoding(_read_tiktoken_file(file)), f"{ENV_VAR}={file}" if path == named else str(file)
     if not SHIPPED_VOCABULARY.is_file():
         raise TokenizerUnavailableError(
             f"The GPT-2 vocabulary shipped with rookworld is missing ({SHIPPED_VOCABULARY}): reinstall the package, "
             f"use a model directory that has vocab.json and merges.txt, or set {ENV_VAR} to a gpt2.tiktoken file.")
-    return _encoding(_read_tiktoken_file(SHIPPED_VOCABULARY, SHIPPED_SHA256))
+    return _encoding(_read_tiktoken_file(SHIPPED_VOCABULARY, SHIPPED_SHA256)), "GPT-2's, shipped with rookworld"
+
+
+def has_own_vocabulary(model_dir: Path) -> bool:
+    """Whether a model directory holds its vocabulary; one of its two files alone, or one that is no regular file
+    (a FIFO would never end), is an error, not GPT-2's vocabulary in its place."""
+    present = [name for name in HF_FILES if (model_dir / name).exists()]
+    if odd := next((name for name in present if not (model_dir / name).is_file()), None):
+        raise TokenizerUnavailableError(f"{model_dir / odd} is not a regular file: copy the {odd} saved with this "
+                                        f"model in its place")
+    if len(present) == 1:
+        absent = next(name for name in HF_FILES if name not in present)
+        raise TokenizerUnavailableError(f"{model_dir} has {present[0]} but no {absent}: a vocabulary needs both; copy "
+                                        f"the {absent} saved with this model beside it")
+    return bool(present)
 
 
 # The GPT-2 vocabulary in tiktoken's format, as tiktoken.get_encoding("gpt2") would download it (from the PyPI
@@ -222,8 +249,11 @@ class Tokenizer:
     """A tiktoken encoding of GPT-2's kind with the conventions of the policy: EOS = pad = `<|endoftext|>` (50256 in
     GPT-2's vocabulary, the last id in a restricted one), left padding."""
 
-    def __init__(self, encoding: tiktoken.Encoding | None = None) -> None:
-        self.encoding = encoding if encoding is not None else load_encoding()
+    def __init__(self, encoding: tiktoken.Encoding | None = None, source: str | None = None) -> None:
+        """`source` says where the vocabulary was read, for messages."""
+        if encoding is None:
+            encoding, source = _load(None, None)
+        self.encoding, self.source = encoding, source or encoding.name
         self.eos_id = self.pad_id = self.encoding.eot_token
         # Single bytes rank first in a byte-level BPE (read_hf_vocabulary checks it), so the first 256 ids hold them.
         first = [self.encoding.decode_single_token_bytes(i) for i in range(min(256, self.eos_id))]
@@ -319,4 +349,19 @@ def get_tokenizer(model_dir: str | os.PathLike | None = None) -> Tokenizer:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(model_dir: str | None) -> Tokenizer:
-    return Tokenizer(load_encoding(model_dir=model_dir))
+    return Tokenizer(*_load(None, model_dir))
+
+
+def model_tokenizer(model_dir: str | os.PathLike, rows: int) -> Tokenizer:
+    """`get_tokenizer(model_dir)` for a model whose embedding has `rows` rows (its config's vocab_size), refused
+    unless it has as many tokens: another model's vocabulary turns the model's ids into other text, or into ids no
+    token has (an error mid-answer, an engine that plays nothing)."""
+    tokenizer = get_tokenizer(model_dir)
+    if tokenizer.vocab_size != rows:
+        fix = ("they are not one model's: put the vocab.json and merges.txt saved with these weights in it"
+               if has_own_vocabulary(Path(model_dir)) else
+               "it has no vocab.json and merges.txt of its own: put those saved with these weights in it")
+        raise TokenizerUnavailableError(f"{model_dir}: its vocabulary ({tokenizer.source}) has "
+                                        f"{tokenizer.vocab_size:,} tokens and its weights' embedding {rows:,} rows "
+                                        f"(config.json's vocab_size); {fix}")
+    return tokenizer

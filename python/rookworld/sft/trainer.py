@@ -25,7 +25,7 @@ from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
 from rookworld.net.device import peak_memory_gb, peak_tflops
 from rookworld.net.logprobs import LogProbs, token_logprobs
-from rookworld.net.model import GPT, GPTConfig
+from rookworld.net.model import GPTConfig, fresh_gpt
 from rookworld.net.tokenizer import vocabulary
 from rookworld.settings.config import SFTConfig
 from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, relayout, tokenize
@@ -40,7 +40,7 @@ def summary(m: dict[str, Any]) -> list[str]:
 def fresh_model(cfg: SFTConfig, vocab_size: int) -> nn.Module:
     layers, heads, width = cfg.model_shape
     torch.manual_seed(cfg.seed)
-    return GPT(GPTConfig(n_layer=layers, n_head=heads, n_embd=width, vocab_size=vocab_size)).eval()
+    return fresh_gpt(GPTConfig(n_layer=layers, n_head=heads, n_embd=width, vocab_size=vocab_size), cfg.device).eval()
 
 
 def step_flops(model: nn.Module, tokens: float, counted: float, context: float) -> float:
