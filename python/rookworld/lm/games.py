@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rookworld.ground import chess
-from rookworld.ground.stockfish.engine import Engine, EngineFailure, StockfishError, find_stockfish
+from rookworld.ground.stockfish.engine import STARTUP_S, Engine, EngineFailure, StockfishError, find_stockfish
 from rookworld.lm.moves import SOURCES, choose_moves
 
 WHITE, BLACK = "w", "b"
@@ -195,7 +195,7 @@ class StockfishPlayer:
 
     def _start(self) -> Engine:
         try:
-            return Engine(self.path, self.options, startup_timeout=self.timeout_s)
+            return Engine(self.path, self.options, startup_timeout=min(self.timeout_s, STARTUP_S))
         except EngineFailure as exc:
             raise StockfishError(f"cannot start Stockfish ({self.path}): {exc}") from exc
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rookworld.ground.stockfish.cache import cache_path_problem
+from rookworld.ground.stockfish.pool import workers_problem
 from rookworld.settings.base import existing_files, non_negative, positive, seed_range, share
 from rookworld.settings.declare import (DATA, DECODING, GAME, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH, SUITES_, group,
                                         setting)
@@ -76,7 +77,8 @@ class StockfishSettings:
     stockfish_depth: int = setting(10, "Stockfish's analysis depth", STOCKFISH, check=positive, was=("depth",))
     stockfish_workers: int | None = setting(None, "Stockfish processes (default: one per core, which "
                                                   "analyse while torch waits; GRPO on CUDA: one per core but the "
-                                                  "one driving the GPU; under torchrun, a rank's share)", STOCKFISH, check=positive)
+                                                  "one driving the GPU; under torchrun, a rank's share)", STOCKFISH,
+                                              check=lambda option, n: positive(option, n) or workers_problem(option, n))
     stockfish_cache: str | None = setting(None, "sqlite file that caches analyses across runs (default: none)",
                                           STOCKFISH, metavar="FILE", check=lambda _, path: cache_path_problem(path))
 

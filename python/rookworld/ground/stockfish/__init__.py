@@ -9,6 +9,10 @@ An `Analysis` holds up to ``multipv`` (5) `Candidate` moves ranked best first, w
 move's view, as the RookWorld ``P:`` task prints them (``Candidate.eval_text``). Positions without legal moves
 (checkmate, stalemate) get no candidates and never reach an engine.
 
+An engine is trusted no more than a file: every wait on it is bounded, what it says is checked (scores in range, mates
+that fit, legal moves), one that fails is restarted and asked again, and once positions keep failing the pool gives
+up on it (`StockfishPool.failure`) rather than wait on it position after position.
+
 The pieces: `engine` (one UCI process, finding the binary), `cache` (memory and sqlite), `pool` (workers,
 futures, restarts and retries), `analysis` (the results).
 """

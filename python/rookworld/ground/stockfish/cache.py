@@ -271,7 +271,7 @@ def _read_row(key: tuple, text: str) -> tuple[Analysis | None, str]:
     """The analysis in a cache row if its shape is right (the chess is checked by the caller), else why not."""
     try:
         data = json.loads(text)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RecursionError) as e:  # RecursionError: a row nested past the parser's depth
         return None, f"not JSON ({e})"
     if not isinstance(data, dict) or data.get("fen") != key[0] or not _is_int(data.get("depth")) \
             or data["depth"] < 0 or not isinstance(data.get("candidates"), list):

@@ -1,7 +1,10 @@
 """One Stockfish process spoken to over UCI, and where to find the binary.
 
 Not thread-safe: each `Engine` is owned by one worker thread of the pool. An engine that dies, hangs or
-speaks nonsense raises `EngineFailure`; the pool then kills it and starts another.
+speaks nonsense raises `EngineFailure`; the pool then kills it and starts another. Every wait on an engine is
+bounded and its failure says what was waited for: the handshake within the start-up limit, the first answer to a
+command within `ANSWER_S`, a whole search within the caller's limit. What an engine says is checked as a data file
+is: scores in range, a mate that fits the position, legal moves (`BadAnswer` otherwise).
 """
 
 from __future__ import annotations
@@ -9,12 +12,14 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from rookworld.ground.stockfish.analysis import Candidate
+from rookworld.ground import chess
+from rookworld.ground.stockfish.analysis import Analysis, Candidate
 
 #: Where Debian/Ubuntu's ``stockfish`` package installs the binary (often not on PATH).
 _FALLBACK_PATHS: tuple[str, ...] = ("/usr/games/stockfish",)
@@ -83,6 +88,23 @@ def find_stockfish(path: str | None = None) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # UCI
+
+#: Seconds an engine may stay silent after `isready` or `go` before it is taken for hung. Stockfish answers
+#: `isready` at once and a search with its depth-1 line within milliseconds, whatever the search's limits (those
+#: bound the search as a whole); an engine that says nothing for this long will not say anything.
+ANSWER_S = 5.0
+#: Seconds an engine may take to answer `uci` and `isready` when it starts (Stockfish: milliseconds; a loaded machine
+#: starting many at once: a few seconds).
+STARTUP_S = 10.0
+#: The largest centipawn score taken from an engine: the data files' range (`chess.MAX_EVAL` pawns, a mate in 1).
+MAX_CP = round(chess.MAX_EVAL * 100)
+#: The longest mate taken from an engine, in moves: past any engine's horizon (Stockfish's is 246 plies), and short
+#: enough that a mate's eval stays on its side's end of the scale.
+MAX_MATE = 250
+#: The deepest search depth taken from an engine (Stockfish stops at 245).
+MAX_DEPTH = 1000
+#: The longest line read from an engine at once (a UCI line is a few hundred characters).
+MAX_LINE = 1 << 16
 
 
 def parse_info(line: str) -> tuple[int, int, int, int | None, int | None, str] | None:
@@ -156,12 +178,72 @@ def ranked_candidates(lines: dict[int, tuple[int, int, int | None, int | None, s
     return tuple(out), best_depth
 
 
+def score_problem(cp: int | None, mate: int | None) -> str | None:
+    """What is wrong with a score an engine gave a move, in a position with a legal move, or ``None``."""
+    if (cp is None) == (mate is None):
+        return "two scores" if cp is not None else "no score"
+    if mate == 0:  # mated already: only a position without a legal move is, and those never reach an engine
+        return "mate 0 where there is a legal move"
+    if mate is not None and abs(mate) > MAX_MATE:
+        return f"mate {mate}, longer than any engine sees ({MAX_MATE} moves)"
+    if cp is not None and abs(cp) > MAX_CP:
+        return f"cp {cp}, outside -{MAX_CP}..{MAX_CP}"
+    return None
+
+
+def answer_problem(lines: dict[int, tuple[int, int, int | None, int | None, str]], bestmove: str,
+                   legal: Collection[str]) -> str | None:
+    """What is wrong with an engine's answer in a position whose legal moves are ``legal``, or ``None``.
+
+    Every line's score and depth must be in range, and the best line's first move and ``bestmove`` legal. A lower
+    line that repeats a move or names an illegal one is only left out (`ranked_candidates`): a search that a node
+    limit cuts short repeats moves across its lines."""
+    if not lines:
+        return "no scored line"
+    for index in sorted(lines):
+        depth, _sel, cp, mate, move = lines[index]
+        problem = score_problem(cp, mate)
+        if problem is None and not 1 <= depth <= MAX_DEPTH:
+            problem = f"depth {depth}"
+        if problem is not None:
+            return f"line {index} ({move}) has {problem}"
+    best = lines[min(lines)][4]
+    if best not in legal:
+        return f"its best line starts with {best!r}, not a legal move here"
+    if bestmove not in legal:
+        return f"bestmove {bestmove!r} is not a legal move here"
+    return None
+
+
+def position_after(fen: str, moves: Sequence[str]) -> str:
+    """The position of a game from ``fen`` after its ``moves``."""
+    for move in moves:
+        fen = chess.env_steps([fen], [move])[0].fen
+    return fen
+
+
+def mate_problem(fen: str, candidates: Sequence[Candidate]) -> str | None:
+    """What is wrong with the mates in one the candidates claim, the mates the rules check at once, or ``None``: a
+    mate in 1 must be a move that mates, a mated-in-1 a move after which the other side has one."""
+    for c in candidates:
+        if c.mate == 1 and c.move not in chess.mating_moves(fen):
+            return f"it scores {c.move} a mate in 1, which does not mate"
+        if c.mate == -1 and not chess.mating_moves(position_after(fen, [c.move])):
+            return f"it scores {c.move} mated in 1, though no mate in 1 follows it"
+    return None
+
+
 class EngineFailure(Exception):
     """The engine died, hung or spoke nonsense; it must be killed and restarted."""
 
 
 class EngineHung(EngineFailure):
-    pass
+    """No answer within the time it had."""
+
+
+class BadAnswer(EngineFailure):
+    """An answer that does not check out: a score out of range, a mate that does not fit the position, an illegal
+    move. Never kept; the engine is restarted and asked again, as a hung one is."""
 
 
 class EngineOptionError(ValueError):
@@ -195,14 +277,14 @@ class Engine:
         try:
             deadline = time.monotonic() + startup_timeout
             self._send("uci")
-            ranges = self._spin_ranges(deadline)
+            ranges = self._spin_ranges(deadline, f"`uciok` to `uci` within {startup_timeout:g} s")
             for name, value in options.items():
                 low, high = ranges.get(name, (value, value)) if isinstance(value, int) else (value, value)
                 if not low <= value <= high:  # an engine clamps it silently: the strength asked for is not had
                     raise EngineOptionError(f"{path} takes {name} from {low} to {high}, not {value}")
                 self._send(f"setoption name {name} value {value}")
             self._send("isready")
-            self._wait_for("readyok", deadline)
+            self._wait_for("readyok", deadline, f"`readyok` to `isready` within {startup_timeout:g} s")
         except BaseException:
             self.kill()
             raise
@@ -210,7 +292,8 @@ class Engine:
     @staticmethod
     def _read(stream, lines: queue.Queue) -> None:
         try:
-            for line in stream:
+            # A line longer than any UCI line comes in pieces: an engine that never ends one cannot fill the memory.
+            for line in iter(lambda: stream.readline(MAX_LINE), ""):
                 lines.put(line)
         except (OSError, ValueError):
             pass
@@ -224,14 +307,15 @@ class Engine:
         except (OSError, ValueError) as exc:  # BrokenPipeError when the process is gone
             raise EngineFailure(f"engine pid {self.pid} is gone ({exc!r}; exit code {self.proc.poll()})") from exc
 
-    def _readline(self, deadline: float) -> str:
+    def _readline(self, deadline: float, waiting_for: str) -> str:
+        """The engine's next line by ``deadline``; `EngineHung` saying it gave no ``waiting_for`` otherwise."""
         remaining = deadline - time.monotonic()
         try:
             if remaining <= 0:
                 raise queue.Empty
             line = self._lines.get(timeout=remaining)
         except queue.Empty:
-            raise EngineHung(f"engine pid {self.pid} gave no answer in time") from None
+            raise EngineHung(f"engine pid {self.pid} gave no {waiting_for}") from None
         if line is None:
             code = self.proc.poll()
             if code is None:
@@ -242,11 +326,11 @@ class Engine:
             raise EngineFailure(f"engine pid {self.pid} died (exit code {code})")
         return line
 
-    def _spin_ranges(self, deadline: float) -> dict[str, tuple[int, int]]:
+    def _spin_ranges(self, deadline: float, waiting_for: str) -> dict[str, tuple[int, int]]:
         """Reads `uci`'s answer to its `uciok`: the bounds of each numeric option the engine declares."""
         ranges = {}
         while True:
-            words = self._readline(deadline).split()
+            words = self._readline(deadline, waiting_for).split()
             if words[:1] == ["uciok"]:
                 return ranges
             if words[:2] == ["option", "name"] and "type" in words and "min" in words and "max" in words:
@@ -256,59 +340,91 @@ class Engine:
                 except (ValueError, IndexError):
                     pass
 
-    def _wait_for(self, token: str, deadline: float) -> None:
+    def _wait_for(self, token: str, deadline: float, waiting_for: str) -> None:
         while True:
-            line = self._readline(deadline)
+            line = self._readline(deadline, waiting_for)
             if line.split()[:1] == [token]:
                 return
 
-    def analyse(self, fen: str, go: str, timeout: float):
-        """Deepest scored line per MultiPV index: ``{index: (depth, seldepth, cp, mate, move)}``."""
+    def _search(self, position: str, go: str, timeout: float) -> tuple[dict, str]:
+        """Sends ``position`` and ``go``: the deepest scored line per MultiPV index,
+        ``{index: (depth, seldepth, cp, mate, move)}``, and the ``bestmove`` word (``""`` when there is none).
+
+        The engine must begin answering within `ANSWER_S` and end with ``bestmove`` within ``timeout``."""
         deadline = time.monotonic() + timeout
+        # `isready` first: what an earlier answer left unread is passed over, and the engine's silence shows at once.
+        self._send("isready")
+        self._wait_for("readyok", min(deadline, time.monotonic() + ANSWER_S),
+                       f"`readyok` to `isready` within {ANSWER_S:g} s")
+        self._send(position)
+        self._send(go)
+        first = min(deadline, time.monotonic() + ANSWER_S)
+        line = self._readline(first, f"answer to `{go}` within {ANSWER_S:g} s")
+        lines: dict[int, tuple[int, int, int | None, int | None, str]] = {}
+        while not line.startswith("bestmove"):
+            parsed = parse_info(line)
+            if parsed is not None:
+                index, depth, seldepth, cp, mate, move = parsed
+                old = lines.get(index)
+                if old is None or depth >= old[0]:  # deepest wins; among equals the latest
+                    lines[index] = (depth, seldepth, cp, mate, move)
+            line = self._readline(deadline, f"`bestmove` to `{go}` within {timeout:g} s")
+        words = line.split()
+        return lines, words[1] if len(words) > 1 else ""
+
+    def analyse(self, fen: str, go: str, timeout: float):
+        """Deepest scored line per MultiPV index: ``{index: (depth, seldepth, cp, mate, move)}``, unchecked."""
         # ucinewgame clears the hash and history (~1 ms): results then depend only on the position.
         self._send("ucinewgame")
-        self._send(f"position fen {fen}")
-        self._send(go)
-        lines: dict[int, tuple[int, int, int | None, int | None, str]] = {}
-        while True:
-            line = self._readline(deadline)
-            if line.startswith("bestmove"):
-                return lines
-            parsed = parse_info(line)
-            if parsed is None:
-                continue
-            index, depth, seldepth, cp, mate, move = parsed
-            old = lines.get(index)
-            if old is None or depth >= old[0]:  # deepest wins; among equals the latest
-                lines[index] = (depth, seldepth, cp, mate, move)
+        return self._search(f"position fen {fen}", go, timeout)[0]
+
+    def analysis(self, fen: str, legal: Sequence[str], go: str, timeout: float, multipv: int) -> Analysis:
+        """The engine's analysis of ``fen`` (normalized, with the legal moves ``legal``), checked as an analysis read
+        from a file is: `BadAnswer` naming what does not check out."""
+        self._send("ucinewgame")
+        lines, bestmove = self._search(f"position fen {fen}", go, timeout)
+        problem = answer_problem(lines, bestmove, set(legal))
+        if problem is None:
+            candidates, depth = ranked_candidates(lines, legal, multipv)
+            analysis = Analysis(fen, candidates, depth)
+            problem = (mate_problem(fen, candidates) or
+                       chess.analysis_problems([fen], [analysis.moves], [analysis.evals], max_moves=multipv)[0])
+        if problem is not None:
+            raise BadAnswer(f"engine pid {self.pid} answered `{go}` in {fen} with nonsense: {problem}")
+        return analysis
 
     def best_move(self, fen: str, moves: Sequence[str], go: str, timeout: float) -> str:
         """The engine's move in the game from `fen` after `moves`, as a player: with Skill Level or UCI_Elo set it
-        is a weaker move than the analysis's first line, so it is read from ``bestmove``. The moves let the engine
-        see repetitions."""
-        deadline = time.monotonic() + timeout
-        self._send("position fen " + fen + (" moves " + " ".join(moves) if moves else ""))
-        self._send(go)
-        while True:
-            line = self._readline(deadline)
-            if line.startswith("bestmove"):
-                words = line.split()
-                if len(words) < 2 or words[1] == "(none)":
-                    raise EngineFailure(f"engine pid {self.pid} has no move in a finished game: {fen} {moves}")
-                return words[1]
+        is a weaker move than the analysis's first line, so it is read from ``bestmove``; `BadAnswer` when it is no
+        legal move there. The moves let the engine see repetitions."""
+        _lines, move = self._search("position fen " + fen + (" moves " + " ".join(moves) if moves else ""), go,
+                                    timeout)
+        if move not in chess.legal_moves(position_after(fen, moves)):
+            raise BadAnswer(f"engine pid {self.pid} answered `{go}` with bestmove {move!r}, not a legal move in the "
+                            f"game from {fen} after {' '.join(moves) or 'no moves'}")
+        return move
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def kill(self) -> None:
-        proc = self.proc
-        if proc.poll() is None:
+    def abort(self) -> None:
+        """Kills the engine and whatever it started, and nothing else: safe from a thread that does not own it, whose
+        owner then sees the engine die in the middle of its wait."""
+        if self.proc.returncode is None:  # not reaped yet: its pid, and so its process group, is still its own
             try:
-                proc.kill()  # SIGKILL also ends a stopped (SIGSTOP) process
+                # Its own process group (start_new_session): a child it left holding the pipe dies with it, and
+                # SIGKILL also ends a stopped (SIGSTOP) process.
+                os.killpg(self.pid, signal.SIGKILL)
             except OSError:
-                pass
+                try:
+                    self.proc.kill()
+                except OSError:
+                    pass
+
+    def kill(self) -> None:
+        self.abort()
         try:
-            proc.wait(timeout=5)
+            self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
         self._close_pipes()

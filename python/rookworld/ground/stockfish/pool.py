@@ -1,9 +1,12 @@
 """The pool: Stockfish processes analysing FENs in the background, one per worker thread, behind futures.
 
-Each worker owns one `Engine`. An engine that dies or gives no ``bestmove`` within ``timeout_s`` is killed
-and restarted and the position is retried (``retries`` times, then its future raises `StockfishError`); the
-other positions are never lost. A bad FEN makes its own future raise ``ValueError``. Identical positions
-share one analysis, and answers come from a `MemoryCache` (and a `DiskCache`, when given) before any engine.
+Each worker owns one `Engine`. An engine that dies, says nothing for `ANSWER_S`, gives no ``bestmove`` within
+``timeout_s`` or answers nonsense (`BadAnswer`) is killed and restarted, and the position is tried again behind the
+others (``retries`` times, then its future raises `StockfishError`); the other positions are never lost. Once
+`GIVE_UP_AFTER` positions in a row have failed, none analysed between, the engine has shown that it cannot
+analyse: the pool gives up, every waiting future and every later `submit` raising one `StockfishError` that says
+so. A bad FEN makes its own future raise ``ValueError``. Identical positions share one analysis, and answers come
+from a `MemoryCache` (and a `DiskCache`, when given) before any engine.
 """
 
 from __future__ import annotations
@@ -13,14 +16,13 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 
 from rookworld.ground import chess as _chess
 from rookworld.ground.stockfish.analysis import Analysis
 from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
-from rookworld.ground.stockfish.engine import (Engine, EngineFailure, EngineHung, StockfishError, find_stockfish,
-                                               ranked_candidates)
+from rookworld.ground.stockfish.engine import Engine, EngineFailure, EngineHung, StockfishError, find_stockfish
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +49,33 @@ class StockfishStats:
     errors: int = 0
 
 
+#: Positions that fail in a row, none analysed between, before the pool takes its engine for one that cannot
+#: analyse. More than one: a position may fail alone (it is retried behind the others, which go on).
+GIVE_UP_AFTER = 3
+#: Engines a core may carry. More only share it, and so many starting at once outlast the handshake's limit.
+WORKERS_PER_CORE = 4
+
+
 def default_timeout(depth: int | None, nodes: int | None) -> float:
-    """A generous per-position limit: at least 30 s, more for deep or many-node searches."""
+    """A generous per-position limit: at least 10 s (Stockfish's depth 10 takes about 0.1 s on a busy core), more
+    for deep or many-node searches."""
     if nodes is not None:
-        return max(30.0, nodes / 20_000)
-    return max(30.0, 2.0 ** ((depth or 0) / 2) / 10)
+        return max(10.0, nodes / 20_000)
+    return max(10.0, 2.0 ** ((depth or 0) / 2) / 10)
+
+
+def max_workers() -> int:
+    """The most engines this machine runs: `WORKERS_PER_CORE` a core."""
+    return WORKERS_PER_CORE * (os.cpu_count() or 1)
+
+
+def workers_problem(option: str, workers: int) -> str | None:
+    """Why ``workers`` engines are too many for this machine, or ``None`` (a settings check, as `positive`)."""
+    cores, most = os.cpu_count() or 1, max_workers()
+    if workers <= most:
+        return None
+    return (f"{option} {workers} is more Stockfish processes than this machine's {cores} cores can run: give at most "
+            f"{most} ({WORKERS_PER_CORE} a core; the default is one a core)")
 
 
 @dataclass
@@ -102,6 +126,9 @@ class StockfishPool:
             workers = os.cpu_count() or 1
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        too_many = workers_problem("--stockfish-workers", workers)
+        if too_many is not None:
+            raise StockfishError(too_many)
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.path = find_stockfish(path)
@@ -123,6 +150,10 @@ class StockfishPool:
         self._inflight: dict[tuple, Future] = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self._cancelling = False
+        #: The positions that failed since the last analysis that succeeded.
+        self._failing: set[tuple] = set()
+        self._failure: StockfishError | None = None
         self._disk = DiskCache(cache_path) if cache_path is not None else None
         self._engines: list[Engine | None] = [None] * workers
 
@@ -141,7 +172,9 @@ class StockfishPool:
                 problems.append(exc)
         if problems:
             self.close()
-            raise StockfishError(f"could not start Stockfish {self.path!r}: {problems[0]}") from problems[0]
+            cores = os.cpu_count() or 1
+            crowd = f" (starting {workers} engines at once on {cores} cores)" if workers > cores else ""
+            raise StockfishError(f"could not start Stockfish {self.path!r}{crowd}: {problems[0]}") from problems[0]
 
     # ---- public API --------------------------------------------------------------------------
 
@@ -153,6 +186,8 @@ class StockfishPool:
         fens = list(fens)
         if self._closed:
             raise RuntimeError("StockfishPool is closed")
+        if self._failure is not None:
+            raise StockfishError(str(self._failure))
         for fen in fens:
             if not isinstance(fen, str):
                 raise TypeError(f"FENs must be str, got {type(fen).__name__}: {fen!r}")
@@ -239,6 +274,11 @@ class StockfishPool:
             return [e.pid if e is not None else None for e in self._engines]
 
     @property
+    def failure(self) -> StockfishError | None:
+        """Why the pool gave up on its engine (`GIVE_UP_AFTER` positions failed in a row), or ``None``."""
+        return self._failure
+
+    @property
     def pending(self) -> int:
         """Analyses queued or running."""
         with self._lock:
@@ -250,6 +290,7 @@ class StockfishPool:
             if self._closed:
                 return
             self._closed = True
+            self._cancelling = cancel_pending
         if cancel_pending:
             while True:
                 try:
@@ -258,6 +299,7 @@ class StockfishPool:
                     break
                 if isinstance(item, _Job):
                     self._finish(item, exc=None, cancel=True)
+            self._abort_engines()  # the analyses under way end now, not at their time limit
         for _ in self._threads:
             self._queue.put(_STOP)
         for t in self._threads:
@@ -304,9 +346,10 @@ class StockfishPool:
                 self._counts["engine_analyses"] += 1
             elif not cancel:
                 self._counts["errors"] += 1
-        if cancel:
-            job.future.cancel()
+        if cancel and job.future.cancel():
             job.future.set_running_or_notify_cancel()  # wake wait()/as_completed()
+        elif cancel:  # tried before, so running: a running future cannot be cancelled, only ended
+            job.future.set_exception(CancelledError("the Stockfish pool was closed before this analysis ended"))
         elif analysis is not None:
             job.future.set_result(analysis)
         else:
@@ -326,7 +369,8 @@ class StockfishPool:
                 job = self._queue.get()
                 if job is _STOP:
                     break
-                if not job.future.set_running_or_notify_cancel():
+                # A job tried before comes back running; a new one may have been cancelled while it waited.
+                if job.attempts == 0 and not job.future.set_running_or_notify_cancel():
                     with self._lock:
                         if self._inflight.get(job.key) is job.future:
                             del self._inflight[job.key]
@@ -338,30 +382,35 @@ class StockfishPool:
                 engine.quit()
 
     def _run(self, index: int, engine: Engine | None, job: _Job) -> Engine | None:
-        """Analyse ``job`` on ``engine``, restarting it as needed; returns the engine to keep using."""
-        last_error = None
-        while job.attempts <= self.retries:
+        """Analyse ``job`` on ``engine``, started again as needed; a failed try puts the job behind the others (or
+        tries again at once when nothing else will take it). Returns the engine to keep using."""
+        while True:
+            if self._cancelling:
+                self._finish(job, cancel=True)
+                return engine
+            if self._failure is not None:
+                self._finish(job, exc=self._failure)
+                return engine
             job.attempts += 1
             try:
                 if engine is None:
                     engine = Engine(self.path, self._options, self._startup_timeout)
                     self._set_engine(index, engine)
-                lines = engine.analyse(job.fen, self._go, self.timeout_s)
-                candidates, depth = ranked_candidates(lines, job.legal, self.multipv)
-                if not candidates:
-                    raise EngineFailure(f"engine pid {engine.pid} returned no usable line for {job.fen!r}")
-                analysis = Analysis(job.fen, candidates, depth)
+                analysis = engine.analysis(job.fen, job.legal, self._go, self.timeout_s, self.multipv)
             except EngineFailure as exc:
-                last_error = exc
                 self._count(restarts=1, timeouts=int(isinstance(exc, EngineHung)))
                 if engine is not None:
                     engine.kill()
                     self._set_engine(index, None)
                 engine = None
+                if self._failed(job, exc) or self._requeue(job):
+                    return engine
                 continue
             except BaseException as exc:  # noqa: BLE001 - never let a worker die with a job unanswered
                 self._finish(job, exc=exc)
                 return engine
+            with self._lock:
+                self._failing.clear()
             if self._disk is not None:
                 try:
                     self._disk.put(job.key, analysis)
@@ -369,11 +418,47 @@ class StockfishPool:
                     pass  # the disk cache is an optimisation; the result stands
             self._finish(job, analysis=analysis)
             return engine
-        self._finish(
-            job,
-            exc=StockfishError(f"Stockfish failed on {job.fen!r} {job.attempts} times; last: {last_error}"),
-        )
-        return engine
+
+    def _failed(self, job: _Job, error: EngineFailure) -> bool:
+        """Counts a failed try of ``job``; True when the job is over: failed for good, cancelled, or the pool gave up
+        on the engine."""
+        with self._lock:
+            self._failing.add(job.key)
+            give_up = self._failure is None and len(self._failing) >= GIVE_UP_AFTER
+            if give_up:
+                self._failure = StockfishError(
+                    f"Stockfish {self.path} cannot analyse: {len(self._failing)} positions in a row failed, none "
+                    f"analysed between, the engine restarted after each (the last: {error}); check that it is a "
+                    f"working UCI engine, or give another with --stockfish-path")
+            failure, cancelling = self._failure, self._cancelling
+        if give_up:
+            self._abort_engines()  # the other workers' tries end now; they then see the failure
+        if cancelling:
+            self._finish(job, cancel=True)
+        elif failure is not None:
+            self._finish(job, exc=failure)
+        elif job.attempts > self.retries:
+            self._finish(job, exc=StockfishError(
+                f"Stockfish failed on {job.fen!r} {job.attempts} times; last: {error}"))
+        else:
+            return False
+        return True
+
+    def _requeue(self, job: _Job) -> bool:
+        """Puts a job that failed a try behind the others: the next try is another position's, so that one position
+        that fails is told from an engine that fails. False once the pool is closed (the workers stop at the end of
+        the queue)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._queue.put(job)
+            return True
+
+    def _abort_engines(self) -> None:
+        with self._lock:
+            engines = [e for e in self._engines if e is not None]
+        for engine in engines:
+            engine.abort()
 
 
 def _done(value: Analysis) -> Future:
