@@ -27,18 +27,26 @@ TESTS = Path(__file__).resolve().parent
 def test_the_process_group_outlasts_an_evaluation_and_nccl_knows_its_gpu(monkeypatch, kind, backend, device_id):
     from rookworld.harness import distributed
 
+    class Store:  # the ranks' meeting, which needs the other rank (tests/test_trust_io.py has it for real)
+        def set_timeout(self, timeout):
+            calls.append({"store_timeout": timeout})
+
     calls = []
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(distributed, "rendezvous", lambda info: Store())
     monkeypatch.setattr(distributed.torch.cuda, "set_device", lambda index: None)  # no GPU here
-    for name, value in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2").items():
+    monkeypatch.setattr(distributed.torch.cuda, "device_count", lambda: 2)
+    for name, value in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT="29500").items():
         monkeypatch.setenv(name, value)
     info = distributed.init_distributed(kind)
     assert (info.rank, info.world, info.local_rank) == (1, 2, 1)
-    [kwargs] = calls
+    kwargs, store = calls
     assert kwargs["backend"] == backend and kwargs.get("device_id") == device_id
     # The other ranks wait in a barrier while rank 0 evaluates: the default (10 minutes for NCCL) would end the run.
     assert kwargs["timeout"] == distributed.COLLECTIVE_TIMEOUT >= datetime.timedelta(hours=1)
+    assert store["store_timeout"] == distributed.COLLECTIVE_TIMEOUT, "the start-up's bound is not the collectives'"
 
 
 # -- --auto-batch on two ranks --------------------------------------------------------------------------------

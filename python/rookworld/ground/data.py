@@ -1,6 +1,7 @@
 """Position files: what `rookworld positions` writes and what training and evaluation read.
 
-One position a line, in any of three forms (blank lines and lines starting with ``#`` are skipped):
+One position a line of UTF-8 text (a byte-order mark is read past), in any of three forms (blank lines and lines
+starting with ``#`` are skipped):
 
 - JSON: ``{"fen": ..., "history": [...], "move": ..., "phase": ..., "analysis": {...}}``; only ``fen``
   is required. ``rookworld positions --annotate`` adds ``analysis`` and the P:/A: prompts and targets.
@@ -12,10 +13,12 @@ A bad line is a ``DataError`` naming the file and line, or, with ``skip_bad=True
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,6 +28,11 @@ from rookworld.ground.files import atomic_write
 from rookworld.ground.rewards import GroundTruth, policy_prompt, policy_targets
 
 __all__ = ["DataError", "Record", "assign_moves", "playable", "read_records", "write_records"]
+
+
+#: The byte-order mark, as a decoded character.
+BOM = "\ufeff"
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 class DataError(ValueError):
@@ -77,11 +85,30 @@ class Record:
         return d
 
 
-def _from_json(text: str) -> dict:
+def json_value(text: str):
+    """One JSON line's value; ValueError saying why the line is not JSON. Whatever a line holds stays a bad line:
+    nesting deeper than the parser recurses, or a number longer than Python converts, too."""
     try:
-        obj = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"invalid JSON: {e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise ValueError("invalid JSON: nested too deeply") from None
+    except ValueError as e:  # a number of thousands of digits
+        raise ValueError(f"invalid JSON: {str(e).split(':')[0]}") from None
+
+
+def _kind(value) -> str:
+    """What a JSON value is, for a message: short whatever the file holds (a value may be nested or huge)."""
+    if isinstance(value, str):
+        return repr(shortened(value, 40))
+    if isinstance(value, (bool, int, float)) or value is None:
+        return shortened(json.dumps(value), 40)
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _from_json(text: str) -> dict:
+    obj = json_value(text)
     if not isinstance(obj, dict) or not isinstance(obj.get("fen"), str):
         raise ValueError('a JSON line must be an object with a "fen" string')
     history = obj.get("history", [])
@@ -92,6 +119,9 @@ def _from_json(text: str) -> dict:
     move = obj.get("move")
     if move is not None and not isinstance(move, str):
         raise ValueError('"move" must be a string')
+    phase = obj.get("phase")
+    if phase is not None and not isinstance(phase, str):
+        raise ValueError(f'"phase" must be a string, got {_kind(phase)}')
     analysis = obj.get("analysis")
     if analysis is not None:
         ok = (isinstance(analysis, dict) and isinstance(analysis.get("moves"), list)
@@ -102,9 +132,10 @@ def _from_json(text: str) -> dict:
             raise ValueError('"analysis" must hold a "moves" list of UCI strings and an "evals" list of numbers')
         depth = analysis.get("depth", 0)
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-            raise ValueError(f'"analysis" "depth" must be a whole number >= 0, got {depth!r}')
-    return {"fen": obj["fen"], "history": tuple(history), "move": move, "phase": obj.get("phase"),
-            "analysis": analysis}
+            raise ValueError(f'"analysis" "depth" must be a whole number >= 0, got {_kind(depth)}')
+        # Only what is checked goes on: a record is written out again (positions --from), any other key unread.
+        analysis = {"depth": depth, "moves": analysis["moves"], "evals": analysis["evals"]}
+    return {"fen": obj["fen"], "history": tuple(history), "move": move, "phase": phase, "analysis": analysis}
 
 
 def _pawns(value: int | float) -> float:
@@ -137,18 +168,36 @@ def _from_fen_or_epd(text: str) -> dict:
     return {"fen": " ".join(fields[:4] + [halfmoves, fullmoves])}
 
 
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """A data file's lines, for every reader of position and sample files: UTF-8 with or without a byte-order mark
+    (Windows editors write one at the start, and `cat` of such files leaves one at the start of a line). Lines end
+    where an editor ends them (not at the other breaks `str.splitlines` knows), so that line numbers are an editor's.
+    A file that cannot be read is a DataError naming it."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror or e}") from None
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise DataError(f"{path}: not UTF-8 text (UTF-16, by its byte-order mark): save it as UTF-8")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return [line.removeprefix(BOM) for line in _LINE_BREAK.split(text)]
+
+
+def shortened(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters with an ellipsis: what a message quotes from a file stays one short line."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[list[Record], int]:
     """Reads a position file; returns the records and how many bad lines were skipped."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise DataError(f"{path}: {e.strerror}") from None
-
+    lines = read_lines(path)
     parsed: list[tuple[int, dict]] = []
     skipped = 0
 
@@ -156,8 +205,7 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
         nonlocal skipped
         if not skip_bad:
             line = lines[lineno - 1].strip()
-            shown = line if len(line) <= 120 else line[:120] + "..."
-            raise DataError(f"{path}:{lineno}: {why}: {shown}")  # the line as written, not escaped
+            raise DataError(f"{path}:{lineno}: {shortened(why, 300)}: {shortened(line, 120)}")  # as written
         skipped += 1
 
     for lineno, line in enumerate(lines, 1):

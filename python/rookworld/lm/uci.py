@@ -7,12 +7,15 @@ shown as UCI thinking: one `info multipv N score ... pv MOVE` line per legal can
 
 A reader thread feeds the input lines to the loop, and the model's work runs in a search thread, so that `stop`,
 `isready` and `quit` are read while the model thinks. The model loads at the first `isready` (or `go`), never
-before `uciok`, so that a GUI's handshake does not time out. Bad input is an `info string` saying what is wrong;
-unknown commands are ignored, as the protocol says.
+before `uciok`, so that a GUI's handshake does not time out. Bad input is an `info string` saying what is wrong
+(quoting at most ECHO_LIMIT characters of it); unknown commands are ignored, as the protocol says. `quit`, or the
+end of the input, ends the engine at once even mid-search: the generation stops between two decoding steps, and
+the move it did not finish is never said.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections import Counter
@@ -21,9 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from rookworld.ground import chess
+from rookworld.ground.data import shortened
 from rookworld.ground.stockfish.analysis import MATE_SCORE
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST, ModelMove, choose_moves
+from rookworld.net.decoding import decodes_eagerly
 from rookworld.settings.groups import device_name
 
 AUTHOR = "rookworld"
@@ -31,6 +36,13 @@ AUTHOR = "rookworld"
 MAX_MULTIPV = 5
 #: What a sampled protocol's seed advances by per ply, so that each position of a game draws its own sample.
 SEED_STRIDE = 7919
+#: How much of a command's own text an info string quotes back: enough to recognise it, whatever the GUI sent.
+ECHO_LIMIT = 80
+#: The longest info string: what the engine says about bad input is one readable line.
+INFO_LIMIT = 400
+#: How long `quit`, or the end of the input, lets a search that is still thinking run on: a session piped in whole
+#: ("go" then "quit") gets its bestmove from a fast model, and a long generation ends within about this long.
+QUIT_WAIT_S = 0.5
 _COMMANDS = ("uci", "debug", "isready", "setoption", "register", "ucinewgame", "position", "go", "stop", "ponderhit",
              "quit")
 
@@ -74,6 +86,11 @@ def source_line(chosen: ModelMove, counts: Counter) -> str:
 
 # -- parsing position and go ----------------------------------------------------------------------------------------
 
+def echoed(text: str) -> str:
+    """Input quoted back in an info string: cut to ECHO_LIMIT characters, with an ellipsis when it was longer."""
+    return repr(shortened(text, ECHO_LIMIT))
+
+
 class PositionError(ValueError):
     """A `position` line that does not give a position."""
 
@@ -86,7 +103,7 @@ def parse_position(words: Sequence[str]) -> tuple[str, list[str], str]:
     end = words.index("moves") if "moves" in words else len(words)
     if words[0] == "startpos":
         if end != 1:
-            raise PositionError(f"unexpected {' '.join(words[1:end])!r} after startpos")
+            raise PositionError(f"unexpected {echoed(' '.join(words[1:end]))} after startpos")
         start = chess.START_FEN
     else:
         text = " ".join(words[1:end])
@@ -94,13 +111,13 @@ def parse_position(words: Sequence[str]) -> tuple[str, list[str], str]:
             raise PositionError("position fen needs a FEN")
         problem = chess.fen_problem(text)
         if problem is not None:
-            raise PositionError(f"bad FEN {text!r}: {problem}")
+            raise PositionError(f"bad FEN {echoed(text)}: {problem}")
         start = chess.normalize_fen(text)
     moves, fen = list(words[end + 1 :]), start
     for i, move in enumerate(moves):
         step = chess.env_steps([fen], [move])[0]
         if step.truncated:
-            raise PositionError(f"move {i + 1} of the moves, {move!r}, is not legal in {fen}")
+            raise PositionError(f"move {i + 1} of the moves, {echoed(move)}, is not legal in {fen}")
         fen = step.fen
     return start, moves, fen
 
@@ -145,11 +162,11 @@ def parse_go(words: Sequence[str]) -> tuple[Go, list[str]]:
             try:
                 number = int(value)  # type: ignore[arg-type]
             except (TypeError, ValueError):
-                problems.append(f"{word} needs a whole number, got {'nothing' if value is None else repr(value)}")
+                problems.append(f"{word} needs a whole number, got {'nothing' if value is None else echoed(value)}")
                 i += 1 if value is None or value in keywords else 2
                 continue
             if number < 0 and word not in _MAY_BE_NEGATIVE:
-                problems.append(f"{word} must not be negative, got {number}")
+                problems.append(f"{word} must not be negative, got {shortened(str(number), ECHO_LIMIT)}")
             else:
                 limits[word] = number
             i += 2
@@ -159,7 +176,7 @@ def parse_go(words: Sequence[str]) -> tuple[Go, list[str]]:
                 searchmoves.append(words[i])
                 i += 1
         else:
-            problems.append(f"unknown parameter {word!r}")
+            problems.append(f"unknown parameter {echoed(word)}")
             i += 1
     go = Go(limits, "infinite" in flags, "ponder" in flags, tuple(searchmoves))
     return go, problems
@@ -192,19 +209,20 @@ class Option:
         if self.kind == "combo":
             found = next((c for c in self.choices if c.lower() == value.lower()), None)
             if found is None:
-                raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}")
+                raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}, got {echoed(value)}")
             return found
         if self.kind == "spin":
             try:
                 number = int(value)
             except ValueError:
-                raise ValueError(f"{self.name} needs a whole number, got {value!r}") from None
+                raise ValueError(f"{self.name} needs a whole number, got {echoed(value)}") from None
             if not self.low <= number <= self.high:
-                raise ValueError(f"{self.name} must lie in {self.low}..{self.high}, got {number}")
+                raise ValueError(f"{self.name} must lie in {self.low}..{self.high}, got "
+                                 f"{shortened(str(number), ECHO_LIMIT)}")
             return number
         problem = self.check(self.name, value) if self.check is not None else None
-        if problem:
-            raise ValueError(problem)
+        if problem:  # the check's own words may quote the value whole
+            raise ValueError(shortened(problem, INFO_LIMIT // 2))
         return value
 
 
@@ -219,6 +237,11 @@ def engine_options(protocol: str, seed: int, device: str) -> dict[str, Option]:
 
 
 # -- the engine -----------------------------------------------------------------------------------------------------
+
+class SearchAbandoned(Exception):
+    """Raised in the search thread as the model starts a pass after the engine quit: the generation ends between
+    two decoding steps rather than after all of them."""
+
 
 class UciEngine:
     """The UCI protocol around a model. `load(device)` gives the model (a `RookWorldLM`) on a device; `name` is what
@@ -235,19 +258,24 @@ class UciEngine:
         self._write = threading.Lock()
         self._search: threading.Thread | None = None
         self._stop = threading.Event()
+        self._abandon = threading.Event()
         self.closed = False
 
     def say(self, *lines: str) -> None:
         with self._write:
+            if self.closed:
+                return
             try:
                 for line in lines:  # an error's text may hold a newline: one command a line, always
+                    if line.startswith("info string"):
+                        line = shortened(line, INFO_LIMIT)
                     self._out.write(line.replace("\n", " ") + "\n")
                 self._out.flush()
             except (BrokenPipeError, ValueError):  # the GUI went away: nothing more to say to anyone
                 self.closed = True
 
     def run(self, lines: Iterable[str]) -> int:
-        """Reads commands to the end of the input or `quit`."""
+        """Reads commands to the end of the input or `quit`, which end the engine at once, even mid-search."""
         inbox: queue.Queue[str | None] = queue.Queue()
 
         def feed() -> None:
@@ -264,7 +292,7 @@ class UciEngine:
                 if line is None or not self.handle(line):
                     break
         finally:
-            self._end_search()
+            self._quit_search()
         return 0
 
     def handle(self, line: str) -> bool:
@@ -304,7 +332,7 @@ class UciEngine:
         name, value = " ".join(words[1:end]), " ".join(words[end + 1 :])
         option = self.options.get(name.lower())
         if option is None:
-            self.say(f"info string no option {name!r}: the options are "
+            self.say(f"info string no option {echoed(name)}: the options are "
                      f"{', '.join(o.name for o in self.options.values())}")
             return
         try:
@@ -365,6 +393,43 @@ class UciEngine:
             self._search.join()
             self._search = None
 
+    def _quit_search(self) -> None:
+        """The search at `quit` or the end of the input: one waiting for `stop` ends with its bestmove, as `stop`
+        ends it; one still thinking has QUIT_WAIT_S to finish, then is abandoned at the model's next pass, its
+        move never said (a GUI that quit reads no bestmove, and no move but the model's is ever played)."""
+        if self._search is None:
+            return
+        self._stop.set()
+        self._search.join(QUIT_WAIT_S)
+        if self._search.is_alive():
+            with self._write:
+                self.closed = True
+            self._abandon.set()
+            # Each pass checks: the wait is one decoding step (or, compiled on a GPU, the rest of a fast generation).
+            # A thread left running instead would be killed mid-computation as the interpreter exits: an abort.
+            self._search.join()
+        self._search = None
+
+    @contextlib.contextmanager
+    def _abandonable(self):
+        """The model's passes in this block raise SearchAbandoned once the engine quit. Only an eager decoding runs
+        the check: a compiled step is one graph, which Python code inside would break."""
+        model = self.lm.model
+        if not decodes_eagerly(model.device, self.lm.compile):
+            yield
+            return
+
+        def check(module, args):
+            if self._abandon.is_set():
+                raise SearchAbandoned
+
+        # The token embedding starts every pass: the prompt's, each decoding step's, and the scoring of moves.
+        handle = model.transformer.wte.register_forward_pre_hook(check)
+        try:
+            yield
+        finally:
+            handle.remove()
+
     def _think(self, fen: str, go: Go) -> None:
         """The search thread: the model's move and its info lines, then, after `stop` when the search waits,
         bestmove."""
@@ -375,10 +440,13 @@ class UciEngine:
         else:
             allowed = [m for m in legal if m in go.searchmoves] if go.searchmoves else legal
             if not allowed:
-                self.say(f"info string searchmoves: none of {' '.join(go.searchmoves)} is legal here (ignored)")
+                self.say(f"info string searchmoves: none of {echoed(' '.join(go.searchmoves))} is legal here "
+                         f"(ignored)")
                 allowed = legal
             try:
                 best = self._move(fen, allowed)
+            except SearchAbandoned:
+                return
             except Exception as e:  # a GUI waits for bestmove: the failure is said, never left hanging
                 self.say(f"info string the model failed: {type(e).__name__}: {e}")
                 best = "0000"
@@ -390,8 +458,9 @@ class UciEngine:
         fields = fen.split()
         ply = 2 * (int(fields[5]) - 1) + (fields[1] == "b")
         decoding = PROTOCOLS[self.values["protocol"]]
-        (chosen,) = choose_moves(self.lm, [fen], decoding=decoding, allowed=[allowed],
-                                 seed=self.values["seed"] + SEED_STRIDE * ply)
+        with self._abandonable():
+            (chosen,) = choose_moves(self.lm, [fen], decoding=decoding, allowed=[allowed],
+                                     seed=self.values["seed"] + SEED_STRIDE * ply)
         self.counts[chosen.source] += 1
         self.say(*info_lines(fen, chosen, self.values["multipv"]), source_line(chosen, self.counts))
         return chosen.move

@@ -18,17 +18,15 @@ function of (seed, i): a resumed run reads what an unbroken one would have.
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from rookworld.ground import chess
-from rookworld.ground.data import DataError, Record
+from rookworld.ground.data import DataError, Record, json_value, read_lines, shortened
 from rookworld.ground.rewards import policy_targets
 from rookworld.net.tokenizer import OutsideVocabularyError
 
@@ -98,10 +96,7 @@ def _env_sample(text: str, source: str) -> Sample:
 
 
 def _json_samples(text: str, source: str) -> list[Sample]:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON: {e.msg} at column {e.colno}") from None
+    obj = json_value(text)
     if not isinstance(obj, dict) or not isinstance(obj.get("p_prompt"), str) or not isinstance(obj.get("p_target"),
                                                                                                str):
         raise ValueError('no "p_prompt" and "p_target": write the file with rookworld positions --annotate')
@@ -115,12 +110,7 @@ def read_samples(paths: Sequence[str], skip_bad: bool = False) -> SampleSet:
     samples: list[Sample] = []
     skipped = 0
     for path in paths:
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise DataError(f"{path}: no such file") from None
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        lines = read_lines(path)
         for lineno, line in enumerate(lines, 1):
             text, source = line.strip(), f"{path}:{lineno}"
             if not text or text.startswith("#"):
@@ -136,8 +126,7 @@ def read_samples(paths: Sequence[str], skip_bad: bool = False) -> SampleSet:
                     raise ValueError("expected a P: or A: sample, or a JSON line of rookworld positions --annotate")
             except ValueError as e:
                 if not skip_bad:
-                    shown = text if len(text) <= 120 else text[:120] + "..."
-                    raise DataError(f"{source}: {e}: {shown}") from None
+                    raise DataError(f"{source}: {shortened(str(e), 300)}: {shortened(text, 120)}") from None
                 skipped += 1
     kept, disagree = _check_env_targets(samples)
     kept, bad_history = _check_env_histories(kept)
