@@ -3,6 +3,7 @@ on real positions, real targets, real Stockfish; rows of other tasks get None; n
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -11,7 +12,7 @@ from rookworld.ground.data import read_records
 from rookworld.ground.rewards import RewardScorer, policy_targets
 from rookworld.ground.stockfish import StockfishPool
 from rookworld.ground import chess
-from rookworld.integrations.rewards import ChessReward, chess_rows
+from rookworld.integrations.rewards import AsyncChessReward, ChessReward, chess_rows
 
 from conftest import REPO
 
@@ -20,7 +21,7 @@ HELD_OUT = REPO / "data" / "chess-cpu-held-out.jsonl"
 
 def annotated_rows(n: int, task_mix: float = 0.5) -> list[dict]:
     records, _ = read_records(HELD_OUT)
-    return chess_rows(records, count=n, seed=3, task_mix=task_mix)
+    return chess_rows(records, count=n, seed=3, task_mix=task_mix, document_start=False)
 
 
 def right_answer(row: dict) -> str:
@@ -84,7 +85,7 @@ def test_conversational_prompts_and_completions_are_scored_by_their_last_message
 
 
 def test_rows_without_analysis_ask_stockfish_and_score_as_its_analysis_says(tmp_path):
-    rows = [r for r in chess_rows(count=12, seed=5, task_mix=1.0)]
+    rows = chess_rows(count=12, seed=5, task_mix=1.0, document_start=False)
     assert all(r["task"] == "P" and r["truth_moves"] == [] for r in rows)
     prompts = [r["prompt"] for r in rows]
     completions = [" M: e2e4 d2d4 E: 0.1 0.2 B: e2e4"] * len(rows)
@@ -94,6 +95,23 @@ def test_rows_without_analysis_ask_stockfish_and_score_as_its_analysis_says(tmp_
     with StockfishPool(depth=6, workers=2, cache_path=cache) as pool:  # the same analyses, from the cache
         want = RewardScorer(pool).score_batch(prompts, completions).rewards.tolist()
     assert got == want and all(isinstance(g, float) for g in got)
+
+
+def test_prompts_that_begin_as_rookworld_s_documents_score_as_the_bare_ones():
+    bare = annotated_rows(30)
+    marked = chess_rows(read_records(HELD_OUT)[0], count=30, seed=3, task_mix=0.5)
+    assert [m["prompt"] for m in marked] == ["<|endoftext|>" + b["prompt"] for b in bare]
+    completions = [right_answer(b) for b in bare]
+    reward = ChessReward("mixed")
+    assert reward([m["prompt"] for m in marked], completions, **columns(marked)) == \
+        reward([b["prompt"] for b in bare], completions, **columns(bare))
+
+
+def test_the_coroutine_reward_scores_as_the_plain_one():
+    rows = annotated_rows(20)
+    prompts, completions = [r["prompt"] for r in rows], [right_answer(r)[:-3] for r in rows]
+    assert asyncio.run(AsyncChessReward("mixed")(prompts, completions, **columns(rows))) == \
+        ChessReward("mixed")(prompts, completions, **columns(rows))
 
 
 def test_a_generated_dataset_is_a_pure_function_of_its_seed():

@@ -8,6 +8,7 @@ started at the first P: prompt that needs one, with its cache). Any completion g
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,10 @@ from rookworld.ground.stockfish import StockfishPool
 TASKS = {"policy": ("P",), "env": ("A",), "mixed": ("P", "A")}
 
 
+#: What begins each of RookWorld's training documents, and so each prompt a trainer gives its models.
+DOCUMENT_START = "<|endoftext|>"
+
+
 def _text(message: Any) -> str:
     """A plain-text prompt or completion as it is; a conversational one (a list of messages) as its last content."""
     if isinstance(message, str):
@@ -28,6 +33,10 @@ def _text(message: Any) -> str:
     if isinstance(message, Sequence) and message and isinstance(message[-1], dict):
         return str(message[-1].get("content", ""))
     return "" if message is None else str(message)
+
+
+def _prompt(message: Any) -> str:
+    return _text(message).removeprefix(DOCUMENT_START)
 
 
 class ChessReward:
@@ -57,7 +66,7 @@ class ChessReward:
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], truth_moves: Sequence | None = None,
                  truth_evals: Sequence | None = None, **columns) -> list[float | None]:
-        prompts, completions = [_text(p) for p in prompts], [_text(c) for c in completions]
+        prompts, completions = [_prompt(p) for p in prompts], [_text(c) for c in completions]
         tasks = [task_of(p) for p in prompts]
         mine = [i for i, t in enumerate(tasks) if t in TASKS[self.task]]
         rewards: list[float | None] = [None] * len(prompts)
@@ -87,6 +96,14 @@ class ChessReward:
         self.close()
 
 
+class AsyncChessReward(ChessReward):
+    """`ChessReward` as a coroutine function: a trainer that awaits its reward functions together (TRL's
+    GRPOTrainer does) runs its others while the Rust core and Stockfish score, off the event loop's thread."""
+
+    async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns) -> list[float | None]:
+        return await asyncio.to_thread(ChessReward.__call__, self, prompts, completions, **columns)
+
+
 def _truth(task: str | None, moves, evals):
     """A row's analysis as the scorer takes it; None for an A: row or a P: row that carries none."""
     if task != "P" or not moves:
@@ -95,12 +112,13 @@ def _truth(task: str | None, moves, evals):
 
 
 def chess_rows(records: Sequence[Record] | None = None, *, count: int | None = None, seed: int = 0,
-               task_mix: float = 0.8) -> list[dict[str, Any]]:
+               task_mix: float = 0.8, document_start: bool = True) -> list[dict[str, Any]]:
     """The rows of a chess RL dataset: a `prompt` (P: or A:), its `task`, the position's `fen`, and Stockfish's
     analysis as `truth_moves` / `truth_evals` where the record has one (empty lists otherwise: the reward asks
     Stockfish). `records` are a positions file's (`rookworld.ground.data.read_records`); without them, `count`
     generated positions of `seed`. About `task_mix` of the rows are P: (`rookworld train --task-mix`), the rest A:
-    (for positions with a move to make)."""
+    (for positions with a move to make). Each prompt begins with `DOCUMENT_START`, as RookWorld's training documents
+    did, unless `document_start` is False."""
     if records is None:
         if count is None:
             raise ValueError("give records, or a count of positions to generate")
@@ -113,6 +131,7 @@ def chess_rows(records: Sequence[Record] | None = None, *, count: int | None = N
     for r in records:
         env = r.move is not None and rng.random() >= task_mix
         truth = r.truth if not env else None
-        rows.append({"prompt": r.env_prompt if env else r.policy_prompt, "task": "A" if env else "P", "fen": r.fen,
+        prompt = (DOCUMENT_START if document_start else "") + (r.env_prompt if env else r.policy_prompt)
+        rows.append({"prompt": prompt, "task": "A" if env else "P", "fen": r.fen,
                      "truth_moves": list(truth[0]) if truth else [], "truth_evals": list(truth[1]) if truth else []})
     return rows
