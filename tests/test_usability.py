@@ -349,5 +349,8 @@ def test_every_python_snippet_of_the_readme_runs_as_written(tiny_dir, tmp_path, 
     assert len(snippets) >= 3
     monkeypatch.chdir(tmp_path)  # where a user who ran `rookworld sft --output-dir runs/sft` stands
     shutil.copytree(tiny_dir, tmp_path / "runs" / "sft")
+    for shipped in ("models/chess-cpu-sft", "data/chess-cpu-held-out.jsonl"):  # what a clone's root holds
+        (tmp_path / shipped).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if (REPO / shipped).is_dir() else shutil.copy)(REPO / shipped, tmp_path / shipped)
     for snippet in snippets:
         exec(compile(snippet, "README.md", "exec"), {})
