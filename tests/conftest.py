@@ -184,11 +184,15 @@ def hf_tiny_bin(hf_tiny, tmp_path_factory):
 def tiny_dir(tmp_path_factory):
     """A tiny random GPT-2 written by transformers: what a user's local model directory looks like, with room
     for A: prompts (about 91 tokens) plus completions."""
+    return transformers_gpt2(tmp_path_factory.mktemp("tiny"), n_positions=256)
+
+
+def transformers_gpt2(directory, n_positions: int):
+    """A random 2-layer, 32-wide GPT-2 with GPT-2's vocabulary, saved by transformers into `directory`."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=256,
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=n_positions,
                                      activation_function="gelu_new")
-    directory = tmp_path_factory.mktemp("tiny")
     transformers.GPT2LMHeadModel(config).save_pretrained(directory)
     return directory
 

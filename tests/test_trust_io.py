@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO, cli
+from conftest import REPO, cli, transformers_gpt2
 from test_bad_input import one_line_error
 from test_trainer import train_args
 
@@ -130,15 +130,7 @@ LONG_GENERATION = 8000
 def long_context_dir(tmp_path_factory):
     """A tiny random GPT-2 with an 8,192-token context: a search that writes thousands of tokens, each step cheap, so
     a generation is long and a stop between two steps quick."""
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=8192,
-                                     activation_function="gelu_new")
-    directory = tmp_path_factory.mktemp("long_context")
-    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
-    return directory
+    return transformers_gpt2(tmp_path_factory.mktemp("long_context"), n_positions=8192)
 
 
 def uci_args(model, tokens: int = LONG_GENERATION) -> list:

@@ -19,20 +19,11 @@ from conftest import rookworld_process, tiny_gpt
 from rookworld.ground.stockfish import find_stockfish
 from rookworld.harness import checkpoint
 from rookworld.net.pretrained import from_pretrained, save_pretrained
+from test_bad_input import one_line_error
 from test_trainer import metrics, run_cli, train_args
 
 A_LINE = ("A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
           "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0")
-
-
-def one_line_error(result, *parts: str) -> str:
-    """The stderr of a refused command: exit 2, one line, no traceback, holding each of `parts`."""
-    err = result.stderr.strip()
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for part in parts:
-        assert part in err, (part, err)
-    return err
 
 
 def steps(out) -> list[int]:

@@ -9,6 +9,8 @@ import os
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
@@ -108,6 +110,17 @@ def output_file(out: str | None, flag: str = "--out") -> files.Output | None:
         _check_not_kept(output.target, out, flag)
         _check_writable(output.target, out, flag)
     return output
+
+
+@contextmanager
+def opened_output(out: str | None, flag: str = "--out") -> Iterator[files.Output | None]:
+    """`output_file`, closed when the command is done with it, however it ends."""
+    output = output_file(out, flag)
+    try:
+        yield output
+    finally:
+        if output is not None:
+            output.close()
 
 
 #: The files of a model, a run or a checkpoint directory: what `--model`, `plot` and `--resume` read there.

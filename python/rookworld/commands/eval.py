@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from rookworld.commands.common import (CliError, output_file, read_positions, settings, stockfish_pool,
+from rookworld.commands.common import (CliError, opened_output, read_positions, settings, stockfish_pool,
                                        write_failed)
 from rookworld.commands.model import load_lm
 from rookworld.ground import data
@@ -36,12 +36,8 @@ def _suite_options(s: EvalSettings) -> tuple[list[str], SuiteOptions]:
 
 def run(args: argparse.Namespace) -> int:
     s = settings(args, EvalSettings, streams={"data": "--data"})
-    out = output_file(s.out)
-    try:
+    with opened_output(s.out) as out:
         return _run(s, out)
-    finally:
-        if out is not None:
-            out.close()
 
 
 def _run(s: EvalSettings, out: Output | None) -> int:

@@ -5,21 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rookworld.commands.common import CliError, output_file, settings, write_failed
+from rookworld.commands.common import CliError, opened_output, settings, write_failed
 from rookworld.harness.plot import PlotError, plot_runs
 from rookworld.settings.commands import PlotSettings
 
 
 def run(args: argparse.Namespace) -> int:
     s = settings(args, PlotSettings)
-    out = output_file(s.out)
-    try:
-        panels = plot_runs(s.runs, out, title=s.title)
-    except PlotError as e:
-        raise CliError(str(e)) from None
-    except OSError as e:
-        raise write_failed("--out", s.out, e) from None
-    finally:
-        out.close()
+    with opened_output(s.out) as out:
+        try:
+            panels = plot_runs(s.runs, out, title=s.title)
+        except PlotError as e:
+            raise CliError(str(e)) from None
+        except OSError as e:
+            raise write_failed("--out", s.out, e) from None
     print(f"wrote {s.out} ({panels} panels, {len(s.runs)} run(s))", file=sys.stderr)
     return 0

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import as_completed
 
-from rookworld.commands.common import (CliError, output_file, read_positions, settings, stockfish_pool,
+from rookworld.commands.common import (CliError, opened_output, read_positions, settings, stockfish_pool,
                                        write_failed)
 from rookworld.ground import data, pgn, selfplay
 from rookworld.ground.data import position_key
@@ -25,12 +25,8 @@ POSITIONS_CHUNK = 20_000
 
 def run(args: argparse.Namespace) -> int:
     s = settings(args, PositionsSettings, streams={"source": "--from", "exclude": "--exclude"})
-    out = output_file(s.out)
-    try:
+    with opened_output(s.out) as out:
         return _run(s, out)
-    finally:
-        if out is not None:
-            out.close()
 
 
 def _run(s: PositionsSettings, out: Output) -> int:
