@@ -1,0 +1,154 @@
+"""A game of chess against Stockfish as an RL environment, with no framework: reset to a position, step with a move
+or a whole P: completion, a reward for each move from Stockfish's analysis and one at the end from the result.
+verifiers' multi-turn game and the OpenEnv server are both this class.
+
+A move's reward is dense and is rookworld's own P: scoring (docs/rewards.md) of the position before it: a whole P:
+answer gets the P: reward (-0.3 to 1.0); a bare move gets the `best` part alone, the credit of its rank in
+Stockfish's five (1.0, 0.6, 0.4, 0.25, 0.15; 0.05 outside them). An illegal or unreadable move scores `ILLEGAL`
+and loses the game, as in `rookworld eval`'s games. The step that ends a game adds `RESULT[outcome]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rookworld.ground import chess
+from rookworld.ground.rewards import RewardScorer, policy_prompt
+from rookworld.ground.stockfish import StockfishPool
+from rookworld.lm.answers import read_policy_answers
+from rookworld.lm.games import WHITE, Choice, Game, StockfishPlayer
+
+#: The reward of an illegal or unreadable move, which also ends the game.
+ILLEGAL = -1.0
+#: Added at a game's last step, by its outcome for the side the environment's user plays.
+RESULT = {"win": 1.0, "draw": 0.0, "loss": -1.0, "unfinished": 0.0}
+#: Plies (both sides' moves) after which a game stops unfinished.
+MAX_PLIES = 200
+
+
+@dataclass(frozen=True)
+class GameStep:
+    """What a step (or a reset) gives back. `prompt` is the P: prompt of the position to move in; `move` the UCI move
+    read from the action (None when none could be read); `reward` is `move_reward` plus `result_reward`."""
+
+    fen: str
+    prompt: str
+    legal_moves: list[str]
+    opponent_move: str | None = None
+    move: str | None = None
+    legal: bool = True
+    move_reward: float = 0.0
+    result_reward: float = 0.0
+    done: bool = False
+    outcome: str | None = None  # "win", "draw", "loss" or "unfinished" once done
+    reason: str | None = None
+    moves: list[str] = field(default_factory=list)
+
+    @property
+    def reward(self) -> float:
+        return self.move_reward + self.result_reward
+
+
+def read_action(fen: str, action: str) -> tuple[str | None, bool]:
+    """The UCI move an action names and whether it was a whole P: answer: its B: move when it is one, else the text
+    as a move in UCI or SAN. None when no legal move can be read (an illegal move is read as None too)."""
+    answer = read_policy_answers([action])[0]
+    text = answer.best if answer.well_formed else action.strip()
+    try:
+        return chess.parse_move(fen, text), answer.well_formed
+    except ValueError:
+        return None, answer.well_formed
+
+
+class ChessGame:
+    """One game against Stockfish at a fixed strength (`opponent_skill` 0-20, or `opponent_elo`, 1350 at least).
+
+    `reset(fen)` starts from `fen` (the start position by default) with the user playing `colour` ("w" or "b"; the
+    side to move by default): when that is not the side to move, Stockfish moves first. `step(action)` plays the
+    user's move and Stockfish's answer. `analysis` is the Stockfish pool that grades moves; one of one engine is
+    started when none is given (sessions of a server share theirs). Close the game to end its engines."""
+
+    def __init__(self, *, opponent_skill: int | None = 0, opponent_elo: int | None = None, opponent_nodes: int = 20_000,
+                 analysis: StockfishPool | None = None, stockfish_path: str | None = None, stockfish_depth: int = 10,
+                 max_plies: int = MAX_PLIES):
+        self._opponent = StockfishPlayer(stockfish_path, skill=None if opponent_elo is not None else opponent_skill,
+                                         elo=opponent_elo, nodes=opponent_nodes)
+        self._own_pool = analysis is None
+        self._pool = analysis or StockfishPool(stockfish_path, workers=1, depth=stockfish_depth)
+        self._scorer = RewardScorer(self._pool)
+        self.max_plies = max_plies
+        self.game: Game | None = None
+        self.colour = WHITE
+
+    def reset(self, fen: str | None = None, colour: str | None = None) -> GameStep:
+        start = chess.normalize_fen(fen) if fen else chess.START_FEN
+        if not chess.legal_moves(start):
+            raise ValueError(f"the game is over in this position: {start}")
+        if colour not in (None, "w", "b"):
+            raise ValueError(f"colour must be 'w' or 'b', got {colour!r}")
+        self.game = Game(start)
+        self.colour = colour or self.game.turn
+        opponent_move = self._opponent_moves() if self.game.turn != self.colour else None
+        return self._observe(opponent_move=opponent_move)
+
+    def step(self, action: str) -> GameStep:
+        game = self.game
+        if game is None:
+            raise RuntimeError("reset the game before stepping it")
+        if game.ended:
+            raise RuntimeError("the game is over: reset it")
+        fen = game.fen
+        move, whole = read_action(fen, action)
+        if move is None:
+            game.play(Choice(None, action))
+            return self._observe(move=None, legal=False, move_reward=ILLEGAL)
+        prompt = policy_prompt(fen)
+        completion = action if whole else f"M: {move} E: 0 B: {move}"
+        scores = self._scorer.score_batch([prompt], [completion])
+        move_reward = float(scores.rewards[0] if whole else scores.parts["best"][0])
+        game.play(Choice(move, action))
+        opponent_move = self._opponent_moves()
+        return self._observe(move=move, move_reward=move_reward, opponent_move=opponent_move)
+
+    def _opponent_moves(self) -> str | None:
+        game = self.game
+        self._stop_at_limit()
+        if game.ended:
+            return None
+        (choice,) = self._opponent.choose([game])
+        game.play(choice)
+        self._stop_at_limit()
+        return choice.move
+
+    def _stop_at_limit(self) -> None:
+        if not self.game.ended and len(self.game.moves) >= self.max_plies:
+            self.game.stop("ply limit")
+
+    def _outcome(self) -> str:
+        result = self.game.result
+        if result is None:
+            return "unfinished"
+        if result == "1/2-1/2":
+            return "draw"
+        return "win" if (result == "1-0") == (self.colour == WHITE) else "loss"
+
+    def _observe(self, *, move: str | None = None, legal: bool = True, move_reward: float = 0.0,
+                 opponent_move: str | None = None) -> GameStep:
+        game = self.game
+        outcome = self._outcome() if game.ended else None
+        return GameStep(fen=game.fen, prompt=policy_prompt(game.fen),
+                        legal_moves=[] if game.ended else chess.legal_moves(game.fen),
+                        opponent_move=opponent_move, move=move, legal=legal, move_reward=move_reward,
+                        result_reward=RESULT[outcome] if outcome else 0.0, done=game.ended, outcome=outcome,
+                        reason=game.reason, moves=list(game.moves))
+
+    def close(self) -> None:
+        self._opponent.close()
+        if self._own_pool:
+            self._pool.close()
+
+    def __enter__(self) -> ChessGame:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
