@@ -1,0 +1,387 @@
+"""rookworld's chess as a verifiers environment (`pip install 'rookworld[verifiers]'`; verifiers' classic API,
+0.1.10 to 0.3.x): the P: and A: tasks scored exactly as `rookworld train` scores them, and whole games against
+Stockfish.
+
+    from rookworld.integrations.verifiers import load_environment
+    env = load_environment("policy", source="data/chess-cpu-held-out.jsonl", num_examples=200)
+    env = load_environment("game", opponent_skill=5, max_turns=40)
+
+`environments/rookworld_chess` is the same function as an Environments Hub package, for
+`vf.load_environment("rookworld-chess", ...)` and `vf-eval rookworld-chess`.
+
+Single-turn tasks ("policy", "env", "mixed"): a row's question is its P: or A: prompt, its answer a completion that
+scores 1.0 (empty for a P: position without an analysis), its info the position's `fen` and Stockfish's analysis
+(`truth_moves`, `truth_evals`; empty lists: Stockfish is asked when the row is scored). The one reward is
+`ChessReward`'s; the reward's parts are zero-weight metrics (0 where a part does not apply to the row's task).
+
+The game ("game"): each row is a starting position, the model plays the side to move against Stockfish. Each turn
+the model answers with a move (UCI or SAN) or a whole P: answer; the environment plays it (`ChessGame`), replies with
+Stockfish's move and the P: prompt of the new position, and ends the episode when the game ends or after `max_turns`
+of the model's moves. A rollout's reward is the sum of its moves' rewards plus the result's: each move earns
+`ChessGame`'s move reward (a whole P: answer its P: reward, -0.3 to 1.0; a bare move the credit of its rank in
+Stockfish's five, 1.0 to 0.15, 0.05 outside them; an illegal or unreadable move -1.0, and it loses the game), and
+the end adds `RESULT` (win 1, draw 0, loss -1; 0 for a game stopped unfinished by the turn limit or an error).
+`state["chess"]` records the game: its start, moves (both sides', UCI), each move's reward, outcome and reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import verifiers as vf
+from datasets import Dataset
+
+from rookworld.ground import chess
+from rookworld.ground.data import Record, read_records
+from rookworld.ground.rewards import GroundTruth, RewardScorer, policy_prompt, policy_targets, task_of
+from rookworld.ground.stockfish import StockfishError, StockfishPool, find_stockfish
+from rookworld.integrations.game import MAX_PLIES, RESULT, ChessGame, GameStep
+from rookworld.integrations.rewards import DOCUMENT_START, ChessReward, chess_rows
+from rookworld.lm.answers import MAX_NEW_TOKENS
+
+TASKS = ("policy", "env", "mixed", "game")
+#: verifiers 0.2 and later take their own message objects; 0.1 takes OpenAI's dicts.
+_user_message = getattr(vf, "UserMessage", dict)
+#: The reward's parts shown as metrics, by task (docs/rewards.md).
+PARTS = {"P": ("best_legal", "best", "candidates", "evals"), "A": ("fen_exact", "fen_similarity")}
+
+
+def load_environment(task: str = "mixed", *, num_examples: int | None = 1000, seed: int = 0,
+                     source: str | None = None, task_mix: float = 0.8, document_start: bool = True,
+                     stockfish_depth: int = 10, stockfish_path: str | None = None,
+                     stockfish_workers: int | None = None, shaping: str = "continuous", opponent_skill: int = 0,
+                     opponent_elo: int | None = None, max_turns: int = MAX_PLIES // 2, max_games: int = 64,
+                     system_prompt: str | None = None) -> vf.Environment:
+    """The environment of `task`: "policy" (P: prompts), "env" (A:), "mixed" (about `task_mix` of the rows P:) or
+    "game" (games against Stockfish).
+
+    `source` is a positions file (`rookworld positions --out`, annotated or not, or FENs a line) and
+    `num_examples` how many of its positions to take (None: all); without a file, `num_examples` generated positions
+    of `seed`. For the game, `source="start"` is the initial position alone. Prompts begin with `DOCUMENT_START`, as
+    RookWorld's training documents did, unless `document_start` is False.
+
+    Stockfish (`stockfish_path`, or on PATH) analyses at `stockfish_depth` with `stockfish_workers` engines (one a
+    core by default), shared by every rollout. The game's opponent plays at `opponent_skill` (0-20) or
+    `opponent_elo` (1350 at least); at most `max_games` games (one opponent engine each) run at once, the others
+    wait for theirs. `shaping` is `rookworld train --reward-shaping`."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if max_turns < 1 or max_games < 1:
+        raise ValueError(f"max_turns and max_games must be >= 1, got {max_turns}, {max_games}")
+    grading = _Grading(path=stockfish_path, depth=stockfish_depth, workers=stockfish_workers, shaping=shaping)
+    # Sampling: every P: and A: answer of the data fits MAX_NEW_TOKENS; the caller's sampling arguments override it.
+    common = dict(system_prompt=system_prompt, sampling_args={"max_tokens": MAX_NEW_TOKENS})
+    if task == "game":
+        find_stockfish(stockfish_path)  # a missing engine fails here, not in every rollout
+        rows = _game_rows(source, num_examples, seed, document_start)
+        rubric = vf.Rubric(funcs=[game_reward], weights=[1.0])
+        for metric in (move_reward, result_reward, legal_moves):
+            rubric.add_metric(metric)
+        return ChessGameEnv(dataset=Dataset.from_list(rows), rubric=rubric, grading=grading,
+                            opponent=dict(path=stockfish_path, skill=opponent_skill, elo=opponent_elo),
+                            max_turns=max_turns, max_games=max_games, **common)
+    rows = _task_rows(task, source, num_examples, seed, task_mix, document_start)
+    if any(task_of(r["question"].removeprefix(DOCUMENT_START)) == "P" and not r["info"]["truth_moves"]
+           for r in rows):
+        find_stockfish(stockfish_path)
+    rubric = vf.Rubric(funcs=[grading.reward_func()], weights=[1.0])
+    tasks = {"policy": "P", "env": "A", "mixed": "PA"}[task]
+    for name in ("well_formed", *(p for t in tasks for p in PARTS[t])):
+        rubric.add_metric(_part(name))
+    return ChessTaskEnv(dataset=Dataset.from_list(rows), rubric=rubric, grading=grading, **common)
+
+
+# ---- rows -----------------------------------------------------------------------------------------------------
+
+
+def _records(source: str | None, num_examples: int | None, seed: int) -> list[Record]:
+    """The positions with a move to make (a finished game is no question) of `source`, or generated ones."""
+    if source is None:
+        if num_examples is None:
+            raise ValueError("give a positions file as source, or a number of positions to generate")
+        records = [Record.from_position(p) for p in chess.generate_positions(num_examples, seed)]
+    else:
+        records = read_records(source)[0]
+    records = [r for r, moves in zip(records, chess.legal_moves_batch([r.fen for r in records])) if moves]
+    return records if num_examples is None else records[:num_examples]
+
+
+def _task_rows(task: str, source: str | None, num_examples: int | None, seed: int, task_mix: float,
+               document_start: bool) -> list[dict[str, Any]]:
+    """verifiers' columns for `chess_rows`: question, answer, info. verifiers reads a `task` column (and
+    `info["task"]`) as a task payload of its own, so the row's task is left to its prompt."""
+    mix = {"policy": 1.0, "env": 0.0}.get(task, task_mix)
+    rows = chess_rows(_records(source, num_examples, seed), seed=seed, task_mix=mix, document_start=document_start)
+    if task == "env":  # the positions without an A: move stay P: rows
+        rows = [r for r in rows if r["task"] == "A"]
+    answers = _answers(rows)
+    return [{"question": r["prompt"], "answer": a,
+             "info": {"fen": r["fen"], "truth_moves": r["truth_moves"], "truth_evals": r["truth_evals"]}}
+            for r, a in zip(rows, answers)]
+
+
+def _answers(rows: list[dict[str, Any]]) -> list[str]:
+    """A completion that scores 1.0 for each row: RookWorld's P: target where the row has an analysis, the A:
+    target (the rules' next state); "" for a P: row without an analysis."""
+    answers = [""] * len(rows)
+    policy = [i for i, r in enumerate(rows) if r["task"] == "P" and r["truth_moves"]]
+    env = [i for i, r in enumerate(rows) if r["task"] == "A"]
+    if policy:
+        targets = policy_targets([rows[i]["fen"] for i in policy], [rows[i]["truth_moves"] for i in policy],
+                                 [rows[i]["truth_evals"] for i in policy], [rows[i]["truth_moves"][0] for i in policy])
+        for i, t in zip(policy, targets):
+            answers[i] = t
+    if env:
+        targets = chess.env_targets([rows[i]["prompt"].removeprefix(DOCUMENT_START) for i in env])
+        for i, t in zip(env, targets):
+            answers[i] = t
+    return answers
+
+
+def _game_rows(source: str | None, num_examples: int | None, seed: int,
+               document_start: bool) -> list[dict[str, Any]]:
+    fens = [chess.START_FEN] if source == "start" else [r.fen for r in _records(source, num_examples, seed)]
+    start = DOCUMENT_START if document_start else ""
+    return [{"question": start + policy_prompt(f), "answer": "", "info": {"fen": f}} for f in fens]
+
+
+# ---- scoring --------------------------------------------------------------------------------------------------
+
+
+def _text(messages: Any, role: str) -> str:
+    """The text of the last `role` message: verifiers' messages or dicts; a plain string is its own text."""
+    if isinstance(messages, str):
+        return messages
+    for message in reversed(list(messages or [])):
+        if message.get("role") != role:  # verifiers' message objects answer .get as dicts do
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: their text
+            return "".join(str(part.get("text") or "") for part in content if hasattr(part, "get"))
+        return "" if content is None else str(content)
+    return ""
+
+
+class _Grading:
+    """What scores the rollouts of one environment: rookworld's reward (`ChessReward`), and one Stockfish pool,
+    started when a position first needs it, for the rows that carry no analysis and for the games' moves."""
+
+    def __init__(self, *, path: str | None, depth: int, workers: int | None, shaping: str):
+        self._settings = dict(path=path, depth=depth, workers=workers)
+        self.reward = ChessReward("mixed", stockfish_path=path, stockfish_depth=depth, stockfish_workers=workers,
+                                  shaping=shaping)
+        self._parts = RewardScorer(None, shaping)
+        self._pool: StockfishPool | None = None
+        self._lock = threading.Lock()  # rollouts ask for the pool from several threads at once
+
+    def pool(self) -> StockfishPool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = StockfishPool(**self._settings)
+            return self._pool
+
+    def score(self, prompt: str, completion: str, info: dict) -> dict[str, float]:
+        """One completion's reward as `ChessReward` gives it, and the reward's parts (0 where one does not
+        apply). Stockfish analyses a P: position once, for both: the reward is given the analysis."""
+        truth: GroundTruth | None = None
+        if task_of(prompt) == "P":
+            truth = (list(info.get("truth_moves") or []), [float(e) for e in info.get("truth_evals") or []])
+            if not truth[0]:
+                truth = RewardScorer(self.pool()).ground_truth([prompt])[0]
+        moves, evals = truth or ([], [])
+        reward = self.reward([prompt], [completion], truth_moves=[moves], truth_evals=[evals])[0]
+        parts = self._parts.score_batch([prompt], [completion], [truth]).breakdown(0)
+        scored = {name: _finite(parts.get(name)) for name in ("well_formed", *PARTS["P"], *PARTS["A"])}
+        return scored | {"reward": float(reward)}
+
+    def reward_func(self) -> Callable:
+        grading = self
+
+        async def rookworld(prompt, completion, info, state) -> float:
+            prompt_text = _text(prompt, "user").removeprefix(DOCUMENT_START)
+            scored = await asyncio.to_thread(grading.score, prompt_text, _text(completion, "assistant"), info or {})
+            state["rookworld"] = scored  # the parts' metrics read it, after this function (verifiers' order)
+            return scored["reward"]
+
+        return rookworld
+
+    def close(self) -> None:
+        self.reward.close()
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+
+def _finite(value) -> float:
+    """A part as a metric: verifiers weighs every metric by 0 into the reward, so NaN must not reach it."""
+    value = float(value or 0.0)
+    return value if math.isfinite(value) else 0.0
+
+
+def _part(name: str) -> Callable:
+    async def part(state) -> float:
+        return (state.get("rookworld") or {}).get(name, 0.0)
+
+    part.__name__ = name
+    return part
+
+
+class _Engines:
+    """An environment's Stockfish pool, ended when verifiers tears the environment down (at exit too) or by
+    `await env.close_engines()`."""
+
+    grading: _Grading
+
+    @vf.teardown
+    async def close_engines(self) -> None:
+        # On the loop's thread: verifiers also tears down at interpreter exit, when no thread can be started.
+        self.grading.close()
+
+
+class ChessTaskEnv(_Engines, vf.SingleTurnEnv):
+    """The P: and A: tasks: one answer a rollout, scored by rookworld's reward (module docstring)."""
+
+    def __init__(self, *, grading: _Grading, **kwargs):
+        self.grading = grading
+        super().__init__(**kwargs)
+
+
+# ---- the game -------------------------------------------------------------------------------------------------
+
+
+# verifiers names each reward and metric by its function's name.
+
+
+def game_reward(state) -> float:
+    """A game's reward: its moves' rewards and its result's (module docstring)."""
+    return move_reward(state) + result_reward(state)
+
+
+def move_reward(state) -> float:
+    return float(sum((state.get("chess") or {}).get("move_rewards", [])))
+
+
+def result_reward(state) -> float:
+    return float((state.get("chess") or {}).get("result_reward", 0.0))
+
+
+def legal_moves(state) -> float:
+    """How many of the model's moves were legal."""
+    return float((state.get("chess") or {}).get("legal_moves", 0))
+
+
+async def _off_loop(call: Callable, *args):
+    """A blocking call (Stockfish's analyses and moves) in a thread, so that the other rollouts run on. An engine
+    that fails for good ends this rollout, which verifiers records as its error, not the whole run."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except StockfishError as e:
+        raise vf.InfraError(str(e)) from e
+
+
+class _LiveGame:
+    """A rollout's game and its place among the games running at once (`slots`). Its calls run one at a time: a
+    rollout cancelled mid-move (verifiers' timeout) closes its game only once that move's thread is done with it."""
+
+    def __init__(self, game: ChessGame, slots: asyncio.Semaphore):
+        self.game, self.slots, self._lock = game, slots, threading.Lock()
+
+    @classmethod
+    async def start(cls, new_game: Callable[[], ChessGame], slots: asyncio.Semaphore) -> _LiveGame:
+        await slots.acquire()
+        try:
+            return cls(await _off_loop(new_game), slots)
+        except BaseException:
+            slots.release()
+            raise
+
+    async def call(self, method: str, *args):
+        return await _off_loop(self._locked, getattr(self.game, method), *args)
+
+    def _locked(self, call: Callable, *args):
+        with self._lock:
+            return call(*args)
+
+    async def close(self) -> None:
+        try:
+            await asyncio.to_thread(self._locked, self.game.close)
+        finally:
+            self.slots.release()
+
+
+class ChessGameEnv(_Engines, vf.MultiTurnEnv):
+    """Games against Stockfish, one a rollout (module docstring). The model's move is played as soon as verifiers
+    records it (`add_trajectory_step`), so that every move is scored whatever stops the rollout next; env_response
+    then gives Stockfish's answer."""
+
+    def __init__(self, *, grading: _Grading, opponent: dict, max_turns: int, max_games: int, **kwargs):
+        self.grading, self.opponent, self.max_games = grading, opponent, max_games
+        super().__init__(max_turns=max_turns, **kwargs)
+        # asyncio's semaphores belong to one event loop, and verifiers' *_sync methods start a loop a call.
+        self._slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _game_slots(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if loop not in self._slots:
+            self._slots[loop] = asyncio.Semaphore(self.max_games)
+        return self._slots[loop]
+
+    def _new_game(self) -> ChessGame:
+        o = self.opponent
+        return ChessGame(opponent_skill=o["skill"], opponent_elo=o["elo"], analysis=self.grading.pool(),
+                         stockfish_path=o["path"])
+
+    async def setup_state(self, state):
+        live = state["chess_game"] = await _LiveGame.start(self._new_game, self._game_slots())  # ended by end_game
+        first = await live.call("reset", state["info"]["fen"])
+        state["chess"] = {"start_fen": state["info"]["fen"], "moves": list(first.moves), "move_rewards": [],
+                          "legal_moves": 0, "result_reward": 0.0, "outcome": None, "reason": None}
+        return state
+
+    async def add_trajectory_step(self, state, trajectory_step) -> None:
+        await super().add_trajectory_step(state, trajectory_step)
+        record = state["chess"]
+        if record["outcome"] is not None:
+            return
+        step = await state["chess_game"].call("step", _text(trajectory_step["completion"], "assistant"))
+        record["moves"] = list(step.moves)
+        record["move_rewards"].append(step.move_reward)
+        record["legal_moves"] += step.legal
+        if step.done:
+            record.update(result_reward=step.result_reward, outcome=step.outcome, reason=step.reason)
+        elif len(state["trajectory"]) >= self.max_turns:
+            record.update(result_reward=RESULT["unfinished"], outcome="unfinished", reason="turn limit")
+        reply = [_user_message(role="user", content=_reply(step, record))]
+        state["chess_reply"] = reply
+        if record["outcome"] is not None:
+            state["final_env_response"] = reply
+
+    async def env_response(self, messages, state, **kwargs):
+        return state["chess_reply"]
+
+    @vf.cleanup
+    async def end_game(self, state) -> None:
+        record = state.get("chess")
+        if record is not None and record["outcome"] is None:  # stopped by an error or a budget, not the game
+            record.update(result_reward=RESULT["unfinished"], outcome="unfinished",
+                          reason=state.get("stop_condition") or "stopped")
+        live = state.pop("chess_game", None)
+        if live is not None:
+            await live.close()
+
+
+def _reply(step: GameStep, record: dict) -> str:
+    """What the model reads after its move: Stockfish's answer, then the position's P: prompt, or how the game
+    ended."""
+    lines = [f"Stockfish plays {step.opponent_move}."] if step.opponent_move else []
+    if record["outcome"] is None:
+        lines.append(step.prompt)
+    else:
+        lines.append(f"The game is over ({record['reason']}): {record['outcome']}.")
+    return "\n".join(lines)
