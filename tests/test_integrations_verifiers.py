@@ -152,7 +152,7 @@ def test_the_game_loads_starting_positions():
 
 
 def test_the_hub_package_loads_through_verifiers(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "environments" / "rookworld_chess"))
+    monkeypatch.syspath_prepend(str(REPO / "environments" / "verifiers" / "rookworld_chess"))
     monkeypatch.delitem(sys.modules, "rookworld_chess", raising=False)
     env = vf.load_environment("rookworld-chess", task="policy", source=HELD_OUT, num_examples=3)
     assert isinstance(env, vf.SingleTurnEnv) and env.env_id == "rookworld-chess"

@@ -129,7 +129,8 @@ argv = {{"positions": ["--count", "3", "--out", "x.jsonl", "--stockfish-depth", 
          "ask": ["8/8/8/8/8/8/8/K1k5 w - - 0 1", "--protocol", "rookworld"], "play": ["--colour", "black"],
          "train": ["--steps", "3", "--lr", "1e-4", "--output-dir", {str(tmp_path / 't')!r}],
          "sft": ["--init", "tiny", "--data", {__file__!r}, "--lr", "1e-3"], "plot": ["runs/a", "--title", "t"],
-         "uci": ["--protocol", "rookworld", "--seed", "3"]}}
+         "uci": ["--protocol", "rookworld", "--seed", "3"],
+         "serve": ["--port", "0", "--max-sessions", "2", "--opponent-skill", "3", "--stockfish-depth", "4"]}}
 for command in COMMANDS:
     from_args(parser.parse_args([command.name, *argv[command.name]]), command.settings)
 assert "torch" not in sys.modules, "torch was imported"

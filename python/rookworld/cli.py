@@ -27,7 +27,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 # seconds, and `--help` or a mistyped flag should answer at once. This is the one place a command is found by
 # name; each module imports what it needs at its top. train and sft share one module (and its `run`).
 MODULES = {"positions": "positions", "eval": "eval", "ask": "ask", "play": "play", "train": "train", "sft": "train",
-           "plot": "plot", "uci": "uci"}
+           "plot": "plot", "uci": "uci", "serve": "serve"}
 
 
 class _Parser(argparse.ArgumentParser):

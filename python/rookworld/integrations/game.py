@@ -49,15 +49,19 @@ class GameStep:
         return self.move_reward + self.result_reward
 
 
-def read_action(fen: str, action: str) -> tuple[str | None, bool]:
-    """The UCI move an action names and whether it was a whole P: answer: its B: move when it is one, else the text
-    as a move in UCI or SAN. None when no legal move can be read (an illegal move is read as None too)."""
+def read_action(fen: str, action: str) -> tuple[str | None, str | None, bool]:
+    """What an action says: the UCI of the legal move it names (None when it names none), the word it was read
+    from (its B: move when it is a whole P: answer, else the text when it is one word; None otherwise), and whether
+    it was a whole P: answer."""
     answer = read_policy_answers([action])[0]
-    text = answer.best if answer.well_formed else action.strip()
+    words = action.split()
+    text = answer.best if answer.well_formed else words[0] if len(words) == 1 else None
+    if text is None:
+        return None, None, answer.well_formed
     try:
-        return chess.parse_move(fen, text), answer.well_formed
+        return chess.parse_move(fen, text), text, answer.well_formed
     except ValueError:
-        return None, answer.well_formed
+        return None, text[:20], answer.well_formed
 
 
 class ChessGame:
@@ -98,9 +102,9 @@ class ChessGame:
         if game.ended:
             raise RuntimeError("the game is over: reset it")
         fen = game.fen
-        move, whole = read_action(fen, action)
-        if move is None:
-            game.play(Choice(None, action))
+        move, word, whole = read_action(fen, action)
+        if move is None:  # the game's record says "illegal move 'e2e5'" or "no move in its answer"
+            game.play(Choice(word, action))
             return self._observe(move=None, legal=False, move_reward=ILLEGAL)
         prompt = policy_prompt(fen)
         completion = action if whole else f"M: {move} E: 0 B: {move}"

@@ -6,7 +6,7 @@ Stockfish.
     env = load_environment("policy", source="data/chess-cpu-held-out.jsonl", num_examples=200)
     env = load_environment("game", opponent_skill=5, max_turns=40)
 
-`environments/rookworld_chess` is the same function as an Environments Hub package, for
+`environments/verifiers/rookworld_chess` is the same function as an Environments Hub package, for
 `vf.load_environment("rookworld-chess", ...)` and `vf-eval rookworld-chess`.
 
 Single-turn tasks ("policy", "env", "mixed"): a row's question is its P: or A: prompt, its answer a completion that

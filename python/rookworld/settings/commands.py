@@ -8,7 +8,8 @@ from typing import ClassVar
 
 from rookworld.settings.base import existing_files, non_negative, positive, share
 from rookworld.settings.config import SFTConfig, TrainConfig
-from rookworld.settings.declare import GAME, OPPONENT, OUTPUT, POSITIONS, SUITES_, Settings, composed, group, setting
+from rookworld.settings.declare import (GAME, OPPONENT, OUTPUT, POSITIONS, SERVER, SUITES_, Settings, composed, group,
+                                        setting)
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
                                        DecodingSettings, EvalSizeSettings, GameSettings, IllegalShareSettings, LayoutSettings,
                                        ModelSettings, OutputSettings, SeedSettings, StockfishNodesSettings,
@@ -84,6 +85,12 @@ class EvalOnly:
     tasks: str = setting("P,A", "best-move's tasks: P, A or P,A", SUITES_, check=tasks)
     games: int = setting(8, "selfplay: start positions (each played greedy and sampled); vs-stockfish: games",
                          GAME, check=positive)
+
+
+@group
+class OpponentSettings:
+    """Stockfish as the opponent: eval's vs-stockfish suite, and serve's games."""
+
     opponent_elo: int | None = setting(None, "Stockfish's strength as UCI_Elo (Stockfish 15.1: 1350-2850; the "
                                              "default is 1350)", OPPONENT, check=positive)
     opponent_skill: int | None = setting(None, "Stockfish's strength as Skill Level 0-20 instead of an Elo", OPPONENT,
@@ -98,9 +105,9 @@ class EvalOnly:
 
 
 @composed(eval_size=None)
-class EvalSettings(DataSettings, BadLinesSettings, EvalOnly, EvalSizeSettings, GameSettings, ModelSettings,
-                   DecodingSettings, DecodeBatchSettings, SeedSettings, CompletionSettings, OutputSettings, StockfishSettings,
-                   StockfishNodesSettings, Settings):
+class EvalSettings(DataSettings, BadLinesSettings, EvalOnly, OpponentSettings, EvalSizeSettings, GameSettings,
+                   ModelSettings, DecodingSettings, DecodeBatchSettings, SeedSettings, CompletionSettings,
+                   OutputSettings, StockfishSettings, StockfishNodesSettings, Settings):
     # eval's decode batch had the training commands' name, which means rows per forward/backward there.
     renamed: ClassVar[dict[str, str]] = {"micro_batch_size": "decode_batch_size", "batch_size": "decode_batch_size"}
     gone: ClassVar[dict[str, str]] = {"samples": "--out holds every completion now"}
@@ -133,6 +140,24 @@ class PlaySettings(PlayOnly, GameSettings, ModelSettings, DecodingSettings, Seed
 
 @composed()
 class UciSettings(ModelSettings, DecodingSettings, SeedSettings, CompletionSettings, Settings):
+    pass
+
+
+def port(option: str, value: int) -> str | None:
+    return None if 0 <= value <= 65535 else f"{option} must lie in 0-65535, got {value}"
+
+
+@group
+class ServeOnly:
+    host: str = setting("127.0.0.1", "the address to listen on (0.0.0.0: every interface, as in a container)",
+                        SERVER)
+    port: int = setting(8000, "the port to listen on (0: a free one, said at start)", SERVER, check=port)
+    max_sessions: int = setting(8, "OpenEnv sessions served at once (each game's opponent is a Stockfish process "
+                                   "of its own)", SERVER, check=positive)
+
+
+@composed()
+class ServeSettings(ServeOnly, OpponentSettings, GameSettings, StockfishSettings, Settings):
     pass
 
 
@@ -186,6 +211,15 @@ COMMANDS = [
             "first legal candidate, else the legal move the model finds most probable (an info string says which); "
             "the answer's candidates and evals are shown as info multipv lines. Options Protocol, Seed, Device and "
             "MultiPV (their defaults from the flags) are set with setoption."),
+    Command("serve", ServeSettings, "serve chess as an OpenEnv environment: games against Stockfish, P:/A: tasks "
+            "(needs OpenEnv: pip install 'rookworld[openenv]')",
+            "An OpenEnv server (HTTP and WebSocket, as OpenEnv's EnvClient speaks it; rookworld.integrations.openenv "
+            "has the typed client). Each session resets to a game against Stockfish (task game: step with a move in "
+            "UCI or SAN, or a whole P: answer; a move's reward is rookworld's P: reward, plus the result's at the "
+            "end; an illegal or unreadable move loses) or to one P: or A: prompt (task policy, env or mixed: step "
+            "with the answer, rewarded as in training), from a FEN or the generated position of a seed. Sessions "
+            "share one Stockfish pool for the rewards; each game has its own opponent engine, ended with its "
+            "session. SIGTERM or Ctrl-C stops the server and every engine."),
     Command("train", TrainConfig, "fine-tune RookWorld-LM with GRPO on P: and A: tasks",
             "GRPO on mixed P:/A: chess tasks with verifiable rewards (Stockfish for P:, the rules for A:). Settings "
             "come from the defaults, then --config FILE.toml, then flags; --resume DIR continues a run with its "

@@ -16,14 +16,14 @@ from typing import Any, ClassVar
 from rookworld.settings.base import ConfigError, flag, need
 
 # The sections of `--help`, in order (a training command lists its main settings before them all).
-MODEL, RUN, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH, ADVANTAGES, KL, LOSS, \
-    CRITIC, OPTIM, LOGGING, OUTPUT = (
-        "the model", "run: steps, output, precision, seed", "data", "positions", "suites", "vs-stockfish's opponent",
-        "the game", "sampling", "decoding", "rewards", "Stockfish", "advantages",
+MODEL, RUN, SERVER, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH, ADVANTAGES, \
+    KL, LOSS, CRITIC, OPTIM, LOGGING, OUTPUT = (
+        "the model", "run: steps, output, precision, seed", "the server", "data", "positions", "suites",
+        "Stockfish as the opponent", "the game", "sampling", "decoding", "rewards", "Stockfish", "advantages",
         "the KL leash to the frozen reference", "the loss", "the critic (--advantage gae only)", "optimisation",
         "logging, evaluation, checkpoints", "output")
-SECTIONS = [MODEL, RUN, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH, ADVANTAGES,
-            KL, LOSS, CRITIC, OPTIM, LOGGING, OUTPUT]
+SECTIONS = [MODEL, RUN, SERVER, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH,
+            ADVANTAGES, KL, LOSS, CRITIC, OPTIM, LOGGING, OUTPUT]
 
 #: Every declared setting: its name -> the group that declares it. A second declaration of a name is an error.
 DECLARED: dict[str, type] = {}

@@ -1,0 +1,368 @@
+"""rookworld's chess as an OpenEnv server (rookworld.integrations.openenv, `rookworld serve`, issue 46), tested as
+its users meet it: a real server on localhost, OpenEnv's own client, real Stockfish. Whole games, several sessions
+at once; single-turn P: and A: tasks scored as rookworld's scorer scores them; bad actions and bad requests
+answered as penalties or errors while the server goes on serving; engines ended with their sessions and at
+shutdown; `rookworld serve` itself started, used and stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import chess as pychess
+import pytest
+
+pytest.importorskip("openenv")
+
+import uvicorn  # noqa: E402  (an OpenEnv dependency)
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+from websockets.sync.client import connect as ws_connect  # noqa: E402
+
+from rookworld.ground import chess  # noqa: E402
+from rookworld.ground.rewards import RewardScorer, policy_targets  # noqa: E402
+from rookworld.integrations.openenv import (ChessAction, ChessEngines, ChessEnvClient,  # noqa: E402
+                                            create_chess_app)
+
+from conftest import REPO  # noqa: E402
+from test_layers import graph  # noqa: E402
+
+MATE_IN_ONE = "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"  # Ra8# (a1a8)
+KQK = "8/8/4k3/8/8/3QK3/8/8 w - - 0 1"
+SESSIONS = 3
+#: Bound on every wait for a server: to come up, to end a session's engines, to stop.
+WAIT_S = 60
+
+
+def stockfish_children(pid: int) -> set[int]:
+    """The Stockfish processes `pid` started (read from /proc: the pid and the parent of each process)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z" and int(rest[1]) == pid and "stockfish" in name:
+            found.add(int(entry))
+    return found
+
+
+def wait_until(condition, what: str, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"gave up after {timeout:.0f} s waiting for {what}")
+
+
+class Server:
+    """A server in this process on a free port: its URL, its engines, and the Stockfish processes it runs."""
+
+    def __init__(self, max_sessions: int):
+        self.before = stockfish_children(os.getpid())  # other tests' engines, if any are left
+        self.engines = ChessEngines(stockfish_depth=4, stockfish_workers=1, opponent_skill=0, opponent_nodes=200)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        app = create_chess_app(self.engines, max_sessions=max_sessions)
+        self.runner = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+        self.thread = threading.Thread(target=self.runner.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.runner.started, "the server to start")
+
+    def stockfish(self) -> set[int]:
+        return stockfish_children(os.getpid()) - self.before
+
+    def stop(self) -> None:
+        self.runner.should_exit = True
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive()
+        assert self.stockfish() == set()  # the shutdown ended every engine
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = Server(max_sessions=SESSIONS)
+    yield running
+    running.stop()
+
+
+def client(url: str):
+    return ChessEnvClient(base_url=url).sync()
+
+
+def replay(observation, start: str) -> pychess.Board:
+    board = pychess.Board(start)
+    for move in observation.moves:
+        board.push_uci(move)  # raises on an illegal move
+    assert board.fen() == observation.fen
+    if not observation.done:
+        assert sorted(observation.legal_moves) == sorted(m.uci() for m in board.legal_moves)
+    return board
+
+
+def play(url: str, seed: int, start: str, colour: str, max_plies: int = 30) -> tuple:
+    """A whole game of random legal moves through the client: its last result and its state."""
+    rng = random.Random(seed)
+    with client(url) as env:
+        result = env.reset(task="game", fen=start, colour=colour, max_plies=max_plies)
+        assert result.reward is None and not result.done and result.observation.moves == (
+            [] if start.split()[1] == colour else [result.observation.opponent_move])
+        while not result.done:
+            replay(result.observation, start)
+            result = env.step(ChessAction(text=rng.choice(result.observation.legal_moves)))
+            obs = result.observation
+            assert obs.legal and result.reward == obs.reward == obs.move_reward + obs.result_reward
+            assert result.done == obs.done
+        state = env.state()
+    return result, state
+
+
+def test_whole_games_in_sessions_at_once(server):
+    url = server.url
+    starts = [(chess.START_FEN, "w"), (KQK, "b"), (chess.START_FEN, "b")]
+    with ThreadPoolExecutor(len(starts)) as pool:
+        games = list(pool.map(lambda seed, start, colour: play(url, seed, start, colour), range(len(starts)),
+                              *zip(*starts)))
+    for (start, colour), (result, state) in zip(starts, games):
+        obs = result.observation
+        board = replay(obs, start)
+        assert result.done and obs.outcome in ("win", "draw", "loss", "unfinished")
+        assert obs.outcome != "unfinished" or len(obs.moves) >= 30
+        assert obs.outcome not in ("win", "loss") or board.is_checkmate()
+        assert state.task == "game" and state.done and state.moves == obs.moves and state.colour == colour
+        mine = [i for i in range(len(obs.moves)) if (i % 2 == 0) == (start.split()[1] == colour)]
+        assert state.step_count == len(mine)  # one step for each of the user's moves
+        assert state.start_fen == start and state.fen == obs.fen and state.outcome == obs.outcome
+    # Each session's opponent ended with its session: the pool's engine alone is left.
+    wait_until(lambda: len(server.stockfish()) == 1, "the sessions' opponents to end")
+
+
+def test_a_mate_in_one_wins_and_the_client_reads_reward_and_done(server):
+    url = server.url
+    with client(url) as env:
+        env.reset(fen=MATE_IN_ONE)
+        result = env.step(ChessAction(text="Ra8#"))
+        assert (result.reward, result.done) == (2.0, True)
+        obs = result.observation
+        assert (obs.reward, obs.done, obs.outcome, obs.reason, obs.move) == (2.0, True, "win", "checkmate", "a1a8")
+        assert (obs.move_reward, obs.result_reward) == (1.0, 1.0)
+        # A whole P: answer is a move too; the seed of a reset names a generated position.
+        first = env.reset(seed=7).observation
+        assert first.fen == env.reset(seed=7).observation.fen != chess.START_FEN
+        move = first.legal_moves[0]
+        result = env.step(ChessAction(text=f"M: {move} E: 0.1 B: {move}"))
+        assert result.observation.move == move and result.observation.legal
+        # Another strength is another opponent: the session's earlier one ends, so it holds one at a time.
+        for options in ({"opponent_elo": 1500}, {"opponent_skill": 5, "colour": "b"}, {}):
+            result = env.reset(**options)
+            assert (result.observation.opponent_move is not None) == ("colour" in options)
+            wait_until(lambda: len(server.stockfish()) == 2, "one opponent and the pool's engine")
+
+
+@pytest.mark.parametrize("text", ["e2e5", "hello", "", "M: e2e4 E: 0.1 B: e7e5", "🙂" * 500])
+def test_a_bad_move_in_a_game_is_a_lost_game_and_the_session_goes_on(server, text):
+    url = server.url
+    with client(url) as env:
+        env.reset()
+        result = env.step(ChessAction(text=text))
+        assert (result.reward, result.done, result.observation.outcome) == (-2.0, True, "loss")
+        assert result.observation.legal is False and result.observation.move is None
+        with pytest.raises(RuntimeError, match="the episode is over"):
+            env.step(ChessAction(text="e2e4"))
+        assert env.reset().observation.fen == chess.START_FEN
+        assert env.step(ChessAction(text="e4")).observation.legal
+
+
+@pytest.mark.parametrize("reset, said", [
+    ({"task": "chess960"}, "task: Input should be"), ({"fen": "not a fen"}, "bad fen"),
+    ({"fen": "R5k1/5ppp/8/8/8/8/8/6K1 b - - 1 1"}, "the game is over"), ({"colour": "white"}, "colour"),
+    ({"opponent_skill": 30}, "opponent_skill"), ({"opponent_elo": 1500, "opponent_skill": 3}, "not both"),
+    ({"opponent_elo": 5000}, "opponent_elo: "),  # beyond what Stockfish plays, which would clamp it
+    ({"seed": -1}, "seed"), ({"color": "w"}, "color: Extra inputs are not permitted"),
+    ({"task": "policy", "colour": "w"}, "colour: options of task 'game'"),
+    ({"task": "env", "fen": MATE_IN_ONE, "move": "zz"}, "bad move"),
+    ({"task": "env", "fen": "R5k1/5ppp/8/8/8/8/8/6K1 b - - 1 1"}, "no move to make"),
+    ({"task": "env", "fen": chess.START_FEN, "move": "e2e4", "history": ["e7e5"]}, "bad history"),
+])
+def test_bad_requests_are_errors_and_the_session_goes_on(server, reset, said):
+    url = server.url
+    with client(url) as env:
+        with pytest.raises(RuntimeError, match="step before reset"):
+            env.step(ChessAction(text="e2e4"))
+        with pytest.raises(RuntimeError, match=re.escape(said)):
+            env.reset(**reset)
+        assert env.reset(fen=MATE_IN_ONE).observation.fen == MATE_IN_ONE
+        assert env.step(ChessAction(text="a1a8")).done
+
+
+def answers(prompt: str, fen: str, scorer: RewardScorer) -> list[str]:
+    """A right answer to a P: or A: prompt, a half of it, a wrong one and rubbish."""
+    if prompt.startswith("A:"):
+        right = chess.env_targets([prompt])[0]
+    else:
+        moves, evals = scorer.ground_truth([prompt])[0]
+        right = policy_targets([fen], [moves], [evals], [moves[0]], layout="compact")[0]
+    return [right, right[: len(right) // 2], "M: a1a1 E: 0 B: a1a1" if prompt.startswith("P:") else "8/8/8+0+0+0",
+            "\x00🙂" * 30]
+
+
+def test_single_turn_tasks_are_scored_as_rookworld_scores_them(server):
+    url = server.url
+    scorer = RewardScorer(server.engines.scorer().stockfish)  # the server's analyses, from the pool's cache
+    seen = set()
+    with client(url) as env:
+        for task, seed in [("policy", 1), ("env", 2), ("mixed", 3), ("mixed", 4), ("mixed", 5), ("mixed", 6)]:
+            first = env.reset(task=task, seed=seed).observation
+            assert first.prompt.startswith(("P: " if task == "policy" else "A: " if task == "env" else ""))
+            assert env.state().seed == seed and env.state().task == task
+            for k, text in enumerate(answers(first.prompt, first.fen, scorer)):
+                again = env.reset(task=task, seed=seed).observation
+                assert (again.prompt, again.fen) == (first.prompt, first.fen)
+                result = env.step(ChessAction(text=text))
+                expected = scorer.score_batch([first.prompt], [text])
+                assert result.done and result.reward == expected.rewards[0]
+                assert result.observation.breakdown == expected.breakdown(0)
+                assert k != 0 or result.reward == 1.0
+                with pytest.raises(RuntimeError, match="the episode is over"):
+                    env.step(ChessAction(text=text))
+            seen.add(first.prompt[:2])
+        assert seen == {"P:", "A:"}
+        # A FEN of one's own, with the A: move and history given.
+        prompt = env.reset(task="env", fen=chess.START_FEN, move="Nf3").observation.prompt
+        assert prompt == chess.env_prompt(chess.START_FEN, "g1f3")
+        after_e4 = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+        prompt = env.reset(task="env", fen=after_e4, move="e7e5", history=["e2e4"]).observation.prompt
+        assert prompt == chess.env_prompt(after_e4, "e7e5", ["e2e4"])
+        assert env.step(ChessAction(text=chess.env_targets([prompt])[0])).reward == 1.0
+
+
+def test_the_sessions_are_bounded_and_protocol_abuse_is_answered():
+    server = Server(max_sessions=SESSIONS)  # its own, so that no other test's session is still closing
+    try:
+        protocol_abuse(server.url)
+    finally:
+        server.stop()
+
+
+def protocol_abuse(url: str) -> None:
+    ws = url.replace("http", "ws") + "/ws"
+    envs = [client(url) for _ in range(SESSIONS)]
+    try:
+        for env in envs:
+            env.reset(task="policy", seed=1)
+        with ws_connect(ws, open_timeout=10) as conn:  # one too many: refused, in a frame before the close
+            assert json.loads(conn.recv(timeout=10))["data"]["code"] == "CAPACITY_REACHED"
+    finally:
+        for env in envs:
+            env.close()
+    # What no EnvClient sends: an unknown session, a frame that is no JSON, an unknown message, a bad action.
+    with ws_connect(ws + "?session_id=no-such-session", open_timeout=10) as conn:
+        assert "Unknown session_id" in json.loads(conn.recv(timeout=10))["data"]["message"]
+    with wait_until(lambda: _connect(ws), "a free session") as conn:
+        for frame in ["{not json", json.dumps({"type": "dance"}), json.dumps({"type": "step", "data": {"move": 1}})]:
+            conn.send(frame)
+            assert json.loads(conn.recv(timeout=10))["type"] == "error"
+        conn.send(json.dumps({"type": "reset", "data": {"fen": MATE_IN_ONE}}))
+        assert json.loads(conn.recv(timeout=10))["data"]["observation"]["fen"] == MATE_IN_ONE
+    # Over plain HTTP each request meets a fresh environment: a step is refused with the reason, a reset answered.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _post(url + "/step", {"action": {"text": "e2e4"}})
+    assert refused.value.code == 400 and "step before reset" in json.loads(refused.value.read())["detail"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _post(url + "/reset", {"fen": "8/8/8/8/8/8/8/8 w - - 0 1"})
+    assert refused.value.code == 400 and "bad fen" in json.loads(refused.value.read())["detail"]
+    assert _post(url + "/reset", {"fen": KQK})["observation"]["fen"] == KQK
+    with client(url) as env:  # and the server still serves
+        assert env.reset().observation.fen == chess.START_FEN
+
+
+def _connect(ws: str):
+    """A raw WebSocket session, or None while the server is still closing the last ones."""
+    conn = ws_connect(ws, open_timeout=10)
+    try:
+        conn.send(json.dumps({"type": "state"}))
+        if json.loads(conn.recv(timeout=10))["type"] != "error":
+            return conn
+    except ConnectionClosed:  # refused at capacity: the error frame, then the close
+        pass
+    conn.close()
+    return None
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_only_the_serve_command_imports_the_openenv_module():
+    importers = {m for m, targets in graph().items() if "rookworld.integrations.openenv" in targets}
+    assert importers == {"rookworld.commands.serve"}
+
+
+def test_rookworld_serve_starts_answers_and_stops_on_sigterm_with_its_engines():
+    proc = subprocess.Popen([sys.executable, "-m", "rookworld", "serve", "--port", "0", "--stockfish-depth", "4",
+                             "--stockfish-workers", "1", "--opponent-skill", "0", "--opponent-nodes", "200",
+                             "--max-sessions", "2"], stderr=subprocess.PIPE, text=True, cwd=REPO)
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
+    reader.start()
+    try:
+        deadline, port = time.monotonic() + WAIT_S, None
+        while port is None:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            port = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)
+        url = f"http://127.0.0.1:{port.group(1)}"
+        with client(url) as env:
+            env.reset(fen=MATE_IN_ONE)
+            engines = stockfish_children(proc.pid)
+            assert len(engines) == 2  # the pool's and the game's opponent
+            assert env.step(ChessAction(text="Ra8#")).reward == 2.0
+            env.reset(task="policy", seed=3)
+            assert env.step(ChessAction(text="e2e4")).done
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(WAIT_S) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT_S)
+    reader.join(WAIT_S)
+    said = ""
+    while not lines.empty():
+        said += lines.get_nowait()
+    assert all(not os.path.exists(f"/proc/{pid}") for pid in engines), said
+    assert "Traceback" not in said
+
+
+def test_without_openenv_serve_says_how_to_get_it():
+    hide = ("import sys, importlib.abc\n"
+            "class Hide(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] == 'openenv':\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, Hide())\n"
+            "from rookworld.cli import main\n"
+            "sys.exit(main(['serve', '--port', '0']))\n")
+    proc = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "rookworld serve: error: rookworld serve needs OpenEnv: pip install 'rookworld[openenv]' "
+        "(no module 'openenv')"]
