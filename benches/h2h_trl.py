@@ -183,7 +183,35 @@ def main() -> int:
             results_path.write_text(json.dumps(results, indent=1))
             print(name, json.dumps(entry["marks"]), flush=True)
     table(results)
+    plot(results, out / "h2h.png")
     return 0
+
+
+def plot(results: dict, path: Path) -> None:
+    """Each figure against wall-clock seconds, a line per run (solid rookworld, dashed TRL), from the SFT model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [("legal_best_move", "legal best move"), ("top5", "Stockfish's five"), ("next_state_exact", "next state exact")]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), constrained_layout=True)
+    colours = {"rookworld": "tab:blue", "trl": "tab:orange"}
+    for ax, (key, label) in zip(axes, keys):
+        for name, entry in sorted(results["runs"].items()):
+            xs = [0.0] + [m["mark_s"] for m in entry["marks"]]
+            ys = [results["base"][key]] + [m[key] for m in entry["marks"]]
+            ax.plot(xs, ys, marker="o", color=colours[entry["trainer"]],
+                    linestyle="-" if entry["trainer"] == "rookworld" else "--",
+                    label=f"{'rookworld train' if entry['trainer'] == 'rookworld' else 'TRL GRPOTrainer'}, seed "
+                          f"{entry['seed']}")
+        ax.set_title(label)
+        ax.set_xlabel("wall clock from launch (s)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower left", fontsize=8)
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 def table(results: dict) -> None:
