@@ -4,7 +4,6 @@ chosen command's module (rookworld.commands) once its flags are parsed."""
 from __future__ import annotations
 
 import argparse
-import difflib
 import errno
 import importlib
 import os
@@ -15,6 +14,7 @@ import threading
 import rookworld
 from rookworld.commands.common import CliError
 from rookworld.net.limits import ContextTooLong
+from rookworld.settings.base import nearest
 from rookworld.settings.commands import COMMANDS
 from rookworld.settings.flags import add_arguments
 
@@ -36,6 +36,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _check_value(self, action, value):
+        """A mistyped command is answered with the command it is nearest to (argparse's own check, which this
+        extends, only lists them all)."""
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            near = nearest(value, action.choices)
+            if near is not None:
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r} (did you mean {near}?)")
+        super()._check_value(action, value)
+
 
 class _Command(_Parser):
     """A subcommand reports its own unknown flags (argparse leaves them to `rookworld`), with the nearest flag."""
@@ -50,16 +59,9 @@ class _Command(_Parser):
                 whole = " ".join([fen, *([move] if move else []), *unknown][:6])
                 self.error(f"the FEN was split at its spaces: quote it, as in \"{whole}\"")
             flags = [f for a in self._actions for f in a.option_strings if a.help != argparse.SUPPRESS]
-            typed = unknown[0].split("=")[0]
-            near = difflib.get_close_matches(typed, flags, n=1, cutoff=0.6) or [
-                f for f in flags if typed.startswith("--") and f == _initials(typed)]
-            self.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {near[0]}?)" if near else ""))
+            near = nearest(unknown[0].split("=")[0], flags)
+            self.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {near}?)" if near else ""))
         return namespace, unknown
-
-
-def _initials(flag: str) -> str:
-    """--learning-rate as --lr: other trainers' long names for rookworld's short ones."""
-    return "--" + "".join(word[0] for word in flag.lstrip("-").split("-") if word)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,18 +1,25 @@
-"""Loading a trained model for eval, ask and play."""
+"""Loading a trained model for eval, ask, play and uci."""
 
 from __future__ import annotations
 
 from rookworld.commands.common import CliError
 from rookworld.lm.answers import RookWorldLM
-from rookworld.net.pretrained import ModelNotAvailableError
+from rookworld.net.pretrained import ModelFileError, ModelNotAvailableError
 from rookworld.net.tokenizer import TokenizerUnavailableError
+from rookworld.settings import shipped
+from rookworld.settings.hub import is_local_path
 
 
 def load_lm(s, **kwargs) -> RookWorldLM:
     """The model of --model/--revision on --device, with its tokenizer; a model that cannot be had, or a device
-    that is not here (a ConfigError, a ValueError), is one line."""
+    that is not here (a ConfigError, a ValueError), is one line. A hub model out of reach (offline, and not in the
+    cache) is said by what to pass instead, first."""
     try:
         return RookWorldLM.load(s.model, revision=s.revision, device=s.device, **kwargs)
-    except (ModelNotAvailableError, FileNotFoundError, NotADirectoryError, ValueError,
-            TokenizerUnavailableError) as e:
+    except ModelNotAvailableError as e:
+        if is_local_path(s.model) or isinstance(e, ModelFileError):
+            raise CliError(str(e)) from None
+        raise CliError(f"pass --model DIR, a model directory ({shipped.MODEL} of a clone of rookworld's repository "
+                       f"runs offline): {e}") from None
+    except (FileNotFoundError, NotADirectoryError, ValueError, TokenizerUnavailableError) as e:
         raise CliError(str(e)) from None

@@ -3,9 +3,14 @@ declares (each says what is wrong in the same words in every command that takes 
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from rookworld.settings import shipped
 
 
 class ConfigError(ValueError):
@@ -20,6 +25,20 @@ def need(ok: bool, message: str) -> None:
 def flag(name: str) -> str:
     """The command-line flag of setting `name`, without its dashes."""
     return name.replace("_", "-")
+
+
+def nearest(typed: str, names: Iterable[str]) -> str | None:
+    """The name a mistyped one most likely meant, spelt as `names` are (flags, TOML keys, commands): the closest
+    spelling, else the name made of its words' initials, as other trainers' long names are rookworld's short ones
+    (--learning-rate: --lr)."""
+    names = list(names)
+    close = difflib.get_close_matches(typed, names, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    bare = typed.lstrip("-")
+    words = [w for w in re.split(r"[-_]", bare) if w]
+    initials = typed[: len(typed) - len(bare)] + "".join(w[0] for w in words)
+    return initials if len(words) > 1 and initials in names else None
 
 
 # A check takes the setting's flag (with dashes) and its value, never None, and says what is wrong, or None.
@@ -53,4 +72,4 @@ def share(option: str, value: Any) -> str | None:
 def existing_files(option: str, value: Any) -> str | None:
     """A file, or a list of files (sft's repeated --data), that exist."""
     missing = [p for p in ([value] if isinstance(value, str) else value) if not Path(p).is_file()]
-    return f"{option}: no such file: {missing[0]}" if missing else None
+    return f"{option}: no such file: {missing[0]}{shipped.elsewhere(missing[0])}" if missing else None

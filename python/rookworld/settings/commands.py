@@ -8,8 +8,9 @@ from typing import ClassVar
 
 from rookworld.settings.base import existing_files, non_negative, positive, share
 from rookworld.settings.config import SFTConfig, TrainConfig
-from rookworld.settings.declare import (GAME, OPPONENT, OUTPUT, POSITIONS, SERVER, SUITES_, Settings, composed, group,
-                                        setting)
+from rookworld.settings import shipped
+from rookworld.settings.declare import (DECODING, GAME, OPPONENT, OUTPUT, POSITIONS, RUNS, SERVER, SUITES_, Meaning,
+                                        Settings, composed, group, setting)
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
                                        DecodingSettings, EvalSizeSettings, GameSettings, IllegalShareSettings, LayoutSettings,
                                        ModelSettings, OutputSettings, SeedSettings, StockfishNodesSettings,
@@ -67,7 +68,10 @@ class PositionsOnly:
         need(self.count is not None or not self.selfplay, "--selfplay needs --count")
 
 
-@composed()
+@composed(seed=Meaning("random seed of everything drawn: the positions, their A: moves and histories (the same "
+                       "seed, the same file)", POSITIONS),
+          layout=Meaning(shown="rookworld"),
+          out=Meaning("the JSONL file to write the positions to (- for stdout)"))
 class PositionsSettings(PositionsOnly, SeedSettings, IllegalShareSettings, BadLinesSettings, LayoutSettings,
                         OutputSettings, StockfishSettings, StockfishNodesSettings, Settings):
     required = ("out",)
@@ -104,7 +108,23 @@ class OpponentSettings:
              f"--opponent-skill must lie in 0-20, got {self.opponent_skill}")
 
 
-@composed(eval_size=None)
+#: The model ask, play, uci and eval load unless told: where it is found, else the hub's.
+USED_MODEL = Meaning(shown=f"{shipped.MODEL}, here or in the clone rookworld was installed from; without one, "
+                           f"{shipped.HUB_MODEL} from the hub", default=shipped.MODEL)
+#: Their seed: they draw nothing but the tokens of --protocol rookworld.
+SAMPLING_SEED = Meaning("random seed of --protocol rookworld's sampling (greedy decoding draws nothing)", DECODING)
+
+
+@composed(model=USED_MODEL,
+          seed=Meaning("random seed: of the generated held-out positions (without --data), of the A: moves, and of "
+                       "sampled decoding (--protocol rookworld, selfplay's sampled games)", SUITES_),
+          data=Meaning("positions of the best-move and mate-in-one suites: a positions file (JSONL of rookworld "
+                       "positions, FEN or EPD a line)", shown="generated held-out positions of --seed"),
+          eval_size=Meaning("positions of the best-move and mate-in-one suites: the first N of --data, or N generated",
+                            SUITES_, shown="all of --data, or 128 generated", default=None),
+          max_plies=Meaning("a game stops after this many half-moves (vs-stockfish counts it a draw)"),
+          out=Meaning("the JSON file to write the results to: every suite's figures and, per position or game, what "
+                      "the model wrote and how it scored"))
 class EvalSettings(DataSettings, BadLinesSettings, EvalOnly, OpponentSettings, EvalSizeSettings, GameSettings,
                    ModelSettings, DecodingSettings, DecodeBatchSettings, SeedSettings, CompletionSettings,
                    OutputSettings, StockfishSettings, StockfishNodesSettings, Settings):
@@ -121,7 +141,7 @@ class AskOnly:
     json: bool = setting(False, "print the answers as JSON", OUTPUT)
 
 
-@composed()
+@composed(model=USED_MODEL, seed=SAMPLING_SEED)
 class AskSettings(AskOnly, ModelSettings, DecodingSettings, SeedSettings, StockfishSettings, StockfishNodesSettings,
                   Settings):
     pass
@@ -133,12 +153,12 @@ class PlayOnly:
     fen: str | None = setting(None, "start from this position (a FEN) instead of the initial one", GAME)
 
 
-@composed(max_plies=400)
+@composed(max_plies=400, model=USED_MODEL, seed=SAMPLING_SEED)
 class PlaySettings(PlayOnly, GameSettings, ModelSettings, DecodingSettings, SeedSettings, Settings):
     pass
 
 
-@composed()
+@composed(model=USED_MODEL, seed=SAMPLING_SEED)
 class UciSettings(ModelSettings, DecodingSettings, SeedSettings, CompletionSettings, Settings):
     pass
 
@@ -163,11 +183,11 @@ class ServeSettings(ServeOnly, OpponentSettings, GameSettings, StockfishSettings
 
 @group
 class PlotOnly:
-    runs: list = setting([], "output directories of rookworld train or sft", OUTPUT, nargs="+", metavar="RUN_DIR")
+    runs: list = setting([], "output directories of rookworld train or sft", RUNS, nargs="+", metavar="RUN_DIR")
     title: str | None = setting(None, "a title above the panels", OUTPUT)
 
 
-@composed(out="curves.png")
+@composed(out=Meaning("the PNG file to draw the curves into", default="curves.png"))
 class PlotSettings(PlotOnly, OutputSettings, Settings):
     pass
 

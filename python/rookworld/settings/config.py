@@ -15,7 +15,7 @@ from rookworld.ground.rewards import SHAPINGS
 from rookworld.settings import objective
 from rookworld.settings.base import ConfigError, above_zero, existing_files, flag, need, non_negative, positive, share
 from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, LOSS, MODEL, OPTIM, REWARDS, RUN,
-                                        SAMPLING, Settings, composed, default, group, setting)
+                                        SAMPLING, Meaning, Settings, composed, default, group, setting)
 from rookworld.settings.flags import from_args
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
                                        EvalSizeSettings, IllegalShareSettings, LayoutSettings, ModelSettings, SeedSettings,
@@ -52,8 +52,7 @@ def not_empty(option: str, value: Any) -> str | None:
 class RunSettings:
     """A training run: how long, where it writes, and how it computes."""
 
-    steps: int = setting(500, "training steps (a GRPO step: one rollout and the updates on it; an sft step: one "
-                              "optimizer step)", RUN, main=True, check=positive)
+    steps: int = setting(500, "training steps", RUN, main=True, check=positive)
     output_dir: str = setting("runs/rookworld", "directory for checkpoints, metrics.jsonl, samples, TensorBoard and "
                                                 "the latest model (a --model for the next command)", RUN, main=True)
     overwrite: bool = setting(False, "start afresh in an --output-dir that holds a run, deleting its metrics, samples "
@@ -84,11 +83,11 @@ class OptimizerSettings:
 class EvaluationSettings:
     """The evaluation a training run makes every --eval-every steps."""
 
-    eval_every: int = setting(50, "every N steps (0: never): greedy evaluation on held-out positions, and with sft "
-                                  "the loss on --eval-data", LOGGING, check=non_negative)
-    eval_data: str | None = setting(None, "held-out positions for --eval-every's evaluation, as --data (sft: also "
-                                          "its eval loss); default: generated, of a seed training never draws from",
-                                    LOGGING, check=existing_files)
+    eval_every: int = setting(50, "every N steps (0: never): greedy evaluation on held-out positions", LOGGING,
+                              check=non_negative)
+    eval_data: str | None = setting(None, "held-out positions of --eval-every's evaluation, a positions file (JSONL "
+                                          "of rookworld positions, FEN or EPD a line); default: generated, of a seed "
+                                          "training never draws from", LOGGING, check=existing_files)
     eval_suites: str = setting("best-move", "suites of --eval-every's evaluation, comma-separated: best-move, "
                                             "mate-in-one, selfplay, vs-stockfish (as rookworld eval --suite)", LOGGING,
                                check=suites)
@@ -110,7 +109,7 @@ class LoggingSettings:
     keep_checkpoints: int = setting(3, "checkpoints kept (oldest deleted)", LOGGING, check=positive)
 
 
-@composed()
+@composed(decode_batch_size=Meaning("prompts decoded at once in --eval-every's evaluation"))
 class RunConfig(ModelSettings, RunSettings, SeedSettings, OptimizerSettings, LoggingSettings, EvaluationSettings,
                 EvalSizeSettings, DecodeBatchSettings, CompletionSettings, StockfishSettings, Settings):
     """What every training command shares."""
@@ -237,7 +236,12 @@ class GRPOLoggingSettings:
     clip_warn: float = setting(0.2, "warn when the clip fraction exceeds this", LOGGING, check=non_negative)
 
 
-@composed()
+@composed(steps=Meaning("GRPO steps, each one rollout and the updates on it"),
+          seed=Meaning("random seed: of generated positions and A: moves, and of sampling"),
+          data=Meaning("positions to train on: a positions file (JSONL of rookworld positions, FEN or EPD a line)",
+                       shown="generated positions"),
+          stockfish_workers=Meaning("Stockfish processes (default: one per core; on CUDA one fewer, for the process "
+                                    "driving the GPU; under torchrun, a rank's share of the cores)"))
 class TrainConfig(RunConfig, DataSettings, GRPODataSettings, IllegalShareSettings, SamplingSettings, RewardSettings,
                   AdvantageSettings, KLSettings, LossSettings, CriticSettings, UpdateSettings, GRPOLoggingSettings):
     """`rookworld train`: GRPO."""
@@ -303,8 +307,19 @@ class RowSettings:
     rows_per_step: int = setting(32, "rows per optimizer step (over all ranks)", DATA, check=positive)
 
 
-@composed(model=None, steps=1000, output_dir="runs/sft", data=[], micro_batch_size=16, decode_batch_size=16,
-          lr=3e-4, warmup_steps=50, weight_decay=0.1, log_every=10, eval_every=100, save_every=200)
+@composed(model=None, output_dir="runs/sft", micro_batch_size=16, decode_batch_size=16, lr=3e-4, warmup_steps=50,
+          weight_decay=0.1, log_every=10, save_every=200,
+          steps=Meaning("optimizer steps", default=1000),
+          seed=Meaning("random seed: of the order of the rows, of a fresh model's weights (--init), and of the "
+                       "evaluation's generated positions"),
+          data=Meaning("samples to train on: RookWorld text, or JSONL of rookworld positions --annotate; repeat for "
+                       "several files", default=[]),
+          layout=Meaning(shown="each file's own"),
+          eval_every=Meaning("every N steps (0: never): greedy evaluation on held-out positions, and the loss on "
+                             "--eval-data", default=100),
+          eval_data=Meaning("held-out samples of --eval-every's evaluation, as --data reads them: its loss, and the "
+                            "greedy evaluation on their positions; default: generated positions of a seed training "
+                            "never draws from, and no loss"))
 class SFTConfig(RunConfig, FreshModelSettings, DataSettings, BadLinesSettings, LayoutSettings, RowSettings):
     """`rookworld sft`: supervised training on P:/A: text, as RookWorld-LM itself was made."""
 

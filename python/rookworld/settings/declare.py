@@ -1,7 +1,8 @@
 """How a setting is declared, once: `setting(default, help, section, check=...)` as a field of a small group
 (`@group`), and how a command's settings are composed of groups (`@composed`, with the command's own defaults
-where they differ). `Settings.validate` runs every setting's declared check, then each group's checks of how its
-settings combine; `from_dict` reads a TOML table or a saved config.json into the same fields.
+where they differ, and its own words for a shared setting that means something narrower there: `Meaning`).
+`Settings.validate` runs every setting's declared check, then each group's checks of how its settings combine;
+`from_dict` reads a TOML table or a saved config.json into the same fields.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from rookworld.settings.base import ConfigError, flag, need
+from rookworld.settings.base import ConfigError, flag, nearest, need
 
 # The sections of `--help`, in order (a training command lists its main settings before them all).
 MODEL, RUN, SERVER, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH, ADVANTAGES, \
@@ -22,7 +23,9 @@ MODEL, RUN, SERVER, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING
         "Stockfish as the opponent", "the game", "sampling", "decoding", "rewards", "Stockfish", "advantages",
         "the KL leash to the frozen reference", "the loss", "the critic (--advantage gae only)", "optimisation",
         "logging, evaluation, checkpoints", "output")
-SECTIONS = [MODEL, RUN, SERVER, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH,
+# What `rookworld plot` draws: the runs it reads, listed before its output.
+RUNS = "the runs"
+SECTIONS = [MODEL, RUN, RUNS, SERVER, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH,
             ADVANTAGES, KL, LOSS, CRITIC, OPTIM, LOGGING, OUTPUT]
 
 #: Every declared setting: its name -> the group that declares it. A second declaration of a name is an error.
@@ -37,7 +40,7 @@ def setting(default: Any, help: str, section: str, *, check: Callable[[str, Any]
     are other spellings that work; `was` are old spellings that answer with the new one; `nargs` makes it a
     positional argument."""
     meta = {"help": help, "section": section, "main": main, "check": check, "choices": choices, "flag": flag,
-            "aliases": aliases, "was": was, "metavar": metavar, "nargs": nargs}
+            "aliases": aliases, "was": was, "metavar": metavar, "nargs": nargs, "shown": None}
     return _field(default, meta)
 
 
@@ -59,9 +62,26 @@ def group(cls: type) -> type:
     return cls
 
 
+#: A `Meaning`'s default when it keeps the declared one (None is a default of its own).
+SAME_DEFAULT: Any = object()
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """What a shared setting means in one command, where its declared help speaks of what it does in others (the
+    seed of ask's sampling is not the seed of a fresh model's weights): the command's own help, the section of its
+    `--help` it is listed in, what its default is said to be when the value alone does not say it, and its default.
+    The name, the type and the check stay the declared ones."""
+
+    help: str | None = None
+    section: str | None = None
+    shown: str | None = None
+    default: Any = SAME_DEFAULT
+
+
 def composed(**defaults: Any) -> Callable[[type], type]:
     """A command's settings, composed of the groups it inherits; `defaults` are its own defaults where they differ
-    from the declarations (the help, check and section stay the declared ones)."""
+    from the declarations, or its own `Meaning` of a setting (the check stays the declared one)."""
 
     def wrap(cls: type) -> type:
         inherited: dict[str, dataclasses.Field] = {}
@@ -70,13 +90,22 @@ def composed(**defaults: Any) -> Callable[[type], type]:
         annotations = dict(vars(cls).get("__annotations__", {}))
         for name, value in defaults.items():
             base = inherited[name]  # a KeyError: only a declared setting takes a command's default
+            metadata = dict(base.metadata)
+            if isinstance(value, Meaning):
+                metadata.update({key: getattr(value, key) for key in ("help", "section", "shown")
+                                 if getattr(value, key) is not None})
+                value = _default(base) if value.default is SAME_DEFAULT else value.default
             # A list default (sft's --data) makes the flag repeatable in that command.
             annotations[name] = "list" if isinstance(value, list) else base.type
-            setattr(cls, name, _field(value, base.metadata))
+            setattr(cls, name, _field(value, metadata))
         cls.__annotations__ = annotations
         return dataclass(cls)
 
     return wrap
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def declared_fields(cls: type) -> list[dataclasses.Field]:
@@ -135,21 +164,27 @@ class Settings:
         for key, value in values.items():
             name = key.replace("-", "_")
             if name not in known:
-                raise ConfigError(f"{source}: unknown setting {key!r}")
+                near = nearest(name, known)
+                meant = f" (did you mean {flag(near) if '-' in key else near}?)" if near else ""
+                raise ConfigError(f"{source}: unknown setting {key!r}{meant}")
             clean[name] = value
         cfg = cls(**clean)
         for f in dataclasses.fields(cls):  # TOML has no None; types are checked here, values in validate()
             v = getattr(cfg, f.name)
             if v is not None and not _type_ok(f, v):
                 # reprlib: a value of any length or depth is said in a few words
-                raise ConfigError(f"{source}: {f.name} = {reprlib.repr(v)} is not a {base_type(f).__name__}")
+                raise ConfigError(f"{source}: {f.name} = {reprlib.repr(v)} is not {TYPE_WORDS[base_type(f)]}")
         return cfg
 
 
 def default(cls: type, name: str) -> Any:
     """The default of setting `name` in a command's settings."""
-    f = cls.__dataclass_fields__[name]
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+    return _default(cls.__dataclass_fields__[name])
+
+
+#: A setting's type as an error says what a value is not ("steps = 'ten' is not an integer").
+TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+              list: "a list of file names"}
 
 
 def base_type(f: dataclasses.Field) -> type:

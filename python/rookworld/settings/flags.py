@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rookworld.settings import presets
+from rookworld.settings import presets, shipped
 from rookworld.settings.base import ConfigError, flag
 from rookworld.settings.declare import SECTIONS, Settings, base_type, declared_fields, option
 
@@ -57,9 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[Settings]) -> None:
         meta, default = f.metadata, _default(f)
         section = meta["section"]
         group = main if main and meta["main"] else groups.setdefault(section, parser.add_argument_group(section))
-        # A default of None is said in the help text itself ("default: the built-in generator").
-        shown = default is not None and "default" not in meta["help"]
-        help_text = f"{meta['help']} (default: {_shown(default)})" if shown else meta["help"]
+        # A default that is no value (None, nothing) is said in words, by the help text itself ("default: none") or
+        # by the command's `Meaning`; a required positional argument has none.
+        shown = meta["shown"] or (_shown(default) if default not in (None, [], "") and "default" not in meta["help"]
+                                  and meta["nargs"] not in ("1", "+") else None)
+        help_text = f"{meta['help']} (default: {shown})" if shown else meta["help"]
         if meta["nargs"]:  # a positional argument
             group.add_argument(f.name, metavar=meta["metavar"], nargs=None if meta["nargs"] == "1" else meta["nargs"],
                                default=default, help=help_text)
@@ -106,19 +108,27 @@ CONFIG_BYTES = 1 << 20
 
 
 def from_args(args: argparse.Namespace, cls: type[Settings]):
-    """A command's settings from its parsed flags (and --config's file, where the command takes one), checked."""
+    """A command's settings from its parsed flags (and --config's file, where the command takes one), checked. The
+    files a preset or a default names are found here, else in the clone rookworld was installed from."""
     values: dict = {}
     source, preset = "config", None
     if getattr(args, "config", None):
         preset = presets.path(args.config) if not Path(args.config).exists() else None
         values, source = config_values(args.config, preset, cls.config_section)
+        if preset is not None:
+            values = presets.placed(values)
     for f in dataclasses.fields(cls):
         if hasattr(args, f.name):
             if flag(f.name) != f.name:
                 values.pop(flag(f.name), None)
             values[f.name] = getattr(args, f.name)
-    if preset is not None and (missing := presets.missing_data(args.config, values)):
+    # What the preset names and no flag replaced (a flag's missing file is said by its own check).
+    if preset is not None and (missing := presets.missing(args.config, {k: v for k, v in values.items()
+                                                                        if not hasattr(args, k)})):
         raise ConfigError(missing)
+    model = cls.__dataclass_fields__.get("model")
+    if model is not None and "model" not in values and _default(model) == shipped.MODEL:
+        values["model"] = shipped.model()
     return cls.from_dict(values, source).validate()
 
 

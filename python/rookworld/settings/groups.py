@@ -10,8 +10,9 @@ from typing import Any
 from rookworld.ground.stockfish.cache import cache_path_problem
 from rookworld.ground.stockfish.pool import workers_problem
 from rookworld.settings.base import existing_files, non_negative, positive, seed_range, share
-from rookworld.settings.declare import (DATA, DECODING, GAME, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH, SUITES_, group,
-                                        setting)
+from rookworld.settings.declare import (DATA, DECODING, GAME, LOGGING, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH,
+                                        group, setting)
+from rookworld.settings import shipped
 from rookworld.settings.hub import is_local_path
 
 #: The evaluation suites, as --suite and --eval-suites name them.
@@ -40,7 +41,7 @@ def suites(option: str, value: Any) -> str | None:
 def local_model(option: str, value: Any) -> str | None:
     """A model named by a local path must be a directory (a hub repo id is looked up when it is loaded)."""
     if is_local_path(value) and not Path(value).expanduser().is_dir():
-        return f"{option}: no such model directory: {value}"
+        return f"{option}: no such model directory: {value}{shipped.elsewhere(value)}"
     return None
 
 
@@ -54,8 +55,8 @@ class ModelSettings:
     """The model, and where it runs."""
 
     model: str | None = setting(
-        "jrahn/RookWorld-LM-124M", "the model: hub repo id, model directory, or a training run's directory (its "
-        "latest model)", MODEL, main=True, check=local_model)
+        shipped.HUB_MODEL, "the model: hub repo id, model directory, or a training run's directory (its latest "
+        "model)", MODEL, main=True, check=local_model)
     revision: str | None = setting(None, "hub revision of --model (branch, tag or commit)", MODEL)
     device: str = setting("auto", "cpu, cuda, cuda:N or auto (CUDA when available; under torchrun, the local rank's "
                                   "GPU)", MODEL, check=device_name)
@@ -63,8 +64,8 @@ class ModelSettings:
 
 @group
 class SeedSettings:
-    seed: int = setting(0, "random seed: of generated positions and A: moves, of sampling and sampled decoding, and "
-                           "of a fresh model's weights", RUN, check=seed_range)
+    # What it seeds is each command's own (its `Meaning`): a fresh model's weights in sft, sampling in ask.
+    seed: int = setting(0, "random seed", RUN, check=seed_range)
 
 
 @group
@@ -75,9 +76,7 @@ class StockfishSettings:
                                                "then /usr/games/stockfish)", STOCKFISH,
                                          metavar="FILE")
     stockfish_depth: int = setting(10, "Stockfish's analysis depth", STOCKFISH, check=positive, was=("depth",))
-    stockfish_workers: int | None = setting(None, "Stockfish processes (default: one per core, which "
-                                                  "analyse while torch waits; GRPO on CUDA: one per core but the "
-                                                  "one driving the GPU; under torchrun, a rank's share)", STOCKFISH,
+    stockfish_workers: int | None = setting(None, "Stockfish processes (default: one per core)", STOCKFISH,
                                               check=lambda option, n: positive(option, n) or workers_problem(option, n))
     stockfish_cache: str | None = setting(None, "sqlite file that caches analyses across runs (default: none)",
                                           STOCKFISH, metavar="FILE", check=lambda _, path: cache_path_problem(path))
@@ -103,8 +102,7 @@ class DecodingSettings:
 class DecodeBatchSettings:
     # Not --micro-batch-size: that is rows per forward/backward in training, and a training run's evaluation
     # decodes too.
-    decode_batch_size: int = setting(64, "prompts decoded at once (eval, and a training run's evaluation)", SAMPLING,
-                                     check=positive)
+    decode_batch_size: int = setting(64, "prompts decoded at once", SAMPLING, check=positive)
 
 
 @group
@@ -114,10 +112,8 @@ class CompletionSettings:
 
 @group
 class DataSettings:
-    data: str | None = setting(
-        None, "positions or samples: a positions file (JSONL of rookworld positions, FEN or EPD a line) for train "
-        "and eval; RookWorld text or JSONL of rookworld positions --annotate for sft, repeated for several files "
-        "(default: generated positions; sft needs files)", DATA, main=True, check=existing_files)
+    # What it holds is each command's own (its `Meaning`): positions for train and eval, samples for sft.
+    data: str | None = setting(None, "the positions or samples to read", DATA, main=True, check=existing_files)
 
 
 @group
@@ -130,8 +126,7 @@ class BadLinesSettings:
 class LayoutSettings:
     layout: str | None = setting(None, "layout of P: text: rookworld (the FEN padded to 90 columns, the moves to 30, "
                                        "the evals to 40, as RookWorld-LM's data: about 145 tokens a sample) or "
-                                       "compact (a space between fields: about 98); positions writes rookworld unless "
-                                       "told, sft trains on each file's own unless told", DATA,
+                                       "compact (a space between fields: about 98)", DATA,
                                  choices=("rookworld", "compact"))
 
 
@@ -143,20 +138,17 @@ class IllegalShareSettings:
 
 @group
 class EvalSizeSettings:
-    eval_size: int | None = setting(128, "positions of the best-move and mate-in-one suites: the first N of the "
-                                         "positions file, or N generated (default: 128; eval's: all of --data, or 128 "
-                                         "generated)", SUITES_, check=positive,
+    eval_size: int | None = setting(128, "positions of --eval-every's best-move and mate-in-one suites: the first "
+                                         "N of --eval-data, or N generated", LOGGING, check=positive,
                                     was=("limit",))
 
 
 @group
 class GameSettings:
-    max_plies: int = setting(200, "a game stops after this many half-moves (vs-stockfish counts it a draw)", GAME,
-                             check=positive)
+    max_plies: int = setting(200, "a game stops after this many half-moves", GAME, check=positive)
 
 
 @group
 class OutputSettings:
-    out: str | None = setting(None, "the file to write: positions' JSONL (- for stdout); eval's results as JSON, "
-                                    "every suite's figures and, per position or game, what the model wrote and how "
-                                    "it scored; plot's PNG", OUTPUT, metavar="FILE")
+    # What it holds is each command's own (its `Meaning`): positions, eval's results, plot's figure.
+    out: str | None = setting(None, "the file to write", OUTPUT, metavar="FILE")

@@ -1,6 +1,11 @@
 """Settings that are known to work, shipped with the package: `rookworld sft --config NAME` and `rookworld train
 --config NAME` read the [sft] or [train] table of NAME.toml here (a path to a TOML file of one's own works the
 same). Each file says in its comments how to make its data and what to type.
+
+A preset names the files it reads as they lie in a clone of the repository (models/chess-cpu-sft,
+data/chess-cpu-held-out.jsonl) or as its comments make them: each is found in the current directory first, then in
+the clone the package was installed from (rookworld.settings.shipped), so that a preset runs from any directory;
+what it writes stays relative to the current one.
 """
 
 from __future__ import annotations
@@ -9,7 +14,13 @@ import os
 import tomllib
 from pathlib import Path
 
+from rookworld.settings import shipped
+from rookworld.settings.base import flag
+from rookworld.settings.hub import is_local_path
+
 DIRECTORY = Path(__file__).resolve().parent
+#: The settings that name files a preset's run reads (the others, output_dir above all, name places it writes).
+READS = ("model", "data", "eval_data")
 
 #: The peak learning rate of the presets for a model of fewer parameters than the bound, per command (cpu-demo and
 #: learning for the 8.9M-parameter model, rookworld-lm-124m and the defaults for 124M). A run 10x or more away
@@ -63,7 +74,8 @@ def schedule_warnings(command: str, lr: float, warmup_steps: int, steps: int, n_
 
 
 def data_commands(name: str) -> dict[str, str]:
-    """The commands a preset's comments give for its data files: the file each one writes (--out) to the command."""
+    """The commands a preset's comments give for its data files: the file each one writes (--out) to the command,
+    with the files it reads named where they are found (a held-out set in the clone, from another directory)."""
     made: dict[str, str] = {}
     command = ""
     for line in DIRECTORY.joinpath(f"{name}.toml").read_text().splitlines():
@@ -76,20 +88,58 @@ def data_commands(name: str) -> dict[str, str]:
             continue
         words = command.split()
         if "--out" in words[:-1]:
-            made[words[words.index("--out") + 1]] = command
+            out = words[words.index("--out") + 1]
+            made[out] = " ".join(w if w == out or not shipped.is_shipped(w) else shipped.find(w) or w for w in words)
         command = ""
     return made
 
 
-def missing_data(name: str, values: dict) -> str | None:
-    """What a preset's run lacks before it starts: every data file not here, with the commands that make them (a
-    newcomer was told of one file, without the command)."""
-    files = [values.get("data"), values.get("eval_data")]
-    wanted = [f for v in files for f in ([v] if isinstance(v, str) else v or []) if isinstance(f, str)]
-    missing = [f for f in wanted if not Path(f).is_file()]
-    if not missing:
+def placed(values: dict) -> dict:
+    """A preset's settings with the files it reads named where they are: here, else in the clone (the rest, and
+    what is in neither place, as the preset names them)."""
+    out = dict(values)
+    for key in READS:
+        value = out.get(key)
+        if isinstance(value, str):
+            out[key] = shipped.find(value) or value
+        elif isinstance(value, list):
+            out[key] = [shipped.find(v) or v if isinstance(v, str) else v for v in value]
+    return out
+
+
+def missing(name: str, values: dict) -> str | None:
+    """What a preset's run lacks before it starts, in one line: every file not here, each with how to get it (the
+    shipped ones from a clone, the data with the commands that make it, a model with the run that makes it). A
+    newcomer was told of one file, without the command; a model missing outside the clone was looked for on the
+    hub."""
+    wanted = [(key, f) for key in READS if key != "model" for v in [values.get(key)]
+              for f in ([v] if isinstance(v, str) else v or []) if isinstance(f, str)]
+    absent = [(key, f) for key, f in wanted if not Path(f).is_file()]
+    model = values.get("model")
+    if isinstance(model, str) and is_local_path(model) and not Path(model).expanduser().is_dir():
+        absent.insert(0, ("model", model))
+    if not absent:
         return None
-    made = data_commands(name)
-    how = [command for out, command in made.items() if out in missing]  # in the file's order: held-out first
-    return (f"--config {name}: its data is not here ({', '.join(missing)})" +
-            (f"; make it first (in this directory): {'; '.join(how)}" if how else ""))
+    parts = []
+    from_clone = [(key, f) for key, f in absent if shipped.is_shipped(f)]
+    if from_clone:
+        instead = " and ".join(dict.fromkeys("--model DIR" if key == "model" else f"--{flag(key)} FILE"
+                                             for key, _ in from_clone))
+        parts.append(f"{', '.join(f for _, f in from_clone)} {'is' if len(from_clone) == 1 else 'are'} not here: "
+                     f"{shipped.GET_THEM}; or pass {instead}")
+    data = [f for key, f in absent if key != "model"]
+    how = "; ".join(command for out, command in data_commands(name).items() if out in data)  # held-out first
+    if own := [f for f in data if not shipped.is_shipped(f)]:
+        parts.append(f"its data is not here ({', '.join(own)})" + (f"; make it first (in this directory): {how}"
+                                                                   if how else ""))
+    elif how:
+        parts.append(f"or make the data (in this directory): {how}")
+    if model is not None and ("model", model) in absent and not shipped.is_shipped(model):
+        maker = next((other for other in names() if _table(other, "sft").get("output_dir") == model), None)
+        parts.append(f"its model {model} is not here: " + (f"make it first with rookworld sft --config {maker}, or "
+                                                           f"pass --model DIR" if maker else "pass --model DIR"))
+    return f"--config {name}: " + "; ".join(parts)
+
+
+def _table(name: str, command: str) -> dict:
+    return tomllib.loads(DIRECTORY.joinpath(f"{name}.toml").read_text()).get(command, {})
