@@ -236,7 +236,7 @@ def _train(s: Suite, name: str, flags: list[str], steps: int, cap: float,
     code, text = s.run(python() + ["-m", "rookworld", "train", "--model", str(model), "--output-dir", str(out),
                                    "--overwrite", "--device", s.device, "--steps", str(steps), "--save-every", "0",
                                    *(TINY_TRAIN if s.tiny else []), *flags], cap=cap, need=need)
-    rows = _metrics(out)
+    rows = [r for r in _metrics(out) if r.get("step", 0) > 0]  # the steps: a row of step 0 is the evaluation before
     f = {"steps": [r["step"] for r in rows], "loss": [r.get("loss") for r in rows],
          "samples_per_s": [r.get("samples_per_s") for r in rows], "time_per_step": [r.get("time/step") for r in rows],
          "peak_memory_gb": max((r.get("peak_memory_gb") or 0 for r in rows), default=None)}

@@ -46,15 +46,38 @@ class ScriptedLM:
 
 
 def test_elo_difference_by_hand():
-    elo, low, high = elo_difference(6, 2, 2)  # score 0.7
-    assert elo == pytest.approx(400 * math.log10(0.7 / 0.3))
-    # per-game variance: (6 * 0.3^2 + 2 * 0.2^2 + 2 * 0.7^2) / 10 = 0.16; standard error sqrt(0.16 / 10)
-    half = 1.96 * math.sqrt(0.016)
-    assert low == pytest.approx(400 * math.log10((0.7 - half) / (0.3 + half)))
-    assert high == pytest.approx(400 * math.log10((0.7 + half) / (0.3 - half)))
-    assert elo_difference(5, 0, 5)[0] == pytest.approx(0.0)
-    assert elo_difference(0, 0, 4) == (-math.inf, -math.inf, -math.inf)
-    assert elo_difference(3, 0, 0)[0] == math.inf
+    """One virtual drawn game beside the real ones (add-half smoothing), and Wilson's 95% interval on that score:
+    finite for every result. The figures were computed by hand at 40 digits (mpmath) from
+      s = (W + D/2 + 1/2) / (n + 1), m = n + 1, z = 1.959963984540054 (the normal's 97.5% quantile),
+      centre = (s + z^2 / 2m) / (1 + z^2 / m), half = z / (1 + z^2 / m) * sqrt(s (1 - s) / m + z^2 / 4m^2),
+      Elo(p) = 400 log10(p / (1 - p)) of s, centre - half and centre + half."""
+    # 0 wins in 4 games: s = 0.1 in 5; the interval of the score is 0.010529954359016619 to 0.53705601746752324.
+    assert elo_difference(0, 0, 4) == pytest.approx((-381.69700377572995, -789.19046500033184, 25.796457448871939),
+                                                    rel=1e-12)
+    assert elo_difference(4, 0, 0) == pytest.approx((381.69700377572995, -25.796457448871939, 789.19046500033184),
+                                                    rel=1e-12)
+    assert elo_difference(0, 0, 1) == pytest.approx((-190.84850188786497, -624.84571074951113, 243.14870697378118),
+                                                    rel=1e-12)
+    # 6 wins, 2 draws, 2 losses: s = 7.5 / 11
+    assert elo_difference(6, 2, 2) == pytest.approx((132.39728761656976, -75.397509402731367, 340.1920846358709),
+                                                    rel=1e-12)
+    assert elo_difference(5, 0, 5) == pytest.approx((0.0, -194.92883843406306, 194.92883843406306), abs=1e-9)
+    # Every result of up to 12 games: finite, ordered, and the same from the other side.
+    for n in range(1, 13):
+        for wins in range(n + 1):
+            for draws in range(n - wins + 1):
+                elo, low, high = elo_difference(wins, draws, n - wins - draws)
+                assert all(map(math.isfinite, (elo, low, high))) and low < elo < high
+                assert elo_difference(n - wins - draws, draws, wins) == pytest.approx((-elo, -high, -low), abs=1e-9)
+    # With many games the virtual one weighs nothing: the plain score's Elo (400 log10(0.7 / 0.3) = 147.19) and the
+    # normal approximation's interval of a trial worth 0 or 1 (half width 1.96 sqrt(0.7 * 0.3 / 1000) = 0.0284),
+    # which holds the narrower one of the games' own spread, draws counted (1.96 sqrt(0.16 / 1000) = 0.0248).
+    elo, low, high = elo_difference(600, 200, 200)
+    assert elo == pytest.approx(147.19, abs=0.3)
+    assert low == pytest.approx(400 * math.log10(0.6716 / 0.3284), abs=1.5)
+    assert high == pytest.approx(400 * math.log10(0.7284 / 0.2716), abs=1.5)
+    assert low < 400 * math.log10(0.6752 / 0.3248) and high > 400 * math.log10(0.7248 / 0.2752)
+    assert all(map(math.isnan, elo_difference(0, 0, 0)))
 
 
 def test_mate_in_one_positions_and_scores_against_python_chess():

@@ -130,7 +130,9 @@ def test_train_end_to_end_three_steps(tiny_dir, tmp_path):
                               "--eval-size", "4", "--entropy-coef", "0.01", "--lr", "1e-3"))
     assert proc.returncode == 0, proc.stderr
     rows = metrics(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the evaluation before any update
+    assert "eval/P/legal_best_move" in rows[0] and "reward/mean" not in rows[0]
+    rows = rows[1:]
     for r in rows:
         assert -0.3 <= r["reward/mean"] <= 1.0
         assert r["samples_per_s"] > 0 and r["time/generate"] > 0
@@ -259,7 +261,7 @@ def test_config_file_and_flags(tiny_dir, tmp_path):
     assert saved["lr"] == 2e-5 and saved["group_size"] == 4 and saved["steps"] == 1
     with pytest.raises(ConfigError, match="unknown setting"):
         TrainConfig.from_dict({"learning_rate": 1.0})
-    with pytest.raises(ConfigError, match="is not a int"):
+    with pytest.raises(ConfigError, match="steps = .ten. is not an integer"):
         TrainConfig.from_dict({"steps": "ten"})
     toml.write_text("steps = [broken")
     proc = run_cli(["train", "--config", str(toml)])

@@ -98,11 +98,15 @@ def test_train_ends_with_a_summary_and_keeps_its_model_at_the_top(tiny_dir, tmp_
     proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--sample-every", "10", "--eval-every", "2",
                               "--eval-size", "2"))
     assert proc.returncode == 0, proc.stderr
-    tail = lines_of(proc.stderr)[-5:]
+    tail = lines_of(proc.stderr)[-6:]
     assert tail[0].startswith("rookworld train: done, step 2/2 in "), tail
-    assert tail[1].startswith("held-out at step 2 | P: format ") and "| A: format " in tail[1], tail
-    assert tail[2:] == [f"model: {out} (step 2; its checkpoints in {out / 'checkpoints'})",
-                        f"evaluate it: rookworld eval --model {out}", f"curves: rookworld plot {out}"]
+    # Where the run started (its evaluation at step 0) and where it ended, the chess first.
+    assert tail[1].startswith("held-out at step 0 | P: legal best move ") and "| A: next state exact " in tail[1]
+    assert tail[2].startswith("held-out at step 2 | P: legal best move ") and "| A: next state exact " in tail[2]
+    # The eval that measures the run's own held-out positions: as many, of its seed, with its depth and length.
+    assert tail[3:] == [f"model: {out} (step 2; its checkpoints in {out / 'checkpoints'})",
+                        f"evaluate it on its held-out positions: rookworld eval --model {out} --eval-size 2 --seed 3 "
+                        f"--stockfish-depth 4 --max-new-tokens 12", f"curves: rookworld plot {out}"]
     from rookworld.net.pretrained import from_pretrained
 
     top, saved = from_pretrained(out), from_pretrained(out / "checkpoints" / "step-000002")
@@ -123,20 +127,25 @@ def test_resuming_a_finished_run_says_it_is_complete(tiny_dir, tmp_path):
 
 
 def test_the_rate_and_eta_start_after_set_up(tmp_path):
-    """Loading models and starting engines takes a while; the rate and the ETA count the steps' time only."""
+    """Loading models and starting engines takes a while, and the first step compiles and warms up; the rate and
+    the ETA count the steps after it only, and say nothing before they can."""
     import io
     import time
 
     from rookworld.harness.runlog import RunLog
 
-    log = RunLog(tmp_path, total_steps=3, stream=io.StringIO())
+    log = RunLog(tmp_path, total_steps=4, stream=io.StringIO())
     log.start()
     time.sleep(0.6)  # set-up
     log.begin_steps()
+    time.sleep(0.6)  # the first step, compiling
+    assert log.eta(1) is None  # no rate measured yet
     log.step({"step": 1}, log_line=False)
-    assert log.eta(1) < 0.3  # two more steps as fast as the first; counting set-up would say >= 1.2 s
+    time.sleep(0.05)
+    assert log.eta(2) < 0.6  # two more steps as fast as the second; counting the first would say >= 1.2 s
+    log.step({"step": 2}, log_line=False)
     rate = float(log.bar.line().split()[-2].replace(",", ""))
-    assert rate > 2.0  # one step in (much) less than the 0.6 s of set-up
+    assert rate > 2.0  # one step in (much) less than the 0.6 s of set-up or of the first step
 
 
 # -- what the terminal shows ------------------------------------------------------------------------------------
@@ -159,9 +168,12 @@ def test_a_run_starts_with_a_header_and_shows_its_evaluations(tiny_dir, tmp_path
     assert "rewards: Stockfish" in header and "(depth 4, 1 worker)" in header
     assert "prompts: 4 x group 4 per step, 80% P: / 20% A:, from generated positions" in header
     evals = [line for line in shown if line.startswith("eval at step")]
-    assert len(evals) == 2 and re.match(r"eval at step 1 \| P: format \d+%, reward [-0-9.]+, best move \d+% \| "
-                                        r"A: format \d+%, reward [-0-9.]+, next state \d+% \| [0-9.]+ s$", evals[0])
+    figures = (r"P: legal best move \d+\.\d%, best move in top 5 \d+\.\d%, best move \d+\.\d% \(format \d+%, reward "
+               r"[-0-9.]+\) \| A: next state exact \d+\.\d% \(format \d+%, reward [-0-9.]+\) \| [0-9.]+ s$")
+    assert len(evals) == 3 and all(re.match(rf"eval at step {step} \| " + figures, line)
+                                   for step, line in enumerate(evals)), evals
     rows = metrics(out)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # the evaluation before any update comes first
     assert all(r["time/eval"] > 0 and "eval/P/best_move_accuracy" in r for r in rows)
 
 

@@ -62,7 +62,24 @@ def reward_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
             m[f"reward/{name}/p{q}"] = _pct(r, q)
         m[f"format_valid/{name}"] = _mean(well[tasks == code])
         m[f"share/{name}"] = float((tasks == code).mean())
+    # The chess of the samples, as the evaluation measures it greedily (a reward function without these parts,
+    # a custom one, has none).
+    for name, code, parts in (("P", 1, (("best_legal", "legal_best_move"), ("top5", "top5_accuracy"))),
+                              ("A", 0, (("fen_exact", "next_state_exact"),))):
+        for part, key in parts:
+            values = _chess_part(scores, part)
+            if values is not None:
+                m[f"{key}/{name}"] = _mean(comm.gather(torch.as_tensor(values, device=device)).cpu().numpy()
+                                           [tasks == code])
     return m
+
+
+def _chess_part(scores, part: str) -> np.ndarray | None:
+    """A part of the rewards as a float per row: "top5" is a best move among the ground truth's five."""
+    if part == "top5":
+        return None if "best_rank" not in scores.parts else (np.asarray(scores.parts["best_rank"]) >= 1) \
+            .astype(np.float64)
+    return None if part not in scores.parts else np.asarray(scores.parts[part], dtype=np.float64)
 
 
 def update_metrics(comm: Comm, rollout: Rollout, acc: UpdateSums, measured_kl: bool) -> dict[str, Any]:

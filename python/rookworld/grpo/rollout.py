@@ -58,8 +58,12 @@ class ChessReward:
         scores = self.scorer.score_batch([texts[i] for i in keep], [completions[i] for i in keep],
                                          ground_truth=[truth[i] for i in keep])
         rewards[keep], well_formed[keep] = scores.rewards, scores.well_formed
+        parts = {}  # what the rewards are made of, for the step's metrics (0 in a row left unscored)
+        for name, values in scores.parts.items():
+            parts[name] = np.zeros(len(prompts), dtype=values.dtype)
+            parts[name][keep] = values
         return Scores(rewards=rewards, tasks=np.array([p.task for p in prompts]), well_formed=well_formed,
-                      valid=valid)
+                      valid=valid, parts=parts)
 
 
 @dataclass

@@ -42,7 +42,7 @@ from rookworld.grpo.update import update
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm
 from rookworld.harness.run import Run, StepAbandoned
-from rookworld.harness.runlog import fmt
+from rookworld.harness.runlog import eval_command, fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
 from rookworld.net.decoding import release_caches
@@ -53,9 +53,12 @@ from rookworld.settings.config import ConfigError, TrainConfig
 
 
 def summary(m: dict[str, Any]) -> list[str]:
-    """The summary line of a GRPO step, after "step N/M"."""
-    return [f"reward {fmt(m, 'reward/mean')} (best {fmt(m, 'reward/best')})",
-            f"P {fmt(m, 'reward/P/mean', '{:.2f}')} A {fmt(m, 'reward/A/mean', '{:.2f}')}", f"kl {fmt(m, 'kl/mean')}",
+    """The summary line of a GRPO step, after "step N/M": each task's reward and its chess in the step's samples."""
+    tasks = [f"P: reward {fmt(m, 'reward/P/mean', '{:.2f}')}"
+             + (f", legal best move {fmt(m, 'legal_best_move/P', '{:.0%}')}" if "legal_best_move/P" in m else ""),
+             f"A: reward {fmt(m, 'reward/A/mean', '{:.2f}')}"
+             + (f", next state exact {fmt(m, 'next_state_exact/A', '{:.0%}')}" if "next_state_exact/A" in m else "")]
+    return [f"reward {fmt(m, 'reward/mean')} (best {fmt(m, 'reward/best')})", *tasks, f"kl {fmt(m, 'kl/mean')}",
             f"clip {fmt(m, 'clip_fraction', '{:.2f}')}", f"{fmt(m, 'time/step', '{:.2f}')} s",
             f"{fmt(m, 'samples_per_s', '{:,.0f}')} samples/s"]
 
@@ -453,8 +456,8 @@ class Trainer:
         if run.step == 0:
             return "no step was done: start again once Stockfish answers"
         if run.step >= self.cfg.steps:
-            return (f"its {run.step} steps are saved, its last evaluation left out: rookworld eval --model {out} "
-                    f"makes it once Stockfish answers")
+            return (f"its {run.step} steps are saved, its last evaluation left out: "
+                    f"{eval_command(out, self.cfg.to_dict())} makes it once Stockfish answers")
         return f"step {run.step} is saved: continue with rookworld train --resume {out} once Stockfish answers"
 
     def close(self) -> None:

@@ -1,10 +1,13 @@
-"""Training curves of one or more runs from their metrics.jsonl, several runs overlaid in one PNG."""
+"""Training curves of one or more runs from their metrics.jsonl, several runs overlaid in one PNG: the training
+curves smoothed over their faint raw selves, shares on 0-100%, legends beside the panels, and no curve for a
+series that never changes."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,21 +17,33 @@ from rookworld.net.sources import CONFIG_FILE
 #: A GRPO run's "loss" (near 0, either sign) is drawn apart from SFT's cross-entropy (about 1 to 11).
 GRPO_LOSS = "loss (GRPO)"
 
-#: (title, [(metric, label)]): a panel is drawn when some run has one of its metrics.
-PANELS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("reward per task (GRPO samples)", [("reward/P/mean", "P:"), ("reward/A/mean", "A:")]),
-    ("KL to the reference per token", [("kl/mean", "mean"), ("kl/p95", "p95")]),
-    ("SFT loss (cross-entropy per token)", [("loss", "loss")]),
-    ("GRPO loss", [(GRPO_LOSS, "loss")]),
-    ("held-out loss", [("eval/loss", "loss")]),
-    ("held-out mean reward (greedy)", [("eval/P/mean_reward", "P:"), ("eval/A/mean_reward", "A:")]),
-    ("held-out format validity", [("eval/P/format_valid", "P:"), ("eval/A/format_valid", "A:")]),
-    ("held-out P: best move", [("eval/P/best_move_accuracy", "accuracy"), ("eval/P/top5_accuracy", "in top 5"),
-                               ("eval/P/legal_best_move", "legal")]),
-    ("held-out A: next state", [("eval/A/next_state_exact", "exact"), ("eval/A/fen_similarity", "FEN similarity")]),
-    ("clip fraction and groups without spread", [("clip_fraction", "clipped"), ("groups/zero_spread", "no spread")]),
-    ("entropy per token", [("entropy", "entropy")]),
+#: (title, [(metric, label)], whether its metrics are shares): a panel is drawn when some run has one of its
+#: metrics that changes. The chess of the held-out positions first: it is what training is for.
+PANELS: list[tuple[str, list[tuple[str, str]], bool]] = [
+    ("held-out P: best move", [("eval/P/legal_best_move", "legal"), ("eval/P/top5_accuracy", "in top 5"),
+                               ("eval/P/best_move_accuracy", "Stockfish's best")], True),
+    ("held-out A: next state", [("eval/A/next_state_exact", "exact"), ("eval/A/fen_similarity", "FEN similarity")],
+     True),
+    ("chess of the GRPO samples", [("legal_best_move/P", "P: legal best move"), ("top5_accuracy/P", "P: in top 5"),
+                                   ("next_state_exact/A", "A: next state exact")], True),
+    ("reward per task (GRPO samples)", [("reward/P/mean", "P:"), ("reward/A/mean", "A:")], False),
+    ("KL to the reference per token", [("kl/mean", "mean"), ("kl/p95", "p95")], False),
+    ("SFT loss (cross-entropy per token)", [("loss", "loss")], False),
+    ("GRPO loss", [(GRPO_LOSS, "loss")], False),
+    ("held-out loss", [("eval/loss", "loss")], False),
+    ("held-out mean reward (greedy)", [("eval/P/mean_reward", "P:"), ("eval/A/mean_reward", "A:")], False),
+    ("held-out format validity", [("eval/P/format_valid", "P:"), ("eval/A/format_valid", "A:")], True),
+    ("clip fraction and groups without spread", [("clip_fraction", "clipped"), ("groups/zero_spread", "no spread")],
+     True),
+    ("entropy per token", [("entropy", "entropy")], False),
 ]
+
+#: The y-axis of a share: 0 to 1, with room for a line drawn at either.
+RATE_LIMITS = (-0.02, 1.02)
+
+#: A training curve of at least this many points is drawn smoothed over its raw self (faint); evaluations, a few
+#: points each, are drawn as they are.
+SMOOTH_FROM = 20
 
 
 class PlotError(ValueError):
@@ -122,25 +137,54 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path | Output, title: str |
     return n
 
 
+def smoothed(y: Sequence[float]) -> list[float]:
+    """An exponential moving average of `y` over about a 15th of its points (3 to 200), bias-corrected as
+    TensorBoard's is, so that it starts at the first value rather than at 0."""
+    span = min(200, max(3, len(y) // 15))
+    alpha, mean, weight, out = 2 / (span + 1), 0.0, 0.0, []
+    for v in y:
+        mean, weight = (1 - alpha) * mean + alpha * v, (1 - alpha) * weight + alpha
+        out.append(mean / weight)
+    return out
+
+
+def constant(data: dict[str, Sequence[dict]], key: str) -> float | None:
+    """The one value of `key` in every run, when it has at least two points and never changes; else None."""
+    values = {v for rows in data.values() for v in series(rows, key)[1]}
+    points = sum(len(series(rows, key)[1]) for rows in data.values())
+    return next(iter(values)) if points >= 2 and len(values) == 1 else None
+
+
 def figure(runs: Sequence[str | Path], title: str | None = None):
-    """(the matplotlib figure of every panel some run has data for, how many panels)."""
+    """(the matplotlib figure of every panel some run has data for, how many panels). A series that never changes
+    gets no curve (the figure's foot names it and its value), nor a panel of its own."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator, PercentFormatter
     except ImportError:
         raise PlotError("plotting needs matplotlib: pip install 'rookworld[plot]'") from None
     data = {name: read_metrics(run) for name, run in zip(run_names(runs), runs)}
     shift = dict(zip(data, chained_offsets(runs, list(data.values()))))
-    panels = [(t, keys) for t, keys in PANELS if any(series(rows, k)[0] for rows in data.values() for k, _ in keys)]
-    if not panels:
+    present = [(t, [(k, label) for k, label in keys if any(series(rows, k)[0] for rows in data.values())], rate)
+               for t, keys, rate in PANELS]
+    present = [(t, keys, rate) for t, keys, rate in present if keys]
+    if not present:
         raise PlotError(f"no metrics to plot in {', '.join(map(str, runs))}")
+    flat = {k: constant(data, k) for _, keys, _ in present for k, _ in keys}
+    panels = [(t, [(k, label) for k, label in keys if flat[k] is None], rate) for t, keys, rate in present]
+    panels = [(t, keys, rate) for t, keys, rate in panels if keys]
+    if not panels:  # nothing changes (a run of a step or two): drawn all the same
+        panels, flat = present, dict.fromkeys(flat)
+    left_out = [f"{t}: " + ", ".join(f"{label} {_shown(flat[k], rate)}" for k, label in keys if flat[k] is not None)
+                for t, keys, rate in present if any(flat[k] is not None for k, _ in keys)]
     cols = 2 if len(panels) > 1 else 1
     nrows = -(-len(panels) // cols)
-    # Constrained layout leaves room for the suptitle, which tight_layout draws over the top panels.
-    fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 3.4 * nrows), squeeze=False, layout="constrained")
+    # Constrained layout leaves room for the suptitle, which tight_layout draws over the top panels, and for the
+    # legends outside the panels.
+    fig, axes = plt.subplots(nrows, cols, figsize=(7.5 * cols, 3.4 * nrows), squeeze=False, layout="constrained")
     # A colour per curve of a panel (P: and A:, mean and p95) and a line style per run, the same in every panel.
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = ["-", "--", ":", "-."]
@@ -148,16 +192,24 @@ def figure(runs: Sequence[str | Path], title: str | None = None):
     # run's own panels are not squeezed by a longer SFT run beside it, and a one-point evaluation is not zoomed.
     spans = {run: (min(steps) + shift[run], max(steps) + shift[run])
              for run, rows in data.items() if (steps := series(rows, "step")[1])}
-    for ax, (panel, keys) in zip(axes.flat, panels):
-        drawn = []
+    for ax, (panel, keys, rate) in zip(axes.flat, panels):
+        drawn, values = [], []
         for r, (run, rows) in enumerate(data.items()):
             for k, (key, label) in enumerate(keys):
                 x, y = series(rows, key)
-                if x:
-                    drawn.append(run)
-                    name = f"{run}: {label}" if len(data) > 1 else label
-                    ax.plot([s + shift[run] for s in x], y, styles[r % len(styles)], color=colors[k % len(colors)],
-                            label=name, marker="." if len(x) < 30 else None)
+                if not x:
+                    continue
+                drawn.append(run)
+                values += y
+                name = f"{run}: {label}" if len(data) > 1 else label
+                x = [s + shift[run] for s in x]
+                style = dict(color=colors[k % len(colors)])
+                if len(x) >= SMOOTH_FROM and not key.startswith("eval/"):
+                    ax.plot(x, y, styles[r % len(styles)], alpha=0.25, linewidth=0.8, label=f"_{name} (raw)",
+                            **style)
+                    ax.plot(x, smoothed(y), styles[r % len(styles)], label=name, **style)
+                else:
+                    ax.plot(x, y, styles[r % len(styles)], label=name, marker="." if len(x) < 30 else None, **style)
         first = min((spans[run][0] for run in drawn if run in spans), default=0)
         last = max((spans[run][1] for run in drawn if run in spans), default=1)
         pad = max(0.5, 0.02 * (last - first))
@@ -165,11 +217,27 @@ def figure(runs: Sequence[str | Path], title: str | None = None):
         ax.set_xlabel("step" if not any(shift.values()) else "step (a run started from another's model follows it)")
         ax.set_xlim(first - pad, last + pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-        ax.ticklabel_format(axis="y", useOffset=False)
+        if rate:  # a share reads against its whole range, not zoomed into 0.986-1.0
+            ax.set_ylim(*RATE_LIMITS)
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        else:
+            ax.ticklabel_format(axis="y", useOffset=False)
+            low, high = min(values), max(values)
+            least = 0.1 * max(abs(low), abs(high))  # a near-flat curve is not stretched over the whole height
+            if high - low < least:
+                middle = (low + high) / 2
+                ax.set_ylim(middle - least / 2, middle + least / 2)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     if title:
         fig.suptitle(title)
+    if left_out:
+        fig.supxlabel(textwrap.fill("the same at every point, not drawn: " + "; ".join(left_out), 100 * cols),
+                      fontsize=8)
     return fig, len(panels)
+
+
+def _shown(value: float, rate: bool) -> str:
+    return f"{value:.0%}" if rate else f"{value:g}"

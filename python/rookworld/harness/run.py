@@ -260,7 +260,8 @@ class Run:
              modules: Callable[[], dict[str, nn.Module]] = dict, evaluate: Callable[[], dict[str, Any]] | None = None,
              samples: Callable[[], None] | None = None, sample_every: int = 0) -> dict[str, Any]:
         """Calls `step` (which advances `self.step` and returns its metrics) until `cfg.steps`, with periodic
-        evaluation (rank 0), samples, checkpoints, and a checkpoint on Ctrl-C/SIGTERM or at the end."""
+        evaluation (rank 0; the first at step 0, before any update), samples, checkpoints, and a checkpoint on
+        Ctrl-C/SIGTERM or at the end."""
         cfg = self.cfg
         if self.resume_from is not None:
             self.log.say(f"resumed from {self.resume_from} at step {self.step}")
@@ -277,7 +278,15 @@ class Run:
         saved_at = self.step
         self.log.begin_steps()
         try:
-            while self.step < cfg.steps:
+            # Where the run starts, before any update: every curve (metrics.jsonl, TensorBoard, plot) begins at
+            # step 0, and the closing lines compare the end with it. A resumed run has its row already.
+            if evaluate is not None and cfg.eval_every and self.step == 0:
+                m = {"step": 0}
+                if self._evaluated(evaluate, m):
+                    self.log.step(m, log_line=False)
+                    last_eval = m
+                self.interrupted = self.comm.any(self._stop_requested)
+            while self.step < cfg.steps and not self.interrupted:
                 # What a checkpoint of the last step holds that the next one changes before its weights (the
                 # generators, the EMA baselines): kept, so that an abandoned step leaves no trace.
                 before = checkpoint.rng_state(), state()
@@ -291,14 +300,9 @@ class Run:
                         saved_at = self.step
                     break
                 final = self.step == cfg.steps
-                if evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
-                    t0 = time.perf_counter()
-                    evaluated = self._evaluate(evaluate, m)
-                    self.comm.barrier()
-                    if evaluated:
-                        m["time/eval"] = time.perf_counter() - t0
-                        self.log.eval_line(self.step, m, m["time/eval"])
-                        last_eval = m
+                if evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0 \
+                        and self._evaluated(evaluate, m):
+                    last_eval = m
                 m["eta_s"] = self.log.eta(self.step)
                 self.log.step(m, log_line=self.step % cfg.log_every == 0 or final)
                 # The last step's samples too, so that a run shorter than --sample-every still shows some.
@@ -322,6 +326,16 @@ class Run:
             self.close()
         return last
 
+    def _evaluated(self, evaluate: Callable[[], dict[str, Any]], m: dict[str, Any]) -> bool:
+        """The held-out evaluation into `m`, timed, and its line; False when Ctrl-C stopped it."""
+        t0 = time.perf_counter()
+        evaluated = self._evaluate(evaluate, m)
+        self.comm.barrier()
+        if evaluated:
+            m["time/eval"] = time.perf_counter() - t0
+            self.log.eval_line(self.step, m, m["time/eval"])
+        return evaluated
+
     def _evaluate(self, evaluate: Callable[[], dict[str, Any]], m: dict[str, Any]) -> bool:
         """The held-out evaluation into `m` (rank 0); False when Ctrl-C stopped it."""
         if not self.dist.main:
@@ -332,8 +346,8 @@ class Run:
             m.update(evaluate())
             return True
         except EvaluationStopped:
-            self.log.say(f"evaluation at step {self.step} stopped (its partial figures are dropped); saving step "
-                         f"{self.step}")
+            saving = f"saving step {self.step}" if self.step else "no step was done, so nothing is saved"
+            self.log.say(f"evaluation at step {self.step} stopped (its partial figures are dropped); {saving}")
             return False
         finally:
             self._evaluating = False

@@ -60,10 +60,21 @@ def made_by(out: Path) -> str | None:
 
 
 def _logged_steps(out: Path) -> int:
+    """The rows of steps done in the run's metrics.jsonl: the evaluation at step 0 before any update is not one,
+    nor is a line that is not a row."""
     try:
-        return sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip())
+        lines = (out / "metrics.jsonl").read_text(errors="replace").splitlines()
     except OSError:
         return 0
+    steps = 0
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        step = row.get("step") if isinstance(row, dict) else None
+        steps += isinstance(step, (int, float)) and step > 0
+    return steps
 
 
 def check_resume(command: str, checkpoint_dir: Path) -> None:

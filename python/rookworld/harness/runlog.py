@@ -4,10 +4,12 @@ when it is installed, Weights & Biases."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import secrets
+import shlex
 import stat
 import sys
 import time
@@ -19,6 +21,7 @@ from rookworld.ground.files import atomic_write, kind
 from rookworld.ground.progress import Progress, _duration
 from rookworld.harness.rundir import WANDB_ID, RunDirectoryLock, mark
 from rookworld.settings import presets
+from rookworld.settings.commands import EvalSettings
 from rookworld.settings.config import ConfigError
 
 #: The parts of a command's summary line after "step N/M", from the step's metrics.
@@ -38,13 +41,21 @@ def fmt(m: dict[str, Any], key: str, fmt: str = "{:.3f}") -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
 
 
+#: Each task's figures on an evaluation line, the chess first (what the README's tables lead with), then the
+#: format validity and the reward.
+EVAL_FIGURES = {"P": [("legal_best_move", "legal best move"), ("top5_accuracy", "best move in top 5"),
+                      ("best_move_accuracy", "best move")],
+                "A": [("next_state_exact", "next state exact")]}
+
+
 def eval_figures(m: dict[str, Any]) -> list[str]:
-    """The headline evaluation figures per task: format validity, reward, and each task's own accuracy."""
+    """The headline evaluation figures per task: its chess, then format validity and reward."""
     parts = []
-    for task, key, label in (("P", "best_move_accuracy", "best move"), ("A", "next_state_exact", "next state")):
+    for task, figures in EVAL_FIGURES.items():
         if f"eval/{task}/mean_reward" in m:
-            parts.append(f"{task}: format {fmt(m, f'eval/{task}/format_valid', '{:.0%}')}, reward "
-                         f"{fmt(m, f'eval/{task}/mean_reward')}, {label} {fmt(m, f'eval/{task}/{key}', '{:.0%}')}")
+            chess = ", ".join(f"{label} {fmt(m, f'eval/{task}/{key}', '{:.1%}')}" for key, label in figures)
+            parts.append(f"{task}: {chess} (format {fmt(m, f'eval/{task}/format_valid', '{:.0%}')}, reward "
+                         f"{fmt(m, f'eval/{task}/mean_reward')})")
     for key, label, form in (("eval/mate-in-one/mate_rate", "mate-in-one", "{:.0%}"),
                              ("eval/selfplay/greedy/legal_half_moves", "selfplay", "{:.1f} legal half-moves"),
                              ("eval/vs-stockfish/score", "vs Stockfish", "{:.0%}")):
@@ -53,6 +64,43 @@ def eval_figures(m: dict[str, Any]) -> list[str]:
     if "eval/loss" in m:
         parts.append(f"loss {fmt(m, 'eval/loss', '{:.4f}')}")
     return parts
+
+
+def eval_command(model: str | Path, config: dict[str, Any] | None) -> str:
+    """The `rookworld eval` of a run's model on the positions of the run's own evaluations, with their Stockfish
+    depth, completion length and suites where they are not eval's defaults: its figures then compare with the
+    run's (all of --eval-data's positions, where the run took its first --eval-size)."""
+    parts = ["rookworld eval --model", shlex.quote(str(model))]
+    if not config:
+        return " ".join(parts)
+    defaults = {f.name: f.default for f in dataclasses.fields(EvalSettings)}
+    if config.get("eval_data") and _positions_file(config["eval_data"]):
+        parts += ["--data", shlex.quote(str(config["eval_data"]))]
+    elif config.get("eval_size") is not None:  # generated held-out positions: as many
+        parts += ["--eval-size", str(config["eval_size"])]
+    # The seed draws the generated positions and the A: moves of positions that have none.
+    for key in ("seed", "stockfish_depth", "stockfish_nodes", "max_new_tokens"):
+        if config.get(key, defaults[key]) != defaults[key]:
+            parts += [f"--{key.replace('_', '-')}", str(config[key])]
+    suites = config.get("eval_suites", defaults["suite"])
+    if suites != defaults["suite"]:
+        parts += ["--suite", str(suites)]
+        if any(name in suites for name in ("selfplay", "vs-stockfish")) and config.get("eval_games") is not None:
+            parts += ["--games", str(config["eval_games"])]
+    return " ".join(parts)
+
+
+def _positions_file(path: str) -> bool:
+    """Whether `path` is a positions file eval reads again: a regular file (a pipe was read once), and not RookWorld
+    text (P:/A: samples), which sft evaluates on and eval does not read."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, errors="replace") as f:
+            first = next((line for line in f if line.strip()), "")
+    except OSError:
+        return False
+    return not first.lstrip().startswith(("P: ", "A: "))
 
 
 def _scalars(m: dict[str, Any]) -> dict[str, float]:
@@ -72,6 +120,23 @@ class TensorBoardSink:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         for k, v in values.items():
             self.writer.add_scalar(k, v, step)
+
+    def _first_eval(self, before: int) -> dict[str, Any] | None:
+        """The run's first evaluation before step `before`, from metrics.jsonl (a resumed run's too); None if
+        none."""
+        try:
+            lines = self.metrics_path.read_text(errors="replace").splitlines()
+        except (OSError, AttributeError):  # no file (yet), or the log never opened one
+            return None
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < before \
+                    and any(k.startswith("eval/") for k in row):
+                return row
+        return None
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         pass  # samples.jsonl has them
@@ -107,6 +172,23 @@ class WandbSink:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
 
+    def _first_eval(self, before: int) -> dict[str, Any] | None:
+        """The run's first evaluation before step `before`, from metrics.jsonl (a resumed run's too); None if
+        none."""
+        try:
+            lines = self.metrics_path.read_text(errors="replace").splitlines()
+        except (OSError, AttributeError):  # no file (yet), or the log never opened one
+            return None
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < before \
+                    and any(k.startswith("eval/") for k in row):
+                return row
+        return None
+
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         columns = ["step", *dict.fromkeys(k for row in rows for k in row)]
         data = [[step, *(row.get(c) for c in columns[1:])] for row in rows]
@@ -136,14 +218,14 @@ class RunLog:
         self._locks: list = []  # of an output directory made again (`_remake`)
         self._lost = False
         self._t0: float | None = None
-        self._first_step = 0
+        self._logged = 0  # the last step whose row is written
         # A live bar on a terminal only; logs and pipes get the summary lines alone.
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.bar = Progress(total_steps, "train", "step", stream=self.stream, enabled=False)
 
     def start(self, resume_step: int = 0) -> None:
         """Opens the files; a resumed run replays the steps after its checkpoint, so their old rows go."""
-        self.bar.done = self.bar.first = self._first_step = resume_step
+        self.bar.done = self.bar.first = self._logged = resume_step
         if not self.enabled:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -202,7 +284,7 @@ class RunLog:
                 f.write(text)
 
     def _remake(self) -> bool:
-        step = self.bar.done
+        step = self._logged
         try:
             self._locks.append(RunDirectoryLock(self.dir, self.command))
         except ConfigError as e:  # a file in its place, another run in it: the next save says it in one line
@@ -232,15 +314,16 @@ class RunLog:
         return bool(dropped)
 
     def begin_steps(self) -> None:
-        """The clock of the rate and the ETA starts here, after models and engines are up."""
+        """The run's clock starts here, after models and engines are up; the rate and the ETA start at the end of
+        its first step, which pays for compiling and warming up (`Progress`)."""
         self._t0 = time.perf_counter()
         self.bar.start = time.monotonic()
 
     def eta(self, step: int) -> float | None:
-        done = step - self._first_step
-        if self._t0 is None or done <= 0:
-            return None
-        return (time.perf_counter() - self._t0) / done * (self.total_steps - step)
+        """Seconds left once `step` is done, at the rate measured since the end of this run's first step (which
+        pays for compiling and warming up): None until there is one."""
+        self.bar.update(step - self.bar.done)
+        return self.bar.eta()
 
     def say(self, text: str) -> None:
         if self.enabled:
@@ -258,14 +341,16 @@ class RunLog:
             self.say(f"warning: step {step}: {text}")
 
     def step(self, m: dict[str, Any], log_line: bool) -> None:
+        """A step's row (or step 0's evaluation)."""
         if not self.enabled:
             return
+        self.bar.update(m["step"] - self.bar.done)
         self._append(self.metrics_path, json.dumps({k: _num(v) for k, v in m.items()}) + "\n")
+        self._logged = m["step"]
         if self.sinks:
             values = _scalars(m)
             for sink in self.sinks:
                 sink.scalars(m["step"], values)
-        self.bar.done = m["step"]
         if log_line:
             self.say(self.line(m))
         elif self.tty:
@@ -288,18 +373,39 @@ class RunLog:
         self.say(" | ".join([f"eval at step {step}", *eval_figures(m), f"{seconds:.1f} s"]))
 
     def finish(self, command: str, step: int, last_eval: dict[str, Any] | None) -> None:
-        """The closing lines: what was done, the last held-out figures, where the model is and what to do next."""
+        """The closing lines: what was done, the held-out figures where the run started and where it ended, where
+        the model is and what to do next."""
         took = f" in {_duration(time.perf_counter() - self._t0)}" if self._t0 is not None else ""
         self.say(f"rookworld {command}: done, step {step}/{self.total_steps}{took}")
         if last_eval:
-            self.say(" | ".join([f"held-out at step {last_eval['step']}", *eval_figures(last_eval)]))
+            first = self._first_eval(last_eval["step"])
+            width = len(str(last_eval["step"]))
+            for m in (first, last_eval) if first else (last_eval,):
+                self.say(" | ".join([f"held-out at step {m['step']:>{width}}", *eval_figures(m)]))
         self.say(f"model: {self.dir} (step {step}; its checkpoints in {self.dir / 'checkpoints'})")
-        self.say(f"evaluate it: rookworld eval --model {self.dir}")
+        self.say(f"evaluate it on its held-out positions: {eval_command(self.dir, self.config)}")
         if command == "sft":
             after = presets.grpo_after(self.dir)
             self.say("train it with GRPO: "
                      + (after or f"rookworld train --model {self.dir} --output-dir {self.dir}-grpo"))
         self.say(f"curves: rookworld plot {self.dir}")
+
+    def _first_eval(self, before: int) -> dict[str, Any] | None:
+        """The run's first evaluation before step `before`, from metrics.jsonl (a resumed run's too); None if
+        none."""
+        try:
+            lines = self.metrics_path.read_text(errors="replace").splitlines()
+        except (OSError, AttributeError):  # no file (yet), or the log never opened one
+            return None
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < before \
+                    and any(k.startswith("eval/") for k in row):
+                return row
+        return None
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not self.enabled:

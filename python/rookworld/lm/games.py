@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Protocol
 
 from rookworld.ground import chess
@@ -129,23 +130,27 @@ def play_games(games: Sequence[Game], players: Sequence[Player], player_of, *, m
                progress=None) -> None:
     """Plays every game to its end: `player_of(game)` is the index in `players` of the one to move. Each round,
     every game moves once and each player answers its games in one batch. A game at `max_plies` moves is stopped
-    ("ply limit")."""
-    while True:
-        live = [g for g in games if not g.ended]
-        for g in live:
-            if len(g.moves) >= max_plies:
+    ("ply limit"). `progress` counts the games as they end, with the moves played so far."""
+
+    def stop_at_limit() -> None:
+        for g in games:
+            if not g.ended and len(g.moves) >= max_plies:
                 g.stop("ply limit")
-        live = [g for g in live if not g.ended]
-        if not live:
-            return
+
+    stop_at_limit()
+    counted = 0
+    while live := [g for g in games if not g.ended]:
         to_move = [player_of(g) for g in live]  # before anyone moves: each game moves once a round
         for index, player in enumerate(players):
             mine = [g for g, i in zip(live, to_move) if i == index]
             if mine:
                 for g, choice in zip(mine, player.choose(mine)):
                     g.play(choice)
+        stop_at_limit()
         if progress is not None:
-            progress.update(len(live))
+            ended, moves = sum(g.ended for g in games), sum(len(g.moves) for g in games)
+            progress.update(ended - counted, postfix=f"{moves} move{'s' * (moves != 1)}")
+            counted = ended
 
 
 class ModelPlayer:
@@ -224,21 +229,28 @@ class StockfishPlayer:
         self.close()
 
 
+#: The two-sided 95% quantile of the standard normal.
+Z95 = NormalDist().inv_cdf(0.975)
+
+
 def elo_difference(wins: int, draws: int, losses: int) -> tuple[float, float, float]:
-    """The Elo difference a score implies, with a 95% interval from the games' own variance (the normal
-    approximation, trinomial per game). A score of 0 or 1 gives an infinite bound."""
+    """The Elo difference a score implies, with a 95% interval: finite for every result, 0 wins in 4 games too.
+
+    The score counts one virtual drawn game beside the real ones (add-half smoothing: half a point in one more
+    game), so that no score is 0 or 1, whose Elo is infinite; the interval is Wilson's score interval on that score,
+    each game a trial worth 0 to 1 (conservative when there are draws, whose spread is smaller), which stays inside
+    (0, 1) where the normal approximation crosses 0 or 1 with few games. With many games both are the plain
+    score's. NaN for no games."""
     n = wins + draws + losses
     if n == 0:
         return math.nan, math.nan, math.nan
-    s = (wins + 0.5 * draws) / n
-    variance = (wins * (1 - s) ** 2 + draws * (0.5 - s) ** 2 + losses * s**2) / n
-    half = 1.96 * math.sqrt(variance / n)
-    return _elo(s), _elo(s - half), _elo(s + half)
+    games = n + 1
+    s = (wins + 0.5 * draws + 0.5) / games
+    z2 = Z95 * Z95
+    centre = (s + z2 / (2 * games)) / (1 + z2 / games)
+    half = Z95 / (1 + z2 / games) * math.sqrt(s * (1 - s) / games + z2 / (4 * games * games))
+    return _elo(s), _elo(centre - half), _elo(centre + half)
 
 
 def _elo(score: float) -> float:
-    if score <= 0:
-        return -math.inf
-    if score >= 1:
-        return math.inf
     return -400 * math.log10(1 / score - 1)

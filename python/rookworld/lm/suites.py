@@ -141,6 +141,7 @@ def selfplay(lm: RookWorldLM, *, games: int, seed: int = 0, max_plies: int = 200
              decodings: Sequence[Decoding] = (GREEDY, ROOKWORLD), progress=None) -> SuiteResult:
     """The model plays both sides from each start position, once per decoding."""
     starts = opening_fens(games, seed)
+    _count_games(progress, len(starts) * len(decodings))
     sections, items = {}, []
     for decoding in decodings:
         played = [Game(start_fen=f) for f in starts]
@@ -150,6 +151,15 @@ def selfplay(lm: RookWorldLM, *, games: int, seed: int = 0, max_plies: int = 200
         items.extend({"decoding": decoding.name, **g.to_dict()} for g in played)
     return SuiteResult("selfplay", "+".join(d.name for d in decodings), sections, items,
                        f"{len(starts)} start positions (the start and the opening book), up to {max_plies} plies")
+
+
+def _count_games(progress, games: int) -> None:
+    """A suite's bar counts games as they end. How long a game lasts is not known before it ends (a few moves, or
+    the ply limit): its bar shows no time left, where a bound of every game at the ply limit said an hour for a
+    suite of three minutes."""
+    if progress is not None:
+        progress.total = games
+        progress.shows_eta = False
 
 
 # -- against Stockfish ----------------------------------------------------------------------------------------------
@@ -172,6 +182,7 @@ def vs_stockfish(player, opponent, *, games: int, seed: int = 0, max_plies: int 
     fall-back to a candidate or to its likeliest legal move."""
     starts = opening_fens((games + 1) // 2, seed)
     played = [Game(start_fen=starts[i // 2]) for i in range(games)]
+    _count_games(progress, len(played))
     colour = {id(g): WHITE if i % 2 == 0 else BLACK for i, g in enumerate(played)}
     play_games(played, [player, opponent], lambda g: 0 if g.turn == colour[id(g)] else 1, max_plies=max_plies,
                progress=progress)
@@ -236,13 +247,13 @@ def run_suites(lm: RookWorldLM, names: Sequence[str], opts: SuiteOptions, *, rec
                                        stockfish=scorer.stockfish if scorer is not None else None, about=about,
                                        progress=p))
         elif name == "selfplay":
-            with bar("selfplay", 2 * opts.games * opts.max_plies, "moves") as p:
+            with bar("selfplay", 2 * opts.games, "games") as p:
                 out.append(selfplay(lm, games=opts.games, seed=opts.seed, max_plies=opts.max_plies, progress=p))
         elif name == "vs-stockfish":
             player = ModelPlayer(lm, opts.decoding, seed=opts.seed, fallback=True)
             with StockfishPlayer(opts.stockfish_path, elo=opts.opponent_elo, skill=opts.opponent_skill,
                                  nodes=opts.opponent_nodes) as opponent, \
-                    bar("vs-stockfish", opts.games * opts.max_plies, "moves") as p:
+                    bar("vs-stockfish", opts.games, "games") as p:
                 out.append(vs_stockfish(player, opponent, games=opts.games, seed=opts.seed,
                                         max_plies=opts.max_plies, decoding_name=opts.decoding.name, progress=p))
         else:
