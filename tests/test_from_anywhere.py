@@ -13,8 +13,11 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+import rookworld
 
 from conftest import REPO, cli, rookworld_process
 from rookworld.settings import shipped
@@ -101,7 +104,8 @@ def without_the_clone(tmp_path):
     """The package as a wheel installs it: a copy of it alone on the path, with pip's record of a wheel (no
     direct_url.json), and a working directory of its own."""
     site = tmp_path / "site"
-    shutil.copytree(REPO / "python" / "rookworld", site / "rookworld", ignore=shutil.ignore_patterns("__pycache__"))
+    # The package as it is installed here: a fresh clone's python/rookworld has no built Rust core in it.
+    shutil.copytree(Path(rookworld.__file__).parent, site / "rookworld", ignore=shutil.ignore_patterns("__pycache__"))
     info = site / "rookworld-0.1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rookworld\nVersion: 0.1.0\n")
