@@ -121,23 +121,6 @@ class TensorBoardSink:
         for k, v in values.items():
             self.writer.add_scalar(k, v, step)
 
-    def _first_eval(self, before: int) -> dict[str, Any] | None:
-        """The run's first evaluation before step `before`, from metrics.jsonl (a resumed run's too); None if
-        none."""
-        try:
-            lines = self.metrics_path.read_text(errors="replace").splitlines()
-        except (OSError, AttributeError):  # no file (yet), or the log never opened one
-            return None
-        for line in lines:
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < before \
-                    and any(k.startswith("eval/") for k in row):
-                return row
-        return None
-
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         pass  # samples.jsonl has them
 
@@ -171,23 +154,6 @@ class WandbSink:
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
-
-    def _first_eval(self, before: int) -> dict[str, Any] | None:
-        """The run's first evaluation before step `before`, from metrics.jsonl (a resumed run's too); None if
-        none."""
-        try:
-            lines = self.metrics_path.read_text(errors="replace").splitlines()
-        except (OSError, AttributeError):  # no file (yet), or the log never opened one
-            return None
-        for line in lines:
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < before \
-                    and any(k.startswith("eval/") for k in row):
-                return row
-        return None
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         columns = ["step", *dict.fromkeys(k for row in rows for k in row)]
