@@ -356,13 +356,14 @@ def test_vocabulary_files_that_are_not_gpt2s_are_refused(tmp_path):
 
 # -- the README -------------------------------------------------------------------------------------------------------
 
-def test_every_python_snippet_of_the_readme_runs_as_written(tiny_dir, tmp_path, monkeypatch):
-    snippets = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    assert len(snippets) >= 3
+def test_every_python_snippet_of_the_documents_runs_as_written(tiny_dir, tmp_path, monkeypatch):
+    documents = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    snippets = [(doc.name, s) for doc in documents for s in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)]
+    assert {"README.md", "training.md", "using.md", "chess.md", "integrations.md"} <= {name for name, _ in snippets}
     monkeypatch.chdir(tmp_path)  # where a user who ran `rookworld sft --output-dir runs/sft` stands
     shutil.copytree(tiny_dir, tmp_path / "runs" / "sft")
     for shipped in ("models/chess-cpu-sft", "data/chess-cpu-held-out.jsonl"):  # what a clone's root holds
         (tmp_path / shipped).parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if (REPO / shipped).is_dir() else shutil.copy)(REPO / shipped, tmp_path / shipped)
-    for snippet in snippets:
-        exec(compile(snippet, "README.md", "exec"), {})
+    for name, snippet in snippets:
+        exec(compile(snippet, name, "exec"), {})
