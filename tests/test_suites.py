@@ -233,7 +233,7 @@ def test_a_killed_opponent_is_restarted_and_the_suite_goes_on():
         result = vs_stockfish(ModelPlayer(lm, GREEDY, fallback=True), opponent, games=2, max_plies=16)
         assert opponent.restarts == 1 and opponent.engine.pid != killed[0] and opponent.engine.alive()
     m = result.sections["vs-stockfish"]
-    assert m["opponent_restarts"] == 1 and m["n"] == 2 and m["own_move_illegal"] == 0.0
+    assert m["opponent_restarts"] == 1 and m["n"] == 2 and m["own_move_illegal"] == 0.0 and m["games_all_own"] == 1.0
     for item in result.items:
         board = pychess.Board(item["start_fen"])
         for move in item["moves"]:
@@ -287,6 +287,7 @@ def test_eval_every_suite_with_a_tiny_model(tiny_dir, tmp_path):
     assert vs["lost_by_illegal"] == 0 and vs["wins"] + vs["draws"] + vs["losses"] == 2
     assert vs["model_moves"] > 0 and vs["own_move_illegal"] == 1.0 and vs["likeliest_moves"] == 1.0
     assert vs["candidate_moves"] == 0.0 and vs["opponent_restarts"] == 0
+    assert vs["games_all_own"] == 0.0  # every game had a fall-back move
     assert "its own B: move illegal" in proc.stdout and "played its likeliest" in proc.stdout
     for item in got["suites"]["vs-stockfish"]["items"]:
         board = pychess.Board(item["start_fen"])

@@ -195,6 +195,7 @@ def vs_stockfish(player, opponent, *, games: int, seed: int = 0, max_plies: int 
          "ply_limit": _mean([g.reason == "ply limit" for g in played])}
     sources = [s for g in played for s in g.sources if s is not None]
     m |= {"model_moves": len(sources), "own_move_illegal": _share(sources, (CANDIDATE, LIKELIEST)),
+          "games_all_own": _mean([not any(s in (CANDIDATE, LIKELIEST) for s in g.sources) for g in played]),
           "candidate_moves": _share(sources, (CANDIDATE,)), "likeliest_moves": _share(sources, (LIKELIEST,)),
           # the opponent's crashes survived (StockfishPlayer restarts its engine and asks again)
           "opponent_restarts": getattr(opponent, "restarts", 0)}
@@ -287,7 +288,8 @@ _LABELS: dict[str, tuple[str, str]] = {
     "wins": ("wins", _COUNT), "draws": ("draws", _COUNT), "losses": ("losses", _COUNT), "score": ("score", _PERCENT),
     "elo_difference": ("Elo difference", _ELO), "elo_low": ("  95% low", _ELO), "elo_high": ("  95% high", _ELO),
     "lost_by_illegal": ("lost by an illegal move", _COUNT), "model_moves": ("the model's moves", _COUNT),
-    "own_move_illegal": ("its own B: move illegal", _PERCENT), "candidate_moves": ("  played a candidate", _PERCENT),
+    "own_move_illegal": ("its own B: move illegal", _PERCENT),
+    "games_all_own": ("games without an illegal B: of its own", _PERCENT), "candidate_moves": ("  played a candidate", _PERCENT),
     "likeliest_moves": ("  played its likeliest", _PERCENT), "opponent_restarts": ("opponent restarts", _COUNT),
 }
 _TITLES = {"P": ("P: policy", "positions"), "A": ("A: environment", "positions"),
