@@ -283,3 +283,29 @@ def test_gpu_suite_tells_a_stage_past_its_limit_from_one_cut_by_the_budget(tmp_p
     with pytest.raises(suite.Skip) as cut:
         suite.Suite(args(26)).run(sleep, cap=100)
     assert cut.value.status == "not run" and "--budget" in cut.value.reason
+
+
+def test_chess_play_chain_collects_real_evaluations(tmp_path):
+    """The chain's table from two real `rookworld eval --out` files of the shipped model: the gain over the 'SFT'
+    column, and A:'s next states by history length counted independently from the same positions."""
+    from conftest import cli
+    held_out = REPO / "data" / "chess-play-held-out.jsonl"
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    for name, size in (("small", "6"), ("larger", "10")):
+        proc = cli("eval", "--model", str(REPO / "models" / "chess-cpu-grpo"), "--data", str(held_out),
+                   "--eval-size", size, "--device", "cpu", "--out", str(evals / f"{name}.held-out.json"))
+        assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "chain.json"
+    proc = run_bench("chess_play_chain.py", "--evals", str(evals), "--sft", "small", "--seeds", "larger",
+                     "--out", str(out))
+    chain = json.loads(out.read_text())
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in proc.stdout.splitlines()[2:]}
+    for name in ("small", "larger"):
+        items = json.loads((evals / f"{name}.held-out.json").read_text())["suites"]["best-move"]["items"]
+        alone = [i["fen_exact"] for i in items if i["task"] == "A" and len(i["prompt"].split("+")[2].split()) == 1]
+        band = chain[name]["held-out"]["suites"]["history"]["sections"]["A"]["0"]
+        assert band["n"] == len(alone) and band["exact"] == (sum(alone) / len(alone) if alone else None)
+    legal = [chain[n]["held-out"]["suites"]["best-move"]["sections"]["P"]["legal_best_move"] for n in ("small", "larger")]
+    assert rows["P: legal best move"][-2].strip() == f"{100 * (legal[1] - legal[0]):+.1f}"
+    assert rows["self-play: legal half-moves, greedy"][1].strip() == "-"  # no games file: shown as missing
