@@ -88,7 +88,7 @@ def test_no_setting_s_help_says_what_it_does_in_another_command():
 def test_the_default_model_of_the_commands_that_use_one_runs_offline(helps):
     for name in ("ask", "play", "uci", "eval"):
         _, text = entry(helps[name], "--model")
-        assert "(default: models/chess-cpu-grpo, here or in the clone rookworld was installed from; without one, " \
+        assert "(default: models/chess-play-grpo, here or in the clone rookworld was installed from; without one, " \
                "jrahn/RookWorld-LM-124M from the hub)" in text, (name, text)
     _, text = entry(helps["train"], "--model")
     assert text.endswith("(default: jrahn/RookWorld-LM-124M)")

@@ -1,5 +1,6 @@
-"""The chess-cpu models that ship under models/ (issue 34): plain GPT-2 directories of at most 16 MB that
-`transformers` and every rookworld command load from a fresh clone, so LEARNING.md's figures can be checked."""
+"""The models that ship under models/ (the chess-cpu chain's, float32, and the chess-play chain's, bf16): plain
+GPT-2 directories of at most 16 MB that `transformers` and every rookworld command load from a fresh clone, so
+LEARNING.md's figures can be checked."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from rookworld.net.tokenizer import chess_tokenizer, get_tokenizer
 from conftest import cli
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
-SHIPPED = ("chess-cpu-sft", "chess-cpu-grpo")
-HELD_OUT = Path(__file__).resolve().parents[1] / "data" / "chess-cpu-held-out.jsonl"
+SHIPPED = ("chess-cpu-sft", "chess-cpu-grpo", "chess-play-sft", "chess-play-grpo")
+HELD_OUT = Path(__file__).resolve().parents[1] / "data" / "chess-play-held-out.jsonl"
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -34,7 +35,7 @@ def test_a_shipped_model_is_a_small_plain_gpt2_directory(name):
 def test_transformers_loads_a_shipped_model_and_its_tokenizer_as_they_are(name):
     transformers = pytest.importorskip("transformers")
     d = MODELS / name
-    hf = transformers.AutoModelForCausalLM.from_pretrained(d)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d).float()  # bf16 weights: compared in float32
     tok = transformers.AutoTokenizer.from_pretrained(d)
     text = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
     ids = tok(text)["input_ids"]
@@ -47,7 +48,7 @@ def test_transformers_loads_a_shipped_model_and_its_tokenizer_as_they_are(name):
 
 def test_eval_ask_and_play_run_on_the_shipped_grpo_model():
     """From a fresh clone, without training: what the README tells a user to try."""
-    d = MODELS / "chess-cpu-grpo"
+    d = MODELS / "chess-play-grpo"
     ev = cli(*["eval", "--model", str(d), "--data", str(HELD_OUT), "--eval-size", "8", "--device", "cpu",
                   "--stockfish-depth", "4"])
     assert ev.returncode == 0 and "legal best move" in ev.stdout, ev.stderr

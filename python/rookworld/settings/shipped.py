@@ -17,9 +17,9 @@ from urllib.parse import unquote, urlparse
 PACKAGE = Path(__file__).resolve().parents[1]
 #: The directories of a clone whose files ship with rookworld.
 SHIPPED = ("models", "data")
-#: The model ask, play, uci and eval load unless told: the chess-cpu chain's GRPO model, which needs no network
-#: and no GPU.
-MODEL = "models/chess-cpu-grpo"
+#: The model ask, play, uci and eval load unless told: the chess-play chain's GRPO model (trained on positions of
+#: games, the best of the shipped ones at them), which needs no network and no GPU.
+MODEL = "models/chess-play-grpo"
 #: The model rookworld is built for, on the Hugging Face hub: the training commands' default, and the others'
 #: where no clone is at hand.
 HUB_MODEL = "jrahn/RookWorld-LM-124M"
