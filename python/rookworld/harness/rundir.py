@@ -59,22 +59,28 @@ def made_by(out: Path) -> str | None:
     return None
 
 
-def _logged_steps(out: Path) -> int:
-    """The rows of steps done in the run's metrics.jsonl: the evaluation at step 0 before any update is not one,
-    nor is a line that is not a row."""
-    try:
-        lines = (out / "metrics.jsonl").read_text(errors="replace").splitlines()
-    except OSError:
-        return 0
-    steps = 0
-    for line in lines:
+def metric_rows(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl, leaving out any line that is not a JSON object (one cut short by a crash);
+    OSError when the file cannot be read."""
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
         try:
             row = json.loads(line)
         except (ValueError, RecursionError):
             continue
-        step = row.get("step") if isinstance(row, dict) else None
-        steps += isinstance(step, (int, float)) and step > 0
-    return steps
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _logged_steps(out: Path) -> int:
+    """The rows of steps done in the run's metrics.jsonl: the evaluation at step 0 before any update is not one,
+    nor is a line that is not a row."""
+    try:
+        rows = metric_rows(out / "metrics.jsonl")
+    except OSError:
+        return 0
+    return sum(isinstance(row.get("step"), (int, float)) and row["step"] > 0 for row in rows)
 
 
 def check_resume(command: str, checkpoint_dir: Path) -> None:

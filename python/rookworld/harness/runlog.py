@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from rookworld.ground.files import atomic_write, kind
 from rookworld.ground.progress import Progress, _duration
-from rookworld.harness.rundir import WANDB_ID, RunDirectoryLock, mark
+from rookworld.harness.rundir import WANDB_ID, RunDirectoryLock, mark, metric_rows
 from rookworld.settings import presets
 from rookworld.settings.commands import EvalSettings
 from rookworld.settings.config import ConfigError
@@ -360,18 +360,11 @@ class RunLog:
         """The run's first evaluation before step `before`, from metrics.jsonl (a resumed run's too); None if
         none."""
         try:
-            lines = self.metrics_path.read_text(errors="replace").splitlines()
+            rows = metric_rows(self.metrics_path)
         except (OSError, AttributeError):  # no file (yet), or the log never opened one
             return None
-        for line in lines:
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < before \
-                    and any(k.startswith("eval/") for k in row):
-                return row
-        return None
+        return next((row for row in rows if isinstance(row.get("step"), int) and row["step"] < before
+                     and any(k.startswith("eval/") for k in row)), None)
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not self.enabled:
