@@ -261,7 +261,9 @@ def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch.compile failed" not in proc.stderr and "Traceback" not in proc.stderr
     rows = metrics(out)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the evaluation before any update
+    assert "eval/P/legal_best_move" in rows[0] and "reward/mean" not in rows[0]
+    rows = rows[1:]
     for r in rows:
         assert math.isfinite(r["loss"]) and r["samples_per_s"] > 0 and r["peak_memory_gb"] > 0
     assert "eval/P/best_move_accuracy" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
