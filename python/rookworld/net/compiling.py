@@ -7,12 +7,15 @@ that device type from then on; every other compiled function stays compiled.
 
 from __future__ import annotations
 
+import os
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch._dynamo
+import torch._inductor.config
 from torch.utils.checkpoint import checkpoint
 
 #: (device type, function) pairs whose compilation failed, and why: those run eagerly for the rest of the process.
@@ -26,6 +29,14 @@ RECOMPILE_LIMIT = 64
 _LIMIT_ERRORS = tuple(getattr(torch._dynamo.exc, name) for name in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
                       if hasattr(torch._dynamo.exc, name))
 _COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException, *_LIMIT_ERRORS)
+
+
+#: Inductor settings for the functions that meet new shapes (compiled with dynamic shapes after the first): torch
+#: 2.11's coalescing analysis, which only chooses a tiling, asserts on some of their graphs (the log-prob trunk
+#: with each prompt computed once, on an H100: tiling_utils.py:271). Without it a tile shape is chosen the plain
+#: way; results are the same.
+DYNAMIC_OPTIONS = ({"triton.coalesce_tiling_analysis": False}
+                   if hasattr(torch._inductor.config.triton, "coalesce_tiling_analysis") else {})
 
 
 def name(fn: Callable) -> str:
@@ -50,6 +61,8 @@ def maybe_compiled(fn: Callable, compiled: dict[str, Callable], device_type: str
         return fn
     if device_type not in compiled:
         _raise_recompile_limit()
+        if options.get("dynamic") is not False and "mode" not in options and DYNAMIC_OPTIONS:
+            options = {**options, "options": DYNAMIC_OPTIONS}
         compiled[device_type] = torch.compile(fn, fullgraph=True, **options)
     return compiled[device_type]
 
@@ -74,10 +87,20 @@ def _raise_recompile_limit() -> None:
             setattr(torch._dynamo.config, setting, max(RECOMPILE_LIMIT, getattr(torch._dynamo.config, setting)))
 
 
+def _raised_at(error: BaseException) -> str:
+    """' at FILE:LINE' of the frame that raised `error`, its path from the package on: a bare AssertionError deep
+    in the compiler says nothing without it."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    path = frames[-1].filename.replace(os.sep, "/")
+    return f" at {path.split('site-packages/')[-1]}:{frames[-1].lineno}"
+
+
 def _give_up(eager: Callable, device_type: str, error: Exception) -> None:
     cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the backend's own error
     first_line = (str(cause).strip().splitlines() or [""])[0][:300]
-    why = failed[(device_type, name(eager))] = f"{type(cause).__name__}: {first_line}"
+    why = failed[(device_type, name(eager))] = f"{type(cause).__name__}: {first_line}{_raised_at(cause)}"
     warnings.warn(f"torch.compile of {eager.__qualname__} failed on {device_type} ({why}); it runs without "
                   "compiling from now on, which is slower. --no-compile skips the attempt.", RuntimeWarning,
                   stacklevel=4)
