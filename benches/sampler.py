@@ -4,6 +4,7 @@ many bytes as the keys and values a step reads at batch 1,024.
 
     python benches/sampler.py                                  # CUDA if present
     python benches/sampler.py --device cpu --batch-sizes 64 256 --threads 2
+    python benches/sampler.py --device cpu --draw blocks       # CUDA's draw in blocks, timed on the CPU
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rookworld.net import sampling
 from rookworld.net.sampling import sample_next
 
 VOCAB = 50257
@@ -44,14 +46,20 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--draw", choices=("device", "whole", "blocks"), default="device",
+                    help="the draw this device runs, or the whole row's running sum (the CPU's), or the sum in "
+                         "blocks (CUDA's)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.draw != "device":
+        sampling.DRAWS[device.type] = sampling._draw if args.draw == "whole" else sampling._draw_in_blocks
+    draw_fn = sampling.DRAWS.get(device.type, sampling._draw).__name__
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"sample_next on fp32 logits [batch, {VOCAB:,}], temperature {args.temperature}, {name}, torch "
+    print(f"sample_next on fp32 logits [batch, {VOCAB:,}], temperature {args.temperature}, {draw_fn}, {name}, torch "
           f"{torch.__version__}; median of {args.repeats}")
     header = f"{'batch':>6} {'eager ms':>9} {'compiled ms':>12} {'speed-up':>9} {'one logits pass ms':>19}"
     print(header + "\n" + "-" * len(header))
@@ -67,7 +75,7 @@ def main() -> None:
         print(f"{batch:>6} {1e3 * eager:>9.2f} {1e3 * compiled:>12.2f} {eager / compiled:>8.2f}x {1e3 * copy:>19.2f}",
               flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "temperature": args.temperature, "rows": rows},
+        Path(args.json).write_text(json.dumps({"device": name, "draw": draw_fn, "temperature": args.temperature, "rows": rows},
                                               indent=1) + "\n")
 
 

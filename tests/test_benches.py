@@ -65,13 +65,15 @@ def test_generate_benchmark_smoke(mode):
         assert [r[:4] for r in rows] == [["P", "3", "3", "2"], ["A", "3", "5", "4"]]
 
 
-def test_sampler_benchmark_smoke(tmp_path):
+@pytest.mark.parametrize("draw, name", [("device", "_draw"), ("blocks", "_draw_in_blocks")])
+def test_sampler_benchmark_smoke(tmp_path, draw, name):
     out = tmp_path / "sampler.json"
     proc = run_bench("sampler.py", "--device", "cpu", "--batch-sizes", "2", "--repeats", "1", "--threads", "1",
-                     "--json", str(out))
-    rows = json.loads(out.read_text())["rows"]
+                     "--draw", draw, "--json", str(out))
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert [r["batch"] for r in rows] == [2] and rows[0]["eager_s"] > 0 and rows[0]["compiled_s"] > 0
-    assert "speed-up" in proc.stdout
+    assert "speed-up" in proc.stdout and result["draw"] == name and name in proc.stdout
 
 
 def test_decode_cache_benchmark_smoke(tmp_path):

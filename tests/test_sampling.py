@@ -6,6 +6,7 @@ import math
 import os
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -278,7 +279,8 @@ def test_the_draw_passes_a_chi_square_test_with_temperature_top_k_and_top_p(kw):
     assert _chi_square(counts[keep], p[keep]) < 20.5, (kw, counts.tolist(), (p * 50_000).tolist())
 
 
-def test_each_token_holds_a_step_of_the_uniform_as_wide_as_its_probability():
+@pytest.mark.parametrize("draw", ["_draw", "_draw_in_blocks"])
+def test_each_token_holds_a_step_of_the_uniform_as_wide_as_its_probability(draw):
     """The draw inverts the float64 running sum: a uniform just inside a token's step [F(i-1), F(i)) draws it,
     even for a token of 1e-12 of the winner's probability, and a token of probability 0 (removed by top-p) holds
     no step at all."""
@@ -291,10 +293,65 @@ def test_each_token_holds_a_step_of_the_uniform_as_wide_as_its_probability():
         if high == low:
             continue
         inside = torch.tensor([[low + (high - low) * f] for f in (1e-3, 0.5, 0.999)], dtype=torch.float64)
-        choice, _ = sampling._draw(logits.expand(3, -1), inside)
+        choice, _ = getattr(sampling, draw)(logits.expand(3, -1), inside)
         assert choice.squeeze(1).tolist() == [i] * 3, (i, low, high)
     steps = (cdf - lows).tolist()
     assert steps[3] == 0.0 and steps[1] == pytest.approx(1e-12 / 1.75, rel=1e-3)
+
+
+@pytest.mark.parametrize("K", [6, 256, 257, 50257])
+def test_the_running_sum_in_blocks_follows_the_sequential_one(K):
+    """The draw on CUDA sums in blocks of SCAN_BLOCK columns (a long scan fails to compile there): put together, the two
+    levels agree with numpy's sequential float64 sum to 1e-13 of the total (50,257 terms added in another order),
+    never decrease, and stay flat across every weight of 0; padding holds the total."""
+    g = torch.Generator().manual_seed(K)
+    weights = torch.rand(4, K, generator=g) ** 8
+    weights[:, 1::5] = 0
+    inside, ends = sampling._running_sums(weights)
+    blocks = ends.shape[1]
+    assert inside.shape == (4, blocks, sampling.SCAN_BLOCK)
+    assert 0 <= blocks * sampling.SCAN_BLOCK - K < sampling.SCAN_BLOCK
+    assert torch.equal(ends[:, 0], inside[:, 0, -1])
+    whole = (inside + torch.cat([torch.zeros(4, 1, dtype=torch.float64), ends[:, :-1]], 1)[..., None]).view(4, -1)
+    want = np.cumsum(weights.double().numpy(), axis=1)
+    assert np.abs(whole[:, :K].numpy() - want).max() <= 1e-13 * want[:, -1].max()
+    steps = whole[:, 1:] - whole[:, :-1]
+    assert (steps >= 0).all() and (steps[:, : K - 1][weights[:, 1:] == 0] == 0).all()
+    assert (whole[:, K:] == ends[:, -1:]).all() and torch.equal(whole[:, K - 1], ends[:, -1])
+
+
+@pytest.mark.parametrize("kw", [{}, {"temperature": 0.7}, {"top_k": 50, "top_p": 0.9}, {"top_p": 0.95}])
+def test_the_draw_in_blocks_is_the_whole_row_draw(kw, monkeypatch):
+    """CUDA's draw (`_draw_in_blocks`) against the CPU's (`_draw`) on the same uniforms: the same tokens, 4,096
+    rows of logits spread as a trained model's are (e^6 between neighbours' standard deviations), and the same
+    log-probs to float32's rounding."""
+    logits = torch.randn(4096, V, generator=torch.Generator().manual_seed(5)) * 6
+    whole = sample_next(logits, generator=torch.Generator().manual_seed(6), **kw)
+    monkeypatch.setitem(sampling.DRAWS, "cpu", sampling._draw_in_blocks)
+    blocks = sample_next(logits, generator=torch.Generator().manual_seed(6), **kw)
+    assert torch.equal(whole[0], blocks[0]), kw
+    torch.testing.assert_close(blocks[1], whole[1], rtol=0, atol=1e-5)
+
+
+def test_a_step_that_rounding_gives_a_removed_token_draws_the_likeliest_instead(monkeypatch):
+    """A parallel scan (compiled, on CUDA) may round the sums before and after a weight of 0 apart, giving a token
+    top-p removed (log-prob -inf) a step one unit in the last place wide. A uniform inside that step draws the
+    likeliest token instead. The step is put in by hand, wider than rounding makes it so that a uniform lands in
+    it: a sequential sum has none."""
+    logits = torch.tensor([[0.5, 2.0, float("-inf"), 1.0]])
+    honest = sampling._running_sums
+
+    def rounded(weights):
+        inside, ends = honest(weights)
+        inside[:, 0, 2:] += 1e-9
+        return inside, inside[..., -1].cumsum(-1)
+
+    monkeypatch.setattr(sampling, "_running_sums", rounded)
+    inside, ends = rounded((logits - logits.max()).exp())
+    inside_step = (inside[:, 0, 1:2] + inside[:, 0, 2:3]) / 2 / ends  # a uniform inside the removed token's step
+    assert inside[0, 0, 1] < inside_step * ends[0, -1] < inside[0, 0, 2]
+    choice, logp = sampling._draw(logits, inside_step)
+    assert choice.item() == 1 and logp.item() == pytest.approx(2.0 - math.log(sum(math.exp(x) for x in (.5, 2, 1))))
 
 
 def test_the_draw_is_reproducible_under_a_seed_and_one_uniform_a_row():
@@ -313,10 +370,15 @@ def test_the_draw_is_reproducible_under_a_seed_and_one_uniform_a_row():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
-def test_the_compiled_draw_is_the_eager_one(monkeypatch):
-    """sample_next(compile=True) fuses the race; given the same uniforms it picks the same tokens, with the same
-    log-probs, with and without top-k / top-p, and it follows the right distribution."""
+@pytest.mark.parametrize("in_blocks", [False, True])
+def test_the_compiled_draw_is_the_eager_one(monkeypatch, in_blocks):
+    """sample_next(compile=True) fuses the draw; given the same uniforms it picks the same tokens, with the same
+    log-probs, with and without top-k / top-p, and it follows the right distribution. Also CUDA's draw in blocks,
+    compiled here on the CPU."""
     monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(sampling, "_compiled_draws", {})
+    if in_blocks:
+        monkeypatch.setitem(sampling.DRAWS, "cpu", sampling._draw_in_blocks)
     logits = torch.randn(64, V, generator=torch.Generator().manual_seed(2)) * 3
     for kw in ({}, {"temperature": 0.7}, {"top_k": 50, "top_p": 0.9}):
         eager = sample_next(logits, generator=torch.Generator().manual_seed(9), **kw)
@@ -579,6 +641,9 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     assert torch.equal(fallen_back.tokens, eager.tokens) and torch.equal(fallen_back.mask, eager.mask)
     assert torch.allclose(fallen_back.logprobs, eager.logprobs)
     assert compiling.has_failed(decoding.decode_step, "cpu") and len(compiling.failed) == 1
+    # The record names the line that raised: a bare AssertionError deep in the compiler says nothing else.
+    line = broken_backend.__code__.co_firstlineno + 1
+    assert compiling.failed[("cpu", compiling.name(decoding.decode_step))].endswith(f"test_sampling.py:{line}")
     # Later calls do not try again (and do not warn again).
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -67,6 +67,48 @@ def _draw(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, to
     return choice, token_logp
 
 
+#: Columns of one scan in `_draw_in_blocks`. Inductor splits a scan longer than 8,192 over several thread blocks
+#: on CUDA, and that split scan's code generation fails in float64 (torch 2.11, H100): scans this long never split.
+SCAN_BLOCK = 256
+
+
+def _running_sums(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 running sum of non-negative weights [B, K] along the rows, in two levels: `inside` [B, blocks,
+    SCAN_BLOCK], the running sum within each block (K padded with weights of 0 to whole blocks), and `ends` [B,
+    blocks], the whole sum at each block's end. Element (b, i) of the whole running sum is ends[b - 1] (0 for the
+    first block) + inside[b, i]: never decreasing, and flat across a weight of 0, like the sequential sum."""
+    B, K = weights.shape
+    blocks = -(-K // SCAN_BLOCK)
+    inside = torch.nn.functional.pad(weights.double(), (0, blocks * SCAN_BLOCK - K)).view(B, blocks, SCAN_BLOCK)
+    inside = inside.cumsum(-1)
+    return inside, inside[..., -1].cumsum(-1)
+
+
+def _draw_in_blocks(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_draw` as inductor compiles it on CUDA (torch 2.11), which it cannot do for a scan over the whole row
+    (above) nor for searchsorted over a computed tensor: the running sum in blocks (`_running_sums`), the block
+    holding the target found among the blocks' ends, then the token within it, each by counting the sums at or
+    below the target. The same draw to float64's rounding; should a parallel scan's rounding give a weight of 0 a
+    step, the likeliest token is drawn instead of it."""
+    top, best = scaled.max(-1, keepdim=True)
+    weights = (scaled - top).exp()
+    inside, ends = _running_sums(weights)
+    total = ends[:, -1:]
+    target = uniform * total
+    block = (ends <= target).sum(-1, keepdim=True).clamp_(max=ends.shape[-1] - 1)
+    before = torch.where(block > 0, ends.gather(-1, (block - 1).clamp(min=0)), 0.0)
+    sums = inside.gather(1, block[:, :, None].expand(-1, 1, SCAN_BLOCK)).squeeze(1) + before
+    choice = (block * SCAN_BLOCK + (sums <= target).sum(-1, keepdim=True)).clamp_(max=scaled.shape[-1] - 1)
+    choice = torch.where(weights.gather(-1, choice) > 0, choice, best)
+    token_logp = scaled.gather(-1, choice).squeeze(-1) - (top.squeeze(-1) + total.squeeze(-1).log().to(scaled.dtype))
+    return choice, token_logp
+
+
+#: The draw each device type runs: on the CPU the whole row's sum is one scan, the cheapest there (BENCHMARKS.md,
+#: "The draw in blocks").
+DRAWS = {"cuda": _draw_in_blocks}
+
+
 _compiled_draws: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
@@ -97,7 +139,8 @@ def sample_next(
     if top_p is not None and top_p < 1.0:
         scaled = _top_p_filter(scaled, top_p)
     device_type = scaled.device.type
-    draw = maybe_compiled(_draw, _compiled_draws, device_type, compile)
+    eager = DRAWS.get(device_type, _draw)
+    draw = maybe_compiled(eager, _compiled_draws, device_type, compile)
     # On the CPU, rows a block at a time: a block's float64 sums stay under glibc's 32 MiB mmap threshold, so
     # their memory is reused instead of mapped and faulted in anew at every draw.
     B, K = scaled.shape
@@ -108,7 +151,7 @@ def sample_next(
         uniform = torch.rand((B, 1), generator=generator, device=scaled.device, dtype=torch.float64)
     parts = []
     for i in range(0, max(B, 1), block):
-        out, draw = run_or_fall_back(draw, _draw, device_type, scaled[i : i + block], uniform[i : i + block])
+        out, draw = run_or_fall_back(draw, eager, device_type, scaled[i : i + block], uniform[i : i + block])
         parts.append(out)
     choice, token_logp = (torch.cat(x) for x in zip(*parts))
     token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)
@@ -231,6 +274,8 @@ def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int
         kept = decoder.drop_done(row_done)
         if kept is not None:
             rows, token = rows[kept], token[kept]
+            if not rows.numel():  # every group done between two of CUDA's checks: no row left to decode
+                break
         with memo.at(("column", rows, step)) if memo is not None else contextlib.nullcontext():
             logits = decoder.step(token)
     lengths = out_mask.sum(1)
