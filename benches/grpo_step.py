@@ -156,8 +156,10 @@ def main() -> int:
             for i in range(args.warmup + args.steps):
                 m = trainer.train_step()
                 tag = "warm-up" if i < args.warmup else "measured"
-                print(f"step {i + 1} ({tag}): {m['time/step']:.3f} s, {m['samples_per_s']:,.0f} samples/s",
-                      file=sys.stderr)
+                phases = ", ".join(f"{k} {m[f'time/{k}']:.1f} s" for k in ("generate", "reward", "reference", "update")
+                                   if f"time/{k}" in m)
+                print(f"step {i + 1} ({tag}): {m['time/step']:.3f} s, {m['samples_per_s']:,.0f} samples/s ({phases})",
+                      file=sys.stderr, flush=True)
                 if i >= args.warmup:
                     rows.append(m)
             groups_of_steps = []  # (prompt tokens, [completion tokens]) of every group of each measured step

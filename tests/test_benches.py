@@ -4,6 +4,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,9 @@ def test_grpo_step_benchmark_smoke(tmp_path, objective):
         assert figures[phase] >= 0
     assert figures["lengths"] == {"P": 4, "A": 8}
     assert "samples/s" in proc.stdout and "MFU" in proc.stdout
+    # each step's line names its phases, so that a stage cut off by its time limit shows where the time went
+    phases = r"\(generate [\d.]+ s, reward [\d.]+ s, reference [\d.]+ s, update [\d.]+ s\)"
+    assert re.search(r"step 1 \(warm-up\): .*" + phases, proc.stderr)
     assert 0 <= figures["update_padding"] < 1 and "update padding" in proc.stdout
     assert figures["kl_estimator"] == ("full" if objective else "k3")
     assert figures["dtype"] in ("fp32", "bf16") and f"in {figures['dtype']}, the run's compute dtype" in proc.stdout
