@@ -291,7 +291,9 @@ def stage_train_compiled(s: Suite) -> tuple[str, dict, str]:
                 "report what it compiled, so this stage cannot check it"), f, ""
     f["graphs"] = [r["compile/graphs"] for r in rows]
     f["compile_failed"] = rows[-1]["compile/failed"]
-    warning = next((line for line in text.splitlines() if "torch.compile failed" in line), None)
+    from rookworld.net.compiling import FELL_BACK  # installed by now (--pack installs it after the arguments)
+
+    warning = next((line for line in text.splitlines() if FELL_BACK in line), None)
     if f["compile_failed"] or warning:
         return (f"failed: {f['compile_failed']} compiled function(s) fell back to eager"
                 + (f": {warning.strip()[:200]}" if warning else "")), f, ""

@@ -259,7 +259,7 @@ def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path
                     "4", "--save-every", "3", "--eval-every", "3", "--eval-size", "8", "--entropy-coef", "0.01",
                     "--lr", "1e-3", "--seed", "3"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "torch.compile failed" not in proc.stderr and "Traceback" not in proc.stderr
+    assert compiling.FELL_BACK not in proc.stderr and "Traceback" not in proc.stderr
     rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the evaluation before any update
     assert "eval/P/legal_best_move" in rows[0] and "reward/mean" not in rows[0]
@@ -305,7 +305,7 @@ def test_sft_on_cuda_reports_mfu_and_writes_a_model(tmp_path):
                     "--steps", "3", "--rows-per-step", "8", "--micro-batch-size", "4", "--eval-every", "0",
                     "--save-every", "3", "--warmup-steps", "0", "--lr", "1e-3"])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "torch.compile failed" not in proc.stderr
+    assert compiling.FELL_BACK not in proc.stderr
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and r["tokens_per_s"] > 0 for r in rows)

@@ -21,6 +21,9 @@ from torch.utils.checkpoint import checkpoint
 #: (device type, function) pairs whose compilation failed, and why: those run eagerly for the rest of the process.
 failed: dict[tuple[str, str], str] = {}
 
+#: What the warning says of a function whose compilation failed: a run's log is checked for it.
+FELL_BACK = "runs without compiling from now on"
+
 #: Entries a compiled function may hold: decoding compiles one for each (batch, cache length) it meets, so
 #: evaluation and --auto-batch add shapes to training's; dynamo's default is 8.
 RECOMPILE_LIMIT = 64
@@ -101,6 +104,5 @@ def _give_up(eager: Callable, device_type: str, error: Exception) -> None:
     cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the backend's own error
     first_line = (str(cause).strip().splitlines() or [""])[0][:300]
     why = failed[(device_type, name(eager))] = f"{type(cause).__name__}: {first_line}{_raised_at(cause)}"
-    warnings.warn(f"torch.compile of {eager.__qualname__} failed on {device_type} ({why}); it runs without "
-                  "compiling from now on, which is slower. --no-compile skips the attempt.", RuntimeWarning,
-                  stacklevel=4)
+    warnings.warn(f"torch.compile of {eager.__qualname__} failed on {device_type} ({why}); it {FELL_BACK}, which "
+                  "is slower. --no-compile skips the attempt.", RuntimeWarning, stacklevel=4)
