@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -440,6 +441,34 @@ def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fa
     assert [r["step"] for r in rows] == [1, 2], "the run went on"
     assert all(r["unscored"] == 0.5 and r["reward/mean"] == pytest.approx(-0.3) for r in rows)
     assert "could not be scored" in str(lines)
+
+
+def test_the_next_step_s_analyses_asked_for_early_are_what_its_rewards_read():
+    """On CUDA the trainer asks Stockfish for the next step's P: positions while the GPU samples (`prefetch`):
+    real Stockfish, three positions; their rewards then come from the pool's cache, equal to the rewards of a pool
+    that was not asked early. A: prompts and P: prompts whose data carries the analysis ask for nothing."""
+    from rookworld.ground.rewards import RewardScorer
+    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.grpo.rollout import ChessReward
+
+    fens = ["rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1",
+            "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3",
+            "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"]
+    prompts = [Prompt("P", f"P: {fen}") for fen in fens]
+    prompts += [Prompt("A", f"A: {fens[0]}+e7e5+e2e4 e7e5+"), Prompt("P", f"P: {fens[1]}", truth=(["g1f3"], [0.3]))]
+    completions = ["M: e7e5 d7d5 g8f6 c7c5 e7e6  E: 0.3 0.4 0.2 0.5 0.1  B: e7e5", "M: f1b5", "M: a1a8 B: a1a8",
+                   "r", "M: f1b5"]
+    with StockfishPool(workers=1, depth=4) as early, StockfishPool(workers=1, depth=4) as late:
+        reward = ChessReward(RewardScorer(early))
+        reward.prefetch(prompts)
+        deadline = time.monotonic() + 60
+        while early.stats.engine_analyses < len(fens) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert early.stats.engine_analyses == len(fens), "one analysis for each P: prompt without one"
+        got = reward(prompts, completions)
+        assert early.stats.engine_analyses == len(fens) and early.stats.cache_hits >= len(fens)
+        want = ChessReward(RewardScorer(late))(prompts, completions)
+    assert got.rewards.tolist() == want.rewards.tolist() and got.valid.all()
 
 
 # -- length-grouped micro-batches -----------------------------------------------------------------------------
