@@ -22,6 +22,7 @@ from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt
 from rookworld.ground.rewards import Scores
 from rookworld.grpo.trainer import Trainer
+from rookworld.harness.distributed import Comm, DistInfo
 
 from conftest import constant_gpt, tiny_gpt
 from test_trainer import FixedPrompts, Lines, metrics, run_cli, train_args
@@ -355,3 +356,72 @@ def test_the_objective_owns_each_steps_beta_through_warm_up():
     assert torch.allclose(per_token.detach(), -adv + 0.05 * k3, atol=1e-12)
     grad = torch.autograd.grad(per_token.sum(), lp)[0]
     assert torch.allclose(grad, -adv + 0.05 * (1.0 - torch.exp(d)), atol=1e-12)
+
+
+# -- the KL weight of A: completions ----------------------------------------------------------------------------
+
+CPU = Comm(DistInfo(), torch.device("cpu"))
+
+
+def test_a_completions_kl_weight_by_hand():
+    """--a-beta-scale s: an A: token's KL term weighs beta x s, a P: token's beta (k3 in the loss, checked by hand
+    in float64, value and gradient); the KL reported stays unweighted; k1's per-token penalty in the advantages is
+    weighed the same way; s = 1 asks for no per-token scale at all."""
+    cfg = TrainConfig(beta=0.1, a_beta_scale=3.0, kl_estimator="k3").validate()
+    objective = Objective(cfg)
+    objective.begin_step(0)
+    scale = objective.kl_scale(np.array(["P", "A"]), 3, torch.device("cpu")).double()
+    assert scale.tolist() == [[1.0] * 3, [3.0] * 3]
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.5]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.4, -2.0, -1.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -1.0, 0.5], [-0.5, 0.25, 2.0]], dtype=torch.float64)
+    per_token, _, kl = objective.token_loss(lp, None, None, advantages=adv, old_logprobs=None, ref_logprobs=ref,
+                                            kl_scale=scale)
+    d = (ref - lp).detach()
+    k3 = torch.exp(d) - d - 1.0
+    weight = torch.tensor([[0.1], [0.3]], dtype=torch.float64)
+    assert torch.allclose(per_token.detach(), -adv + weight * k3, atol=1e-12)
+    assert torch.allclose(kl.double(), k3, atol=1e-6), "the KL reported is the KL, not its weight"
+    grad = torch.autograd.grad(per_token.sum(), lp)[0]
+    assert torch.allclose(grad, -adv + weight * (1.0 - torch.exp(d)), atol=1e-12)
+
+    k1 = Objective(TrainConfig(beta=0.1, a_beta_scale=3.0, kl_estimator="k1", std_scaling="none",
+                               group_size=2).validate())
+    k1.begin_step(0)
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5], dtype=torch.float64)
+    cm = torch.ones(4, 2, dtype=torch.bool)
+    tasks = np.array(["P", "P", "A", "A"])
+    old = torch.tensor([[-1.0, -2.0], [-0.5, -0.5], [-1.0, -1.5], [-2.0, -0.1]], dtype=torch.float64)
+    reference = torch.tensor([[-1.5, -1.0], [-0.5, -0.7], [-1.2, -1.0], [-1.0, -0.3]], dtype=torch.float64)
+    got, _, _ = k1.advantages(rewards, torch.ones(4, dtype=torch.bool), tasks, cm, cm, CPU, ref_logprobs=reference,
+                              old_logprobs=old, old_values=None, kl_scale=k1.kl_scale(tasks, 2, torch.device("cpu")))
+    plain, _, _ = Objective(TrainConfig(beta=0.0, std_scaling="none", group_size=2).validate()).advantages(
+        rewards, torch.ones(4, dtype=torch.bool), tasks, cm, cm, CPU, ref_logprobs=None, old_logprobs=None,
+        old_values=None)
+    penalty = torch.tensor([[0.1], [0.1], [0.3], [0.3]], dtype=torch.float64) * (old - reference)
+    to_go = penalty.flip(1).cumsum(1).flip(1)  # each token's penalty from there to the end
+    assert torch.allclose(got.double(), plain.double() - to_go, atol=1e-6)
+    assert Objective(TrainConfig(beta=0.1).validate()).kl_scale(tasks, 2, torch.device("cpu")) is None
+
+
+class TaskPrompts:
+    def __init__(self, tasks):
+        self.tasks = tasks
+
+    def batch(self, step):
+        return [Prompt(t, f"{t}: 8/8/8/8/8/8/8/K6k w - - 0 1") for t in self.tasks]
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0])
+def test_a_completions_without_kl_weight_feel_no_pull_to_the_reference(tmp_path, scale):
+    """Rewards without spread leave the KL term as the only signal: with --a-beta-scale 0 a step of A: prompts
+    alone has no gradient at all; at 1 the same step has one."""
+    cfg = small_config(tmp_path, steps=1, prompts_per_step=2, group_size=4, max_new_tokens=2, beta=1.0, lr=1e-2,
+                       kl_estimator="k3", std_scaling="none", a_beta_scale=scale)
+    policy = _on_six_tokens([0.6, 0.2, 0.1, 0.05, 0.03, 0.02])
+    reference = _on_six_tokens([0.1, 0.1, 0.2, 0.2, 0.2, 0.2]).requires_grad_(False)
+    t = Trainer(cfg, policy=policy, reference=reference, tokenizer=get_tokenizer(),
+                reward_fn=Scripted([[0.5] * 8]), prompts=TaskPrompts(["A", "A"]), stream=_quiet())
+    m = t.train_step()
+    assert m["kl/mean"] > 0.1, "the KL is measured whatever its weight"
+    assert (m["grad_norm"] == 0.0) == (scale == 0.0), m["grad_norm"]

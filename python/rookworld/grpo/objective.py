@@ -125,17 +125,29 @@ class Objective:
             mask &= grpo.group_has_spread(rewards, self.cfg.group_size).unsqueeze(1)
         return mask
 
+    def kl_scale(self, tasks: np.ndarray, width: int, device: torch.device) -> torch.Tensor | None:
+        """Each completion token's KL weight as a multiple of beta [n, width]: --a-beta-scale on A: rows, 1 on the
+        others; None when every row's is 1 (nothing to multiply)."""
+        if self.cfg.a_beta_scale == 1.0 or not self.measures_kl:
+            return None
+        rows = torch.from_numpy(np.where(np.asarray(tasks) == "A", self.cfg.a_beta_scale, 1.0)).float()
+        return rows.to(device)[:, None].expand(-1, width)
+
     def advantages(self, rewards: torch.Tensor, valid: torch.Tensor, tasks: np.ndarray, completion_mask: torch.Tensor,
                    loss_mask: torch.Tensor, comm: Comm, *, ref_logprobs: torch.Tensor | None,
-                   old_logprobs: torch.Tensor | None, old_values: torch.Tensor | None
+                   old_logprobs: torch.Tensor | None, old_values: torch.Tensor | None,
+                   kl_scale: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
         """Per-token advantages [n, N], the value targets (GAE; else None) and the baselines' metrics, from each
-        completion's reward, validity and task [n] and the rollout's log-prob passes [n, N].
+        completion's reward, validity and task [n] and the rollout's log-prob passes [n, N]; `kl_scale` [n, N]
+        multiplies beta token by token (`kl_scale`).
 
         k1's KL is a per-token reward -beta k1 (the sampling policy's log-probs against the reference's): its
         return-to-go is subtracted from GRPO's advantages, or enters GAE with the task reward (PPO-RLHF)."""
         cm = completion_mask.float()
         penalty = self.step_beta * grpo.kl_k1(old_logprobs, ref_logprobs) * cm if self.kl_in_advantages else None
+        if penalty is not None and kl_scale is not None:
+            penalty = penalty * kl_scale
         if self.critic:
             return *self._gae(rewards, cm, loss_mask, penalty, old_values, comm), {}
         advantages, info = self._completion_advantages(rewards, valid, tasks, comm)
@@ -188,10 +200,12 @@ class Objective:
 
     def token_loss(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, kl: torch.Tensor | None, *,
                    advantages: torch.Tensor, old_logprobs: torch.Tensor | None,
-                   ref_logprobs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                   ref_logprobs: torch.Tensor | None, kl_scale: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The policy's loss of each completion token (any shape, all alike), from the update's pass (log-probs,
         entropy, the exact KL if it ran) and the rollout's; with what the metrics count of it: (loss, clipped,
-        KL)."""
+        KL). `kl_scale`: each token's multiple of beta (`kl_scale`), None for 1 everywhere; the KL reported is
+        unweighted."""
         cfg = self.cfg
         old = old_logprobs if self.policy_moves else logprobs.detach()
         per_token, clipped = grpo.clipped_surrogate(logprobs, old, advantages, cfg.clip_low, cfg.clip_high)
@@ -200,7 +214,7 @@ class Objective:
         if kl is not None:
             kl = kl.float()
             if self.step_beta > 0 and self.kl_in_loss:
-                per_token = per_token + self.step_beta * kl
+                per_token = per_token + self.step_beta * (kl if kl_scale is None else kl * kl_scale)
         if cfg.entropy_coef > 0:
             per_token = per_token - cfg.entropy_coef * entropy
         return per_token, clipped, kl

@@ -85,6 +85,7 @@ class Rollout:
     loss_mask: torch.Tensor | None = None  # [n, N] bool: the tokens the loss counts
     advantages: torch.Tensor | None = None  # [n, N]
     returns: torch.Tensor | None = None  # [n, N] the critic's targets (GAE)
+    kl_scale: torch.Tensor | None = None  # [n, N] each token's multiple of beta (None: 1 everywhere)
     info: dict[str, Any] = field(default_factory=dict)  # metrics of the rollout itself (baselines)
     memo: ProductMemo | None = None  # sampling's trunk products, for the update's first pass (None once used)
     times: dict[str, float] = field(default_factory=dict)
@@ -122,7 +123,7 @@ class Rollout:
         cut = lambda x: None if x is None else x[rows, :width]  # noqa: E731
         return {"advantages": cut(self.advantages), "old_logprobs": cut(self.old_logprobs),
                 "ref_logprobs": cut(self.ref_logprobs), "old_values": cut(self.old_values),
-                "returns": cut(self.returns)}
+                "returns": cut(self.returns), "kl_scale": cut(self.kl_scale)}
 
     def micro_batches(self, rows: np.ndarray, size: int, rows_per_prompt: int):
         return micro_batches(rows, self.prompt_lens, self.completion_lens, self.prompt_width, size, rows_per_prompt)
@@ -167,9 +168,11 @@ def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler,
                                                                cfg.temperature, values=objective.critic)
     with torch.no_grad():
         r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
+        r.kl_scale = objective.kl_scale(r.tasks, r.completion_mask.shape[1], device)
         r.advantages, r.returns, r.info = objective.advantages(
             r.rewards, r.valid, r.tasks, r.completion_mask, r.loss_mask, comm,
-            ref_logprobs=r.ref_logprobs, old_logprobs=r.old_logprobs, old_values=r.old_values)
+            ref_logprobs=r.ref_logprobs, old_logprobs=r.old_logprobs, old_values=r.old_values,
+            kl_scale=r.kl_scale)
     _sync(device)
     r.times = {"generate": t_gen - t0, "reward": t_reward - t_gen, "reference": time.perf_counter() - t_reward}
     return r

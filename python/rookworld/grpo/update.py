@@ -82,8 +82,8 @@ def micro_batch_loss(cfg, objective: Objective, models: Models, r: Rollout, b: M
 
     def token_loss(lp, entropy, kl, i):
         return objective.token_loss(lp, entropy, kl, advantages=at("advantages", i),
-                                    old_logprobs=at("old_logprobs", i), ref_logprobs=at("ref_logprobs", i))[0] \
-            * flat["weights"][i]
+                                    old_logprobs=at("old_logprobs", i), ref_logprobs=at("ref_logprobs", i),
+                                    kl_scale=at("kl_scale", i))[0] * flat["weights"][i]
 
     replay = None if r.memo is None else Replay(r.memo, rows, b.left, W)
     with models.autocast():
@@ -98,7 +98,7 @@ def micro_batch_loss(cfg, objective: Objective, models: Models, r: Rollout, b: M
     loss.backward()
     with torch.no_grad():  # what the metrics count of the micro-batch
         _, clipped, kl = objective.token_loss(out.logprobs, out.entropy, out.kl, **{
-            k: cut[k] for k in ("advantages", "old_logprobs", "ref_logprobs")})
+            k: cut[k] for k in ("advantages", "old_logprobs", "ref_logprobs", "kl_scale")})
         mf, s = m.float(), acc.sums
         s["loss"] += loss.detach()
         s["tokens"] += mf.sum()

@@ -189,6 +189,9 @@ class KLSettings:
                                       "full (exact over the vocabulary, see --kl-direction)", KL)
     kl_direction: str = setting("forward", "direction of --kl-estimator full (only): forward KL(policy||ref), "
                                            "reverse KL(ref||policy) or symmetric (their mean)", KL)
+    a_beta_scale: float = setting(1.0, "the KL weight of A: completions as a multiple of beta (above 1 holds the "
+                                       "environment task nearer the reference while P: moves)", KL,
+                                  check=non_negative)
     beta_warmup_steps: int = setting(0, "ramp beta linearly from 0 over this many steps", KL, check=non_negative)
     kl_target: float | None = setting(None, "adapt beta toward this KL per token (default: fixed beta)", KL,
                                       check=lambda option, v: None if v > 0 else f"{option} must be > 0")
