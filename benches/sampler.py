@@ -56,7 +56,7 @@ def main() -> None:
     device = torch.device(args.device)
     if args.draw != "device":
         sampling.DRAWS[device.type] = sampling._draw if args.draw == "whole" else sampling._draw_in_blocks
-    draw_fn = sampling.DRAWS.get(device.type, sampling._draw).__name__
+    draw_fn = sampling.device_draw(device.type).__name__
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"sample_next on fp32 logits [batch, {VOCAB:,}], temperature {args.temperature}, {draw_fn}, {name}, torch "
@@ -75,8 +75,8 @@ def main() -> None:
         print(f"{batch:>6} {1e3 * eager:>9.2f} {1e3 * compiled:>12.2f} {eager / compiled:>8.2f}x {1e3 * copy:>19.2f}",
               flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "draw": draw_fn, "temperature": args.temperature, "rows": rows},
-                                              indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"device": name, "draw": draw_fn, "temperature": args.temperature,
+                                               "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,11 @@ def _top_p_filter(sorted_logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the top token always survives
 
 
+def _token_logp(scaled: torch.Tensor, choice: torch.Tensor, top: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """The drawn tokens' log-probs [B]: logit - (max + log of the weights' float64 total)."""
+    return scaled.gather(-1, choice).squeeze(-1) - (top.squeeze(-1) + total.squeeze(-1).log().to(scaled.dtype))
+
+
 def _draw(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The draw and its log-prob from (tempered, filtered) logits [B, K] and one uniform [B, 1] a row.
 
@@ -63,8 +68,7 @@ def _draw(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, to
     total = cumulative[:, -1:]
     # right=True: the first index whose sum is above the target; a U of 0 takes the first token with weight.
     choice = torch.searchsorted(cumulative, uniform * total, right=True).clamp_(max=scaled.shape[-1] - 1)
-    token_logp = scaled.gather(-1, choice).squeeze(-1) - (top.squeeze(-1) + total.squeeze(-1).log().to(scaled.dtype))
-    return choice, token_logp
+    return choice, _token_logp(scaled, choice, top, total)
 
 
 #: Columns of one scan in `_draw_in_blocks`. Inductor splits a scan longer than 8,192 over several thread blocks
@@ -100,13 +104,17 @@ def _draw_in_blocks(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.
     sums = inside.gather(1, block[:, :, None].expand(-1, 1, SCAN_BLOCK)).squeeze(1) + before
     choice = (block * SCAN_BLOCK + (sums <= target).sum(-1, keepdim=True)).clamp_(max=scaled.shape[-1] - 1)
     choice = torch.where(weights.gather(-1, choice) > 0, choice, best)
-    token_logp = scaled.gather(-1, choice).squeeze(-1) - (top.squeeze(-1) + total.squeeze(-1).log().to(scaled.dtype))
-    return choice, token_logp
+    return choice, _token_logp(scaled, choice, top, total)
 
 
 #: The draw each device type runs: on the CPU the whole row's sum is one scan, the cheapest there (BENCHMARKS.md,
 #: "The draw in blocks").
 DRAWS = {"cuda": _draw_in_blocks}
+
+
+def device_draw(device_type: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The (eager) draw `device_type` runs."""
+    return DRAWS.get(device_type, _draw)
 
 
 _compiled_draws: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -139,7 +147,7 @@ def sample_next(
     if top_p is not None and top_p < 1.0:
         scaled = _top_p_filter(scaled, top_p)
     device_type = scaled.device.type
-    eager = DRAWS.get(device_type, _draw)
+    eager = device_draw(device_type)
     draw = maybe_compiled(eager, _compiled_draws, device_type, compile)
     # On the CPU, rows a block at a time: a block's float64 sums stay under glibc's 32 MiB mmap threshold, so
     # their memory is reused instead of mapped and faulted in anew at every draw.
