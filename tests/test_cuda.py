@@ -81,6 +81,7 @@ def _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, out) -> None:
 def test_compiled_decode_equals_eager_in_bf16_across_graph_replays(batch, new_tokens):
     model = _model()
     counters.clear()
+    compared = 0  # sampled tokens past the first that compiled and eager drew after the same context
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a compiler fallback warns: it must not happen here
         for seed in (1, 2):  # the second call replays the captured graph on new prompts and a reused cache
@@ -91,15 +92,19 @@ def test_compiled_decode_equals_eager_in_bf16_across_graph_replays(batch, new_to
             for out in (eager, compiled):
                 _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, out)
             assert (eager.tokens == compiled.tokens).all(1).any(), "some rows must decode identically"
-            # Sampled at temperature 1 with the same uniforms, the log-probs are the policy's own: compiled and
-            # eager logits must give the tokens they agree on the same log-probs.
+            # Sampled at temperature 1 with the same uniforms, the log-probs are the policy's own. Even this
+            # model's next-token distributions are wide (about 10 nats), so bf16 rounding parts most rows within
+            # a few draws (measured on the CPU: after 1 to 4 tokens); up to where a row parts, each token was drawn
+            # after the same context by both, and must have the same log-prob.
             kw = dict(max_new_tokens=new_tokens, seed=seed, stop_at_eos=False)
             eager = generate(model, ids, mask, compile=False, **kw)
             compiled = generate(model, ids, mask, compile=True, **kw)
-            rows = (eager.tokens == compiled.tokens).all(1)
-            assert rows.any(), "some rows must draw identically"
-            gap = (eager.logprobs - compiled.logprobs)[rows].abs().max()
-            assert gap < 0.1, f"log-probs of identical tokens differ by {gap:.3f}"
+            same = (eager.tokens == compiled.tokens).long().cumprod(1).bool()  # the common prefix of each row
+            assert same[:, 0].all(), "the first draw (from the prompts' logits) must be the same in every row"
+            gap = (eager.logprobs - compiled.logprobs)[same].abs().max()
+            assert gap < 0.1, f"log-probs of tokens drawn after the same context differ by {gap:.3f}"
+            compared += int(same[:, 1:].sum())
+    assert compared > 0, "no row's second draw agreed: the compiled decode step's log-probs were never compared"
     assert not compiling.failed, compiling.failed
     assert counters["stats"]["unique_graphs"] >= 1, "the decode step was not compiled"
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled decode step did not run as a CUDA graph"
