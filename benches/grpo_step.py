@@ -53,8 +53,14 @@ class FixedLengths(Sampler):
 
     def generate(self, model, ids, mask, tasks, generator, rows_per_prompt, memo=None):
         limits = torch.tensor([self.lengths[t] for t in tasks]).repeat_interleave(rows_per_prompt)
-        return generate(model, ids, mask, max_new_tokens=limits, stop_at_eos=False, generator=generator,
-                        rows_per_prompt=rows_per_prompt, memo=memo, **self.settings)
+        t0 = time.perf_counter()
+        out = generate(model, ids, mask, max_new_tokens=limits, stop_at_eos=False, generator=generator,
+                       rows_per_prompt=rows_per_prompt, memo=memo, **self.settings)
+        # Each decoding's own line, as it ends: a first step cut off by a time limit (compiling) still shows how far
+        # it got and what each new shape cost.
+        print(f"  decoded {out.tokens.shape[0]} rows x {int(limits.max())} tokens after prompts of {ids.shape[1]} in "
+              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        return out
 
 
 def step_flops(cfg: GPTConfig, n_params: int, groups: list[tuple[int, list[int]]], mu: int, old_pass: bool,
