@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -253,3 +254,69 @@ def rookworld_process(*args, input: str | None = None, cwd=None, env=None, timeo
     variables read when a library is imported, a process's own settings."""
     return subprocess.run([sys.executable, "-m", "rookworld", *map(os.fspath, args)], capture_output=True, text=True,
                           input=input, cwd=cwd, env=env, timeout=timeout)
+
+
+def free_port() -> int:
+    """A TCP port no process listens on now (the OS's choice), for a rendezvous: fixed ports collide with a run that
+    another leg or another checkout left, or one still in TIME_WAIT."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+#: A 2-rank test takes about 10 s alone and under a minute on a busy machine: past this, a rank waits for one that
+#: will not come, and the test fails with every process's stacks rather than hanging the suite to its timeout.
+TORCHRUN_BOUND_S = 180.0
+
+
+def torchrun(*args, nproc: int = 2, bound: float = TORCHRUN_BOUND_S) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --nproc_per_node NPROC ARGS` on a free port, one thread a rank, bounded.
+    A run still going at `bound` is sent SIGABRT, torchrun and its ranks alike: faulthandler prints where each
+    Python thread stood, and the test fails with that output."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+           str(free_port()), *map(os.fspath, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        family = _descendants(proc.pid)
+        # torchrun held still, so that it does not stop the other ranks when the first dies; one at a time, so
+        # that the stacks do not interleave
+        os.kill(proc.pid, signal.SIGSTOP)
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+            time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGCONT)
+        os.kill(proc.pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"torchrun did not end in {bound:.0f} s; the stacks of {len(family)} ranks and torchrun "
+                    f"at that moment:\n{err[-12000:]}\n{out[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc (torchrun starts its ranks in sessions of their own, so a
+    process group does not reach them)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # the command name may hold spaces and parentheses: the parent's pid is the 2nd field after the last ")"
+            ppid = int(entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

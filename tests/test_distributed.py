@@ -8,7 +8,6 @@ import datetime
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from conftest import free_port
 
 TESTS = Path(__file__).resolve().parent
 
@@ -103,15 +104,9 @@ def auto_batch_rank(out: str) -> None:
         t.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_auto_batch_agrees_when_one_rank_runs_out_of_memory(tmp_path):
     env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1",
+               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     code = f"import test_distributed; test_distributed.auto_batch_rank({str(tmp_path)!r})"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),

@@ -24,7 +24,7 @@ from rookworld.ground.rewards import Scores
 from rookworld.grpo.trainer import Trainer
 from rookworld.harness.distributed import Comm, DistInfo
 
-from conftest import constant_gpt, tiny_gpt
+from conftest import constant_gpt, tiny_gpt, torchrun
 from test_trainer import FixedPrompts, Lines, metrics, run_cli, train_args
 
 HERE = Path(__file__).resolve().parent
@@ -68,9 +68,7 @@ def test_the_gradient_of_a_step_does_not_depend_on_the_number_of_ranks(tmp_path)
     one = subprocess.run([sys.executable, str(HERE / "ddp_step.py"), str(tmp_path / "one")], capture_output=True,
                          text=True, env=env, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          "29533", str(HERE / "ddp_step.py"), str(tmp_path / "two")], capture_output=True, text=True,
-                         env=env, timeout=600)
+    two = torchrun(HERE / "ddp_step.py", tmp_path / "two")
     assert two.returncode == 0, two.stderr[-3000:]
     cases = sorted(p.stem for p in (tmp_path / "one").glob("*.pt"))
     assert len(cases) == 4

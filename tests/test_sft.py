@@ -18,6 +18,7 @@ from rookworld.ground.data import DataError
 from rookworld.net.tokenizer import EOS_ID, get_tokenizer
 from rookworld.sft.samples import Rows, eval_rows, positions, read_samples, relayout, tokenize
 
+from conftest import torchrun
 from test_trainer import metrics, run_cli
 
 HERE = Path(__file__).resolve().parent
@@ -388,9 +389,7 @@ def test_sft_under_torchrun_gives_the_gradient_of_one_process(tmp_path):
     one = subprocess.run([sys.executable, str(HERE / "ddp_sft.py"), str(data), str(tmp_path / "one")],
                          capture_output=True, text=True, env=env, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          "29541", str(HERE / "ddp_sft.py"), str(data), str(tmp_path / "two")], capture_output=True,
-                         text=True, env=env, timeout=600)
+    two = torchrun(HERE / "ddp_sft.py", data, tmp_path / "two")
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = torch.load(tmp_path / "one" / "grads.pt"), torch.load(tmp_path / "two" / "grads.pt")
     for k in a:

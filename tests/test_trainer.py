@@ -25,7 +25,7 @@ from rookworld.ground.data import Record, assign_moves, position_key
 from rookworld.lm.bestmove import heldout_records
 from rookworld.net.tokenizer import get_tokenizer
 
-from conftest import cli, fixed_lengths, tiny_gpt
+from conftest import cli, fixed_lengths, tiny_gpt, torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -207,11 +207,9 @@ def test_each_prompt_once_trains_as_computing_every_row_s_prompt_does(tiny_dir, 
 
 def test_torchrun_two_processes_on_gloo(tiny_dir, tmp_path):
     out = tmp_path / "ddp"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           str(REPO / "tests" / "ddp_train.py"), str(tmp_path / "digest"),
-           *train_args(tiny_dir, out, "--steps", "2", "--save-every", "0", "--lr", "1e-3", "--entropy-coef", "0.01")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = torchrun(REPO / "tests" / "ddp_train.py", tmp_path / "digest",
+                    *train_args(tiny_dir, out, "--steps", "2", "--save-every", "0", "--lr", "1e-3", "--entropy-coef",
+                                "0.01"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     digests = sorted((tmp_path / "digest").glob("rank*.txt"))
     assert [d.name for d in digests] == ["rank0.txt", "rank1.txt"]
