@@ -104,6 +104,35 @@ def auto_batch_rank(out: str) -> None:
         t.close()
 
 
+# Each round: a DDP module's backward, a reduction through Comm, then the process group destroyed and the module
+# dropped, as a trainer's close and teardown do. A gloo worker thread that still held the reduction's tensor after
+# Python let go of it needed the GIL to free it, while the teardown held the GIL joining that thread: a hang (torch
+# 2.8 to 2.11; within 70-130 rounds here before Comm kept its tensors). A group of one, which Comm is told holds two
+# ranks so that it reduces through the backend.
+DEADLOCK_ROUNDS = """
+import sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from rookworld.harness.distributed import Comm, DistInfo
+torch.set_num_threads(1)
+for _ in range(int(sys.argv[1])):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ddp = DDP(torch.nn.Linear(4, 4))
+    ddp(torch.randn(2, 4)).sum().backward()
+    assert Comm(DistInfo(rank=0, world=2, local_world=2), torch.device("cpu")).sum([1.0, 2.5]) == [1.0, 2.5]
+    dist.destroy_process_group()
+    del ddp
+"""
+
+
+def test_a_reduction_just_before_the_process_group_goes_never_hangs_the_teardown():
+    try:
+        proc = subprocess.run([sys.executable, "-c", DEADLOCK_ROUNDS, "500"], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    except subprocess.TimeoutExpired:
+        pytest.fail("a teardown after a reduction hung: the backend's thread waits for the GIL its joiner holds")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_auto_batch_agrees_when_one_rank_runs_out_of_memory(tmp_path):
     env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
