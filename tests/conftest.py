@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -259,8 +260,6 @@ def rookworld_process(*args, input: str | None = None, cwd=None, env=None, timeo
 def free_port() -> int:
     """A TCP port no process listens on now (the OS's choice), for a rendezvous: fixed ports collide with a run that
     another leg or another checkout left, or one still in TIME_WAIT."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -271,16 +270,16 @@ def free_port() -> int:
 TORCHRUN_BOUND_S = 180.0
 
 
-def torchrun(*args, nproc: int = 2, bound: float = TORCHRUN_BOUND_S) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --nproc_per_node NPROC ARGS` on a free port, one thread a rank, bounded.
-    A run still going at `bound` is sent SIGABRT, torchrun and its ranks alike: faulthandler prints where each
+def torchrun(*args) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --nproc_per_node 2 ARGS` on a free port, one thread a rank, bounded. A run
+    still going after TORCHRUN_BOUND_S is sent SIGABRT, torchrun and its ranks alike: faulthandler prints where each
     Python thread stood, and the test fails with that output."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(free_port()), *map(os.fspath, args)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           *map(os.fspath, args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        out, err = proc.communicate(timeout=bound)
+        out, err = proc.communicate(timeout=TORCHRUN_BOUND_S)
     except subprocess.TimeoutExpired:
         family = _descendants(proc.pid)
         # torchrun held still, so that it does not stop the other ranks when the first dies; one at a time, so
@@ -300,7 +299,7 @@ def torchrun(*args, nproc: int = 2, bound: float = TORCHRUN_BOUND_S) -> subproce
         for pid in family:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        pytest.fail(f"torchrun did not end in {bound:.0f} s; the stacks of {len(family)} ranks and torchrun "
+        pytest.fail(f"torchrun did not end in {TORCHRUN_BOUND_S:.0f} s; the stacks of {len(family)} ranks and torchrun "
                     f"at that moment:\n{err[-12000:]}\n{out[-2000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import REPO, cli, transformers_gpt2
+from conftest import REPO, cli, free_port, transformers_gpt2
 from test_bad_input import one_line_error
 from test_trainer import train_args
 
@@ -30,12 +29,6 @@ def process(args, *, env=None, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rookworld", *map(str, args)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env={**os.environ, **(env or {})}, **kwargs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- 10. a data line nested deep, anywhere --------------------------------------------------------------------------
