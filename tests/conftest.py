@@ -319,3 +319,20 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def check_teardown_order() -> list:
+    """For a rank under torchrun: destroying the process group fails while a DDP wrapper whose weak reference is in
+    the returned list is alive, since its reducer would destroy the group later, holding the GIL, and can hang the
+    rank (`Comm.close`)."""
+    wrappers = []
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_after_the_wrappers(*args, **kwargs):
+        alive = sum(w() is not None for w in wrappers)
+        assert alive == 0, f"{alive} DDP wrappers still alive when the process group is destroyed"
+        destroy(*args, **kwargs)
+
+    torch.distributed.destroy_process_group = destroy_after_the_wrappers
+    return wrappers
+

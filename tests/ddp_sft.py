@@ -10,12 +10,15 @@ import json
 import os
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
 
 from rookworld.settings.config import SFTConfig
 from rookworld.sft.trainer import SFTTrainer
+
+from conftest import check_teardown_order
 
 
 def main() -> int:
@@ -27,7 +30,9 @@ def main() -> int:
         cfg = SFTConfig(init="tiny", n_embd=32, data=[data], output_dir=tmp, steps=1, seq_len=256, pack=False,
                         rows_per_step=8, micro_batch_size=3, max_grad_norm=0.0, eval_every=0, warmup_steps=0,
                         compile=False, device="cpu", dtype="fp32").validate()  # compared to float32's rounding
+        wrappers = check_teardown_order()
         trainer = SFTTrainer(cfg, stream=open(os.devnull, "w"))
+        wrappers.append(weakref.ref(trainer.logprobs))
         m = trainer.train_step()
         if int(os.environ.get("RANK", 0)) == 0:
             torch.save({k: p.grad for k, p in trainer.run.policy.named_parameters()}, out / "grads.pt")

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import fixed_lengths, tiny_gpt  # noqa: E402
+from conftest import check_teardown_order, fixed_lengths, tiny_gpt  # noqa: E402
 from rookworld.settings.config import TrainConfig  # noqa: E402
 from rookworld.net.tokenizer import get_tokenizer  # noqa: E402
 from rookworld.ground.rewards import Scores  # noqa: E402
@@ -73,6 +74,7 @@ def main() -> int:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.set_num_threads(1)
     trainer = None
+    wrappers = check_teardown_order()
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in CASES.items():
             cfg = TrainConfig(steps=1, prompts_per_step=len(PROMPTS), group_size=GROUP, max_new_tokens=9, top_k=1,
@@ -83,6 +85,7 @@ def main() -> int:
                               reference=tiny_gpt(seed=3, scale=3.0).requires_grad_(False), tokenizer=get_tokenizer(),
                               reward_fn=ByPlace(), prompts=Shard(rank, world), stream=open(os.devnull, "w"))
             fixed_lengths(trainer, {"P": 3, "A": 9})
+            wrappers.append(weakref.ref(trainer.models.logprobs))
             m = trainer.train_step()
             if rank == 0:
                 grads = {f"policy.{k}": p.grad for k, p in trainer.run.policy.named_parameters()}

@@ -9,18 +9,23 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import weakref
 from pathlib import Path
 
 from rookworld import cli
 from rookworld.grpo.trainer import Trainer
+
+from conftest import check_teardown_order
 
 
 def main() -> int:
     digest_dir = Path(sys.argv[1])
     digest_dir.mkdir(parents=True, exist_ok=True)
     close = Trainer.close
+    wrappers = check_teardown_order()
 
     def close_with_digest(self: Trainer) -> None:
+        wrappers.append(weakref.ref(self.models.logprobs))
         h = hashlib.sha256()
         for name, p in sorted(self.run.policy.state_dict().items()):
             h.update(name.encode())

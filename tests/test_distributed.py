@@ -104,23 +104,24 @@ def auto_batch_rank(out: str) -> None:
         t.close()
 
 
-# Each round: a DDP module's backward, a reduction through Comm, then the process group destroyed and the module
-# dropped, as a trainer's close and teardown do. A gloo worker thread that still held the reduction's tensor after
-# Python let go of it needed the GIL to free it, while the teardown held the GIL joining that thread: a hang (torch
-# 2.8 to 2.11; within 70-130 rounds here before Comm kept its tensors). A group of one, which Comm is told holds two
-# ranks so that it reduces through the backend.
+# Each round: a DDP module's backward and a reduction through Comm, then the trainers' close: the wrapper let go
+# (`unwrapped`), then the process group (`Comm.close`). The other order hung: the wrapper's reducer, dropped last,
+# destroyed the group while holding the GIL, joining a gloo thread that waited for the GIL to free the reduction's
+# tensor (torch 2.8 within 70-130 rounds, torch 2.11 too). A group of one, which Comm is told holds two ranks so
+# that it reduces through the backend and destroys the group.
 DEADLOCK_ROUNDS = """
 import sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from rookworld.harness.distributed import Comm, DistInfo
+from rookworld.harness.distributed import Comm, DistInfo, unwrapped
 torch.set_num_threads(1)
 for _ in range(int(sys.argv[1])):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    ddp = DDP(torch.nn.Linear(4, 4))
-    ddp(torch.randn(2, 4)).sum().backward()
-    assert Comm(DistInfo(rank=0, world=2, local_world=2), torch.device("cpu")).sum([1.0, 2.5]) == [1.0, 2.5]
-    dist.destroy_process_group()
-    del ddp
+    comm = Comm(DistInfo(rank=0, world=2, local_world=2), torch.device("cpu"))
+    model = DDP(torch.nn.Linear(4, 4))
+    model(torch.randn(2, 4)).sum().backward()
+    assert comm.sum([1.0, 2.5]) == [1.0, 2.5]
+    model = unwrapped(model)
+    comm.close()
 """
 
 

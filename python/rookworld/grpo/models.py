@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from rookworld.harness.distributed import unwrapped
 from rookworld.net.decoding import decodes_eagerly
 from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.memo import ProductMemo
@@ -95,7 +96,11 @@ class Models:
     @property
     def trained(self) -> nn.Module:
         """Every trained parameter (policy and value head), as one module."""
-        return getattr(self.logprobs, "module", self.logprobs)
+        return unwrapped(self.logprobs)
+
+    def close(self) -> None:
+        """The DDP wrapper let go, before the process group goes (`Comm.close`)."""
+        self.logprobs = self.trained
 
     @torch.no_grad()
     def rollout_logprobs(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,

@@ -464,5 +464,6 @@ class Trainer:
         if self.pool is not None:
             self.pool.close(cancel_pending=True)  # analyses prefetched for a step that will not run
             self.pool = None
+        self.models.close()
         self.run.comm.close()
         self.run.close()  # the output directory is free for the next run, in this process too

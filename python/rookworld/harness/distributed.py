@@ -11,12 +11,13 @@ import re
 import socket
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.settings.base import ConfigError
 
@@ -275,15 +276,6 @@ def rerun(command_line: str) -> str:
     return f"{command_line} on each of the {world} ranks (RANK 0 to {world - 1})"
 
 
-#: The tensors of the latest collectives, held by Python until the process ends. A backend's worker thread lets go
-#: of a collective's tensors a moment after the collective returns; when Python has let go first, the thread needs
-#: the GIL to free them, and if the process group is being destroyed just then (by a trainer's teardown, which
-#: holds the GIL while it joins those threads) neither moves: a rank hung at exit (torch 2.8, gloo, a busy CPU).
-#: Held here, the thread's release is a reference count, never a wait. The latest 16 collectives' (small) tensors:
-#: far more than a backend's threads hold at once.
-_HANDED_TO_BACKEND: deque[tuple[torch.Tensor, ...]] = deque(maxlen=16)
-
-
 class Comm:
     """Reductions over every rank, in float64; one process is a world of one."""
 
@@ -307,9 +299,7 @@ class Comm:
         if not self.info.enabled:
             return x
         parts = [torch.empty_like(x) for _ in range(self.info.world)]
-        x = x.contiguous()
-        _HANDED_TO_BACKEND.append((x, *parts))
-        dist.all_gather(parts, x)
+        dist.all_gather(parts, x.contiguous())
         return torch.cat(parts)
 
     def moments(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
@@ -325,7 +315,6 @@ class Comm:
         if not self.info.enabled:
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        _HANDED_TO_BACKEND.append((t,))
         dist.all_reduce(t, op=op)
         return t.tolist()
 
@@ -334,5 +323,15 @@ class Comm:
             dist.barrier()
 
     def close(self) -> None:
+        """The process group destroyed. Every DDP wrapper must be let go first (`unwrapped`): a wrapper's reducer
+        that outlives the group drops the group's last reference while holding the GIL, and the group's
+        destructor joins the backend's threads, one of which may be waiting for the GIL to free a collective's
+        tensors: a rank hung at exit (torch 2.8 to 2.11). Through its Python handle, the group's destructor
+        releases the GIL."""
         if self.info.enabled and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def unwrapped(module: nn.Module) -> nn.Module:
+    """The module a DDP wrapper trains, or `module` itself where it has none."""
+    return module.module if isinstance(module, DDP) else module

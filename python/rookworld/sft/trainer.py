@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import StockfishPool
+from rookworld.harness.distributed import unwrapped
 from rookworld.harness.run import Run, step_if_finite
 from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
@@ -182,5 +183,6 @@ class SFTTrainer:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        self.logprobs = unwrapped(self.logprobs)  # before the process group goes (`Comm.close`)
         self.run.comm.close()
         self.run.close()  # the output directory is free for the next run, in this process too
