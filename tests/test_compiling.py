@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import tiny_gpt
-from rookworld.net import compiling, decoding
+from rookworld.net import compile_log, compiling, decoding
 from rookworld.net.sampling import generate
 from rookworld.net.tokenizer import get_tokenizer
 
@@ -45,9 +45,9 @@ def test_past_the_recompile_limit_decoding_falls_back_to_eager(monkeypatch):
 @pytest.mark.slow
 def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     """20 steps of GRPO on the built-in 80/20 prompt mix with Stockfish's rewards and a held-out evaluation every 5
-    steps, every hot path compiled as a CUDA run compiles it. The bound, from what varies: the decode step compiles
-    once for each (batch size, cache length bucket) of each task, and evaluation's; the draw and the log-prob passes
-    go dynamic at their second shape."""
+    steps, every hot path compiled as a CUDA run compiles it. The bound, from what varies: each function compiles
+    with dynamic shapes from its first call, and evaluation's greedy decoding and no-grad passes add their own
+    graphs (another grad mode, another model)."""
     from rookworld.grpo.trainer import Trainer
     from rookworld.net.model import GPT, GPTConfig
     from rookworld.settings.config import TrainConfig
@@ -80,3 +80,146 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
                                                                logprobs._vocab_backward)}
     print(f"graphs compiled over 20 steps: {graphs}: {counts}")
     assert 0 < graphs <= 40, graphs
+
+
+def _grpo_step_bench():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("grpo_step_bench", Path(__file__).parents[1] / "benches" / "grpo_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_a_124m_shaped_step_compiles_at_most_six_graphs_then_none(monkeypatch, tmp_path):
+    """GPT-2 small's shape (12 layers, 12 heads, 768 wide, GPT-2's vocabulary) under every switch a CUDA run sets
+    (benches/grpo_step.py --rehearse-cuda: the draw in blocks, `AfterPrompts`, every hot path compiled), at the
+    default 80/20 task mix, so that a step's P:/A: split moves its batches: the first step compiles at most 6
+    graphs (the decode step, the draw, the trunk's no-grad and differentiable passes, the fused vocabulary pass's
+    forward and backward) and steps 2 to 5 none. dynamo's eager backend: its graphs and guards are inductor's."""
+    from rookworld.grpo.trainer import Trainer
+    from rookworld.net import model as model_module, sampling
+    from rookworld.net.model import GPT, GPTConfig
+    from rookworld.settings.config import TrainConfig
+
+    bench = _grpo_step_bench()
+    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling.torch, "compile", functools.partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(compiling, "DYNAMIC_OPTIONS", {})  # inductor's settings
+    for module, names in ((decoding, ["_compiled_steps"]), (sampling, ["_compiled_draws", "DRAWS"]),
+                          (model_module, ["GROUPED_PROMPTS_ON"])):
+        for name in names:  # the rehearsal changes copies, which the test's end puts back
+            monkeypatch.setattr(module, name, type(getattr(module, name))(getattr(module, name)))
+    from rookworld.net import logprobs
+    for name in ("_compiled_states", "_compiled_chunks", "_compiled_forwards", "_compiled_backwards"):
+        monkeypatch.setattr(logprobs, name, {})
+    torch._dynamo.reset()
+    # 13 prompts at the default mix: 2 or 3 A: prompts a step (never 1: a batch of one group is a size dynamo
+    # specializes, which a 124M run's 128 prompts never meet).
+    cfg = TrainConfig(steps=5, prompts_per_step=13, group_size=2, max_new_tokens=6, eval_every=0,
+                      stockfish_depth=1, stockfish_workers=1, save_every=0, sample_every=0, warmup_steps=0,
+                      micro_batch_size=16, device="cpu", output_dir=str(tmp_path), log_every=100).validate()
+    torch.manual_seed(0)
+    policy = GPT(GPTConfig(n_layer=12, n_head=12, n_embd=768)).eval()
+    t = Trainer(cfg, policy=policy, reference=copy.deepcopy(policy), tokenizer=get_tokenizer(),
+                stream=open(os.devnull, "w"))
+    bench.rehearse_cuda(t)
+    log, per_step, a_prompts = compile_log.CompileLog(), [], []
+    try:
+        for step in range(5):
+            a_prompts.append(sum(p.task == "A" for p in t.prompts.batch(step)))
+            t.train_step()
+            per_step.append(log.new())
+    finally:
+        t.close()
+    assert not compiling.failed, compiling.failed
+    print("graphs a step:", [compile_log.summary(g) for g in per_step], "A: prompts a step:", a_prompts)
+    assert len(set(a_prompts)) > 1, a_prompts  # the batches did move
+    assert 0 < sum(not g.backward for g in per_step[0]) <= 6, compile_log.summary(per_step[0])
+    assert [len(g) for g in per_step[1:]] == [0, 0, 0, 0], [compile_log.summary(g) for g in per_step[1:]]
+
+
+def _double_relu(x: torch.Tensor) -> torch.Tensor:
+    return (2 * x).relu() + 1
+
+
+def test_a_compiling_run_says_each_graph_as_it_begins_and_after_its_step(monkeypatch, tmp_path):
+    """What a compiling run (`harness.compiles.CompileReport`) tells its user: the graph dynamo begins, in words
+    and while it waits, then each step's graphs (name, seconds, why it compiled again) in its log line and its
+    metrics row. Compiled here with a static shape, so that a second shape is a recompile with a reason."""
+    import io
+
+    from rookworld.harness.compiles import CompileReport
+    from rookworld.harness.runlog import RunLog
+
+    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling.torch, "compile", functools.partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(compile_log, "_descriptions", {})
+    compile_log.describe(_double_relu, lambda x: f"the doubling of {x.shape[0]:,} rows")
+    stream = io.StringIO()
+    report = CompileReport(RunLog(tmp_path, 2, stream=stream, report_to=()), tmp_path, main=True)
+    try:
+        compiled: dict = {}
+        rows = []
+        for step, n in ((1, 1500), (2, 7), (3, 7)):
+            fn = compiling.maybe_compiled(_double_relu, compiled, "cpu", True, dynamic=False)
+            out, fn = compiling.run_or_fall_back(fn, _double_relu, "cpu", torch.randn(n, 3))
+            assert out.shape == (n, 3)
+            m = {"step": step}
+            report.after_step(m)
+            rows.append(m)
+    finally:
+        compile_log.announce_compiles(None)
+    text = stream.getvalue()
+    assert "compiling the doubling of 1,500 rows ..." in text and "compiling the doubling of 7 rows ..." in text
+    assert "step 1 compiled 1 graph" in text and "step 2 compiled 1 graph" in text and "step 3" not in text
+    first, second = rows[0]["compiled"], rows[1]["compiled"]
+    assert [g["name"] for g in first + second] == ["_double_relu", "_double_relu"]
+    assert first[0]["reason"] is None and all(g["seconds"] >= 0 for g in first + second)
+    assert "size mismatch" in second[0]["reason"] and "1500" in second[0]["reason"], second
+    assert "compiled" not in rows[2]  # no graph, no key
+
+
+_CACHE_SCRIPT = """
+import sys, torch
+from rookworld.harness.compiles import CompileReport
+from rookworld.harness.runlog import RunLog
+out = sys.argv[1]
+report = CompileReport(RunLog(out, 1, report_to=()), out, main=True)
+if sys.argv[2] == "load":
+    report.load_cache()
+f = torch.compile(lambda x: (x.sin() * 3).cumsum(0), fullgraph=True)
+f(torch.randn(64))
+m = {"step": 1}
+report.after_step(m)
+print("hits", torch._dynamo.utils.counters["inductor"]["fxgraph_cache_hit"])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~40 s)")
+def test_the_compile_cache_travels_with_the_run_directory(tmp_path):
+    """A compiling run saves torch.compiler's cache artifacts in its run directory after the step that compiled; a
+    process that resumes it loads them and takes its graph from them: each process has an inductor cache directory
+    of its own, so a cache hit in the second can only come from the run directory's file. A corrupt file costs a
+    warning and a compile."""
+    import subprocess
+    import sys
+
+    def run(mode: str, cache_dir: str) -> str:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / cache_dir))
+        proc = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT, str(tmp_path), mode], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    first = run("fresh", "inductor_a")
+    cache = tmp_path / "compile_cache.bin"
+    assert "hits 0" in first and cache.is_file() and cache.stat().st_size > 0, first[-2000:]
+    second = run("load", "inductor_b")
+    assert "loaded the compile cache" in second and "hits 1" in second, second[-2000:]
+    cache.write_bytes(b"not a cache")
+    third = run("load", "inductor_c")
+    assert "was not loaded" in third and "hits 0" in third, third[-2000:]

@@ -272,6 +272,11 @@ def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path
     for r in rows:
         assert math.isfinite(r["loss"]) and r["samples_per_s"] > 0 and r["peak_memory_gb"] > 0
     assert "eval/P/best_move_accuracy" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
+    # What compiled is said while it waits and after its step, and kept in that step's row (issue 56).
+    compiled = [g for r in metrics(out) for g in r.get("compiled", [])]
+    assert compiled and all(g["name"] and g["seconds"] >= 0 for g in compiled), compiled
+    assert "compiling the decode step for " in proc.stderr and " compiled " in proc.stderr
+    assert (out / "compile_cache.bin").is_file()
     ckpt = out / "checkpoints" / "step-000003"
     transformers = pytest.importorskip("transformers")
     from rookworld.net.pretrained import from_pretrained

@@ -667,7 +667,8 @@ def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch
     monkeypatch.setattr(logprobs, "_compiled_states",
                         {"cpu": torch.compile(logprobs._states, backend=broken_backend, fullgraph=True)})
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
-        fallen_back = token_logprobs(model, ids, mask, start=5, compile=True)
+        # With the entropy: a vocabulary pass worth compiling (`_VocabPass._fuses`), which must stay compiled.
+        fallen_back = token_logprobs(model, ids, mask, start=5, compile=True, return_entropy=True)
     fallen_back.logprobs.sum().backward()
     # Only the trunk fell back: the vocabulary pass stayed compiled, so the values are eager's to its rounding.
     torch.testing.assert_close(fallen_back.logprobs, eager.logprobs, rtol=1e-5, atol=1e-5)

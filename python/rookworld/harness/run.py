@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from rookworld.harness import checkpoint
+from rookworld.harness.compiles import CompileReport
 from rookworld.harness.distributed import Comm, init_distributed
 from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
 from rookworld.harness.runlog import RunLog, Summary
@@ -135,6 +136,10 @@ class Run:
                           command=command)
         if leftovers:
             self.log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
+        #: What compiling costs, said where the user sees it (None when nothing compiles).
+        self.compiles = CompileReport(self.log, cfg.output_dir, self.dist.main) if self.compile else None
+        if self.compiles is not None and self.resume_from is not None:
+            self.compiles.load_cache()
         ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
         steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
         self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "
@@ -283,6 +288,7 @@ class Run:
             if evaluate is not None and cfg.eval_every and self.step == 0:
                 m = {"step": 0}
                 if self._evaluated(evaluate, m):
+                    self._report_compiles(m)
                     self.log.step(m, log_line=False)
                     last_eval = m
                 self.interrupted = self.comm.any(self._stop_requested)
@@ -304,6 +310,7 @@ class Run:
                         and self._evaluated(evaluate, m):
                     last_eval = m
                 m["eta_s"] = self.log.eta(self.step)
+                self._report_compiles(m)
                 self.log.step(m, log_line=self.step % cfg.log_every == 0 or final)
                 # The last step's samples too, so that a run shorter than --sample-every still shows some.
                 if samples is not None and sample_every and (self.step % sample_every == 0 or final) \
@@ -325,6 +332,10 @@ class Run:
                 signal.signal(sig, handler)
             self.close()
         return last
+
+    def _report_compiles(self, m: dict[str, Any]) -> None:
+        if self.compiles is not None:
+            self.compiles.after_step(m)
 
     def _evaluated(self, evaluate: Callable[[], dict[str, Any]], m: dict[str, Any]) -> bool:
         """The held-out evaluation into `m`, timed, and its line; False when Ctrl-C stopped it."""

@@ -26,12 +26,15 @@ from rookworld.settings.config import ConfigError, RunConfig
 RUN_FILE = "run.json"
 #: OUTPUT_DIR/WANDB_ID holds the id of the run's W&B run, so that --resume continues the same one.
 WANDB_ID = "wandb_id"
+#: torch.compile's cache artifacts of the run (`harness.compiles`), loaded on --resume.
+COMPILE_CACHE = "compile_cache.bin"
 #: Held (flock) by the run writing to the directory, for as long as its process lives: the kernel drops the lock of a
 #: process that dies however it dies, so a crashed run's lock file is stale by itself and never needs clearing.
 LOCK_FILE = ".rookworld.lock"
 COMMANDS = ("train", "sft")
 # What a run writes, besides the model files `sft` (and `train`) keep at the top.
-_RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard", "wandb", WANDB_ID, RUN_FILE)
+_RUN_FILES = ("metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard", "wandb", WANDB_ID, RUN_FILE,
+              COMPILE_CACHE)
 _RUN_DIRS = ("checkpoints", "tensorboard", "wandb")
 _MODEL_FILES = ("model.safetensors", "config.json", "vocab.json", "merges.txt")
 

@@ -18,6 +18,8 @@ import torch._dynamo
 import torch._inductor.config
 from torch.utils.checkpoint import checkpoint
 
+from rookworld.net import compile_log
+
 #: (device type, function) pairs whose compilation failed, and why: those run eagerly for the rest of the process.
 failed: dict[tuple[str, str], str] = {}
 
@@ -64,8 +66,11 @@ def maybe_compiled(fn: Callable, compiled: dict[str, Callable], device_type: str
         return fn
     if device_type not in compiled:
         _raise_recompile_limit()
-        if options.get("dynamic") is not False and "mode" not in options and DYNAMIC_OPTIONS:
-            options = {**options, "options": DYNAMIC_OPTIONS}
+        if options.get("dynamic") is not False and DYNAMIC_OPTIONS:
+            # torch.compile takes a mode or options, not both: a mode is given as the options it stands for.
+            mode = options.pop("mode", None)
+            chosen = torch._inductor.list_mode_options(mode, options.get("dynamic")) if mode else {}
+            options = {**options, "options": {**chosen, **DYNAMIC_OPTIONS}}
         compiled[device_type] = torch.compile(fn, fullgraph=True, **options)
     return compiled[device_type]
 
@@ -77,11 +82,19 @@ def run_or_fall_back(fn: Callable, eager: Callable, device_type: str, *args: Any
     run = lambda f: checkpoint(f, *args, use_reentrant=False) if checkpointed else f(*args)  # noqa: E731
     if fn is eager:
         return run(fn), fn
+    # A view's base is guarded on (its size, its rank): an input that is a slice one call and a whole tensor the
+    # next (the last chunk, a row block, a token unsqueezed from another shape) would compile again. Detached, such
+    # an input is a tensor of its own over the same memory; no gradient flows through one that does not need it.
+    args = tuple(a.detach() if isinstance(a, torch.Tensor) and a._is_view() and not a.requires_grad else a
+                 for a in args)
+    compile_log.calling = (eager, args)
     try:
         return run(fn), fn
     except _COMPILE_ERRORS as error:
         _give_up(eager, device_type, error)
         return run(eager), eager
+    finally:
+        compile_log.calling = None
 
 
 def _raise_recompile_limit() -> None:

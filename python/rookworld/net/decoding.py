@@ -17,12 +17,13 @@ from collections.abc import Callable
 import torch
 
 from rookworld.net.caches import GroupCache, KVCache
+from rookworld.net.compile_log import describe
 from rookworld.net.compiling import has_failed, maybe_compiled, run_or_fall_back
 from rookworld.net.head import head_logits
 from rookworld.net.model import GPT
 
 # Round the cache length up to a multiple of this when compiling, so that prompts of slightly different widths
-# reuse one compiled graph (each distinct shape is a recompilation and another CUDA graph).
+# reuse one cache and one CUDA graph (each distinct shape is another recording).
 CACHE_LEN_BUCKET = 64
 # Compiled decoding keeps its KV caches between calls (the CUDA graph has their addresses baked in); at most
 # this many shapes per model, least recently used evicted. A run's steady state is each task at one or two batch
@@ -47,6 +48,10 @@ def decode_step(
     with torch.autocast(device_type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
         hidden = model.trunk(tokens, None, position_ids, cache, write_pos)
         return head_logits(hidden[:, -1], model.lm_head.weight)
+
+
+describe(decode_step, lambda model, cache, tokens, *_: f"the decode step for {tokens.shape[0]:,} rows x "
+                                                      f"{cache.valid.shape[1]} positions")
 
 
 def _pooled_cache(model: GPT, batch_size: int, max_len: int, dtype: torch.dtype) -> KVCache:
@@ -103,7 +108,9 @@ class Decoder:
         compile = not decodes_eagerly(self.device, compile)
         # reduce-overhead = inductor + CUDA graphs: the ~100 small kernels of a decode step become one replay.
         mode = "reduce-overhead" if device_type == "cuda" else None
-        self.step_fn = maybe_compiled(decode_step, _compiled_steps, device_type, compile, mode=mode, dynamic=False)
+        # dynamic: one graph for every batch and cache length (a step's P:/A: split moves its batches from step to
+        # step); CUDA graphs still record one replay for each shape, which costs a recording, not a compile.
+        self.step_fn = maybe_compiled(decode_step, _compiled_steps, device_type, compile, mode=mode, dynamic=True)
         self.compile = self.step_fn is not decode_step
         self.max_len = max_len
         self.cache: KVCache | GroupCache | None = None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rookworld.net.compile_log import describe
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
 from rookworld.net.head import add_head_grad, head_grad_weight, head_input_grad, head_logits
 from rookworld.net.memo import Replay
@@ -121,8 +122,12 @@ def _states(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
 # Eager under bf16 autocast, the trunk's LayerNorms, GELUs, residual adds and casts each read and write the
 # activations once more, forward and backward: at GPT-2 small's width about as many bytes as its matmuls take
 # time. Compiled, they fuse into the matmuls' neighbours. Shapes vary between calls (micro-batches are cut to
-# their own columns), so after the first new shape dynamo compiles a dynamic-shape graph.
+# their own columns, prompts have their own widths), so it compiles with dynamic shapes from the first call: one
+# graph for the no-grad passes, one (forward and backward) for the update's.
 _compiled_states: dict[str, Callable[..., torch.Tensor]] = {}
+describe(_states, lambda model, ids, *_: f"the trunk's log-prob pass{'' if torch.is_grad_enabled() else ' (no grad)'} "
+                                         f"for {ids.shape[0]:,} rows x {ids.shape[1]} positions")
+describe(_chunk_logprobs, lambda hidden, *_: f"the vocabulary's log-softmax for {hidden.shape[0]:,} positions")
 
 
 def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, start: int = 1,
@@ -151,7 +156,7 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
     if not 1 <= start < T:
         raise ValueError(f"start must lie in [1, {T}), got {start}")
     N, device_type = T - start, input_ids.device.type
-    states = maybe_compiled(_states, _compiled_states, device_type, compile)
+    states = maybe_compiled(_states, _compiled_states, device_type, compile, dynamic=True)
     if replay is None:
         hidden, states = run_or_fall_back(states, _states, device_type, model, input_ids, attention_mask, start,
                                           rows_per_prompt)
@@ -209,12 +214,20 @@ class _VocabPass:
         total, lp, entropy, kl = _FusedHead.apply(hidden, self.weight, ref_hidden, targets, positions, loss, self)
         return total, [lp, *([entropy] if self.entropy else []), *([kl] if ref_hidden is not None else [])]
 
+    def _fuses(self, ref_hidden: torch.Tensor | None) -> bool:
+        """Whether compiling `_chunk_logprobs` saves passes over [chunk, vocab]: a log-prob alone (the reference's,
+        at temperature 1) is the head's product, a logsumexp and a gather, which eager code already does in about
+        the passes a compiled kernel takes; a temperature, the entropy or the KL each add passes that fuse. Not
+        worth the graph (and its minutes of compiling) otherwise."""
+        return self.temperature != 1.0 or self.entropy or ref_hidden is not None
+
     def _stats(self, hidden: torch.Tensor, targets: torch.Tensor, ref_hidden: torch.Tensor | None
                ) -> list[torch.Tensor]:
         """`_chunk_logprobs` of each chunk (checkpointed under autograd), concatenated."""
         differentiable = torch.is_grad_enabled() and (hidden.requires_grad or self.weight.requires_grad)
         device_type = hidden.device.type
-        fn = maybe_compiled(_chunk_logprobs, _compiled_chunks, device_type, self.compile)
+        fn = maybe_compiled(_chunk_logprobs, _compiled_chunks, device_type, self.compile and self._fuses(ref_hidden),
+                            dynamic=True)
         parts: list[tuple[torch.Tensor, ...]] = []
         for i in range(0, max(len(targets), 1), self.chunk):  # no position wanted: one empty chunk keeps the shapes
             c = slice(i, i + self.chunk)
@@ -337,6 +350,9 @@ def _vocab_backward(targets, temperature, kl_weights, logp, p, logq, q, entropy,
 # compiled, they fuse into a few kernels on each side of the loss.
 _compiled_forwards: dict[str, Callable[..., tuple]] = {}
 _compiled_backwards: dict[str, Callable[..., tuple]] = {}
+describe(_vocab_forward, lambda hidden, *_: f"the fused vocabulary pass's forward for {hidden.shape[0]:,} positions")
+describe(_vocab_backward, lambda targets, *_: f"the fused vocabulary pass's backward for {targets.shape[0]:,} "
+                                              "positions")
 
 
 def _loss_and_derivatives(loss: TokenLoss, lp: torch.Tensor, entropy: torch.Tensor | None, kl: torch.Tensor | None,

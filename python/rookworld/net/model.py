@@ -223,6 +223,11 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x)), kv
 
 
+#: The device types whose continuations read their group's prompt through `GroupedPrompts`: on the CPU the copies
+#: of `AfterPrompts` cost more than the attention (BENCHMARKS.md, issue 33); a GPU's fused SDPA is worth them.
+GROUPED_PROMPTS_ON = {"cpu"}
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -310,7 +315,7 @@ class GPT(nn.Module):
         attention_mask, prompt_mask = attention_mask.to(torch.bool), prefix_mask.to(torch.bool)
         row_prompt_mask = prompt_mask.repeat_interleave(B // g, 0)
         position_ids = row_prompt_mask.sum(1, keepdim=True) + positions_from_mask(attention_mask)
-        if input_ids.device.type == "cpu" and not (self.training and self.config.dropout > 0):
+        if input_ids.device.type in GROUPED_PROMPTS_ON and not (self.training and self.config.dropout > 0):
             attend: Attention = GroupedPrompts(prefix, prompt_bias(prompt_mask))
         else:
             seen = row_prompt_mask.unsqueeze(1).expand(B, T, P)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rookworld.net.compile_log import describe
 from rookworld.net.compiling import maybe_compiled, run_or_fall_back
 from rookworld.net.decoding import Decoder
 from rookworld.net.limits import ContextTooLong
@@ -118,6 +119,9 @@ def device_draw(device_type: str) -> Callable[[torch.Tensor, torch.Tensor], tupl
 
 
 _compiled_draws: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+for _fn in (_draw, _draw_in_blocks):
+    describe(_fn, lambda scaled, uniform: f"the sampling draw for {scaled.shape[0]:,} rows x {scaled.shape[1]:,} "
+                                          "tokens")
 
 
 def sample_next(
@@ -148,7 +152,7 @@ def sample_next(
         scaled = _top_p_filter(scaled, top_p)
     device_type = scaled.device.type
     eager = device_draw(device_type)
-    draw = maybe_compiled(eager, _compiled_draws, device_type, compile)
+    draw = maybe_compiled(eager, _compiled_draws, device_type, compile, dynamic=True)  # one graph for every batch
     # On the CPU, rows a block at a time: a block's float64 sums stay under glibc's 32 MiB mmap threshold, so
     # their memory is reused instead of mapped and faulted in anew at every draw.
     B, K = scaled.shape
@@ -189,9 +193,9 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     temperature <= 0 is greedy; top_k / top_p restrict the support (applied after temperature, top-k first).
     seed or generator: seeded runs are reproducible (same device, same batch). The generator must live on the
         model's device.
-    compile: compile the decode step (CUDA graphs on CUDA); default True on CUDA, False elsewhere. Each new
-        (batch size, bucketed length) compiles again, up to `compiling.RECOMPILE_LIMIT` shapes. If compiling
-        fails (that limit too), a RuntimeWarning says why and the process decodes eagerly from then on.
+    compile: compile the decode step (CUDA graphs on CUDA); default True on CUDA, False elsewhere. It compiles
+        once with dynamic shapes; on CUDA each new (batch size, bucketed length) records another CUDA graph. If
+        compiling fails, a RuntimeWarning says why and the process decodes eagerly from then on.
     dtype: compute dtype; default bfloat16 on CUDA for an fp32 model, else the model's own. If it differs from
         the parameters' dtype the forward runs under torch.autocast; the KV cache is kept in `dtype`.
     memo: keeps the trunk's products of this (eager, CPU) decoding for the update's first pass (`ProductMemo`).
