@@ -8,6 +8,11 @@ generated tokens/s, time per phase, model FLOP utilisation and peak memory, afte
     python benches/grpo_step.py --device cpu --tiny --prompts 4 --group 4 --steps 2   # smoke check here
 
 `--uniform-length N` gives every completion N tokens (for a like-for-like run beside benches/trl_baseline.py).
+`--rehearse-cuda` runs on the CPU the code paths and compile settings a CUDA run takes (the draw in blocks,
+`AfterPrompts`, bf16 autocast, every hot path compiled), so that a change to compiling is measured before it
+reaches a GPU; `--compile-backend eager` counts its graphs in seconds instead of inductor's minutes. Every run
+prints each graph compiled (function, seconds, why it compiled again) as the step that compiled it ends, and
+`--json` is rewritten after every step, so that a run cut off by a time limit leaves what it measured.
 `--kl-estimator full` measures the exact KL over the vocabulary against the default k3; `--advantage gae` the
 value head and GAE.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import statistics
@@ -27,6 +33,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+from rookworld.net import compile_log, compiling, model as model_module, sampling  # noqa: E402
 from rookworld.net.model import GPT, GPTConfig  # noqa: E402
 from rookworld.net.sampling import generate  # noqa: E402
 from rookworld.settings.config import TrainConfig  # noqa: E402
@@ -102,6 +109,59 @@ def mm_peak_gflops(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.f
     return 2 * n**3 / best / 1e9
 
 
+def rehearse_cuda(trainer: Trainer) -> None:
+    """The CUDA paths on the CPU: the draw in blocks, continuations through `AfterPrompts`, and every function a
+    CUDA run compiles compiled (decoding without CUDA graphs, which need a GPU)."""
+    sampling.DRAWS["cpu"] = sampling._draw_in_blocks
+    model_module.GROUPED_PROMPTS_ON.discard("cpu")
+    trainer.run.compile = trainer.models.compile = trainer.models.logprobs.compile = True
+    trainer.sampler.settings["compile"] = True
+
+
+def write_json(path: str | None, figures: dict) -> None:
+    """Atomically: a reader polling the file (benches/gpu_suite.py) never sees half of it."""
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(json.dumps(figures, indent=2) + "\n")
+        tmp.replace(path)
+
+
+class Compiles:
+    """The graphs compiled so far, each with its step, in the progress figures: collected after each step and each
+    time dynamo begins another graph, so that a run cut off while it compiles still has the graphs it finished."""
+
+    def __init__(self, progress: dict, path: str | None):
+        self.progress, self.path, self.step = progress, path, 1
+        self.log, self.graphs = compile_log.CompileLog(), []
+        compile_log.announce_compiles(self.announce)
+
+    def collect(self) -> None:
+        self.graphs += [(self.step, g) for g in self.log.new()]
+        self.progress["compiled"] = [{**g.row(), "step": step} for step, g in self.graphs]
+
+    def of_step(self, step: int) -> list[compile_log.Graph]:
+        self.collect()
+        self.progress.pop("compiling", None)
+        return [g for s, g in self.graphs if s == step]
+
+    def announce(self, text: str) -> None:
+        print("  " + text, file=sys.stderr, flush=True)
+        self.collect()
+        self.progress["compiling"] = text
+        write_json(self.path, self.progress)
+
+
+def print_graphs(graphs: list[dict]) -> None:
+    if not graphs:
+        print("graphs compiled: none")
+        return
+    count = sum(not g.get("backward") for g in graphs)
+    print(f"graphs compiled: {count} (and the backwards listed), {sum(g['seconds'] for g in graphs):.1f} s")
+    print(f"  {'step':>4}  {'seconds':>8}  function (why it compiled again)")
+    for g in graphs:
+        print(f"  {g['step']:>4}  {g['seconds']:>8.1f}  {g['name']}" + (f" ({g['reason']})" if g["reason"] else ""))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -123,6 +183,13 @@ def main() -> int:
     ap.add_argument("--kl-estimator", default="k3", choices=("k1", "k2", "k3", "full"))
     ap.add_argument("--advantage", default="grpo", choices=("grpo", "gae"))
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--rehearse-cuda", action="store_true", help="on the CPU, the code paths and compile settings of "
+                    "a CUDA run (bf16 unless --dtype says otherwise)")
+    ap.add_argument("--compile-cache", default=None, help="load torch.compile's cache artifacts from this file first "
+                    "if it exists, and save them to it after the warm-up (what `rookworld train --resume` does with "
+                    "its run directory's compile_cache.bin)")
+    ap.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager", "eager"),
+                    help="torch.compile's backend (eager: dynamo's graphs without compiling them, to count them fast)")
     ap.add_argument("--no-shared-prompt", action="store_true", help="compute every row's prompt (today's default "
                     "computes each group's once)")
     ap.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"))
@@ -136,6 +203,13 @@ def main() -> int:
     args = ap.parse_args()
 
     lengths = {"P": args.uniform_length or args.p_len, "A": args.uniform_length or args.a_len}
+    if args.rehearse_cuda and args.device != "cpu":
+        ap.error("--rehearse-cuda rehearses a CUDA run on the CPU: give --device cpu (the default without a GPU)")
+    if args.rehearse_cuda and args.dtype == "auto":
+        args.dtype = "bf16"
+    if args.compile_backend != "inductor":
+        compiling.torch.compile = functools.partial(torch.compile, backend=args.compile_backend)
+        compiling.DYNAMIC_OPTIONS = {}  # inductor's settings: another backend has none
     with tempfile.TemporaryDirectory() as out:
         cfg = TrainConfig(
             steps=args.warmup + args.steps + 1, prompts_per_step=args.prompts, group_size=args.group,
@@ -152,20 +226,42 @@ def main() -> int:
         reference = copy.deepcopy(policy) if args.beta > 0 else None
         trainer = Trainer(cfg, policy=policy, reference=reference, tokenizer=tokenizer, stream=open(os.devnull, "w"))
         trainer.sampler = FixedLengths(trainer.models, cfg, trainer.run.tokenizer.eos_id, lengths)
+        if args.rehearse_cuda:
+            rehearse_cuda(trainer)
         n_params = sum(p.numel() for p in policy.parameters())
         print(f"model: {n_params / 1e6:.1f}M parameters on {args.device}; {args.prompts} prompts x group "
-              f"{args.group}; completions P:{lengths['P']} A:{lengths['A']} tokens; mix {args.task_mix}",
-              file=sys.stderr)
-        rows = []
+              f"{args.group}; completions P:{lengths['P']} A:{lengths['A']} tokens; mix {args.task_mix}"
+              f"{'; rehearsing CUDA' if args.rehearse_cuda else ''}", file=sys.stderr)
+        rows, steps = [], []
+        progress = {"complete": False, "device": args.device, "params_m": n_params / 1e6, "prompts": args.prompts,
+                    "group": args.group, "lengths": lengths, "compile": trainer.models.compile,
+                    "rehearse_cuda": args.rehearse_cuda, "compile_backend": args.compile_backend,
+                    "steps": steps, "compiled": []}
+        write_json(args.json, progress)
         workers = trainer.pool.workers if trainer.pool is not None else None
+        if args.compile_cache and Path(args.compile_cache).is_file():
+            torch.compiler.load_cache_artifacts(Path(args.compile_cache).read_bytes())
+            print(f"loaded the compile cache {args.compile_cache}", file=sys.stderr)
+        compiles = Compiles(progress, args.json)
         try:
             for i in range(args.warmup + args.steps):
+                compiles.step = i + 1
                 m = trainer.train_step()
+                new = compiles.of_step(i + 1)
                 tag = "warm-up" if i < args.warmup else "measured"
-                phases = ", ".join(f"{k} {m[f'time/{k}']:.1f} s" for k in ("generate", "reward", "reference", "update")
-                                   if f"time/{k}" in m)
-                print(f"step {i + 1} ({tag}): {m['time/step']:.3f} s, {m['samples_per_s']:,.0f} samples/s ({phases})",
-                      file=sys.stderr, flush=True)
+                phases = {k: m[f"time/{k}"] for k in ("generate", "reward", "reference", "update") if f"time/{k}" in m}
+                print(f"step {i + 1} ({tag}): {m['time/step']:.3f} s, {m['samples_per_s']:,.0f} samples/s ("
+                      + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()) + ")"
+                      + (f"; compiled {compile_log.summary(new)}" if new else ""), file=sys.stderr, flush=True)
+                steps.append({"step": i + 1, "warmup": i < args.warmup, "step_s": m["time/step"],
+                              "samples_per_s": m["samples_per_s"], **{f"{k}_s": v for k, v in phases.items()},
+                              "compiling_s": sum(g.seconds for g in new), "graphs": sum(not g.backward for g in new),
+                              "peak_memory_gb": m["peak_memory_gb"]})
+                write_json(args.json, progress)
+                if args.compile_cache and i + 1 == args.warmup:
+                    saved = torch.compiler.save_cache_artifacts()
+                    if saved is not None:
+                        Path(args.compile_cache).write_bytes(saved[0])
                 if i >= args.warmup:
                     rows.append(m)
             groups_of_steps = []  # (prompt tokens, [completion tokens]) of every group of each measured step
@@ -199,7 +295,7 @@ def main() -> int:
         "step_s": step_time, "generate_s": med("time/generate"), "reward_s": med("time/reward"),
         "reference_s": med("time/reference"), "update_s": med("time/update"),
         "mfu": flops / step_time / (peak * 1e12) if peak else None,
-        "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "compile": not args.no_compile,
+        "peak_memory_gb": max(r["peak_memory_gb"] for r in rows), "compile": trainer.models.compile,
         "update_padding": med("padding"), "kl_estimator": args.kl_estimator, "advantage": args.advantage,
         "shared_prompt": not args.no_shared_prompt, "threads": torch.get_num_threads(),
         "stockfish_workers": workers, "product_memo": memo,
@@ -207,10 +303,12 @@ def main() -> int:
         # Model FLOPs a phase does over the time it took (2 a multiply-add; see step_flops).
         "gflops": {k: phase_flops[k] / med(f"time/{k}") / 1e9 for k in phase_flops},
         "step_gflops": flops / step_time / 1e9,
-        "mm_peak_gflops": (mm_peak_gflops(dtype=trainer.run.amp_dtype or torch.float32) if args.device == "cpu"
-                           else None),
+        # A rehearsal measures compiling, not this CPU's speed (and bf16 products without AMX take minutes here).
+        "mm_peak_gflops": (mm_peak_gflops(dtype=trainer.run.amp_dtype or torch.float32)
+                           if args.device == "cpu" and not args.rehearse_cuda else None),
         "dtype": "bf16" if trainer.run.amp_dtype is not None else "fp32",
     }
+    figures = {**progress, **figures, "complete": True}
     print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.2f}")
     print(f"{'generated tokens/s':<22}{figures['generated_tokens_per_s']:>12,.0f}")
     print(f"torch threads {figures['threads']}, Stockfish workers {figures['stockfish_workers']}, "
@@ -229,8 +327,8 @@ def main() -> int:
     print(f"{'MFU':<22}{mfu:>12}")
     print(f"{'peak memory (GB)':<22}{figures['peak_memory_gb']:>12.2f}")
     print(f"{'update padding':<22}{100 * figures['update_padding']:>11.1f}%")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    print_graphs(figures["compiled"])
+    write_json(args.json, figures)
     return 0
 
 
