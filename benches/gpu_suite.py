@@ -1,14 +1,16 @@
-"""rookworld on a GPU, in one command per call: first the proof that every CUDA path runs (the CUDA tests; fp32
-and compiled training of a GPT-2-small-shaped model; --auto-batch driven into out-of-memory), then the benchmarks
-at that size. Each call's stages run inside --budget (540 s: a command limit of 10 minutes, less the install),
-each as its own process under a time limit of its own.
+"""rookworld on a GPU lent 15 minutes at a time (start-up included, at most 10 minutes a command, a fresh machine
+each time): one command per call, each within --budget seconds of stages (the call's own: 480 for a slot's first
+command, 200 for its second), each stage as its own process under a time limit of its own. The first call ends
+with the GRPO step's speed: the eager step and TRL's beside it first, then the compiled step with the time left.
 
-Under --out: suite.json (every stage's status and figures, rewritten after each stage), suite.log (every command
-and its output) and the learning chain's curves when it runs. The output ends with a table and a verdict line,
-and the exit status is the verdict: 0 when every stage that ran passed, 1 when one failed (a command that exited
-non-zero or ran past its limit, a check that did not hold, a CUDA test that failed). A stage this machine cannot
-run ("skipped", e.g. --auto-batch without CUDA) or that did not fit in what was left of --budget ("not run",
-listed in a ready command for the next call) is not a failure.
+Under --out: suite.json (every stage's status and figures, rewritten after each stage and, while
+benches/grpo_step.py runs, after each of its steps, so that a command cut off still leaves its numbers), suite.log
+(every command and its output) and the learning chain's curves when it runs. The output ends with a table and a
+verdict line, and the exit status is the verdict: 0 when every stage that ran passed, 1 when one failed (a command
+that exited non-zero or ran past its limit, a check that did not hold, a CUDA test that failed). A stage this
+machine cannot run ("skipped", e.g. --auto-batch without CUDA), one that did not fit in what was left of --budget
+("not run") and one the budget cut off after some figures ("partial: ...", its figures kept) are no failure; the
+last two are listed in a ready command for the next call.
 
 Where rookworld is installed (`pip install -e '.[test,bench]'`), `python benches/gpu_suite.py --call 1` runs the
 first call. On a machine without network or Rust, `--pack DIR` first installs the wheel, Stockfish and vocabulary
@@ -35,6 +37,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHES = REPO / "benches"
@@ -46,22 +49,37 @@ GOAL_SFT_MFU = 0.40
 
 
 class Skip(Exception):
-    """A stage that did not run: status "skipped" (it cannot run here) or "not run" (no time left), and why."""
+    """A stage that did not run: status "skipped" (it cannot run here) or "not run" (no time left), and why; `output`
+    is what its command printed before the budget stopped it, for a stage that can still read figures from it."""
 
-    def __init__(self, status: str, reason: str):
+    def __init__(self, status: str, reason: str, output: str = ""):
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.output = status, reason, output
 
 
 class Failed(Exception):
     """A stage that failed before its own figures: what it needed (a model to train) could not be made."""
 
 
-#: cuda-tests' own limit. On an H100 (2026-11-26) its first 15 tests took under 360 s together, most of it
-#: compiling, and the 16th (a compiled --auto-batch search) did not end in the time left.
-CUDA_TESTS_CAP = 480
-#: The statuses that are no failure: the exit status is 1 as soon as a stage ends with any other.
+#: cuda-tests' own limit, within a 480 s call after env. On an H100 (2026-11-26) its first 15 tests took under
+#: 360 s together, most of it compiling, and the 16th (a compiled --auto-batch search) did not end in the time left.
+CUDA_TESTS_CAP = 450
+#: The statuses that are no failure, with "partial: ..." (passed): the exit status is 1 as soon as a stage ends
+#: with any other.
 PASSING = ("ok", "skipped", "not run")
+#: How often a running command's partial figures are read into suite.json: a step of the GRPO bench takes seconds.
+POLL_S = 3
+
+
+def passed(status: str) -> bool:
+    """No failure: "partial: ..." is a stage the call's --budget cut off after some figures, which says no more
+    about the stage than "not run" does."""
+    return status in PASSING or status.startswith("partial:")
+
+
+def unfinished(status: str) -> bool:
+    """What the next call should run again: it did not run, or the budget cut it off."""
+    return status == "not run" or status.startswith("partial:")
 
 
 class Suite:
@@ -75,6 +93,7 @@ class Suite:
         self.results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv[1:], "stages": {}}
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.model: Path | None = None  # made once, by the first stage that trains one
+        self.stage, self.stage_started = "", time.monotonic()  # the stage running now, for progress()
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -84,11 +103,20 @@ class Suite:
         tmp.write_text(json.dumps(self.results, indent=1, default=str) + "\n")
         tmp.replace(self.out / "suite.json")
 
-    def run(self, cmd: list[str], cap: float, need: float = 15) -> tuple[int, str]:
+    def progress(self, figures: dict, summary: str) -> None:
+        """The running stage's figures so far into suite.json (status "running"): if the whole command is stopped
+        from outside, they are what is left."""
+        self.results["stages"][self.stage] = {"status": "running", "seconds": time.monotonic() - self.stage_started,
+                                              "figures": figures, "summary": summary}
+        self.save()
+
+    def run(self, cmd: list[str], cap: float, need: float = 15,
+            watch: Callable[[], None] | None = None) -> tuple[int, str]:
         """Runs cmd with a timeout of min(cap, the budget left less a margin for the table); its output goes to
-        suite.log. Returns (exit code, output); -1 when it ran past `cap`, its own limit. Stopped earlier by the
-        budget, it raises Skip("not run"): running out of the call's time says nothing about the stage. Nor does
-        it start with less than `need` seconds left, which would only spend them."""
+        suite.log, and `watch` runs every POLL_S seconds meanwhile and once after. Returns (exit code, output); -1
+        when it ran past `cap`, its own limit. Stopped earlier by the budget, it raises Skip("not run") with the
+        output: running out of the call's time says nothing about the stage. Nor does it start with less than
+        `need` seconds left, which would only spend them."""
         timeout = min(cap, self.left() - 10)
         if timeout < need:
             raise Skip("not run", "out of time" if timeout < 15 else f"needs {need:.0f} s, {timeout:.0f} s left")
@@ -99,18 +127,34 @@ class Suite:
             # Its own process group, so that a timeout also stops what it started (Stockfish, compile workers).
             proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                code = -1
+            code = _wait(proc, timeout, watch)
         text = out_file.read_text(errors="replace")
         self.log.write(text + (f"\n(stopped after {timeout:.0f} s)\n" if code == -1 else f"\n(exit {code})\n"))
         self.log.flush()
         if code == -1 and timeout < cap:
-            raise Skip("not run", f"stopped at the end of --budget after {timeout:.0f} s (its own limit: {cap:.0f} s)")
+            raise Skip("not run", f"stopped at the end of --budget after {timeout:.0f} s (its own limit: {cap:.0f} s)",
+                       output=text)
         return code, text
+
+
+def _wait(proc: subprocess.Popen, timeout: float, watch: Callable[[], None] | None) -> int:
+    """proc's exit code, or -1 once `timeout` has passed (its process group killed first). One blocking wait would
+    leave suite.json without the figures a long command writes as it goes."""
+    end = time.monotonic() + timeout
+    code = None
+    while code is None:
+        try:
+            code = proc.wait(timeout=max(0.0, min(POLL_S, end - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= end:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                code = -1
+            elif watch is not None:
+                watch()
+    if watch is not None:
+        watch()  # what it wrote last, at its end or as it was stopped
+    return code
 
 
 def python() -> list[str]:
@@ -174,25 +218,49 @@ def source_commit(pack: Path | None) -> str | None:
     return f"{commit} (pack)" if commit else None
 
 
+#: cuda-core's choice of the CUDA tests, for a slot's second command: compiled decoding replayed as CUDA graphs
+#: (the smallest and the largest of its four shapes) and the compiled draw, which the GRPO step's sampling runs,
+#: then train, --auto-batch and sft as processes. Not yet timed together; on the H100 of 2026-11-26 the first 15
+#: CUDA tests took under 360 s, most of it compiling.
+CUDA_CORE = ("compiled_decode_equals_eager and ([20-8] or [120-96]) or compiled_sampling_draws or train_three_steps "
+             "or auto_batch_chooses or sft_on_cuda")
+
+
 def stage_cuda_tests(s: Suite) -> tuple[str, dict, str]:
     """pytest -m cuda tests/test_cuda.py tests/test_distributed.py: compiled decoding replayed as CUDA graphs, bf16
     against float64, rookworld train, sft and --auto-batch as processes on CUDA, and what --auto-batch leaves. A
     run where every test skipped fails on CUDA."""
+    return _cuda_tests(s, [], cap=CUDA_TESTS_CAP)
+
+
+def stage_cuda_core(s: Suite) -> tuple[str, dict, str]:
+    """The CUDA tests that matter most, cut off at 190 s: compiled decoding against eager (two of its four shapes)
+    and the compiled draw, then rookworld train, --auto-batch and sft as processes on CUDA (pytest -m cuda -k)."""
+    return _cuda_tests(s, ["-k", CUDA_CORE], cap=190)
+
+
+def _cuda_tests(s: Suite, select: list[str], cap: float) -> tuple[str, dict, str]:
     # One process (not pyproject's -n auto): the CUDA tests share one GPU, and pytest-xdist may not be installed here.
     # -v names each test's outcome as it ends, so that a run stopped by its limit still says which passed; without
     # the logging plugin a failure's report is its traceback, not thousands of captured torch.compile DEBUG lines.
-    code, text = s.run(python() + ["-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "tests/test_distributed.py",
-                                   "-v", "-rfEs", "--tb=short", "-p", "no:logging", "-p", "no:cacheprovider",
-                                   "-p", "no:xdist", "-o", "addopts=", "--durations=0", "--durations-min=5"],
-                       cap=CUDA_TESTS_CAP)
-    last = text.strip().splitlines()[-1] if text.strip() else ""
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", last)}
-    if not counts:  # stopped before pytest's last line: count the outcomes -v printed
-        for outcome in re.findall(r"^tests/\S+ (PASSED|FAILED|SKIPPED|ERROR)", text, re.M):
-            key = {"ERROR": "errors"}.get(outcome, outcome.lower())
-            counts[key] = counts.get(key, 0) + 1
-    f = {**counts, "failures": re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)}
+    cmd = python() + ["-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "tests/test_distributed.py", *select, "-v",
+                      "-rfEs", "--tb=short", "-p", "no:logging", "-p", "no:cacheprovider", "-p", "no:xdist", "-o",
+                      "addopts=", "--durations=0", "--durations-min=5"]
+    try:
+        code, text = s.run(cmd, cap=cap)
+        cut = None
+    except Skip as why:
+        if not why.output:
+            raise
+        code, text, cut = -1, why.output, why
+    f, counts = _test_outcomes(text)
     summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no summary"
+    if cut is not None:  # the budget stopped it: what ended before still counts, a failure included
+        if f["failures"]:
+            return "failed (cut off by --budget)", f, summary
+        if not counts:
+            raise cut
+        return f"partial: {counts.get('passed', 0)} passed", f, f"{summary}; cut off by --budget"
     if code == -1:
         return "timed out", f, summary
     if code != 0:
@@ -202,6 +270,17 @@ def stage_cuda_tests(s: Suite) -> tuple[str, dict, str]:
             return "failed: every CUDA test skipped on a CUDA device", f, summary
         return "skipped", f, f"{summary}: no CUDA device (the file imports and collects)"
     return "ok", f, summary
+
+
+def _test_outcomes(text: str) -> tuple[dict, dict[str, int]]:
+    """pytest's counts from its last line, or from the outcomes -v printed when it was stopped before it."""
+    last = text.strip().splitlines()[-1] if text.strip() else ""
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", last)}
+    if not counts:
+        for outcome in re.findall(r"^tests/\S+ (PASSED|FAILED|SKIPPED|ERROR)", text, re.M):
+            key = {"ERROR": "errors"}.get(outcome, outcome.lower())
+            counts[key] = counts.get(key, 0) + 1
+    return {**counts, "failures": re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)}, counts
 
 
 def model_dir(s: Suite) -> Path:
@@ -343,34 +422,109 @@ def stage_auto_batch_oom(s: Suite) -> tuple[str, dict, str]:
                      f"peak {f['peak_memory_gb'] or 0:.1f} GB")
 
 
-def _grpo_step(s: Suite, name: str, extra: list[str], cap: float) -> tuple[str, dict, str]:
+#: The GRPO bench's steps on a GPU: eager has nothing to warm up but CUDA's own first calls; compiled, step 2
+#: still compiles (a step's P:/A: split changes the decode batches), so two warm-up steps.
+EAGER_STEPS = ["--no-compile", "--warmup", "1", "--steps", "3"]
+COMPILED_STEPS = ["--warmup", "2", "--steps", "3"]
+TINY_GRPO = ["--device", "cpu", "--tiny", "--prompts", "2", "--group", "2", "--p-len", "4", "--a-len", "8",
+             "--steps", "1", "--warmup", "1", "--stockfish-depth", "4"]
+
+
+def _grpo_step(s: Suite, name: str, extra: list[str], cap: float, need: float = 15) -> tuple[str, dict, str]:
+    """benches/grpo_step.py --json, read after each of its steps: it rewrites the file (complete: false, the steps so
+    far, the graphs compiled) until its last, so that a run cut off by its limit or the budget keeps its figures."""
     path = s.work / f"{name}.json"
-    tiny = ["--device", "cpu", "--tiny", "--prompts", "2", "--group", "2", "--p-len", "4", "--a-len", "8",
-            "--steps", "1", "--warmup", "1", "--stockfish-depth", "4"] if s.tiny else []
-    code, text = s.run(python() + [str(BENCHES / "grpo_step.py"), *tiny, *extra, "--json", str(path)], cap=cap)
-    f = _json(path)
-    if code != 0 or f is None:
-        return _failed(code, text), f or {}, ""
-    mfu = "n/a" if f["mfu"] is None else f"{100 * f['mfu']:.1f}%"
-    return "ok", f, (f"{f['samples_per_s']:,.0f} samples/s, {f['generated_tokens_per_s']:,.0f} generated tok/s, "
-                     f"MFU {mfu}, {f['peak_memory_gb']:.1f} GB")
+    tiny = TINY_GRPO if s.tiny else []  # after `extra`: its sizes win, the rest of `extra` holds
+    seen = [0]  # steps already printed
+
+    def watch() -> None:
+        f = _json(path)
+        if not f:
+            return
+        for step in f.get("steps", [])[seen[0]:]:
+            print(f"   {s.stage}: {_step_line(step)}", flush=True)
+        seen[0] = len(f.get("steps", []))
+        s.progress(f, grpo_summary(f))
+
+    try:
+        code, text = s.run(python() + [str(BENCHES / "grpo_step.py"), *extra, *tiny, "--json", str(path)], cap=cap,
+                           need=need, watch=watch)
+    except Skip as cut:
+        f = _json(path)
+        if cut.status != "not run" or not f or not f.get("steps"):
+            raise
+        return f"partial: {len(f['steps'])} steps", f, f"{grpo_summary(f)}; cut off by --budget"
+    f = _json(path) or {}
+    if code != 0 or not f.get("complete"):
+        steps = len(f.get("steps", []))
+        status = f"timed out: {steps} steps" if code == -1 and steps else _failed(code, text)
+        return status, f, grpo_summary(f) if f else ""
+    return "ok", f, grpo_summary(f)
+
+
+def _step_line(step: dict) -> str:
+    phases = ", ".join(f"{k} {step[f'{k}_s']:.1f}" for k in ("generate", "reward", "reference", "update")
+                       if step.get(f"{k}_s") is not None)
+    compiled = f", compiling {step['compiling_s']:.0f} s" if step.get("compiling_s") else ""
+    return (f"step {step.get('step')}{' (warm-up)' if step.get('warmup') else ''} {step.get('step_s', 0):.1f} s, "
+            f"{step.get('samples_per_s') or 0:,.0f} samples/s ({phases} s{compiled})")
+
+
+def grpo_summary(f: dict) -> str:
+    """A grpo-step stage's table line: the measured figures once complete, else its steps so far; then what it
+    compiled (graphs and seconds), the part of a first step the eager figures do not show."""
+    steps = f.get("steps") or []
+    if f.get("complete"):
+        mfu = "n/a" if f.get("mfu") is None else f"{100 * f['mfu']:.1f}%"
+        phases = "/".join(f"{f.get(f'{k}_s') or 0:.2f}" for k in ("generate", "reward", "reference", "update"))
+        line = (f"{f['samples_per_s']:,.0f} samples/s, {f['generated_tokens_per_s']:,.0f} generated tok/s, "
+                f"gen/reward/ref/update {phases} s, MFU {mfu}, {f['peak_memory_gb']:.1f} GB")
+    elif steps:
+        seconds = ", ".join(f"{x.get('step_s', 0):.0f}" for x in steps)
+        line = f"{len(steps)} step{'s' * (len(steps) != 1)} of {seconds} s; last: {_step_line(steps[-1])}"
+    else:
+        line = "no step ended"
+    compiled = f.get("compiled") or []
+    if compiled:
+        seconds = sum(c.get("seconds") or 0 for c in compiled)
+        top = max(compiled, key=lambda c: c.get("seconds") or 0)
+        count = sum(not c.get("backward") for c in compiled)  # a backward belongs to its forward's graph
+        line += (f"; compiled {count} graph{'s' * (count != 1)} in {seconds:.0f} s "
+                 f"(longest {top.get('name')} {top.get('seconds') or 0:.0f} s)")
+    if f.get("compiling"):  # cut off while compiling: what it was compiling
+        line += f"; was {f['compiling'][:120]}"
+    return line
+
+
+def stage_grpo_step_eager(s: Suite) -> tuple[str, dict, str]:
+    """benches/grpo_step.py --no-compile at 124M, 128 prompts x 16: the whole GRPO step eagerly, in its first
+    minutes on a fresh machine (samples/s, each phase's seconds, MFU, peak memory)."""
+    return _grpo_step(s, "grpo_step_eager", EAGER_STEPS, cap=180)
+
+
+def stage_grpo_step_u64_eager(s: Suite) -> tuple[str, dict, str]:
+    """grpo-step-eager with every completion 64 tokens long: the trl stage's work, both eager."""
+    return _grpo_step(s, "grpo_step_u64_eager", [*EAGER_STEPS, "--uniform-length", "4" if s.tiny else "64"], cap=150)
 
 
 def stage_grpo_step(s: Suite) -> tuple[str, dict, str]:
-    """benches/grpo_step.py at 124M, 128 prompts x 16: samples/s of the whole GRPO step with its rewards, MFU."""
-    # 360 s: on the first H100 run (2026-11-26) its first warm-up step, compiling, had not ended after 200 s.
-    return _grpo_step(s, "grpo_step", [], cap=360)
+    """benches/grpo_step.py at 124M, 128 prompts x 16, compiled as train runs it: samples/s of the whole GRPO step
+    with its rewards, MFU, and every graph compiled with its seconds."""
+    # 360 s: on the first H100 runs (2026-11-26) its first step, compiling, had not ended after 200 s. Not started
+    # with under a minute left, which no first step fits; cut off by the budget, its steps so far are kept.
+    return _grpo_step(s, "grpo_step", COMPILED_STEPS, cap=360, need=15 if s.tiny else 60)
 
 
 def stage_grpo_step_u64(s: Suite) -> tuple[str, dict, str]:
-    """grpo-step with every completion 64 tokens long: the trl stage's work."""
-    return _grpo_step(s, "grpo_step_u64", ["--uniform-length", "4" if s.tiny else "64"], cap=150)
+    """grpo-step with every completion 64 tokens long: the compiled step at the trl stage's work."""
+    return _grpo_step(s, "grpo_step_u64", [*COMPILED_STEPS, "--uniform-length", "4" if s.tiny else "64"], cap=360)
 
 
 def stage_every_prompt(s: Suite) -> tuple[str, dict, str]:
-    """grpo-step with every row's prompt computed (--no-shared-prompt): what computing each prompt once gains."""
-    status, f, summary = _grpo_step(s, "grpo_step_every_prompt", ["--no-shared-prompt"], cap=360)
-    shared = s.results["stages"].get("grpo-step", {}).get("figures", {}).get("samples_per_s")
+    """grpo-step-eager with every row's prompt computed (--no-shared-prompt): what computing each prompt once
+    gains, both eager in one call."""
+    status, f, summary = _grpo_step(s, "grpo_step_every_prompt", [*EAGER_STEPS, "--no-shared-prompt"], cap=180)
+    shared = s.results["stages"].get("grpo-step-eager", {}).get("figures", {}).get("samples_per_s")
     if shared and f.get("samples_per_s"):
         summary += f"; each prompt once is {shared / f['samples_per_s']:.2f}x"
     return status, f, summary
@@ -382,7 +536,7 @@ def stage_fused_head(s: Suite) -> tuple[str, dict, str]:
     path = s.work / "fused_head.json"
     sizes = ["--device", "cpu", "--batch-sizes", "3", "--prompt-len", "3", "5", "--new-tokens", "2", "4",
              "--repeats", "1", "--warmup", "0", "--threads", "1"] if s.tiny else ["--batch-sizes", "64", "256"]
-    code, text = s.run(python() + [str(BENCHES / "generate.py"), *sizes, "--backward", "--json", str(path)], cap=200)
+    code, text = s.run(python() + [str(BENCHES / "generate.py"), *sizes, "--backward", "--json", str(path)], cap=180)
     f = _json(path) or {}
     rows = [r for r in f.get("rows", []) if "checkpointed_forward_backward_tokens_per_s" in r]
     if code != 0 or not rows:
@@ -460,24 +614,35 @@ def stage_weights(s: Suite) -> tuple[str, dict, str]:
                               for t, x in f["copy_over_fp32"].items())
 
 
+#: The rookworld figures the TRL baseline divides, eager first: TRL's trainer runs eagerly, so eager over eager is
+#: the comparison of the work itself, on the machine TRL ran on (the same call).
+TRL_PEERS = ("grpo-step-u64-eager", "grpo-step-u64")
+
+
 def stage_trl(s: Suite) -> tuple[str, dict, str]:
-    """benches/trl_baseline.py: TRL's GRPOTrainer at grpo-step-u64's work, and rookworld's speed over it."""
+    """benches/trl_baseline.py: TRL's GRPOTrainer eagerly at grpo-step-u64-eager's work (128 prompts x 16, 64
+    tokens each), and rookworld's samples/s over it."""
     probe = subprocess.run(python() + ["-c", "import trl, datasets"], capture_output=True, text=True, env=s.env)
     if probe.returncode:
         raise Skip("skipped", "trl/datasets do not import (" + (probe.stderr.strip().splitlines() or ["?"])[-1][:120]
                    + "); carry them: benches/gpu_extras.sh")
     path = s.work / "trl.json"
-    tiny = ["--device", "cpu", "--tiny", "--prompts", "2", "--group", "2", "--length", "4", "--steps", "1",
-            "--warmup", "1", "--micro-batch-size", "4", "--stockfish-depth", "4"] if s.tiny else ["--length", "64"]
-    code, text = s.run(python() + [str(BENCHES / "trl_baseline.py"), *tiny, "--json", str(path)], cap=240)
+    # Two measured steps, not three: its samples/s is per sample either way, and the call's compiled step after it
+    # gets the time. Estimated (not yet timed) at 1-2 minutes on an H100 with its imports.
+    sizes = (["--device", "cpu", "--tiny", "--prompts", "2", "--group", "2", "--length", "4", "--steps", "1",
+              "--warmup", "1", "--micro-batch-size", "4", "--stockfish-depth", "4"] if s.tiny
+             else ["--length", "64", "--steps", "2", "--warmup", "1"])
+    code, text = s.run(python() + [str(BENCHES / "trl_baseline.py"), *sizes, "--json", str(path)], cap=180)
     f = _json(path)
     if code != 0 or f is None:
         return _failed(code, text), f or {}, ""
-    ours = s.results["stages"].get("grpo-step-u64", {}).get("figures", {}).get("samples_per_s")
-    if ours:
-        f["rookworld_over_trl"] = ours / f["samples_per_s"]
-    return "ok", f, (f"{f['samples_per_s']:,.1f} samples/s"
-                     + (f"; rookworld at the same work: {f['rookworld_over_trl']:.1f}x" if ours else ""))
+    stages = s.results["stages"]
+    f["over_trl"] = {name: stages[name]["figures"]["samples_per_s"] / f["samples_per_s"] for name in TRL_PEERS
+                     if stages.get(name, {}).get("status") == "ok"}
+    if f["over_trl"]:
+        f["rookworld_stage"], f["rookworld_over_trl"] = next(iter(f["over_trl"].items()))
+    ratios = ", ".join(f"{x:.1f}x ({name})" for name, x in f["over_trl"].items())
+    return "ok", f, f"{f['samples_per_s']:,.1f} samples/s" + (f"; rookworld over it: {ratios}" if ratios else "")
 
 
 def _sft(s: Suite, name: str, data: Path, extra: list[str], steps: int) -> tuple[str, dict, str]:
@@ -558,7 +723,7 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
         "--depth", "8", "--sft-steps", "1000", "--rows-per-step", "64", "--sft-lr", "3e-4", "--grpo-steps", "40",
         "--prompts", "64", "--group", "16", "--grpo-lr", "1e-5", "--eval-every", "10", "--seeds", "0", "1"]
     code, text = s.run(python() + [str(BENCHES / "learning.py"), "--out", str(out), "--device", s.device, *size],
-                       cap=560)
+                       cap=470)
     f = _json(out / "learning.json")
     for png in ("grpo_curves.png", "sft_curves.png"):
         if (out / png).is_file():
@@ -572,49 +737,83 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
 
 
 STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
-    "env": stage_env, "cuda-tests": stage_cuda_tests, "train-fp32": stage_train_fp32,
-    "train-compiled": stage_train_compiled, "auto-batch-oom": stage_auto_batch_oom, "grpo-step": stage_grpo_step,
+    "env": stage_env, "grpo-step-eager": stage_grpo_step_eager, "grpo-step-u64-eager": stage_grpo_step_u64_eager,
+    "trl": stage_trl, "grpo-step": stage_grpo_step, "cuda-core": stage_cuda_core, "cuda-tests": stage_cuda_tests,
+    "train-fp32": stage_train_fp32, "train-compiled": stage_train_compiled, "auto-batch-oom": stage_auto_batch_oom,
     "fused-head": stage_fused_head, "sft": stage_sft, "sft-eager": stage_sft_eager, "generate": stage_generate,
-    "every-prompt": stage_every_prompt, "grpo-step-u64": stage_grpo_step_u64, "trl": stage_trl,
-    "sampler": stage_sampler, "decode-cache": stage_decode_cache, "weights": stage_weights,
-    "auto-batch": stage_auto_batch, "learning": stage_learning,
+    "every-prompt": stage_every_prompt, "grpo-step-u64": stage_grpo_step_u64, "sampler": stage_sampler,
+    "decode-cache": stage_decode_cache, "weights": stage_weights, "auto-batch": stage_auto_batch,
+    "learning": stage_learning,
 }
-#: The plan: one command a call, each within a 10-minute command, the three within 30 minutes of GPU time. The
-#: first proves the CUDA paths, so that a broken one costs one call, not the figures of three; stages that use
-#: another's results (sft-eager, every-prompt, trl) come after it in the same call, since each call may start on
-#: a fresh machine.
-CALLS: dict[str, tuple[str, list[str]]] = {
-    # train-compiled last: the longest and least known (compiling), so that the others are sure to fit.
-    "1": ("proves that every CUDA path runs: any failure here is a bug to fix before a figure counts",
-          ["cuda-tests", "train-fp32", "auto-batch-oom", "train-compiled"]),
-    "2": ("measures the GRPO step, the fused vocabulary head and SFT at 124M",
-          ["grpo-step", "every-prompt", "fused-head", "sft", "sft-eager"]),
-    "3": ("measures decoding, the TRL baseline and the batch size --auto-batch keeps",
-          ["generate", "grpo-step-u64", "trl", "sampler", "decode-cache", "weights", "auto-batch"]),
+
+
+class Call(NamedTuple):
+    """One command of the plan."""
+
+    slot: int  # the 15-minute loan it belongs to: each starts on a fresh machine
+    purpose: str
+    stages: list[str]
+    budget: float  # seconds of stages: --budget's default for this call
+
+
+#: The plan, for a GPU lent 15 minutes at a time (start-up, every command and idle waits included; at most 10
+#: minutes a command). A slot holds a first command of 480 s of stages and a second of 200 s: about 120 s of
+#: start-up, 480 + about 30 (install, transfers, the table) = 510, then 200 + 30 = 230, 860 s of the 900. Stages
+#: that use another's figures (trl, sft-eager, every-prompt) run in the same call, on the same machine.
+CALLS: dict[str, Call] = {
+    # Eager first: a compiled first step has never finished on a GPU (past 200 s, then past the 123 s it had), and
+    # the eager step and TRL's beside it give the speed figures within minutes; the compiled step takes what is
+    # left, and a cut-off one still leaves its steps and graphs in suite.json.
+    "1": Call(1, "the GRPO step's speed: the eager step at 124M, the same at TRL's work, TRL's GRPOTrainer beside it "
+              "(the ratio), then the compiled step with the time left", ["grpo-step-eager", "grpo-step-u64-eager",
+                                                                         "trl", "grpo-step"], 480),
+    "2": Call(1, "with the slot's last minutes: the CUDA tests that matter most", ["cuda-core"], 200),
+    "3": Call(2, "every CUDA test: any failure is a bug to fix before a figure counts", ["cuda-tests"], 480),
+    "4": Call(2, "fp32 weights and eager decoding in train; the sampling draw, eager against compiled",
+              ["train-fp32", "sampler"], 200),
+    # train-compiled last: the longest and least known (compiling), so that the other is sure to fit.
+    "5": Call(3, "--auto-batch driven into out-of-memory; train as users run it, compiled, with its graphs counted",
+              ["auto-batch-oom", "train-compiled"], 480),
+    "6": Call(3, "the decode step's cache and the fused vocabulary head", ["decode-cache", "fused-head"], 200),
+    "7": Call(4, "SFT at 124M, compiled and eager, and the batch size --auto-batch keeps",
+              ["sft", "sft-eager", "auto-batch"], 480),
+    "8": Call(4, "what computing each prompt once gains the GRPO step", ["grpo-step-eager", "every-prompt"], 200),
+    "9": Call(5, "decoding at batch 64 to 2,048, and sampling from the bf16 copy of the weights",
+              ["generate", "weights"], 480),
 }
-#: What no call runs: it needs a 10-minute command of its own.
+#: What --call all leaves out: a slot's first command of its own (slot 6), and minutes even at toy sizes.
 OWN_CALL = ["learning"]
+#: --budget with --stages: a slot's first command.
+STAGES_BUDGET = 480
 
 
 def plan() -> str:
-    """The plan as --help prints it: each call's command, then one line per stage (its docstring's first sentence)."""
-    lines = ["The plan for a GPU lent for 30 minutes of GPU time, 10 minutes a command: one command a call, in this",
-             "order, each writing its results under $OUT (any folder). Add --pack DIR where the machine has no",
-             "network; with a GPU of your own, --call all --budget 3600 runs the three at once.", ""]
-
-    def describe(stage: str) -> None:
-        first = re.split(r"(?<=\.)\s", " ".join((STAGES[stage].__doc__ or "").split()))[0].rstrip(".")
-        lines.extend(textwrap.wrap(first, width=116, initial_indent=f"      {stage:<16}", subsequent_indent=" " * 22,
-                                   break_on_hyphens=False))
-
-    for name, (purpose, stages) in CALLS.items():
-        lines.append(f"  python3 benches/gpu_suite.py --call {name} --out $OUT")
-        lines.extend(textwrap.wrap(purpose, width=116, initial_indent="    ", subsequent_indent="    "))
-        for stage in stages:
-            describe(stage)
-    lines.append(f"  python3 benches/gpu_suite.py --stages {' '.join(OWN_CALL)} --out $OUT   (a command of its own)")
-    for stage in OWN_CALL:
-        describe(stage)
+    """The plan as --help prints it: each slot's commands, then one line per stage (its docstring's first sentence)."""
+    lines = ["The plan for a GPU lent 15 minutes at a time (start-up included, at most 10 minutes a command, a fresh",
+             "machine each time): in each slot, its commands in this order, each writing its results under $OUT",
+             "(any folder). Add --pack DIR where the machine has no network; with a GPU of your own, --call all runs",
+             "every call at once. Give a lent machine's command a time limit of about its budget plus 40 s (520 s",
+             "for a 480 s call, 240 s for a 200 s one), not the most allowed: the suite stops its stages at the",
+             "budget, and a command that hangs anyway still leaves the slot time to run the short one again. A",
+             "call that leaves stages not run or cut off ends with the command that runs them (slot 5 has room for",
+             "one as its second command).", ""]
+    own = Call(max(c.slot for c in CALLS.values()) + 1, "what GRPO teaches at 124M (not in --call all)", OWN_CALL,
+               STAGES_BUDGET)
+    slot = 0
+    for name, call in [*CALLS.items(), (None, own)]:
+        if call.slot != slot:
+            slot = call.slot
+            lines.append(f"slot {slot}:" + (" about 2 minutes of start-up, then" if slot == 1 else ""))
+        what = f"--call {name}" if name else f"--stages {' '.join(call.stages)}"
+        lines.append(f"  python3 benches/gpu_suite.py {what} --out $OUT   ({call.budget:.0f} s of stages)")
+        lines.extend(textwrap.wrap(call.purpose, width=116, initial_indent="    ", subsequent_indent="    "))
+        for stage in call.stages:
+            first = re.split(r"(?<=\.)\s", " ".join((STAGES[stage].__doc__ or "").split()))[0].rstrip(".")
+            lines.extend(textwrap.wrap(first, width=116, initial_indent=f"      {stage:<20}",
+                                       subsequent_indent=" " * 26, break_on_hyphens=False))
+    other = [n for n in STAGES if n != "env" and all(n not in c.stages for c in [*CALLS.values(), own])]
+    if other:  # grpo-step-u64: the compiled step's TRL ratio needs trl again in its call
+        lines.append(f"in no call, for --stages (with trl after it, for the compiled step's ratio): {', '.join(other)}")
     return "\n".join(lines)
 
 
@@ -655,30 +854,31 @@ def command(args: argparse.Namespace, stages: list[str]) -> str:
 
 
 def table(s: Suite, order: list[str]) -> str:
-    lines = [f"{'stage':<15} {'status':<12} {'s':>5}  figures", "-" * 100]
+    lines = [f"{'stage':<20} {'status':<18} {'s':>5}  figures", "-" * 110]
     for name in order:
         r = s.results["stages"].get(name)
         if r is None:
             continue
-        status = r["status"] if len(r["status"]) <= 12 else r["status"][:11] + "~"
-        lines.append(f"{name:<15} {status:<12} {r['seconds']:>5.0f}  {r['summary'] or r['status']}")
+        status = r["status"] if len(r["status"]) <= 18 else r["status"][:17] + "~"
+        lines.append(f"{name:<20} {status:<18} {r['seconds']:>5.0f}  {r['summary'] or r['status']}")
     goals = s.results.get("goals")
     if goals:
         toy = " (toy sizes: not the goals' work)" if s.tiny else ""
         lines.append(f"goals{toy}: " + "; ".join(f"{k} {v}" for k, v in goals.items()))
-    left = [n for n in order if s.results["stages"].get(n, {}).get("status") == "not run"]
+    left = [n for n in order if unfinished(s.results["stages"].get(n, {}).get("status", ""))]
     if left:
-        lines.append(f"not run for want of time; next call: {command(s.args, left)}")
+        lines.append(f"not run or cut off for want of time; next call: {command(s.args, left)}")
     return "\n".join(lines)
 
 
 def verdict(s: Suite) -> tuple[int, str]:
     """The exit status and the last line: 1 if any stage that ran failed."""
     stages = s.results["stages"]
-    failed = [n for n, r in stages.items() if r["status"] not in PASSING]
+    failed = [n for n, r in stages.items() if not passed(r["status"])]
     if failed:
         return 1, "gpu suite: FAILED: " + "; ".join(f"{n}: {stages[n]['status']}" for n in failed)
-    counts = {k: sum(r["status"] == k for r in stages.values()) for k in PASSING}
+    kind = lambda status: "partial" if status.startswith("partial:") else status  # noqa: E731
+    counts = {k: sum(kind(r["status"]) == k for r in stages.values()) for k in ("ok", "partial", "skipped", "not run")}
     return 0, "gpu suite: passed (" + ", ".join(f"{n} {k}" for k, n in counts.items() if n) + ")"
 
 
@@ -686,9 +886,11 @@ def goals(s: Suite) -> dict[str, str]:
     st = {k: v.get("figures", {}) for k, v in s.results["stages"].items()}
     verdict = lambda got, goal, fmt: f"{fmt.format(got)} ({'met' if got >= goal else 'missed'})"  # noqa: E731
     g = {}
-    if "samples_per_s" in st.get("grpo-step", {}):
-        g[f">= {GOAL_SAMPLES_PER_S} samples/s:"] = verdict(st["grpo-step"]["samples_per_s"], GOAL_SAMPLES_PER_S,
-                                                          "{:,.0f}")
+    # The goal is the step as train runs it (compiled); the eager figure stands in, named, until that one exists.
+    step = next((name for name in ("grpo-step", "grpo-step-eager") if "samples_per_s" in st.get(name, {})), None)
+    if step:
+        g[f">= {GOAL_SAMPLES_PER_S} samples/s ({step}):"] = verdict(st[step]["samples_per_s"], GOAL_SAMPLES_PER_S,
+                                                                    "{:,.0f}")
     rows = [r for r in st.get("generate", {}).get("rows", []) if r.get("batch") == 1024 and
             "generated_tokens_per_s" in r]
     if rows:
@@ -696,10 +898,42 @@ def goals(s: Suite) -> dict[str, str]:
         g[f">= {GOAL_TOKENS_PER_S_AT_1024:,} tok/s at batch 1024:"] = verdict(best, GOAL_TOKENS_PER_S_AT_1024,
                                                                               "{:,.0f}")
     if "rookworld_over_trl" in st.get("trl", {}):
-        g[f">= {GOAL_TRL_RATIO:.0f}x TRL:"] = verdict(st["trl"]["rookworld_over_trl"], GOAL_TRL_RATIO, "{:.1f}x")
+        g[f">= {GOAL_TRL_RATIO:.0f}x TRL ({st['trl']['rookworld_stage']}):"] = verdict(
+            st["trl"]["rookworld_over_trl"], GOAL_TRL_RATIO, "{:.1f}x")
     if st.get("sft", {}).get("mfu") is not None:
         g[f"SFT MFU >= {GOAL_SFT_MFU:.0%}:"] = verdict(st["sft"]["mfu"], GOAL_SFT_MFU, "{:.1%}")
     return g
+
+
+def stages_of(args: argparse.Namespace) -> list[str]:
+    """The stages this command runs, env first, each once (--call all would repeat the ones two calls share)."""
+    if args.stages is not None:
+        order = args.stages
+    else:
+        calls = CALLS.values() if args.call == "all" else [CALLS[args.call]]
+        order = [stage for call in calls for stage in call.stages]
+    return list(dict.fromkeys(["env", *order]))
+
+
+def run_stage(suite: Suite, name: str) -> None:
+    """One stage into suite.json. What a stage's command wrote as it went (progress()) stays when the stage ends
+    without figures of its own: a skip, a failure, an error."""
+    t0 = suite.stage_started = time.monotonic()
+    suite.stage = name
+    so_far = lambda: suite.results["stages"].get(name, {}).get("figures", {})  # noqa: E731
+    try:
+        status, figures, summary = STAGES[name](suite)
+    except Skip as why:
+        status, figures, summary = why.status, so_far(), why.reason
+    except Failed as why:
+        status, figures, summary = f"failed: {why}", so_far(), ""
+    except Exception as e:  # a broken stage must not cost the stages after it
+        status, figures, summary = f"error: {type(e).__name__}: {e}", so_far(), ""
+    suite.results["stages"][name] = {"status": status, "seconds": time.monotonic() - t0, "figures": figures,
+                                     "summary": summary}
+    suite.results["goals"] = goals(suite)
+    suite.save()
+    print(f"== {name}: {status} in {time.monotonic() - t0:.0f} s{': ' + summary if summary else ''}", flush=True)
 
 
 def main() -> int:
@@ -713,8 +947,9 @@ def main() -> int:
                     "go (default $OUT)")
     ap.add_argument("--pack", type=Path, default=None, help="a folder made by gpu-pack (and gpu_extras.sh): install "
                     "its wheel, Stockfish and vocabulary first, for a machine without network")
-    ap.add_argument("--budget", type=float, default=540, help="seconds for every stage together (default 540: "
-                    "a 10-minute command with room for the install and the transfers)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for every stage together, the install not "
+                    f"counted (default: the call's own, 480 or 200; {STAGES_BUDGET} with --stages; their sum with "
+                    "--call all)")
     ap.add_argument("--max-graphs", type=int, default=MAX_GRAPHS,
                     help=f"most graphs train-compiled's run may compile (default {MAX_GRAPHS})")
     ap.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
@@ -722,6 +957,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.stages is not None and args.call != "all":
         ap.error("give --call or --stages, not both")
+    if args.budget is None:
+        args.budget = (STAGES_BUDGET if args.stages is not None else
+                       sum(c.budget for c in CALLS.values()) if args.call == "all" else CALLS[args.call].budget)
     if args.device is None:
         import torch
 
@@ -729,29 +967,10 @@ def main() -> int:
     if args.pack is not None:
         unpack(args.pack)
     suite = Suite(args)
-    if args.stages is not None:
-        order = args.stages
-    else:
-        calls = CALLS.values() if args.call == "all" else [CALLS[args.call]]
-        order = [stage for _, stages in calls for stage in stages]
-    if "env" not in order:
-        order = ["env", *order]
+    order = stages_of(args)
     print(f"gpu suite: {' '.join(order)}; budget {args.budget:.0f} s; results in {suite.out}", flush=True)
     for name in order:
-        t0 = time.monotonic()
-        try:
-            status, figures, summary = STAGES[name](suite)
-        except Skip as why:
-            status, figures, summary = why.status, {}, why.reason
-        except Failed as why:
-            status, figures, summary = f"failed: {why}", {}, ""
-        except Exception as e:  # a broken stage must not cost the stages after it
-            status, figures, summary = f"error: {type(e).__name__}: {e}", {}, ""
-        suite.results["stages"][name] = {"status": status, "seconds": time.monotonic() - t0, "figures": figures,
-                                         "summary": summary}
-        suite.results["goals"] = goals(suite)
-        suite.save()
-        print(f"== {name}: {status} in {time.monotonic() - t0:.0f} s{': ' + summary if summary else ''}", flush=True)
+        run_stage(suite, name)
     code, last = verdict(suite)
     suite.results["verdict"] = last
     suite.save()

@@ -149,17 +149,27 @@ def test_gpu_suite_smoke(tmp_path):
     proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "500")
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
-    assert list(stages) == ["env", "cuda-tests", "train-fp32", "auto-batch-oom", "train-compiled", "grpo-step",
-                            "every-prompt", "fused-head", "sft", "sft-eager", "generate", "grpo-step-u64", "trl",
-                            "sampler", "decode-cache", "weights", "auto-batch"]
-    for name in ("env", "train-fp32", "train-compiled", "grpo-step", "every-prompt", "fused-head", "sft", "sft-eager",
-                 "generate", "grpo-step-u64", "sampler", "decode-cache", "weights"):
+    # call 1's order first: the eager step, its TRL-sized twin and TRL, then the compiled step; each stage once
+    assert list(stages) == ["env", "grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step", "cuda-core",
+                            "cuda-tests", "train-fp32", "sampler", "auto-batch-oom", "train-compiled", "decode-cache",
+                            "fused-head", "sft", "sft-eager", "auto-batch", "every-prompt", "generate", "weights"]
+    for name in ("env", "grpo-step-eager", "grpo-step-u64-eager", "grpo-step", "train-fp32", "train-compiled",
+                 "every-prompt", "fused-head", "sft", "sft-eager", "generate", "sampler", "decode-cache", "weights"):
         assert stages[name]["status"] == "ok", (name, stages[name])
-    assert stages["cuda-tests"]["status"] == "skipped" and stages["cuda-tests"]["figures"]["skipped"] >= 5
+    core, every = stages["cuda-core"]["figures"], stages["cuda-tests"]["figures"]
+    assert stages["cuda-core"]["status"] == stages["cuda-tests"]["status"] == "skipped"
+    assert 5 <= core["skipped"] < every["skipped"]  # -k chose some of the CUDA tests, not none and not all
     assert stages["train-fp32"]["figures"]["steps"] == [1, 2]
     compiled = stages["train-compiled"]["figures"]
     assert compiled["evaluations"] == [2] and compiled["compile_failed"] == 0 and len(compiled["graphs"]) == 2
-    assert stages["grpo-step"]["figures"]["samples_per_s"] > 0
+    for name in ("grpo-step-eager", "grpo-step-u64-eager", "grpo-step", "every-prompt"):
+        f = stages[name]["figures"]
+        # the bench's last rewrite of its --json: complete, each step's line, what it compiled
+        assert f["complete"] and f["samples_per_s"] > 0 and [x["step"] for x in f["steps"]] == [1, 2], name
+        assert isinstance(f["compiled"], list), name
+    assert stages["grpo-step-eager"]["figures"]["compile"] is False
+    assert stages["grpo-step-u64-eager"]["figures"]["lengths"] == {"P": 4, "A": 4}
+    assert "gen/reward/ref/update" in stages["grpo-step-eager"]["summary"]
     assert stages["generate"]["figures"]["rows"][0]["generated_tokens_per_s"] > 0
     assert stages["every-prompt"]["figures"]["shared_prompt"] is False
     assert stages["grpo-step"]["figures"]["shared_prompt"]
@@ -172,11 +182,106 @@ def test_gpu_suite_smoke(tmp_path):
     for name in ("auto-batch", "auto-batch-oom"):  # the command was run, and refused the CPU
         assert stages[name]["status"] == "skipped" and "needs CUDA" in stages[name]["summary"], stages[name]
     if importlib.util.find_spec("trl"):
-        assert stages["trl"]["figures"]["rookworld_over_trl"] > 0
+        trl = stages["trl"]["figures"]
+        assert trl["rookworld_stage"] == "grpo-step-u64-eager" and trl["rookworld_over_trl"] > 0  # eager over eager
+        assert trl["rookworld_over_trl"] == pytest.approx(
+            stages["grpo-step-u64-eager"]["figures"]["samples_per_s"] / trl["samples_per_s"])
+    assert any(k.startswith(">= 2000 samples/s (grpo-step)") for k in results["goals"])  # the compiled one, once there
     assert (out / "suite.log").read_text().count("$ ") >= 6
     lines = proc.stdout.strip().splitlines()
-    assert lines[0].startswith("gpu suite:") and any(line.startswith("grpo-step ") for line in lines[-22:])
+    assert lines[0].startswith("gpu suite:") and any(line.startswith("grpo-step ") for line in lines[-24:])
+    assert any(line.startswith("   grpo-step-eager: step 1 (warm-up)") for line in lines)  # each step as it ends
     assert lines[-1] == results["verdict"] and lines[-1].startswith("gpu suite: passed (")
+
+
+FAKE_GRPO_STEP = """
+import argparse, json, os, time
+from pathlib import Path
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--json")
+path = ap.parse_known_args()[0].json
+
+
+def write(figures):
+    Path(path + ".tmp").write_text(json.dumps(figures))
+    Path(path + ".tmp").replace(path)
+
+
+steps, compiled = [], []
+figures = {"complete": False, "prompts": 2, "group": 2, "steps": steps, "compiled": compiled}
+write(figures)
+for i in (1, 2):
+    time.sleep(0.5)
+    compiled.append({"name": "decode_step", "seconds": 12.0 * i, "reason": "size changed" if i > 1 else "", "step": i})
+    steps.append({"step": i, "warmup": True, "step_s": 40.0 / i, "samples_per_s": 0.1 * i, "generate_s": 30.0 / i,
+                  "reward_s": 1.0, "reference_s": 2.0, "update_s": 3.0, "compiling_s": 12.0 * i, "graphs": 1})
+    write(figures)
+# What the suite's suite.json says while this still runs, for the test to read: the polling, not the stage's end.
+suite = Path(os.environ["FAKE_SUITE_JSON"])
+for _ in range(100):
+    try:
+        seen = json.loads(suite.read_text())["stages"]["grpo-step"]
+    except (OSError, ValueError, KeyError):
+        seen = None
+    if seen and len(seen["figures"].get("steps", [])) == 2:
+        Path(os.environ["FAKE_SEEN"]).write_text(json.dumps(seen))
+        break
+    time.sleep(0.2)
+time.sleep(600)  # a first step still compiling when the time runs out
+"""
+
+
+def _gpu_suite_with_fake_grpo_step(tmp_path, monkeypatch):
+    """gpu_suite, loaded here, with benches/grpo_step.py replaced by FAKE_GRPO_STEP: it writes its --json as the
+    real one does (two steps, what they compiled) and then never ends."""
+    spec = importlib.util.spec_from_file_location("gpu_suite_fake", REPO / "benches" / "gpu_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    benches = tmp_path / "benches"
+    benches.mkdir()
+    (benches / "grpo_step.py").write_text(FAKE_GRPO_STEP)
+    monkeypatch.setattr(suite, "BENCHES", benches)
+    monkeypatch.setenv("FAKE_SUITE_JSON", str(tmp_path / "out" / "suite.json"))
+    monkeypatch.setenv("FAKE_SEEN", str(tmp_path / "seen.json"))
+    return suite
+
+
+def test_gpu_suite_keeps_the_steps_of_a_grpo_step_the_budget_cut_off(tmp_path, monkeypatch, capsys):
+    """The compiled step, last in the first call, may be cut off by the budget in its first steps: suite.json holds
+    its steps while it runs and after, the stage is "partial" (no failure), and the table names the graphs
+    compiled and their seconds and gives the command that runs it again."""
+    suite = _gpu_suite_with_fake_grpo_step(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out),
+                                      "--stages", "grpo-step", "--budget", "32"])
+    assert suite.main() == 0
+    seen = json.loads((tmp_path / "seen.json").read_text())  # read by the fake while it still ran
+    assert seen["status"] == "running" and [s["step"] for s in seen["figures"]["steps"]] == [1, 2]
+    stage = json.loads((out / "suite.json").read_text())["stages"]["grpo-step"]
+    assert stage["status"] == "partial: 2 steps"
+    assert [s["step_s"] for s in stage["figures"]["steps"]] == [40.0, 20.0]
+    assert [c["seconds"] for c in stage["figures"]["compiled"]] == [12.0, 24.0]
+    assert "compiled 2 graphs in 36 s (longest decode_step 24 s)" in stage["summary"]
+    assert "cut off by --budget" in stage["summary"]
+    lines = capsys.readouterr().out.strip().splitlines()
+    step = ("step 2 (warm-up) 20.0 s, 0 samples/s (generate 15.0, reward 1.0, reference 2.0, update 3.0 s, "
+            "compiling 24 s)")
+    assert f"   grpo-step: {step}" in lines  # printed as it ended, not only in the table
+    assert any(line.startswith("grpo-step ") and "partial: 2 steps" in line for line in lines)
+    assert lines[-2].endswith("--stages grpo-step") and lines[-1] == "gpu suite: passed (1 ok, 1 partial)"
+
+
+def test_gpu_suite_keeps_the_steps_of_a_grpo_step_past_its_own_limit(tmp_path, monkeypatch):
+    """Past its own limit, a GRPO step has failed ("timed out"), and still keeps the steps it measured."""
+    suite = _gpu_suite_with_fake_grpo_step(tmp_path, monkeypatch)
+    args = argparse.Namespace(tiny=True, device="cpu", out=str(tmp_path / "out"), budget=200, pack=None)
+    s = suite.Suite(args)
+    s.stage = "grpo-step"
+    status, figures, summary = suite._grpo_step(s, "grpo_step", [], cap=4, need=1)
+    assert status == "timed out: 2 steps" and not suite.passed(status)
+    assert [x["step"] for x in figures["steps"]] == [1, 2] and len(figures["compiled"]) == 2
+    assert summary.startswith("2 steps of 40, 20 s; last: step 2")
 
 
 def test_gpu_suite_exits_non_zero_when_a_stage_fails(tmp_path):
@@ -198,23 +303,44 @@ def test_gpu_suite_exits_non_zero_when_a_stage_fails(tmp_path):
 
 
 def test_gpu_suite_help_gives_the_plan():
-    """--help is the plan: one command per call, the stages of each, and what the exit status says."""
+    """--help is the plan for 15-minute slots: the first command's stages, eager figures before the compiled step;
+    a short second command of CUDA tests; later slots for every other stage; and what the exit status says."""
     proc = subprocess.run([sys.executable, str(REPO / "benches" / "gpu_suite.py"), "--help"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    calls = [text.index(f"python3 benches/gpu_suite.py --call {n} --out $OUT") for n in (1, 2, 3)]
-    assert calls == sorted(calls)
-    first = text[calls[0]:calls[1]]
-    for stage in ("cuda-tests", "train-fp32", "auto-batch-oom", "train-compiled"):
-        assert f"      {stage} " in first, stage
-    later = text[calls[1]:]
-    for stage in ("grpo-step", "fused-head", "sft", "learning"):
+    calls = [text.index(f"python3 benches/gpu_suite.py --call {n} --out $OUT") for n in range(1, 10)]
+    assert calls == sorted(calls) and "--call 10" not in text
+    first, second = text[calls[0]:calls[1]], text[calls[1]:calls[2]]
+    assert "(480 s of stages)" in first and "(200 s of stages)" in second
+    order = [first.index(f"      {stage} ") for stage in ("grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step")]
+    assert order == sorted(order)
+    assert "      cuda-core " in second
+    assert text.index("slot 1:") < calls[0] and calls[1] < text.index("slot 2:") < calls[2]
+    later = text[calls[2]:]
+    for stage in ("cuda-tests", "train-fp32", "auto-batch-oom", "train-compiled", "every-prompt", "fused-head", "sft",
+                  "sft-eager", "generate", "sampler", "decode-cache", "weights", "auto-batch", "learning"):
         assert f"      {stage} " in later, stage
-    assert "exit status" in text and "--stages learning" in text
+    assert "exit status" in text and "--stages learning" in text and "time limit" in text
     both = subprocess.run([sys.executable, str(REPO / "benches" / "gpu_suite.py"), "--call", "1", "--stages", "env"],
                           capture_output=True, text=True, timeout=60)
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_gpu_suite_calls_fit_their_slots():
+    """Each slot's commands fit 15 minutes: 2 of start-up, each call's budget plus half a minute to install and
+    print, every command under 9 minutes; and every stage is in some call, or runs alone (learning, grpo-step-u64)."""
+    spec = importlib.util.spec_from_file_location("gpu_suite_plan", REPO / "benches" / "gpu_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    slots: dict[int, float] = {}
+    for call in suite.CALLS.values():
+        assert call.budget + 30 < 9 * 60, call
+        slots[call.slot] = slots.get(call.slot, 120) + call.budget + 30
+    assert slots and max(slots.values()) <= 15 * 60, slots
+    assert list(slots) == sorted(slots) and suite.CALLS["1"].stages[-1] == "grpo-step"
+    placed = {s for call in suite.CALLS.values() for s in call.stages} | set(suite.OWN_CALL)
+    assert set(suite.STAGES) - placed == {"env", "grpo-step-u64"}
 
 
 def test_gpu_suite_mfu_takes_each_cards_own_peak():
