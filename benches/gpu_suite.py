@@ -515,6 +515,14 @@ def stage_grpo_step(s: Suite) -> tuple[str, dict, str]:
     return _grpo_step(s, "grpo_step", COMPILED_STEPS, cap=360, need=15 if s.tiny else 60)
 
 
+def stage_grpo_step_decode(s: Suite) -> tuple[str, dict, str]:
+    """grpo-step with decoding alone compiled (--no-compile-logprobs: the decode step and the draw, two graphs of
+    the six): beside grpo-step-eager and grpo-step, what compiling the log-prob passes is worth, and a compiled
+    figure within minutes."""
+    return _grpo_step(s, "grpo_step_decode", [*COMPILED_STEPS, "--no-compile-logprobs"], cap=240,
+                      need=15 if s.tiny else 60)
+
+
 def stage_grpo_step_u64(s: Suite) -> tuple[str, dict, str]:
     """grpo-step with every completion 64 tokens long: the compiled step at the trl stage's work."""
     return _grpo_step(s, "grpo_step_u64", [*COMPILED_STEPS, "--uniform-length", "4" if s.tiny else "64"], cap=360)
@@ -738,7 +746,7 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
 
 STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
     "env": stage_env, "grpo-step-eager": stage_grpo_step_eager, "grpo-step-u64-eager": stage_grpo_step_u64_eager,
-    "trl": stage_trl, "grpo-step": stage_grpo_step, "cuda-core": stage_cuda_core, "cuda-tests": stage_cuda_tests,
+    "trl": stage_trl, "grpo-step-decode": stage_grpo_step_decode, "grpo-step": stage_grpo_step, "cuda-core": stage_cuda_core, "cuda-tests": stage_cuda_tests,
     "train-fp32": stage_train_fp32, "train-compiled": stage_train_compiled, "auto-batch-oom": stage_auto_batch_oom,
     "fused-head": stage_fused_head, "sft": stage_sft, "sft-eager": stage_sft_eager, "generate": stage_generate,
     "every-prompt": stage_every_prompt, "grpo-step-u64": stage_grpo_step_u64, "sampler": stage_sampler,
@@ -764,9 +772,10 @@ CALLS: dict[str, Call] = {
     # Eager first: a compiled first step has never finished on a GPU (past 200 s, then past the 123 s it had), and
     # the eager step and TRL's beside it give the speed figures within minutes; the compiled step takes what is
     # left, and a cut-off one still leaves its steps and graphs in suite.json.
+    # Decoding alone compiled before everything compiled: two graphs, so a compiled figure comes within minutes.
     "1": Call(1, "the GRPO step's speed: the eager step at 124M, the same at TRL's work, TRL's GRPOTrainer beside it "
-              "(the ratio), then the compiled step with the time left", ["grpo-step-eager", "grpo-step-u64-eager",
-                                                                         "trl", "grpo-step"], 480),
+              "(the ratio), then compiled: decoding alone, then everything, with the time left",
+              ["grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step-decode", "grpo-step"], 480),
     "2": Call(1, "with the slot's last minutes: the CUDA tests that matter most", ["cuda-core"], 200),
     "3": Call(2, "every CUDA test: any failure is a bug to fix before a figure counts", ["cuda-tests"], 480),
     "4": Call(2, "fp32 weights and eager decoding in train; the sampling draw, eager against compiled",

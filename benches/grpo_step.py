@@ -114,7 +114,9 @@ def rehearse_cuda(trainer: Trainer) -> None:
     CUDA run compiles compiled (decoding without CUDA graphs, which need a GPU)."""
     sampling.DRAWS["cpu"] = sampling._draw_in_blocks
     model_module.GROUPED_PROMPTS_ON.discard("cpu")
-    trainer.run.compile = trainer.models.compile = trainer.models.logprobs.compile = True
+    trainer.run.compile = trainer.models.compile = True
+    trainer.run.compile_logprobs = trainer.models.compile_logprobs = trainer.models.logprobs.compile = \
+        trainer.cfg.compile_logprobs
     trainer.sampler.settings["compile"] = True
 
 
@@ -183,6 +185,8 @@ def main() -> int:
     ap.add_argument("--kl-estimator", default="k3", choices=("k1", "k2", "k3", "full"))
     ap.add_argument("--advantage", default="grpo", choices=("grpo", "gae"))
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--no-compile-logprobs", action="store_true", help="compile decoding alone (the decode step "
+                    "and the draw), as rookworld train --no-compile-logprobs")
     ap.add_argument("--rehearse-cuda", action="store_true", help="on the CPU, the code paths and compile settings of "
                     "a CUDA run (bf16 unless --dtype says otherwise)")
     ap.add_argument("--compile-cache", default=None, help="load torch.compile's cache artifacts from this file first "
@@ -214,7 +218,7 @@ def main() -> int:
         cfg = TrainConfig(
             steps=args.warmup + args.steps + 1, prompts_per_step=args.prompts, group_size=args.group,
             max_new_tokens=max(lengths.values()), task_mix=args.task_mix, device=args.device, dtype=args.dtype,
-            compile=not args.no_compile, micro_batch_size=args.micro_batch_size, mu=args.mu, beta=args.beta,
+            compile=not args.no_compile, compile_logprobs=not args.no_compile_logprobs, micro_batch_size=args.micro_batch_size, mu=args.mu, beta=args.beta,
             stockfish_depth=args.stockfish_depth, stockfish_workers=args.stockfish_workers, output_dir=out,
             kl_estimator=args.kl_estimator, advantage=args.advantage, shared_prompt=not args.no_shared_prompt,
             eval_every=0, save_every=0, sample_every=0, log_every=1000, warmup_steps=0,
@@ -235,6 +239,7 @@ def main() -> int:
         rows, steps = [], []
         progress = {"complete": False, "device": args.device, "params_m": n_params / 1e6, "prompts": args.prompts,
                     "group": args.group, "lengths": lengths, "compile": trainer.models.compile,
+                    "compile_logprobs": trainer.models.compile_logprobs,
                     "rehearse_cuda": args.rehearse_cuda, "compile_backend": args.compile_backend,
                     "steps": steps, "compiled": []}
         write_json(args.json, progress)

@@ -150,8 +150,8 @@ def test_gpu_suite_smoke(tmp_path):
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
     # call 1's order first: the eager step, its TRL-sized twin and TRL, then the compiled step; each stage once
-    assert list(stages) == ["env", "grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step", "cuda-core",
-                            "cuda-tests", "train-fp32", "sampler", "auto-batch-oom", "train-compiled", "decode-cache",
+    assert list(stages) == ["env", "grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step-decode", "grpo-step",
+                            "cuda-core", "cuda-tests", "train-fp32", "sampler", "auto-batch-oom", "train-compiled", "decode-cache",
                             "fused-head", "sft", "sft-eager", "auto-batch", "every-prompt", "generate", "weights"]
     for name in ("env", "grpo-step-eager", "grpo-step-u64-eager", "grpo-step", "train-fp32", "train-compiled",
                  "every-prompt", "fused-head", "sft", "sft-eager", "generate", "sampler", "decode-cache", "weights"):
@@ -162,7 +162,7 @@ def test_gpu_suite_smoke(tmp_path):
     assert stages["train-fp32"]["figures"]["steps"] == [1, 2]
     compiled = stages["train-compiled"]["figures"]
     assert compiled["evaluations"] == [2] and compiled["compile_failed"] == 0 and len(compiled["graphs"]) == 2
-    for name in ("grpo-step-eager", "grpo-step-u64-eager", "grpo-step", "every-prompt"):
+    for name in ("grpo-step-eager", "grpo-step-u64-eager", "grpo-step-decode", "grpo-step", "every-prompt"):
         f = stages[name]["figures"]
         # the bench's last rewrite of its --json: complete, each step's line, what it compiled
         assert f["complete"] and f["samples_per_s"] > 0 and [x["step"] for x in f["steps"]] == [1, 2], name

@@ -64,7 +64,7 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     t = Trainer(cfg, policy=policy, reference=copy.deepcopy(policy), tokenizer=get_tokenizer(),
                 stream=open(os.devnull, "w"))
     # A run compiles on CUDA alone; here every switch a CUDA run sets is set by hand.
-    t.run.compile = t.models.compile = t.models.logprobs.compile = True
+    t.run.compile = t.models.compile = t.models.compile_logprobs = t.models.logprobs.compile = True
     t.sampler.settings["compile"] = True
     before = compiling.graphs_compiled()
     try:

@@ -61,7 +61,8 @@ class Models:
 
     def __init__(self, policy: nn.Module, reference: nn.Module | None, value_head: nn.Module | None,
                  device: torch.device, amp_dtype: torch.dtype | None, compile: bool, ddp: bool,
-                 autocast: Callable[[], contextlib.AbstractContextManager], rows_per_prompt: int = 1):
+                 autocast: Callable[[], contextlib.AbstractContextManager], rows_per_prompt: int = 1,
+                 compile_logprobs: bool = False):
         # Under autocast, sampling and the frozen reference read weights stored in the compute dtype: the same
         # bits, without every decode step and every log-prob pass casting every weight again.
         casts = amp_dtype is not None and policy.dtype != amp_dtype
@@ -69,9 +70,10 @@ class Models:
         if casts and reference is not None:
             reference = autocast_copy(reference, amp_dtype)
         self.policy, self.reference, self.value_head = policy, reference, value_head
+        # compile: decoding (the decode step, the draw); compile_logprobs: the log-prob passes (trunk, vocabulary).
         self.device, self.amp_dtype, self.compile, self.autocast = device, amp_dtype, compile, autocast
-        self.rows_per_prompt = rows_per_prompt
-        self.logprobs: nn.Module = LogProbs(policy, value_head, compile)
+        self.compile_logprobs, self.rows_per_prompt = compile_logprobs, rows_per_prompt
+        self.logprobs: nn.Module = LogProbs(policy, value_head, compile_logprobs)
         if ddp:
             self.logprobs = DDP(self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -114,7 +116,7 @@ class Models:
             rows, cols = torch.from_numpy(b.rows).to(ids.device), slice(b.left, prompt_width + b.width)
             with self.autocast():
                 s = token_logprobs(model, ids[rows, cols], mask[rows, cols], start=prompt_width - b.left,
-                                   temperature=temperature, compile=self.compile,
+                                   temperature=temperature, compile=self.compile_logprobs,
                                    value_head=self.value_head if values else None, rows_per_prompt=self.rows_per_prompt)
             lp[rows, : b.width] = s.logprobs.float()
             if vals is not None:

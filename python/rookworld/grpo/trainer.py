@@ -196,7 +196,8 @@ class Trainer:
             if run.resume_from is not None:
                 checkpoint.load_module(run.resume_from, VALUE_HEAD_NAME, value_head)
         return Models(run.policy, reference, value_head, run.device, run.amp_dtype, run.compile, run.dist.enabled,
-                      run.autocast, rows_per_prompt=cfg.group_size if cfg.shared_prompt else 1)
+                      run.autocast, rows_per_prompt=cfg.group_size if cfg.shared_prompt else 1,
+                      compile_logprobs=run.compile_logprobs)
 
     def _reference_fingerprint(self) -> str | None:
         """The fingerprint of the reference the run loads (--model), saved with each checkpoint. A resumed run keeps

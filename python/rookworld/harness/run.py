@@ -107,7 +107,8 @@ class Run:
             torch.set_float32_matmul_precision("high")
         bf16, why = compute_dtype(cfg.dtype, kind)
         self.amp_dtype = torch.bfloat16 if bf16 else None
-        self.compile = cfg.compile and kind == "cuda"
+        self.compile = cfg.compile and kind == "cuda"  # decoding (the decode step and the draw)
+        self.compile_logprobs = self.compile and cfg.compile_logprobs  # the log-prob passes
         torch.manual_seed(cfg.seed)
 
         # Everything a user can get wrong is checked before the slow parts (models, engines) start, and before

@@ -62,6 +62,9 @@ class RunSettings:
     dtype: str = setting("auto", "compute dtype: auto (bf16 autocast on CUDA and on a CPU with AMX; else fp32), bf16 "
                                  "or fp32", RUN, choices=("auto", "bf16", "fp32"))
     compile: bool = setting(True, "on CUDA, torch.compile the hot paths", RUN)
+    compile_logprobs: bool = setting(True, "with --compile, the log-prob passes too (the trunk and the vocabulary "
+                                           "passes): --no-compile-logprobs compiles decoding alone, two graphs "
+                                           "instead of six (BENCHMARKS.md, issue 56)", RUN)
 
     def check_together(self, need) -> None:
         need(not (self.overwrite and self.resume), "--overwrite starts afresh and --resume continues: give one")

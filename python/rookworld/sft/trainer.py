@@ -85,7 +85,7 @@ class SFTTrainer:
         run.log.say(f"data: {len(tasks)} samples ({tasks.count('P')} P:, {tasks.count('A')} A:), {n_tokens:,} "
                     f"tokens, {self.rows.per_pass} {rows} a pass; {cfg.rows_per_step} rows a step, "
                     f"loss on {cfg.loss_on} tokens")
-        self.logprobs = LogProbs(run.policy, compile=run.compile, entropy=False)
+        self.logprobs = LogProbs(run.policy, compile=run.compile_logprobs, entropy=False)
         if run.dist.enabled:
             self.logprobs = DDP(self.logprobs, device_ids=[run.device.index] if run.device.type == "cuda" else None)
         run.build_optimizer()
@@ -107,7 +107,7 @@ class SFTTrainer:
                 nll = self.logprobs(ids, None, 1, 1.0, loss=lambda lp, entropy, kl, at: -lp / normalizer,
                                     wanted=counted).loss
             else:
-                lp = token_logprobs(self.run.policy, ids, None, start=1, compile=self.run.compile,
+                lp = token_logprobs(self.run.policy, ids, None, start=1, compile=self.run.compile_logprobs,
                                     wanted=counted).logprobs
                 nll = -(lp.float() * counted).sum() / normalizer
         if backward:
