@@ -223,3 +223,26 @@ def test_the_compile_cache_travels_with_the_run_directory(tmp_path):
     cache.write_bytes(b"not a cache")
     third = run("load", "inductor_c")
     assert "was not loaded" in third and "hits 0" in third, third[-2000:]
+
+
+@pytest.mark.slow
+def test_no_compile_logprobs_compiles_decoding_alone(tmp_path):
+    """--no-compile-logprobs, rehearsed as on CUDA (benches/grpo_step.py --rehearse-cuda, dynamo's eager backend): a
+    step compiles the decode step and the draw, and no log-prob pass; without it, the log-prob passes compile too."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def compiled(*extra: str) -> set[str]:
+        out = tmp_path / f"step{len(extra)}.json"
+        proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benches" / "grpo_step.py"),
+                               "--device", "cpu", "--rehearse-cuda", "--compile-backend", "eager", "--tiny",
+                               "--dtype", "fp32", "--prompts", "5", "--group", "2", "--p-len", "3", "--a-len", "4",
+                               "--warmup", "1", "--steps", "1", "--stockfish-depth", "1", "--json", str(out), *extra],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return {g["name"] for g in json.loads(out.read_text())["compiled"]}
+
+    assert compiled("--no-compile-logprobs") == {"decode_step", "_draw_in_blocks"}
+    assert {"_states", "_vocab_forward", "_vocab_backward"} <= compiled()

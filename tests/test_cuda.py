@@ -289,6 +289,17 @@ def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path
     assert any(not torch.equal(start[k], v) for k, v in ours.state_dict().items()), "the weights must have moved"
 
 
+def test_no_compile_logprobs_compiles_decoding_alone_on_cuda(tiny_dir, tmp_path):
+    """--no-compile-logprobs: the run's graphs are the decode step's and the draw's, no log-prob pass's."""
+    out = tmp_path / "run"
+    proc = run_cli(["train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "2",
+                    "--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "16", "--stockfish-depth",
+                    "4", "--save-every", "0", "--eval-every", "0", "--no-compile-logprobs"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = {g["name"] for r in metrics(out) for g in r.get("compiled", [])}
+    assert names == {"decode_step", "_draw_in_blocks"}, names
+
+
 def test_auto_batch_chooses_a_size_on_cuda(tiny_dir, tmp_path):
     out = tmp_path / "auto"
     proc = run_cli(["train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "1",
