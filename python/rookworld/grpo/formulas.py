@@ -8,6 +8,8 @@ the README ("The KL leash"); the tests check it exactly on a small vocabulary.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 #: Rewards closer than this are equal: a group whose rewards all lie within it has no spread. The scorer's
@@ -85,8 +87,9 @@ K3_EXP_LIMIT = 20.0
 def _exp_linear_above(r: torch.Tensor, limit: float) -> torch.Tensor:
     """e^r up to `limit`, e^limit (1 + r - limit) beyond: finite, and its gradient keeps e^r's sign (a clamp's
     would be 0, turning k3's gradient from about -e^20 into +1 and pushing such a token further down)."""
-    e = torch.exp(r.clamp(max=limit))
-    return torch.where(r >= limit, e * (1.0 + (r - limit)), e)
+    # e^limit as a constant past the limit: clamp's gradient at r == limit is 1 on some torch versions (2.11) and 0
+    # on others, and through `e` it would double the slope there.
+    return torch.where(r >= limit, math.exp(limit) * (1.0 + (r - limit)), torch.exp(r.clamp(max=limit)))
 
 
 def penalty_to_go(penalty: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
