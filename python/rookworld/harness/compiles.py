@@ -14,6 +14,7 @@ from rookworld.ground.files import atomic_write
 from rookworld.harness.rundir import COMPILE_CACHE
 from rookworld.harness.runlog import RunLog
 from rookworld.net import compile_log
+
 #: Larger than any cache a run makes (a GPT-2 small step's is a few MB): a bigger file is not ours, and not read.
 MAX_CACHE_BYTES = 1 << 30
 
