@@ -153,13 +153,14 @@ pub fn score<P: AsRef<str> + Sync, C: AsRef<str> + Sync>(
     completions: &[C],
     truth_index: &[i64],
     truths: &[crate::reward::GroundTruth],
-    shaping: crate::reward::Shaping,
+    scoring: impl Into<crate::reward::Scoring>,
 ) -> Vec<Result<crate::reward::Score, crate::reward::ScoreError>> {
+    let scoring = scoring.into();
     (prompts, completions, truth_index)
         .into_par_iter()
         .map(|(p, c, t)| {
             let truth = usize::try_from(*t).ok().and_then(|t| truths.get(t));
-            crate::reward::score(p.as_ref(), c.as_ref(), truth, shaping)
+            crate::reward::score(p.as_ref(), c.as_ref(), truth, scoring)
         })
         .collect()
 }

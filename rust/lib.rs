@@ -38,4 +38,4 @@ pub use moves::{legal_move, legal_uci_moves};
 pub use notation::{parse_move, san, MoveError};
 pub use p_text::{parse_answer, policy_target, prompt_fen, Layout, PolicyAnswer};
 pub use perft::perft;
-pub use reward::{score, GroundTruth, Score, ScoreError, Shaping, Task};
+pub use reward::{score, GroundTruth, PolicyReward, Score, ScoreError, Scoring, Shaping, Task};

@@ -11,7 +11,7 @@ use crate::batch;
 use crate::generate::{generate_positions as generate, GeneratorConfig};
 use crate::pgn::{collect_games, read_files, Game, PgnError, PgnReader};
 use crate::pgn_positions::{sample_positions, GamePosition, SampleConfig};
-use crate::reward::{GroundTruth, Parts, Shaping};
+use crate::reward::{GroundTruth, Parts, PolicyReward, Scoring, Shaping};
 
 /// Failures of a batch, by index: the all-good batch crosses into Python as one plain list beside an empty one.
 type Failures = Vec<(usize, String)>;
@@ -336,7 +336,8 @@ struct ScoreColumns {
     errors: Failures,
 }
 
-const F64_COLUMNS: [&str; 7] = ["reward", "quality", "best", "candidates", "evals", "eval_error", "fen_similarity"];
+const F64_COLUMNS: [&str; 8] =
+    ["reward", "quality", "best", "candidates", "evals", "eval_error", "best_loss", "fen_similarity"];
 
 impl ScoreColumns {
     fn new(n: usize) -> Self {
@@ -368,6 +369,7 @@ impl ScoreColumns {
             p.candidates,
             p.evals,
             p.eval_error.unwrap_or(f64::NAN),
+            p.best_loss.unwrap_or(f64::NAN),
             a.fen_similarity,
         ];
         for ((_, col), v) in self.f64s.iter_mut().zip(values) {
@@ -409,7 +411,7 @@ impl ScoreColumns {
 /// Scores completions. `truth_index[i]` picks prompt i's ground truth from `truths` (-1: none), so that the
 /// completions of one group share one converted ground truth. Returns `(columns, errors)`.
 #[pyfunction]
-#[pyo3(signature = (prompts, completions, truth_index, truths, shaping="continuous"))]
+#[pyo3(signature = (prompts, completions, truth_index, truths, shaping="continuous", p_reward="rank"))]
 fn score<'py>(
     py: Python<'py>,
     prompts: &Bound<'py, PyAny>,
@@ -417,9 +419,12 @@ fn score<'py>(
     truth_index: Vec<i64>,
     truths: Vec<(Vec<String>, Vec<f64>)>,
     shaping: &str,
+    p_reward: &str,
 ) -> PyResult<(Bound<'py, PyDict>, Failures)> {
     let shaping = Shaping::parse(shaping)
         .ok_or_else(|| PyValueError::new_err(format!("shaping must be 'continuous' or 'graduated', got {shaping:?}")))?;
+    let policy = PolicyReward::parse(p_reward)
+        .ok_or_else(|| PyValueError::new_err(format!("p_reward must be 'rank' or 'cp-loss', got {p_reward:?}")))?;
     let (prompts, completions) = (texts(prompts)?, texts(completions)?);
     same_length(prompts.len(), completions.len())?;
     same_length(prompts.len(), truth_index.len())?;
@@ -431,7 +436,7 @@ fn score<'py>(
     }
     let truths: Vec<GroundTruth> = truths.into_iter().map(|(moves, evals)| GroundTruth { moves, evals }).collect();
     let cols = py.detach(|| {
-        let results = batch::score(&prompts, &completions, &truth_index, &truths, shaping);
+        let results = batch::score(&prompts, &completions, &truth_index, &truths, Scoring { shaping, policy });
         let mut cols = ScoreColumns::new(results.len());
         for (i, r) in results.into_iter().enumerate() {
             cols.push(i, r);

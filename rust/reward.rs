@@ -46,6 +46,40 @@ impl Shaping {
     }
 }
 
+/// How the B: move of a P: answer earns its credit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PolicyReward {
+    /// By its rank in Stockfish's top five (`RANK_CREDIT`); any other legal move earns `OUTSIDE_TOP`.
+    #[default]
+    Rank,
+    /// By the pawns it loses against Stockfish's best (`loss_credit`), from a ground truth that evaluates every
+    /// legal move: among legal moves a blunder and a good move outside the top five no longer earn the same.
+    CpLoss,
+}
+
+impl PolicyReward {
+    pub fn parse(name: &str) -> Option<PolicyReward> {
+        match name {
+            "rank" => Some(PolicyReward::Rank),
+            "cp-loss" => Some(PolicyReward::CpLoss),
+            _ => None,
+        }
+    }
+}
+
+/// The rules a batch is scored by: how quality becomes a reward, and how a P: answer's B: move earns credit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Scoring {
+    pub shaping: Shaping,
+    pub policy: PolicyReward,
+}
+
+impl From<Shaping> for Scoring {
+    fn from(shaping: Shaping) -> Scoring {
+        Scoring { shaping, ..Scoring::default() }
+    }
+}
+
 /// Weights of the P: components.
 pub const W_BEST: f64 = 0.5;
 pub const W_CANDIDATES: f64 = 0.3;
@@ -61,6 +95,11 @@ pub const CANDIDATE_PENALTY: f64 = 0.5;
 pub const EVAL_CLAMP: f64 = 10.0;
 /// Eval credit is exp(-error / EVAL_SCALE), error in pawns.
 pub const EVAL_SCALE: f64 = 0.5;
+/// Under `PolicyReward::CpLoss`, a legal B: move that loses `l` pawns (evals clamped to `EVAL_CLAMP`, so a
+/// missed mate costs at most 20) earns `LOSS_FLOOR + (1 - LOSS_FLOOR) exp(-l / LOSS_SCALE)`: half a pawn lost
+/// keeps 0.62 of the credit, one pawn 0.40, three 0.10; a legal move always earns more than an illegal one.
+pub const LOSS_SCALE: f64 = 1.0;
+pub const LOSS_FLOOR: f64 = OUTSIDE_TOP;
 /// Evals within this many pawns of the best count as the same rank.
 pub const TIE: f64 = 1e-9;
 
@@ -117,6 +156,8 @@ pub struct PolicyParts {
     pub evals: f64,
     /// Mean absolute eval error (clamped pawns) over the M: moves Stockfish also listed.
     pub eval_error: Option<f64>,
+    /// Pawns the B: move loses against Stockfish's best (clamped evals), where the ground truth evaluates it.
+    pub best_loss: Option<f64>,
 }
 
 /// The parts of an A: score.
@@ -167,7 +208,9 @@ impl std::error::Error for ScoreError {}
 
 /// Scores one completion. Errors are about the prompt or ground truth (trusted inputs), never
 /// about the completion.
-pub fn score(prompt: &str, completion: &str, truth: Option<&GroundTruth>, shaping: Shaping) -> Result<Score, ScoreError> {
+pub fn score(prompt: &str, completion: &str, truth: Option<&GroundTruth>, scoring: impl Into<Scoring>)
+             -> Result<Score, ScoreError> {
+    let Scoring { shaping, policy } = scoring.into();
     match Task::of_prompt(prompt).ok_or(ScoreError::UnknownTask)? {
         Task::Policy => {
             let fen = prompt_fen(prompt).ok_or_else(|| ScoreError::BadPrompt("P: prompt without a FEN".into()))?;
@@ -176,7 +219,7 @@ pub fn score(prompt: &str, completion: &str, truth: Option<&GroundTruth>, shapin
             Ok(match parse_answer(completion) {
                 None => malformed(Task::Policy),
                 Some(answer) => {
-                    let parts = policy_parts(&pos, &answer, truth);
+                    let parts = policy_parts(&pos, &answer, truth, policy);
                     let quality = W_BEST * parts.best + W_CANDIDATES * parts.candidates + W_EVALS * parts.evals;
                     scored(Task::Policy, quality, shaping, Parts::Policy(parts))
                 }
@@ -224,14 +267,26 @@ fn clamp_eval(pawns: f64) -> f64 {
     pawns.clamp(-EVAL_CLAMP, EVAL_CLAMP)
 }
 
-fn policy_parts(pos: &Chess, answer: &PolicyAnswer, truth: &GroundTruth) -> PolicyParts {
+/// The credit of a legal move that loses `loss` pawns against the best (`PolicyReward::CpLoss`).
+pub fn loss_credit(loss: f64) -> f64 {
+    if loss <= TIE {
+        1.0
+    } else {
+        LOSS_FLOOR + (1.0 - LOSS_FLOOR) * (-loss / LOSS_SCALE).exp()
+    }
+}
+
+fn policy_parts(pos: &Chess, answer: &PolicyAnswer, truth: &GroundTruth, policy: PolicyReward) -> PolicyParts {
     let mut parts = PolicyParts::default();
+    // Hits, ranks and eval checks look at Stockfish's top moves only, however many the ground truth holds.
+    let wanted = truth.moves.len().min(RANK_CREDIT.len());
     let truth_rank = |mv: &str| truth.moves.iter().position(|m| m == mv);
+    let top_rank = |mv: &str| truth_rank(mv).filter(|&r| r < wanted);
+    let top = truth.evals.first().copied().unwrap_or(0.0);
 
     // B: credit by rank, where moves as good as the best share rank 1.
     parts.best_legal = legal_move(pos, &answer.best).is_some();
-    if let Some(r) = truth_rank(&answer.best) {
-        let top = truth.evals.first().copied().unwrap_or(0.0);
+    if let Some(r) = top_rank(&answer.best) {
         let tied = truth.evals.get(r).is_some_and(|e| (e - top).abs() <= TIE);
         let r = if tied { 0 } else { r };
         parts.best_rank = r as u32 + 1;
@@ -239,12 +294,20 @@ fn policy_parts(pos: &Chess, answer: &PolicyAnswer, truth: &GroundTruth) -> Poli
     } else if parts.best_legal {
         parts.best = OUTSIDE_TOP;
     }
+    if parts.best_legal {
+        if let Some(r) = truth_rank(&answer.best) {
+            let loss = (clamp_eval(top) - clamp_eval(truth.evals[r])).max(0.0);
+            parts.best_loss = Some(loss);
+            if policy == PolicyReward::CpLoss {
+                parts.best = loss_credit(loss);
+            }
+        }
+    }
     if !answer.moves.contains(&answer.best) {
         parts.best *= INCONSISTENT_BEST;
     }
 
     // M: distinct hits, less penalties for illegal, repeated and surplus moves.
-    let wanted = truth.moves.len().min(RANK_CREDIT.len());
     let mut seen: Vec<&str> = Vec::new();
     let mut penalties = 0usize;
     let mut eval_credit = 0.0;
@@ -255,7 +318,7 @@ fn policy_parts(pos: &Chess, answer: &PolicyAnswer, truth: &GroundTruth) -> Poli
             continue;
         }
         seen.push(mv);
-        if let Some(r) = truth_rank(mv) {
+        if let Some(r) = top_rank(mv) {
             parts.hits += 1;
             // E: the eval written beside this move against Stockfish's eval for it.
             if let Some(Some(e)) = answer.evals.get(i) {

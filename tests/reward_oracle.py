@@ -48,6 +48,9 @@ INCONSISTENT_BEST = 0.5
 CANDIDATE_PENALTY = 0.5
 EVAL_CLAMP = 10.0
 EVAL_SCALE = 0.5
+LOSS_SCALE = 1.0
+LOSS_FLOOR = OUTSIDE_TOP
+P_REWARDS = ("rank", "cp-loss")
 
 W_FEN = 0.6
 NEAR_MISS_CAP = 0.5
@@ -230,6 +233,7 @@ class PolicyParts:
     candidates: float = 0.0
     evals: float = 0.0
     eval_error: float | None = None
+    best_loss: float | None = None
 
 
 def _clamp(x: float, lo: float, hi: float) -> float:
@@ -241,24 +245,30 @@ def _clamp_eval(pawns: float) -> float:
 
 
 def policy_parts(board: chess.Board, answer: PolicyAnswer, truth_moves: list[str],
-                 truth_evals: list[float]) -> PolicyParts:
+                 truth_evals: list[float], p_reward: str = "rank") -> PolicyParts:
     if len(truth_moves) != len(truth_evals):
         raise ValueError(f"ground truth with {len(truth_moves)} moves but {len(truth_evals)} evals")
-    if len(truth_moves) > len(RANK_CREDIT):
-        raise ValueError("Stockfish lists at most five moves")
     parts = PolicyParts()
-    listed = len(truth_moves)
+    # Stockfish's five (fewer where the position has fewer legal moves): the ground truth's first moves; the
+    # cp-loss reward's ground truth goes on with every other legal move.
+    listed = min(len(truth_moves), len(RANK_CREDIT))
+    top = truth_moves[:listed]
 
     # best: credit by rank; moves whose eval equals the best move's share rank 1.
     parts.best_legal = is_legal(board, answer.best)
-    if answer.best in truth_moves:
-        rank = truth_moves.index(answer.best)
+    if answer.best in top:
+        rank = top.index(answer.best)
         if abs(truth_evals[rank] - truth_evals[0]) <= 1e-9:  # evals within 1e-9 of the best's: a tie
             rank = 0
         parts.best_rank = rank + 1
         parts.best = RANK_CREDIT[rank]
     elif parts.best_legal:
         parts.best = OUTSIDE_TOP
+    if parts.best_legal and answer.best in truth_moves:
+        loss = max(0.0, _clamp_eval(truth_evals[0]) - _clamp_eval(truth_evals[truth_moves.index(answer.best)]))
+        parts.best_loss = loss
+        if p_reward == "cp-loss":
+            parts.best = 1.0 if loss <= 1e-9 else LOSS_FLOOR + (1 - LOSS_FLOOR) * math.exp(-loss / LOSS_SCALE)
     if answer.best not in answer.moves:
         parts.best *= INCONSISTENT_BEST
 
@@ -275,11 +285,11 @@ def policy_parts(board: chess.Board, answer: PolicyAnswer, truth_moves: list[str
             penalties += 1
             continue
         seen.add(mv)
-        if mv in truth_moves:
+        if mv in top:
             parts.hits += 1
             written = answer.evals[i] if i < len(answer.evals) else None
             if written is not None:
-                err = abs(_clamp_eval(written) - _clamp_eval(truth_evals[truth_moves.index(mv)]))
+                err = abs(_clamp_eval(written) - _clamp_eval(truth_evals[top.index(mv)]))
                 errors.append(err)
                 credit += math.exp(-err / EVAL_SCALE)
     if listed > 0:  # RESOLVED: nothing listed (no legal moves): both parts are 0
@@ -399,7 +409,7 @@ class Score:
 
 
 def reference_score(prompt: str, completion: str, truth: GroundTruth | None,
-                    shaping: str = "continuous") -> Score:
+                    shaping: str = "continuous", p_reward: str = "rank") -> Score:
     """Scores one completion. ``ValueError`` only for a bad prompt, truth or shaping, never for the completion."""
     if shaping not in SHAPINGS:
         raise ValueError(f"shaping must be one of {SHAPINGS}, got {shaping!r}")
@@ -411,7 +421,7 @@ def reference_score(prompt: str, completion: str, truth: GroundTruth | None,
         answer = parse_policy_answer(completion)
         if answer is None:
             return Score("P", UNPARSEABLE, False, 0.0)
-        parts = policy_parts(board, answer, list(truth[0]), [float(e) for e in truth[1]])
+        parts = policy_parts(board, answer, list(truth[0]), [float(e) for e in truth[1]], p_reward)
         quality = policy_quality(parts)
         return Score("P", shape(quality, shaping), True, quality, parts)
     if task == "A":
@@ -469,6 +479,16 @@ EDGE_CASES = [
 
 #: Mate in n as the data writes it: (100000 - n) / 100 pawns.
 MATE_EVALS = [(100_000 - n) / 100 for n in (1, 2, 3, 5, 12)]
+
+
+def full_truth(board: chess.Board, top: GroundTruth, rng: random.Random) -> GroundTruth:
+    """A ground truth of every legal move, as the cp-loss reward's MultiPV analysis gives it: `top` (a
+    `synthetic_truth`), then every other legal move below it."""
+    moves, evals = top
+    rest = [m.uci() for m in board.legal_moves if m.uci() not in moves]
+    floor = evals[-1] if evals else rng.randint(-600, 600) / 100
+    lower = sorted((floor - rng.randint(0, 1500) / 100 for _ in rest), reverse=True)
+    return moves + rest, evals + lower
 
 
 def synthetic_truth(board: chess.Board, rng: random.Random) -> GroundTruth:

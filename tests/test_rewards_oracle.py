@@ -81,12 +81,13 @@ def _same(a: float, b: float | None) -> bool:
     return abs(a - b) <= TOL
 
 
-def mismatches(prompts, completions, truths, shaping: str, limit: int = 5) -> tuple[int, list[str]]:
+def mismatches(prompts, completions, truths, shaping: str, limit: int = 5,
+               p_reward: str = "rank") -> tuple[int, list[str]]:
     """Scores every pair with the Rust scorer and the oracle; returns how many differ, and examples."""
-    scores = RewardScorer(shaping=shaping).score_batch(prompts, completions, ground_truth=truths)
+    scores = RewardScorer(shaping=shaping, p_reward=p_reward).score_batch(prompts, completions, ground_truth=truths)
     bad, examples = 0, []
     for i, (p, c, t) in enumerate(zip(prompts, completions, truths)):
-        ref = oracle.reference_score(p, c, t, shaping)
+        ref = oracle.reference_score(p, c, t, shaping, p_reward)
         problems = []
         if not _same(scores.rewards[i], ref.reward):
             problems.append(f"reward {scores.rewards[i]!r} != {ref.reward!r}")
@@ -100,7 +101,7 @@ def mismatches(prompts, completions, truths, shaping: str, limit: int = 5) -> tu
                 if scores.parts[name][i] != ours:
                     problems.append(f"{name} {scores.parts[name][i]!r} != {ours!r}")
             for name, ours in [("best", r.best), ("candidates", r.candidates), ("evals", r.evals),
-                               ("eval_error", r.eval_error)]:
+                               ("eval_error", r.eval_error), ("best_loss", r.best_loss)]:
                 if not _same(float(scores.parts[name][i]), ours):
                     problems.append(f"{name} {scores.parts[name][i]!r} != {ours!r}")
         elif isinstance(ref.parts, oracle.EnvParts):
@@ -117,23 +118,29 @@ def mismatches(prompts, completions, truths, shaping: str, limit: int = 5) -> tu
     return bad, examples
 
 
-def assert_agree(prompts, completions, truths) -> None:
+def assert_agree(prompts, completions, truths, p_rewards=("rank",)) -> None:
     for shaping in SHAPINGS:
-        bad, examples = mismatches(prompts, completions, truths, shaping)
-        assert bad == 0, f"{shaping}: {bad} of {len(prompts)} pairs differ, e.g.\n" + "\n".join(examples)
+        for p_reward in p_rewards:
+            bad, examples = mismatches(prompts, completions, truths, shaping, p_reward=p_reward)
+            assert bad == 0, (f"{shaping}, {p_reward}: {bad} of {len(prompts)} pairs differ, e.g.\n"
+                              + "\n".join(examples))
 
 
 # ------------------------------------------------------------------------------------------------
 # Cases
 
 
-def policy_cases(n_positions: int, per_position: int, seed: int):
+def policy_cases(n_positions: int, per_position: int, seed: int, every_move: bool = False):
+    """Pairs scored against Stockfish's five, or (`every_move`) against every legal move, as the cp-loss reward's
+    analysis gives them; the completions are written from the five either way."""
     rng = random.Random(seed)
     fens = [p.fen for p in generate_positions(n_positions, seed)] + FEW_MOVES * 4
     prompts, completions, truths = [], [], []
     for fen in fens:
-        truth = oracle.synthetic_truth(chess.Board(fen), rng)
-        for completion in oracle.policy_completions(fen, truth, rng, per_position):
+        board = chess.Board(fen)
+        top = oracle.synthetic_truth(board, rng)
+        truth = oracle.full_truth(board, top, rng) if every_move else top
+        for completion in oracle.policy_completions(fen, top, rng, per_position):
             prompt = rng.choice([f"P: {fen}", f"P: {fen} ", f"P: {fen.ljust(90)}", f" P:{fen}"])
             prompts.append(prompt)
             completions.append(completion)
@@ -263,6 +270,20 @@ def test_policy_pairs_match_the_oracle(p_cases):
     assert_agree(prompts, completions, truths)
 
 
+def test_policy_pairs_match_the_oracle_against_every_legal_move():
+    """The cp-loss reward (and the rank reward, given the longer ground truth) on thousands of pairs whose ground
+    truth grades every legal move."""
+    prompts, completions, truths = policy_cases(n_positions=300, per_position=10, seed=21, every_move=True)
+    assert_agree(prompts, completions, truths, p_rewards=oracle.P_REWARDS)
+    scores = [oracle.reference_score(p, c, t, p_reward="cp-loss") for p, c, t in zip(prompts, completions, truths)]
+    parts = [s.parts for s in scores if s.parts is not None]
+    losses = [p.best_loss for p in parts if p.best_loss is not None]
+    # Every rule is reached: moves outside the five graded by their loss, clamped mates, illegal moves.
+    assert sum(p.best_rank == 0 and p.best_loss is not None for p in parts) > 100
+    assert min(losses) == 0.0 and max(losses) > 10 and len({round(x, 6) for x in losses}) > 200
+    assert any(not p.best_legal for p in parts)
+
+
 def test_policy_pairs_cover_the_rules(p_cases):
     """The random pairs reach every part of the rules (so agreement above means something)."""
     prompts, completions, truths = p_cases
@@ -370,7 +391,7 @@ def test_scores_breakdown_takes_the_parts_of_each_task():
     assert len(scores) == 2 and scores.tasks.tolist() == ["P", "A"] and scores.valid is None
     p, a = scores.breakdown(0), scores.breakdown(1)
     assert list(p) == ["task", "reward", "well_formed", "quality", "best_rank", "best_legal", "best", "hits",
-                       "candidates", "evals", "eval_error"]
+                       "candidates", "evals", "eval_error", "best_loss"]
     assert (p["best_rank"], p["best_legal"], p["hits"]) == (1, True, 2)
     assert p["eval_error"] == pytest.approx(0.35) and type(p["best_rank"]) is int
     assert list(a) == ["task", "reward", "well_formed", "quality", "fen_exact", "fen_similarity", "reward_ok",
@@ -475,3 +496,34 @@ def test_real_policy_sample(pool):
     scores = scorer.score_batch([prompt], [completion])
     assert scores.well_formed[0] and 0.2 <= scores.rewards[0] <= 1.0
     assert_agree([prompt], [completion], scorer.ground_truth([prompt]))
+
+
+def test_cp_loss_reward_with_stockfish_grades_every_legal_move(pool):
+    """With a real analysis of every legal move (MultiPV 256, depth 6), the cp-loss reward puts Stockfish's best
+    first, a quiet move above a blunder, and a blunder (still legal) above an illegal move; the rank reward gives
+    every legal move outside the five the same 0.05. A pool of five is refused: it would grade silently by rank."""
+    from rookworld.ground.rewards import analysis_width
+    from rookworld.ground.stockfish import StockfishPool
+
+    with pytest.raises(ValueError, match="MultiPV"):
+        RewardScorer(pool, p_reward="cp-loss")
+    fen = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
+    with StockfishPool(depth=6, workers=1, multipv=analysis_width("cp-loss")) as every:
+        scorer = RewardScorer(every, p_reward="cp-loss")
+        (truth,) = scorer.ground_truth([f"P: {fen}"])
+        assert sorted(truth[0]) == sorted(m.uci() for m in chess.Board(fen).legal_moves)
+        assert truth[1] == sorted(truth[1], reverse=True)
+        best, quiet, blunder = truth[0][0], "a2a3", "f3g5"  # Ng5 leaves the knight to the queen
+        moves = [best, quiet, blunder, "e1g1"]  # castling through the f1 bishop: illegal
+        completions = [f"M: {m} E: 0.1 B: {m}" for m in moves]
+        scores = scorer.score_batch([f"P: {fen}"] * 4, completions, ground_truth=[truth] * 4)
+        parts = [scores.breakdown(i) for i in range(4)]
+        assert [p["best_legal"] for p in parts] == [True, True, True, False]
+        assert parts[0]["best"] == 1.0 and parts[0]["best_loss"] == 0.0
+        loss = {m: truth[1][0] - truth[1][truth[0].index(m)] for m in (quiet, blunder)}
+        assert loss[blunder] > 2.0 > loss[quiet] >= 0, loss
+        assert parts[1]["best_loss"] == pytest.approx(loss[quiet]) and parts[2]["best_loss"] == pytest.approx(loss[blunder])
+        assert parts[1]["best"] == pytest.approx(0.05 + 0.95 * math.exp(-loss[quiet]))
+        assert scores.rewards[0] > scores.rewards[1] > scores.rewards[2] > scores.rewards[3]
+        rank = RewardScorer(every).score_batch([f"P: {fen}"] * 3, completions[1:], ground_truth=[truth] * 3)
+        assert rank.parts["best"][0] == rank.parts["best"][1] == 0.05  # the rank reward cannot tell them apart

@@ -1,7 +1,7 @@
 //! The reward rules on hand-made ground truth: exact answers score 1.0, garbage gets a score
 //! and never panics, and the known reward hacks stay low.
 
-use rookworld::reward::{score, GroundTruth, Parts, ScoreError, Shaping, UNPARSEABLE};
+use rookworld::reward::{score, GroundTruth, Parts, PolicyReward, ScoreError, Scoring, Shaping, UNPARSEABLE};
 use rookworld::{a_text::env_target, policy_target, Layout};
 
 const FEN: &str = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3";
@@ -162,4 +162,75 @@ fn graduated_steps() {
     for (got, want) in steps.iter().zip(want) {
         assert!((got - want).abs() < 1e-12, "{steps:?}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// `PolicyReward::CpLoss`: the B: move graded by the pawns it loses, from a ground truth of every legal move.
+
+/// The five moves above and three more, as an analysis of every legal move would rank them; `a2a3` is quiet,
+/// `f3g5` drops a knight's worth, `d1h5` hangs the queen past the clamp: a missed mate is worth at most 20.
+fn full_truth() -> GroundTruth {
+    let mut t = truth();
+    t.moves.extend(["a2a3", "f3g5", "f3e5"].map(String::from));
+    t.evals.extend([0.05, -2.55, -11.0]);
+    t
+}
+
+fn cp_loss(completion: &str, truth: &GroundTruth) -> rookworld::reward::Score {
+    let scoring = Scoring { shaping: Shaping::Continuous, policy: PolicyReward::CpLoss };
+    score(&p_prompt(), completion, Some(truth), scoring).unwrap()
+}
+
+fn policy_parts(s: &rookworld::reward::Score) -> rookworld::reward::PolicyParts {
+    let Some(Parts::Policy(parts)) = &s.parts else { panic!("{s:?}") };
+    parts.clone()
+}
+
+#[test]
+fn cp_loss_credit_by_hand() {
+    // best = 0.05 + 0.95 exp(-loss): computed by hand from the clamped evals.
+    let cases = [("f1b5", 0.0, 1.0), ("d2d4", 0.07, 0.05 + 0.95 * (-0.07f64).exp()),
+                 ("a2a3", 0.40, 0.05 + 0.95 * (-0.40f64).exp()), ("f3g5", 3.0, 0.05 + 0.95 * (-3.0f64).exp()),
+                 ("f3e5", 10.45, 0.05 + 0.95 * (-10.45f64).exp())];
+    for (mv, loss, credit) in cases {
+        let s = cp_loss(&exact_p().replace("B: f1b5", &format!("B: {mv}")), &full_truth());
+        let p = policy_parts(&s);
+        assert!((p.best_loss.unwrap() - loss).abs() < 1e-12, "{mv}: {:?}", p.best_loss);
+        // A B: move outside the answer's own M: list keeps half its credit, as under the rank reward.
+        let own = if ["a2a3", "f3g5", "f3e5"].contains(&mv) { 0.5 } else { 1.0 };
+        assert!((p.best - own * credit).abs() < 1e-12, "{mv}: {} vs {}", p.best, own * credit);
+        // Candidates and evals are the top five's, as under the rank reward: the extra moves are not hits.
+        assert_eq!(p.hits, 5, "{mv}");
+        assert!((s.quality - (0.5 * p.best + 0.3 + 0.2)).abs() < 1e-12, "{mv}: {}", s.quality);
+        assert_eq!(p.best_rank, if loss == 0.0 { 1 } else if mv == "d2d4" { 2 } else { 0 });
+    }
+}
+
+#[test]
+fn cp_loss_orders_every_legal_move_and_keeps_illegal_below_legal() {
+    let reward = |mv: &str| cp_loss(&format!("M: {mv} E: 0.1 B: {mv}"), &full_truth()).reward;
+    let order = ["f1b5", "d2d4", "f1c4", "b1c3", "c2c3", "a2a3", "f3g5", "f3e5"].map(reward);
+    assert!(order.windows(2).all(|w| w[0] > w[1]), "{order:?}");
+    // Illegal, or legal but unknown to the ground truth (not evaluated): the floor or nothing.
+    let illegal = reward("e1g1");
+    let unlisted = reward("h2h3");
+    assert!(illegal < unlisted && unlisted < order[7], "{illegal} {unlisted} {order:?}");
+    let p = policy_parts(&cp_loss("M: h2h3 E: 0.1 B: h2h3", &full_truth()));
+    assert_eq!((p.best, p.best_loss), (rookworld::reward::LOSS_FLOOR, None));
+}
+
+#[test]
+fn cp_loss_equals_rank_where_the_best_move_is_found_and_hacks_stay_low() {
+    let scoring = |policy| Scoring { shaping: Shaping::Continuous, policy };
+    for completion in [exact_p(), "M: f1b5 f1b5 f1b5 f1b5 f1b5 E: 0.45 0.45 0.45 0.45 0.45 B: f1b5".into(),
+                       "M: zzzz e9e9 a1a1 0000 xx E: 7 7 7 7 7 B: f1b5".into()] {
+        let rank = score(&p_prompt(), &completion, Some(&full_truth()), scoring(PolicyReward::Rank)).unwrap();
+        let loss = score(&p_prompt(), &completion, Some(&full_truth()), scoring(PolicyReward::CpLoss)).unwrap();
+        assert_eq!(rank.reward, loss.reward, "{completion}");
+    }
+    assert!(cp_loss("M: f1b5 f1b5 f1b5 f1b5 f1b5 E: 0.45 0.45 0.45 0.45 0.45 B: f1b5", &full_truth()).reward < 0.75);
+    // Mate evals (mate in 2 = 999.98 pawns) are clamped: missing a mate for a winning move loses 10 - 3 = 7.
+    let mating = GroundTruth { moves: ["f1b5", "d2d4"].map(String::from).to_vec(), evals: vec![999.98, 3.0] };
+    let p = policy_parts(&cp_loss("M: f1b5 d2d4 E: 1 1 B: d2d4", &mating));
+    assert!((p.best_loss.unwrap() - 7.0).abs() < 1e-12, "{:?}", p.best_loss);
 }

@@ -18,10 +18,20 @@ import numpy as np
 
 from rookworld import _core
 
-__all__ = ["SHAPINGS", "GroundTruth", "RewardScorer", "Scores", "policy_prompt", "policy_targets", "prompt_fen",
+__all__ = ["P_REWARDS", "SHAPINGS", "GroundTruth", "RewardScorer", "Scores", "policy_prompt", "policy_targets", "prompt_fen",
            "task_of"]
 
 SHAPINGS = ("continuous", "graduated")
+#: How a P: answer's B: move earns credit (docs/rewards.md): by its rank in Stockfish's five, or by the pawns it
+#: loses against the best, which needs an analysis of every legal move (`analysis_width`).
+P_REWARDS = ("rank", "cp-loss")
+#: Stockfish's MultiPV for an analysis of every legal move: no position has more than 218.
+EVERY_MOVE = 256
+
+
+def analysis_width(p_reward: str) -> int:
+    """The MultiPV the P: reward `p_reward` needs of Stockfish: its five, or every legal move."""
+    return EVERY_MOVE if p_reward == "cp-loss" else 5
 
 #: The ground truth of a P: prompt, as the scorer needs it from Stockfish's analysis: the top moves (best
 #: first) and their evals in pawns from the side to move's view. The Rust core's twin is `reward::GroundTruth`.
@@ -59,7 +69,7 @@ def policy_targets(fens: Sequence[str], moves: Sequence[Sequence[str]], evals: S
 
 
 #: The parts of each task, in `Scores.breakdown` order (docs/rewards.md names them).
-_POLICY_PARTS = ("best_rank", "best_legal", "best", "hits", "candidates", "evals", "eval_error")
+_POLICY_PARTS = ("best_rank", "best_legal", "best", "hits", "candidates", "evals", "eval_error", "best_loss")
 _ENV_PARTS = ("fen_exact", "fen_similarity", "reward_ok", "terminated_ok", "truncated_ok")
 
 
@@ -93,7 +103,7 @@ class Scores:
         for name in ("quality", *names):
             if name in self.parts:
                 value = self.parts[name][i].item()
-                out[name] = None if name == "eval_error" and math.isnan(value) else value
+                out[name] = None if name in ("eval_error", "best_loss") and math.isnan(value) else value
         return out
 
 
@@ -108,11 +118,19 @@ class RewardScorer:
     so they overlap generation on the GPU; ``score`` then finds them ready (or cached).
     """
 
-    def __init__(self, stockfish=None, shaping: str = "continuous"):
+    def __init__(self, stockfish=None, shaping: str = "continuous", p_reward: str = "rank"):
         if shaping not in SHAPINGS:
             raise ValueError(f"shaping must be one of {SHAPINGS}, got {shaping!r}")
+        if p_reward not in P_REWARDS:
+            raise ValueError(f"p_reward must be one of {P_REWARDS}, got {p_reward!r}")
+        # Graded against five moves, every legal move outside them would earn the floor: a silent rank reward.
+        width = getattr(stockfish, "multipv", EVERY_MOVE)
+        if width < analysis_width(p_reward):
+            raise ValueError(f"the {p_reward} P: reward needs Stockfish's MultiPV at {analysis_width(p_reward)} or "
+                             f"more (every legal move), not {width}: StockfishPool(multipv=analysis_width(p_reward))")
         self.stockfish = stockfish
         self.shaping = shaping
+        self.p_reward = p_reward
 
     def _policy_fens(self, prompts: Sequence[str]) -> dict[int, str]:
         return {i: prompt_fen(p) for i, p in enumerate(prompts) if task_of(p) == "P"}
@@ -184,13 +202,14 @@ class RewardScorer:
                 k = slot[id(t)] = len(truths)
                 truths.append((list(t[0]), [float(e) for e in t[1]]))
             index.append(k)
-        cols, errors = _core.score(prompts, completions, index, truths, self.shaping)
+        cols, errors = _core.score(prompts, completions, index, truths, self.shaping, self.p_reward)
         if errors:
             i, message = errors[0]
             raise ValueError(f"{message}: {prompts[i][:200]!r}")
         # frombuffer views are read-only; the copies are ordinary arrays users may modify.
         f64 = {k: np.frombuffer(cols[k], dtype="<f8").astype(np.float64) for k in
-               ("reward", "quality", "best", "candidates", "evals", "eval_error", "fen_similarity")}
+               ("reward", "quality", "best", "candidates", "evals", "eval_error", "best_loss",
+                "fen_similarity")}
         flags = {k: np.frombuffer(cols[k], dtype=np.uint8).astype(bool) for k in
                  ("well_formed", "best_legal", "fen_exact", "reward_ok", "terminated_ok", "truncated_ok")}
         counts = {k: np.frombuffer(cols[k], dtype=np.uint8).astype(np.int64) for k in ("best_rank", "hits")}

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from rookworld.ground.data import assign_moves, finished_message, playable, position_key, read_records
-from rookworld.ground.rewards import RewardScorer, Scores
+from rookworld.ground.rewards import RewardScorer, Scores, analysis_width
 from rookworld.ground.stockfish import StockfishError, StockfishPool
 from rookworld.grpo.metrics import step_metrics
 from rookworld.grpo.models import Models, Sampler
@@ -232,10 +232,12 @@ class Trainer:
         # it; on the CPU they analyse in the reward phase, when torch waits for them, on every core.
         workers = cfg.stockfish_workers or (max(1, run.cores - 1) if run.device.type == "cuda" else run.cores)
         self.pool = StockfishPool(path=cfg.stockfish_path, workers=workers, depth=cfg.stockfish_depth,
-                                  cache_path=cfg.stockfish_cache)
+                                  cache_path=cfg.stockfish_cache, multipv=analysis_width(cfg.p_reward))
+        graded = "every legal move by the pawns it loses" if cfg.p_reward == "cp-loss" else "Stockfish's five by rank"
         run.log.say(f"rewards: Stockfish {self.pool.path} (depth {cfg.stockfish_depth}, {workers} worker"
-                    f"{'s' if workers > 1 else ''}) for P:, the rules for A:; {cfg.reward_shaping} shaping")
-        return StoppableChessReward(RewardScorer(self.pool, shaping=cfg.reward_shaping), self._stopping)
+                    f"{'s' if workers > 1 else ''}) for P: ({graded}), the rules for A:; {cfg.reward_shaping} shaping")
+        scorer = RewardScorer(self.pool, shaping=cfg.reward_shaping, p_reward=cfg.p_reward)
+        return StoppableChessReward(scorer, self._stopping)
 
     def _stopping(self) -> bool:
         """Whether a stop was asked for that this rank may act on alone: under torchrun every rank must drop a step or

@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from rookworld.ground.rewards import SHAPINGS
+from rookworld.ground.rewards import P_REWARDS, SHAPINGS
 from rookworld.settings import objective
 from rookworld.settings.base import ConfigError, above_zero, existing_files, flag, need, non_negative, positive, share
 from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, LOSS, MODEL, OPTIM, REWARDS, RUN,
@@ -169,6 +169,9 @@ class SamplingSettings:
 class RewardSettings:
     reward_shaping: str = setting("continuous", "continuous (0.2 + 0.8 q) or graduated (steps of 0.2)", REWARDS,
                                   choices=SHAPINGS)
+    p_reward: str = setting("rank", "how a P: answer's best move earns credit: rank (its rank in Stockfish's five; "
+                                    "any other legal move 0.05) or cp-loss (by the pawns it loses against "
+                                    "Stockfish's best, every legal move evaluated)", REWARDS, choices=P_REWARDS)
 
 
 @group
