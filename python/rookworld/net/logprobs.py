@@ -43,6 +43,8 @@ class TokenLogProbs:
     kl: torch.Tensor | None = None  # [B, N] float32: exact KL to the reference over the vocabulary, if one is given
     values: torch.Tensor | None = None  # [B, N] float32: the value head's estimate before each token, if given
     loss: torch.Tensor | None = None  # scalar: the sum of the given loss over the wanted positions, differentiable
+    #: [B, N, n_embd]: the hidden state that predicts each token, differentiable, for a loss of the caller's own
+    hidden: torch.Tensor | None = None
 
 
 def full_kl(logp: torch.Tensor, ref_logp: torch.Tensor, weights: tuple[float, float] = (1.0, 0.0)) -> torch.Tensor:
@@ -182,7 +184,8 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
     values = value_head(hidden).float().view(B, N) if value_head is not None else None
     entropy = columns[1] if return_entropy else None
     kl = columns[-1] if reference is not None else None
-    return TokenLogProbs(logprobs=columns[0], entropy=entropy, kl=kl, values=values, loss=total)
+    return TokenLogProbs(logprobs=columns[0], entropy=entropy, kl=kl, values=values, loss=total,
+                         hidden=hidden.view(B, N, -1))
 
 
 def _wanted_positions(wanted: torch.Tensor, B: int, N: int) -> torch.Tensor:

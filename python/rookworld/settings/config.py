@@ -314,6 +314,13 @@ class RowSettings:
     loss_on: str = setting("all", "tokens the loss counts: all, or target (the completion after each prompt, and the "
                                   "EOS that ends it)", DATA, choices=("all", "target"))
     rows_per_step: int = setting(32, "rows per optimizer step (over all ranks)", DATA, check=positive)
+    legal_weight: float = setting(0.0, "weight of the legality loss added to SFT's: at every token of the moves a P: "
+                                       "target writes, -log of the probability on tokens that continue a legal move "
+                                       "(0: none; needs one document a row)", DATA, check=non_negative)
+
+    def check_together(self, need) -> None:
+        need(not (self.pack and self.legal_weight > 0), "--legal-weight reads each row's P: target: it needs one "
+                                                        "document a row, not --pack")
 
 
 @composed(model=None, output_dir="runs/sft", micro_batch_size=16, decode_batch_size=16, lr=3e-4, warmup_steps=50,

@@ -212,6 +212,8 @@ class Documents:
     ids: list[np.ndarray]  # [EOS] + prompt + target, int64
     loss: list[np.ndarray]  # bool per token: whether the loss counts predicting it
     eos_id: int  # the tokenizer's <|endoftext|>: each document's first token, and the pad
+    #: per document: a P: sample's (FEN, index of its target's first token), for the legality loss; None for A:
+    policy: list[tuple[str, int] | None] = dataclasses.field(default_factory=list)
 
     def row(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         """Document `d` as a row of its own, closed by an EOS the loss counts."""
@@ -229,14 +231,15 @@ def tokenize(samples: Sequence[Sample], tokenizer, loss_on: str = "all") -> Docu
             raise DataError(f"{s.source}: {e}") from None
     prompts = tokenizer.encoding.encode_ordinary_batch([s.prompt for s in samples])
     targets = tokenizer.encoding.encode_ordinary_batch([s.target for s in samples])
-    ids, loss = [], []
-    for p, t in zip(prompts, targets):
+    ids, loss, policy = [], [], []
+    for s, p, t in zip(samples, prompts, targets):
         ids.append(np.array([tokenizer.eos_id, *p, *t], dtype=np.int64))
         mask = np.ones(len(p) + len(t) + 1, dtype=bool)
         if loss_on == "target":
             mask[1 : 1 + len(p)] = False
         loss.append(mask)
-    return Documents(ids, loss, tokenizer.eos_id)
+        policy.append((s.prompt[3:].strip(), 1 + len(p)) if s.task == "P" else None)
+    return Documents(ids, loss, tokenizer.eos_id, policy)
 
 
 class Rows:
@@ -268,6 +271,13 @@ class Rows:
         if self.pack:
             self._ids = np.concatenate([self.docs.ids[i] for i in order])
             self._loss = np.concatenate([self.docs.loss[i] for i in order])
+
+    def document(self, index: int) -> int | None:
+        """The document row `index` holds whole (one document a row), else None."""
+        if self.pack:
+            return None
+        self._load(index // self.per_pass)
+        return self._order[index % self.per_pass]
 
     def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, loss mask) of row `index`."""

@@ -29,6 +29,7 @@ from rookworld.net.logprobs import LogProbs, token_logprobs
 from rookworld.net.model import GPTConfig, fresh_gpt
 from rookworld.net.tokenizer import vocabulary
 from rookworld.settings.config import SFTConfig
+from rookworld.sft.legality import LegalTokens, MoveSlots, legal_loss
 from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, relayout, tokenize
 
 
@@ -92,11 +93,24 @@ class SFTTrainer:
         self.eval_docs = tokenize(laid_out(held_out.samples), run.tokenizer, cfg.loss_on) if held_out else None
         self.eval_records = positions(held_out.samples, cfg.eval_size) if held_out else None
         self.pool = None
+        # Also measured (held-out) when it is not trained on, so runs with and without it compare.
+        self.legal = LegalTokens(run.tokenizer) if not cfg.pack else None
         # The card's dense bf16 peak, for MFU: None off CUDA or for a card whose peak is not known.
         self.peak_tflops = peak_tflops(torch.cuda.get_device_name(run.device)) if run.device.type == "cuda" else None
 
-    def _loss(self, batch, normalizer: float, backward: bool) -> tuple[torch.Tensor, float]:
-        """Summed NLL / normalizer of one micro-batch of rows, and how many tokens it counted."""
+    def _slots(self, batch, docs: list[int | None], documents) -> MoveSlots | None:
+        """The move slots of a micro-batch's rows (`docs`: the document each row holds), for the legality loss."""
+        if self.legal is None:
+            return None
+        policy = [None if d is None else documents.policy[d] for d in docs]
+        return self.legal.batch([None if p is None else (*p, ids) for p, (ids, _) in zip(policy, batch)],
+                                self.run.device)
+
+    def _loss(self, batch, normalizer: float, backward: bool, slots: MoveSlots | None = None,
+              legal_normalizer: float = 1.0) -> tuple[torch.Tensor, float, torch.Tensor | None]:
+        """Summed NLL / normalizer of one micro-batch of rows, how many tokens it counted, and the summed legality
+        loss of its move slots (None without slots). With --legal-weight, the backward takes weight x legal /
+        legal_normalizer too."""
         dev = self.run.device
         ids, loss = (torch.from_numpy(a).to(dev) for a in collate(batch, self.run.tokenizer.pad_id))
         counted = loss[:, 1:]
@@ -104,15 +118,23 @@ class SFTTrainer:
         # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
         with self.run.autocast():
             if backward:  # the NLL's gradients made in the same pass over the vocabulary
-                nll = self.logprobs(ids, None, 1, 1.0, loss=lambda lp, entropy, kl, at: -lp / normalizer,
-                                    wanted=counted).loss
+                out = self.logprobs(ids, None, 1, 1.0, loss=lambda lp, entropy, kl, at: -lp / normalizer,
+                                    wanted=counted)
+                nll = out.loss
             else:
-                lp = token_logprobs(self.run.policy, ids, None, start=1, compile=self.run.compile_logprobs,
-                                    wanted=counted).logprobs
-                nll = -(lp.float() * counted).sum() / normalizer
+                out = token_logprobs(self.run.policy, ids, None, start=1, compile=self.run.compile_logprobs,
+                                     wanted=counted)
+                nll = -(out.logprobs.float() * counted).sum() / normalizer
+            legal = None
+            if slots is not None and len(slots):
+                # out.hidden[:, j - 1] predicts token j
+                logits = self.run.policy.lm_head(out.hidden[slots.rows, slots.columns - 1])
+                legal = legal_loss(logits, slots.allowed).sum()
         if backward:
-            nll.backward()
-        return nll.detach(), float(counted.sum())
+            weighted = self.cfg.legal_weight * legal / legal_normalizer if legal is not None and \
+                self.cfg.legal_weight > 0 else 0.0
+            (nll + weighted).backward()
+        return nll.detach(), float(counted.sum()), None if legal is None else legal.detach()
 
     def train_step(self) -> dict[str, Any]:
         cfg, run = self.cfg, self.run
@@ -122,17 +144,27 @@ class SFTTrainer:
         per_rank = cfg.rows_per_step // run.dist.world
         first = run.step * cfg.rows_per_step + run.dist.rank * per_rank
         rows = [self.rows.row(first + i) for i in range(per_rank)]
+        docs = [self.rows.document(first + i) for i in range(per_rank)]
         # The token mean is over every rank's tokens: DDP averages the ranks' gradients.
         tokens = run.comm.sum([float(sum(m[1:].sum() for _, m in rows))])[0]
         run.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=run.device)
-        micro = [rows[i : i + cfg.micro_batch_size] for i in range(0, len(rows), cfg.micro_batch_size)]
-        for j, batch in enumerate(micro):
+        cuts = range(0, len(rows), cfg.micro_batch_size)
+        micro = [rows[i : i + cfg.micro_batch_size] for i in cuts]
+        slots = [self._slots(batch, docs[i : i + cfg.micro_batch_size], self.docs) if cfg.legal_weight > 0 else None
+                 for i, batch in zip(cuts, micro)]
+        # The legality loss is a mean over every rank's move slots, as the NLL is over their tokens.
+        n_slots = run.comm.sum([float(sum(len(s) for s in slots if s is not None))])[0]
+        legal_total = torch.zeros((), device=run.device)
+        for j, (batch, batch_slots) in enumerate(zip(micro, slots)):
             last = j == len(micro) - 1
             no_sync = self.logprobs.no_sync() if run.dist.enabled and not last else contextlib.nullcontext()
             with no_sync:
-                nll, _ = self._loss(batch, max(tokens, 1.0) / run.dist.world, backward=True)
+                nll, _, legal = self._loss(batch, max(tokens, 1.0) / run.dist.world, backward=True,
+                                           slots=batch_slots, legal_normalizer=max(n_slots, 1.0) / run.dist.world)
             total += nll
+            if legal is not None:
+                legal_total += legal
         params = [p for g in run.optimizer.param_groups for p in g["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
         with run.applying():  # from the first weight changed to the counter, a step is done whole
@@ -150,6 +182,8 @@ class SFTTrainer:
         # averaging), so their mean is the global mean.
         m = {"step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": all_tokens / step_time,
              "time/step": step_time, "peak_memory_gb": peak_memory_gb(run.device)}
+        if cfg.legal_weight > 0:
+            m["legal_loss"] = run.comm.sum([float(legal_total)])[0] / max(n_slots, 1.0)
         if self.peak_tflops is not None:
             flops = step_flops(self.run.policy, all_tokens, tokens, context)
             m["mfu"] = flops / step_time / (run.dist.world * self.peak_tflops * 1e12)
@@ -162,11 +196,19 @@ class SFTTrainer:
         cfg, m = self.cfg, {}
         if self.eval_docs is not None:
             rows = eval_rows(self.eval_docs, cfg.seq_len, cfg.pack)
-            total = counted = 0.0
+            total = counted = legal = 0.0
+            n_slots = 0
             for i in range(0, len(rows), cfg.micro_batch_size):
-                nll, n = self._loss(rows[i : i + cfg.micro_batch_size], 1.0, backward=False)
+                batch = rows[i : i + cfg.micro_batch_size]
+                slots = self._slots(batch, list(range(i, i + len(batch))), self.eval_docs)  # row d is document d
+                nll, n, batch_legal = self._loss(batch, 1.0, backward=False, slots=slots)
                 total, counted = total + float(nll), counted + n
+                if batch_legal is not None:
+                    legal, n_slots = legal + float(batch_legal), n_slots + len(slots)
             m["eval/loss"] = total / max(counted, 1.0)
+            if n_slots:
+                # exp(-mean legality loss): the geometric mean of the probability a move token gives to legal moves
+                m["eval/legal_mass"] = math.exp(-legal / n_slots)
         records = self.eval_records or heldout_records(cfg.eval_size, cfg.seed)
         if self.pool is None and any(r.analysis is None for r in records):
 

@@ -1,0 +1,122 @@
+"""Legality from every legal move: an auxiliary SFT loss on the probability the model gives to legal moves.
+
+Cross-entropy on a P: target teaches one move a slot (the one Stockfish listed); the position has about 30 legal
+ones, which the Rust core lists at once. At each token of each move a P: target writes (its M: moves and its B:
+move), given the move's tokens before it, some next tokens continue a legal move of the position and the others
+cannot (a UCI move is `' ' + file`, rank, file, rank and perhaps a piece, a token each). The loss is
+
+    legal = mean over those tokens of  -log sum_{t continues a legal move} p(t | context)
+
+so it pushes probability off the tokens no legal move can take, and leaves the choice among legal moves to the
+cross-entropy. `--legal-weight w` adds `w x legal` to SFT's token mean.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rookworld.ground import chess
+
+#: The move fields of a P: target: every word after "M:" up to "E:", and the word after "B:".
+_MOVES = re.compile(r"M:(.*?)E:", re.S)
+_BEST = re.compile(r"B:\s*(\S+)")
+#: A word spelled as a UCI move: only these have slots (the vocabulary may not spell any other word).
+_UCI = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?")
+
+
+def legal_loss(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """-log of the probability on `allowed` tokens, per row: logits [n, V], allowed bool [n, V] (each row has
+    one allowed token at least), in float32 or above."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    inside = logits.masked_fill(~allowed, float("-inf")).logsumexp(-1)
+    return logits.logsumexp(-1) - inside
+
+
+@dataclass(frozen=True)
+class MoveSlots:
+    """A batch's move tokens: `rows`, `columns` (the index in the row of the token each slot predicts) and
+    `allowed` [n, V] (the tokens that continue a legal move there)."""
+
+    rows: torch.Tensor
+    columns: torch.Tensor
+    allowed: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+class LegalTokens:
+    """Which tokens continue a legal move at each move token of a P: target. `tokenizer`'s encoding spells each
+    legal move as the target does (a space before it)."""
+
+    def __init__(self, tokenizer):
+        self.encode = tokenizer.encoding.encode_ordinary
+        self.decode = tokenizer.encoding.decode_single_token_bytes
+        self.vocab_size, self.eos_id = tokenizer.vocab_size, tokenizer.eos_id
+        self._spelled: dict[str, tuple[int, ...]] = {}
+
+    def spell(self, move: str) -> tuple[int, ...]:
+        found = self._spelled.get(move)
+        if found is None:
+            found = self._spelled[move] = tuple(self.encode(" " + move))
+        return found
+
+    def slots(self, fen: str, target: Sequence[int]) -> list[tuple[int, list[int]]]:
+        """(index in `target` of a move token, the token ids that continue a legal move there), for every token of
+        every move the target writes, while its tokens so far begin some legal move."""
+        text = b"".join(self.decode(t) for t in target).decode("utf-8", "replace")
+        starts = np.cumsum([0] + [len(self.decode(t)) for t in target])  # byte offsets: the chess text is ASCII
+        legal = [self.spell(m) for m in chess.legal_moves(fen)]
+        out = []
+        for begin, word in _move_words(text):
+            if not _UCI.fullmatch(word):
+                continue
+            first = int(np.searchsorted(starts, begin - 1, side="right")) - 1  # the token holding the space before
+            if first < 0 or starts[first] != begin - 1:
+                continue  # not spelled with its own space (a layout this does not read): no slot
+            spelled = tuple(target[first : first + len(self.spell(word))])
+            for k in range(len(spelled)):
+                allowed = sorted({s[k] for s in legal if len(s) > k and s[:k] == spelled[:k]})
+                if not allowed:
+                    break
+                out.append((first + k, allowed))
+        return out
+
+    def batch(self, docs: Sequence[tuple[str, int, np.ndarray] | None], device: torch.device) -> MoveSlots:
+        """The move slots of a batch's rows: each (FEN, the index of its target's first token in the row, the row's
+        ids), or None for a row without a P: target."""
+        rows, columns, allowed = [], [], []
+        for r, doc in enumerate(docs):
+            if doc is None:
+                continue
+            fen, offset, ids = doc
+            target = ids[offset:].tolist()
+            if self.eos_id in target:  # a row ends with the EOS that closes its document
+                target = target[: target.index(self.eos_id)]
+            for index, tokens in self.slots(fen, target):
+                rows.append(r)
+                columns.append(offset + index)
+                allowed.append(tokens)
+        mask = torch.zeros(len(allowed), self.vocab_size, dtype=torch.bool)
+        for i, tokens in enumerate(allowed):
+            mask[i, tokens] = True
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return MoveSlots(as_long(rows), as_long(columns), mask.to(device))
+
+
+def _move_words(text: str) -> list[tuple[int, str]]:
+    """(offset, word) of each move the P: target `text` writes: its M: words and its B: word."""
+    words = []
+    moves = _MOVES.search(text)
+    if moves is not None:
+        words += [(moves.start(1) + m.start(), m.group()) for m in re.finditer(r"\S+", moves.group(1))]
+    best = _BEST.search(text, moves.end() if moves is not None else 0)
+    if best is not None:
+        words.append((best.start(1), best.group(1)))
+    return words
