@@ -146,15 +146,17 @@ def test_gpu_suite_smoke(tmp_path):
     holds the figures of each, and the table and the verdict come last (the device tool returns only the end of
     the output). What needs CUDA says so and is skipped, which is no failure: the exit status is 0."""
     out = tmp_path / "suite"
-    proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "500")
+    proc = run_bench("gpu_suite.py", "--device", "cpu", "--tiny", "--out", str(out), "--budget", "600")
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
     # call 1's order first: the eager step, its TRL-sized twin and TRL, then the compiled step; each stage once
     assert list(stages) == ["env", "grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step-decode", "grpo-step",
                             "cuda-core", "cuda-tests", "train-fp32", "sampler", "auto-batch-oom", "train-compiled", "decode-cache",
-                            "fused-head", "sft", "sft-eager", "auto-batch", "every-prompt", "generate", "weights"]
+                            "fused-head", "sft", "sft-eager", "auto-batch", "every-prompt", "generate", "weights",
+                            "sft-chess-play"]
     for name in ("env", "grpo-step-eager", "grpo-step-u64-eager", "grpo-step", "train-fp32", "train-compiled",
-                 "every-prompt", "fused-head", "sft", "sft-eager", "generate", "sampler", "decode-cache", "weights"):
+                 "every-prompt", "fused-head", "sft", "sft-eager", "generate", "sampler", "decode-cache", "weights",
+                 "sft-chess-play"):
         assert stages[name]["status"] == "ok", (name, stages[name])
     core, every = stages["cuda-core"]["figures"], stages["cuda-tests"]["figures"]
     assert stages["cuda-core"]["status"] == stages["cuda-tests"]["status"] == "skipped"
@@ -173,6 +175,10 @@ def test_gpu_suite_smoke(tmp_path):
     assert stages["generate"]["figures"]["rows"][0]["generated_tokens_per_s"] > 0
     assert stages["every-prompt"]["figures"]["shared_prompt"] is False
     assert stages["grpo-step"]["figures"]["shared_prompt"]
+    # issue 57's SFT at scale brings its model back under --out, whole, as a model directory
+    scaled = out / "sft-chess-play"
+    assert stages["sft-chess-play"]["figures"]["steps"] == 6 and (scaled / "model.safetensors").stat().st_size > 1e6
+    assert json.loads((scaled / "config.json").read_text())["n_embd"] == 256
     assert stages["fused-head"]["figures"]["rows"][0]["checkpointed_forward_backward_tokens_per_s"] > 0
     assert stages["sft"]["figures"]["tokens_per_s"] > 0 and stages["sft"]["figures"]["mfu"] is None  # no CUDA
     assert stages["sft-eager"]["figures"]["compiled_over_eager"] > 0
@@ -309,8 +315,8 @@ def test_gpu_suite_help_gives_the_plan():
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    calls = [text.index(f"python3 benches/gpu_suite.py --call {n} --out $OUT") for n in range(1, 10)]
-    assert calls == sorted(calls) and "--call 10" not in text
+    calls = [text.index(f"python3 benches/gpu_suite.py --call {n} --out $OUT") for n in range(1, 11)]
+    assert calls == sorted(calls) and "--call 11" not in text
     first, second = text[calls[0]:calls[1]], text[calls[1]:calls[2]]
     assert "(480 s of stages)" in first and "(200 s of stages)" in second
     order = [first.index(f"      {stage} ") for stage in ("grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step")]
@@ -319,7 +325,8 @@ def test_gpu_suite_help_gives_the_plan():
     assert text.index("slot 1:") < calls[0] and calls[1] < text.index("slot 2:") < calls[2]
     later = text[calls[2]:]
     for stage in ("cuda-tests", "train-fp32", "auto-batch-oom", "train-compiled", "every-prompt", "fused-head", "sft",
-                  "sft-eager", "generate", "sampler", "decode-cache", "weights", "auto-batch", "learning"):
+                  "sft-eager", "generate", "sampler", "decode-cache", "weights", "auto-batch", "learning",
+                  "sft-chess-play"):
         assert f"      {stage} " in later, stage
     assert "exit status" in text and "--stages learning" in text and "time limit" in text
     both = subprocess.run([sys.executable, str(REPO / "benches" / "gpu_suite.py"), "--call", "1", "--stages", "env"],
