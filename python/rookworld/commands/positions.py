@@ -36,7 +36,7 @@ def _run(s: PositionsSettings, out: Output) -> int:
             return _selfplay(s, excluded, out)
         except StockfishError as e:  # an engine that kept failing after its restarts, or that the pool gave up on
             raise CliError(str(e)) from None
-    if s.annotate or s.source or s.pgn:
+    if s.annotate or s.source or s.pgn or s.from_model:
         return _annotate(s, excluded, out)
 
     with Progress(s.count, "positions", "pos", enabled=not s.quiet) as bar:
@@ -116,11 +116,47 @@ def _from_pgn(s: PositionsSettings, excluded: set[str]) -> list[data.Record]:
     return records[: s.count]
 
 
+#: Rounds of the model's games in a row that may bring no new position before --from-model gives up: a model that
+#: plays the same games every time would otherwise be asked forever.
+EMPTY_ROUNDS = 8
+
+
+def _from_model(s: PositionsSettings, excluded: set[str]) -> list[data.Record]:
+    """--count new positions (none twice, none of --exclude) of the --from-model model's own games."""
+    from types import SimpleNamespace
+
+    from rookworld.commands.model import load_lm
+    from rookworld.lm.own_games import ROUND_GAMES, own_game_rounds
+
+    lm = load_lm(SimpleNamespace(model=s.from_model, revision=None, device="auto"))
+    seen, records, empty = set(excluded), [], 0
+    with Progress(s.count, "positions", "pos", enabled=not s.quiet) as bar:
+        for round_ in own_game_rounds(lm, seed=s.seed, failures_only=s.model_positions == "failures",
+                                      max_plies=s.max_plies):
+            new = 0
+            for r in round_:
+                key = position_key(r.fen)
+                if key not in seen and len(records) < s.count:
+                    seen.add(key)
+                    records.append(r)
+                    new += 1
+            bar.update(new)
+            empty = 0 if new else empty + 1
+            if len(records) >= s.count or empty == EMPTY_ROUNDS:
+                break
+    if len(records) < s.count:
+        raise CliError(f"--from-model {s.from_model}: {EMPTY_ROUNDS} rounds of {ROUND_GAMES} games in a row gave no new "
+                       f"{s.model_positions} position, {len(records)} of --count {s.count} found")
+    return records
+
+
 def _annotate(s: PositionsSettings, excluded: set[str], out: Output) -> int:
     if s.source:
         records = [r for r in read_positions(s.source, s.skip_bad) if position_key(r.fen) not in excluded][: s.count]
     elif s.pgn:
         records = _from_pgn(s, excluded)
+    elif s.from_model:
+        records = _from_model(s, excluded)
     else:
         records = [r for chunk in _generated(s, excluded) for r in chunk]
     records = data.cut_histories(data.assign_moves(records, s.seed), s.seed, s.a_history)

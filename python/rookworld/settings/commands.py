@@ -50,6 +50,13 @@ class PositionsOnly:
                                           check=non_negative)
     opening_temperature: float = setting(1.0, "self-play: the same for the first 12 half-moves, which spreads the "
                                               "games over many openings", POSITIONS, check=non_negative)
+    from_model: str | None = setting(None, "positions from games MODEL (a model directory) plays against itself, "
+                                           "sampled, a legal fall-back played wherever its B: move is not: where it "
+                                           "goes wrong, as legality self-training wants (see --model-positions)",
+                                     POSITIONS, metavar="MODEL")
+    model_positions: str = setting("failures", "--from-model: the positions kept: failures (where its B: move was "
+                                               "illegal or missing) or all it moved in", POSITIONS,
+                                   choices=("failures", "all"))
     per_game: int | None = setting(None, "at most this many positions from each game, drawn at random "
                                          "(default: all)", POSITIONS, check=positive)
     a_history: str = setting("every", "the history an A: prompt shows: every (a length from the move alone to the "
@@ -62,8 +69,8 @@ class PositionsOnly:
         need(self.opening_share + self.endgame_share <= 1.0, "--opening-share + --endgame-share must not exceed 1")
         need(self.count is not None or self.source is not None or bool(self.pgn),
              "--count is required (or --from FILE, or --pgn FILE)")
-        sources = [name for name, given in (("--from", self.source), ("--pgn", self.pgn), ("--selfplay", self.selfplay))
-                   if given]
+        sources = [name for name, given in (("--from", self.source), ("--pgn", self.pgn), ("--selfplay", self.selfplay),
+                                            ("--from-model", self.from_model)) if given]
         need(len(sources) <= 1, f"{' and '.join(sources)} are different sources of positions: give one")
         need(self.count is not None or not self.selfplay, "--selfplay needs --count")
 
@@ -71,9 +78,10 @@ class PositionsOnly:
 @composed(seed=Meaning("random seed of everything drawn: the positions, their A: moves and histories (the same "
                        "seed, the same file)", POSITIONS),
           layout=Meaning(shown="rookworld"),
+          max_plies=Meaning("--from-model: a game of the model's stops after this many half-moves"),
           out=Meaning("the JSONL file to write the positions to (- for stdout)"))
 class PositionsSettings(PositionsOnly, SeedSettings, IllegalShareSettings, BadLinesSettings, LayoutSettings,
-                        OutputSettings, StockfishSettings, StockfishNodesSettings, Settings):
+                        GameSettings, OutputSettings, StockfishSettings, StockfishNodesSettings, Settings):
     required = ("out",)
 
 
