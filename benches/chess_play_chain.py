@@ -38,6 +38,13 @@ ROWS = [
      "games_all_own", "%"),
     ("vs UCI_Elo 1350: score", "elo1350", "vs-stockfish", "vs-stockfish", "score", "%"),
     ("vs UCI_Elo 1350: own B: move illegal", "elo1350", "vs-stockfish", "vs-stockfish", "own_move_illegal", "%"),
+    ("vs UCI_Elo 1350: games without an illegal B: of its own", "elo1350", "vs-stockfish", "vs-stockfish",
+     "games_all_own", "%"),
+    # The Elo difference to the opponent and its 95% interval (lm/games.py's elo_difference): with no point scored,
+    # 32 games only bound it.
+    ("vs Skill Level 0: Elo difference", "games", "vs-stockfish", "vs-stockfish", "elo_difference", "elo"),
+    ("vs Skill Level 0: Elo, 95% interval low", "games", "vs-stockfish", "vs-stockfish", "elo_low", "elo"),
+    ("vs Skill Level 0: Elo, 95% interval high", "games", "vs-stockfish", "vs-stockfish", "elo_high", "elo"),
 ]
 HISTORY_BANDS = {"0": range(0, 1), "1-3": range(1, 4), "4-9": range(4, 10)}
 
@@ -83,6 +90,8 @@ def value(model: dict, file: str, suite: str, section: str, metric: str):
 def show(v, how: str) -> str:
     if v is None:
         return "-"
+    if how == "elo":
+        return f"{v:+.0f}"
     return f"{100 * v:.1f}%" if how == "%" else f"{v:.2f}"
 
 
