@@ -43,7 +43,8 @@ class TokenLogProbs:
     kl: torch.Tensor | None = None  # [B, N] float32: exact KL to the reference over the vocabulary, if one is given
     values: torch.Tensor | None = None  # [B, N] float32: the value head's estimate before each token, if given
     loss: torch.Tensor | None = None  # scalar: the sum of the given loss over the wanted positions, differentiable
-    #: [B, N, n_embd]: the hidden state that predicts each token, differentiable, for a loss of the caller's own
+    #: [B, N, n_embd]: the hidden state that predicts each token, differentiable (keep_hidden: for a loss of the
+    #: caller's own)
     hidden: torch.Tensor | None = None
 
 
@@ -137,7 +138,7 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
                    compile: bool = False, reference: GPT | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
                    value_head: torch.nn.Module | None = None, wanted: torch.Tensor | None = None,
                    rows_per_prompt: int = 1, loss: TokenLoss | None = None,
-                   replay: Replay | None = None) -> TokenLogProbs:
+                   replay: Replay | None = None, keep_hidden: bool = False) -> TokenLogProbs:
     """log p(input_ids[:, t] | input_ids[:, :t]) for t in [start, T): logprobs [B, T - start].
 
     For GRPO, input_ids = prompt (left-padded, width P) + completion, and start = P gives the completion's
@@ -153,6 +154,8 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
     loss: a `TokenLoss`; `.loss` is then its sum over the wanted positions, with gradients made in the same pass
     (see the module docstring), and the log-probs, entropy and KL are detached.
     replay: `model`'s trunk products, kept when it sampled these tokens (`ProductMemo`), instead of made again.
+    keep_hidden: also return the hidden states (`.hidden`), for a loss of the caller's own; otherwise they are not
+    kept past the call.
     """
     B, T = input_ids.shape
     if not 1 <= start < T:
@@ -185,7 +188,7 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
     entropy = columns[1] if return_entropy else None
     kl = columns[-1] if reference is not None else None
     return TokenLogProbs(logprobs=columns[0], entropy=entropy, kl=kl, values=values, loss=total,
-                         hidden=hidden.view(B, N, -1))
+                         hidden=hidden.view(B, N, -1) if keep_hidden else None)
 
 
 def _wanted_positions(wanted: torch.Tensor, B: int, N: int) -> torch.Tensor:
@@ -386,8 +389,8 @@ class LogProbs(nn.Module):
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None, start: int, temperature: float, *,
                 loss: TokenLoss, reference: nn.Module | None = None, kl_weights: tuple[float, float] = (1.0, 0.0),
                 wanted: torch.Tensor | None = None, rows_per_prompt: int = 1,
-                replay: Replay | None = None) -> TokenLogProbs:
+                replay: Replay | None = None, keep_hidden: bool = False) -> TokenLogProbs:
         return token_logprobs(self.model, ids, mask, start=start, temperature=temperature, return_entropy=self.entropy,
                               compile=self.compile, reference=reference, kl_weights=kl_weights,
                               value_head=self.value_head, wanted=wanted, rows_per_prompt=rows_per_prompt, loss=loss,
-                              replay=replay)
+                              replay=replay, keep_hidden=keep_hidden)

@@ -116,17 +116,18 @@ class SFTTrainer:
         counted = loss[:, 1:]
         # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
         # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
+        keep = slots is not None and len(slots) > 0
         with self.run.autocast():
             if backward:  # the NLL's gradients made in the same pass over the vocabulary
                 out = self.logprobs(ids, None, 1, 1.0, loss=lambda lp, entropy, kl, at: -lp / normalizer,
-                                    wanted=counted)
+                                    wanted=counted, keep_hidden=keep)
                 nll = out.loss
             else:
                 out = token_logprobs(self.run.policy, ids, None, start=1, compile=self.run.compile_logprobs,
-                                     wanted=counted)
+                                     wanted=counted, keep_hidden=keep)
                 nll = -(out.logprobs.float() * counted).sum() / normalizer
             legal = None
-            if slots is not None and len(slots):
+            if keep:
                 # out.hidden[:, j - 1] predicts token j
                 logits = self.run.policy.lm_head(out.hidden[slots.rows, slots.columns - 1])
                 legal = legal_loss(logits, slots.allowed).sum()
