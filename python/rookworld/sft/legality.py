@@ -70,8 +70,9 @@ class LegalTokens:
     def slots(self, fen: str, target: Sequence[int]) -> list[tuple[int, list[int]]]:
         """(index in `target` of a move token, the token ids that continue a legal move there), for every token of
         every move the target writes, while its tokens so far begin some legal move."""
-        text = b"".join(self.decode(t) for t in target).decode("utf-8", "replace")
-        starts = np.cumsum([0] + [len(self.decode(t)) for t in target])  # byte offsets: the chess text is ASCII
+        pieces = [self.decode(t) for t in target]
+        text = b"".join(pieces).decode("utf-8", "replace")
+        starts = np.cumsum([0] + [len(p) for p in pieces])  # byte offsets: the chess text is ASCII
         legal = [self.spell(m) for m in chess.legal_moves(fen)]
         out = []
         for begin, word in _move_words(text):
