@@ -8,9 +8,11 @@ import random
 import sys
 from collections.abc import Iterator
 from concurrent.futures import as_completed
+from types import SimpleNamespace
 
 from rookworld.commands.common import (CliError, opened_output, read_positions, settings, stockfish_pool,
                                        write_failed)
+from rookworld.commands.model import load_lm
 from rookworld.ground import data, pgn, selfplay
 from rookworld.ground.data import position_key
 from rookworld.ground.chess import generate_positions
@@ -18,6 +20,7 @@ from rookworld.ground.files import Output
 from rookworld.ground.selfplay import SelfPlay
 from rookworld.ground.stockfish import StockfishError
 from rookworld.ground.progress import Progress
+from rookworld.lm.own_games import ROUND_GAMES, own_game_rounds
 from rookworld.settings.commands import PositionsSettings
 
 POSITIONS_CHUNK = 20_000
@@ -123,11 +126,6 @@ EMPTY_ROUNDS = 8
 
 def _from_model(s: PositionsSettings, excluded: set[str]) -> list[data.Record]:
     """--count new positions (none twice, none of --exclude) of the --from-model model's own games."""
-    from types import SimpleNamespace
-
-    from rookworld.commands.model import load_lm
-    from rookworld.lm.own_games import ROUND_GAMES, own_game_rounds
-
     lm = load_lm(SimpleNamespace(model=s.from_model, revision=None, device="auto"))
     seen, records, empty = set(excluded), [], 0
     with Progress(s.count, "positions", "pos", enabled=not s.quiet) as bar:
