@@ -12,6 +12,7 @@ import sys
 import pytest
 from rookworld import cli
 from rookworld.settings.commands import COMMANDS
+from rookworld.settings.base import ConfigError
 from rookworld.settings.declare import DECLARED, declared_fields, group, option, setting
 
 #: Option strings that are no setting: argparse's own, and --config (read by train and sft before the settings).
@@ -143,3 +144,33 @@ assert "torch" not in sys.modules, "torch was imported"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_every_integer_setting_of_every_command_has_a_largest_value():
+    """A number typed in is refused where it enters, not where it overflows: in a Rust call (--min-elo 10^20 was an
+    OverflowError traceback), a UCI command (--opponent-nodes 10^20 held a served game's engine forever) or
+    mid-game."""
+    for command in COMMANDS:
+        for f in declared_fields(command.settings):
+            if str(f.type).startswith("int"):
+                most = f.metadata["most"]
+                assert most <= 2**31 - 1 or f.name == "seed", (command.name, f.name, most)
+                with pytest.raises(ConfigError, match=rf"^{option(f)} must be at most {most:,}, got 1000"):
+                    dataclasses.replace(command.settings(), **{f.name: 10**20}).validate()
+                with pytest.raises(ConfigError):
+                    dataclasses.replace(command.settings(), **{f.name: -10**20}).validate()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["positions", "--pgn", "GAMES", "--min-elo", "100000000000000000000", "--out", "OUT"],
+     "--min-elo must be at most 2,147,483,647, got 100000000000000000000"),
+    (["serve", "--opponent-nodes", "99999999999999999999"],
+     "--opponent-nodes must be at most 100,000,000, got 99999999999999999999"),
+    (["positions", "--count", "4", "--stockfish-depth", "99", "--out", "OUT"], "--stockfish-depth must be at most 30, got 99"),
+    (["eval", "--max-plies", "4294967296"], "--max-plies must be at most 20,000, got 4294967296"),
+])
+def test_a_number_past_its_range_is_one_line_from_the_command(capsys, tmp_path, argv, message):
+    games = tmp_path / "games.pgn"
+    games.write_text('[Event "x"]\n\n1. e4 e5 *\n')
+    argv = [str(games) if a == "GAMES" else str(tmp_path / "out.jsonl") if a == "OUT" else a for a in argv]
+    assert error_line(capsys, argv) == message

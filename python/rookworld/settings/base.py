@@ -52,6 +52,11 @@ def non_negative(option: str, value: Any) -> str | None:
     return None if value >= 0 and not math.isnan(value) else f"{option} must be >= 0, got {value}"
 
 
+#: The largest value of an integer setting that declares no `most` of its own: every integer a setting carries fits
+#: the 32 bits the Rust core and the engines take (a PGN's --min-elo, a UCI `go nodes`), so no number typed in
+#: overflows later, in a call or mid-game, where the error would be a traceback instead of a line.
+MAX_INT = 2**31 - 1
+
 #: Seeds are offset by up to about 2^33 for the streams a run must never share (evaluation, mate-in-one, held-out
 #: stand-ins) and must then still fit the generators' 64 bits.
 MAX_SEED = 2**63 - 1

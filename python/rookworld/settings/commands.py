@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rookworld.ground.stockfish.pool import MAX_NODES
 from rookworld.settings.base import existing_files, non_negative, positive, share
 from rookworld.settings.config import SFTConfig, TrainConfig
 from rookworld.settings import shipped
@@ -107,7 +108,8 @@ class OpponentSettings:
                                              "default is 1350)", OPPONENT, check=positive)
     opponent_skill: int | None = setting(None, "Stockfish's strength as Skill Level 0-20 instead of an Elo", OPPONENT,
                                          check=non_negative)
-    opponent_nodes: int = setting(20_000, "nodes Stockfish searches per move", OPPONENT, check=positive)
+    opponent_nodes: int = setting(20_000, "nodes Stockfish searches per move", OPPONENT, check=positive,
+                                  most=MAX_NODES)
 
     def check_together(self, need) -> None:
         need(self.opponent_elo is None or self.opponent_skill is None,
@@ -171,6 +173,11 @@ class UciSettings(ModelSettings, DecodingSettings, SeedSettings, CompletionSetti
     pass
 
 
+#: Sessions at once: each holds a Stockfish process of its own, and past a few hundred the machine, not the setting,
+#: says no, in a way a client cannot read.
+MAX_SESSIONS = 256
+
+
 def port(option: str, value: int) -> str | None:
     return None if 0 <= value <= 65535 else f"{option} must lie in 0-65535, got {value}"
 
@@ -181,7 +188,7 @@ class ServeOnly:
                         SERVER)
     port: int = setting(8000, "the port to listen on (0: a free one, said at start)", SERVER, check=port)
     max_sessions: int = setting(8, "OpenEnv sessions served at once (each game's opponent is a Stockfish process "
-                                   "of its own)", SERVER, check=positive)
+                                   "of its own)", SERVER, check=positive, most=MAX_SESSIONS)
 
 
 @composed()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from rookworld.settings.base import ConfigError, flag, nearest, need
+from rookworld.settings.base import MAX_INT, ConfigError, flag, nearest, need
 
 # The sections of `--help`, in order (a training command lists its main settings before them all).
 MODEL, RUN, SERVER, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH, ADVANTAGES, \
@@ -34,13 +34,13 @@ DECLARED: dict[str, type] = {}
 
 def setting(default: Any, help: str, section: str, *, check: Callable[[str, Any], str | None] | None = None,
             choices: tuple | None = None, main: bool = False, flag: str | None = None, aliases: tuple = (),
-            was: tuple = (), metavar: str | None = None, nargs: str | None = None) -> Any:
+            was: tuple = (), metavar: str | None = None, nargs: str | None = None, most: int = MAX_INT) -> Any:
     """A setting: its default, its one help text, its section of `--help` and its check. `main` lists it among the
     few that matter most (training commands); `flag` spells its flag otherwise than its name (--from); `aliases`
     are other spellings that work; `was` are old spellings that answer with the new one; `nargs` makes it a
-    positional argument."""
+    positional argument; `most` is an integer setting's largest value (every integer has one)."""
     meta = {"help": help, "section": section, "main": main, "check": check, "choices": choices, "flag": flag,
-            "aliases": aliases, "was": was, "metavar": metavar, "nargs": nargs, "shown": None}
+            "aliases": aliases, "was": was, "metavar": metavar, "nargs": nargs, "shown": None, "most": most}
     return _field(default, meta)
 
 
@@ -143,6 +143,10 @@ class Settings:
             choices, check = f.metadata["choices"], f.metadata["check"]
             # `--lr inf` turned every weight into NaN and the run still exited 0: no setting is infinite or NaN.
             need(base_type(f) is not float or math.isfinite(v), f"{option(f)} must be a finite number, got {v!r}")
+            if base_type(f) is int:
+                most = f.metadata["most"]
+                need(v <= most, f"{option(f)} must be at most {most:,}, got {reprlib.repr(v)}")
+                need(v >= -MAX_INT, f"{option(f)} must be at least {-MAX_INT:,}, got {reprlib.repr(v)}")
             need(choices is None or v in choices, f"{option(f)} must be one of {', '.join(choices or ())}, "
                                                   f"got {v!r}")
             if check is not None:

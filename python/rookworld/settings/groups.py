@@ -8,12 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from rookworld.ground.stockfish.cache import cache_path_problem
-from rookworld.ground.stockfish.pool import workers_problem
-from rookworld.settings.base import existing_files, non_negative, positive, seed_range, share
+from rookworld.ground.stockfish.pool import MAX_DEPTH, MAX_NODES, workers_problem
+from rookworld.settings.base import MAX_SEED, existing_files, non_negative, positive, seed_range, share
 from rookworld.settings.declare import (DATA, DECODING, GAME, LOGGING, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH,
                                         group, setting)
 from rookworld.settings import shipped
 from rookworld.settings.hub import is_local_path
+
+#: Half-moves past the longest game the rules allow (17,697 plies, with the 75-move rule and fivefold repetition
+#: ending games by themselves): a longer --max-plies changes nothing but the size of the number carried.
+LONGEST_GAME = 20_000
 
 #: The evaluation suites, as --suite and --eval-suites name them.
 SUITES = ("best-move", "mate-in-one", "selfplay", "vs-stockfish")
@@ -65,7 +69,7 @@ class ModelSettings:
 @group
 class SeedSettings:
     # What it seeds is each command's own (its `Meaning`): a fresh model's weights in sft, sampling in ask.
-    seed: int = setting(0, "random seed", RUN, check=seed_range)
+    seed: int = setting(0, "random seed", RUN, check=seed_range, most=MAX_SEED)
 
 
 @group
@@ -75,7 +79,8 @@ class StockfishSettings:
     stockfish_path: str | None = setting(None, "Stockfish binary (default: ROOKWORLD_STOCKFISH, stockfish on PATH, "
                                                "then /usr/games/stockfish)", STOCKFISH,
                                          metavar="FILE")
-    stockfish_depth: int = setting(10, "Stockfish's analysis depth", STOCKFISH, check=positive, was=("depth",))
+    stockfish_depth: int = setting(10, "Stockfish's analysis depth", STOCKFISH, check=positive, was=("depth",),
+                                   most=MAX_DEPTH)
     stockfish_workers: int | None = setting(None, "Stockfish processes (default: one per core)", STOCKFISH,
                                               check=lambda option, n: positive(option, n) or workers_problem(option, n))
     stockfish_cache: str | None = setting(None, "sqlite file that caches analyses across runs (default: none)",
@@ -87,7 +92,7 @@ class StockfishNodesSettings:
     """Analysis to a node count: the commands whose analyses are not training's rewards (those go to a depth)."""
 
     stockfish_nodes: int | None = setting(None, "analyse to a node count instead of --stockfish-depth", STOCKFISH,
-                                          check=positive, was=("nodes",))
+                                          check=positive, was=("nodes",), most=MAX_NODES)
 
 
 @group
@@ -145,7 +150,8 @@ class EvalSizeSettings:
 
 @group
 class GameSettings:
-    max_plies: int = setting(200, "a game stops after this many half-moves", GAME, check=positive)
+    max_plies: int = setting(200, "a game stops after this many half-moves", GAME, check=positive,
+                             most=LONGEST_GAME)
 
 
 @group

@@ -56,6 +56,13 @@ GIVE_UP_AFTER = 3
 WORKERS_PER_CORE = 4
 
 
+#: The deepest search and the most nodes a setting may ask of an engine. Past them one search takes hours
+#: (`default_timeout` doubles every two plies of depth), which no run here means; a typo of a few digits would
+#: otherwise hold a worker, or a served game's opponent, for longer than anyone waits.
+MAX_DEPTH = 30
+MAX_NODES = 100_000_000
+
+
 def default_timeout(depth: int | None, nodes: int | None) -> float:
     """A generous per-position limit: at least 10 s (Stockfish's depth 10 takes about 0.1 s on a busy core), more
     for deep or many-node searches."""
