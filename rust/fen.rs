@@ -33,7 +33,9 @@ impl fmt::Display for FenError {
             FenError::TooManyFields(n) => write!(f, "FEN has {n} fields, at most 6 expected"),
             FenError::BadCharacter(c) => write!(f, "unexpected character {c:?} in FEN"),
             FenError::BadBoard(why) => write!(f, "invalid board part in FEN: {why}"),
-            FenError::CounterTooLarge(which) => write!(f, "{which} in FEN is too large (at most {MAX_COUNTER})"),
+            FenError::CounterTooLarge(which) => {
+                write!(f, "{which} in FEN is too large (at most {MAX_COUNTER}: no game is that long)")
+            }
             FenError::Syntax(e) => e.fmt(f),
             FenError::IllegalPosition(kinds) => {
                 let reasons = [
@@ -56,8 +58,24 @@ impl fmt::Display for FenError {
 impl std::error::Error for FenError {}
 
 const MAX_FIELDS: usize = 6;
-/// Counters stay below u32::MAX so that a move can always add one without saturating.
-pub const MAX_COUNTER: u64 = u32::MAX as u64 - 1;
+/// The largest halfmove clock and fullmove number a FEN may give. The 75-move and fivefold-repetition rules end
+/// every game within 8,848.5 moves, so no position of a real game, nor a study's, numbers anywhere near a million;
+/// and a game set up at a million can be played on for over four billion moves before shakmaty's u32 counters
+/// would overflow (a counter near u32::MAX was accepted, then the position a few moves on was refused, so a
+/// game served from it could neither go on nor end).
+pub const MAX_COUNTER: u64 = 1_000_000;
+
+/// The most characters of input an error quotes back, as UCI's `ECHO_LIMIT` (rookworld.lm.uci): a message about a
+/// megabyte of input stays one readable line.
+pub const ECHO_LIMIT: usize = 80;
+
+/// `text` quoted for a message (as `{:?}`), cut to `ECHO_LIMIT` characters with an ellipsis when it was longer.
+pub fn echoed(text: &str) -> String {
+    match text.char_indices().nth(ECHO_LIMIT) {
+        Some((end, _)) => format!("{:?}", format!("{}...", &text[..end])),
+        None => format!("{text:?}"),
+    }
+}
 
 /// Parses a FEN as python-chess does and returns a legal standard-chess position.
 pub fn parse_fen(text: &str) -> Result<Chess, FenError> {
@@ -195,9 +213,32 @@ mod tests {
         assert_eq!(parse_fen("a b c d e f g").unwrap_err(), FenError::TooManyFields(7));
         assert_eq!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 4294967295 1"), Err(FenError::CounterTooLarge("halfmove clock")));
         assert_eq!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 0 99999999999999999999"), Err(FenError::CounterTooLarge("fullmove number")));
-        assert!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 4294967294 00000000000000001").is_ok());
+        assert!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 150 00000000000000001").is_ok());
+        assert!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 1000000 1000000").is_ok());
+        // Accepted, this one overflowed a few moves later.
+        assert_eq!(parse_fen("7k/8/8/8/8/8/8/K7 w - - 0 4294967294"), Err(FenError::CounterTooLarge("fullmove number")));
+        assert_eq!(parse_fen("7k/8/8/8/8/8/8/K7 b - - 1000001 1"), Err(FenError::CounterTooLarge("halfmove clock")));
         let msg = parse_fen("8/8/8/8/8/8/8/K7 w - - 0 1").unwrap_err().to_string();
         assert!(msg.contains("missing king"), "{msg}");
+    }
+
+    #[test]
+    fn a_game_from_the_largest_counters_plays_to_its_end() {
+        use shakmaty::Position;
+        let mut pos = parse_fen("7k/8/8/8/8/8/8/K7 w - - 999999 1000000").unwrap();
+        // The kings walk to and fro for ten thousand moves, past where any game ends: the counters count on.
+        for i in 0..20_000 {
+            let mv = ["a1a2", "h8h7", "a2a1", "h7h8"][i % 4];
+            pos.play_unchecked(crate::moves::legal_move(&pos, mv).unwrap());
+        }
+        assert_eq!(to_fen(&pos), "7k/8/8/8/8/8/8/K7 w - - 1019999 1010000");
+    }
+
+    #[test]
+    fn echoed_input_is_cut_to_the_echo_limit() {
+        assert_eq!(echoed("e2e4"), "\"e2e4\"");
+        assert_eq!(echoed(&"x".repeat(80)), format!("{:?}", "x".repeat(80)));
+        assert_eq!(echoed(&"é".repeat(1_000_000)), format!("\"{}...\"", "é".repeat(80)));
     }
 
     fn board_error(fen: &str) -> String {

@@ -14,6 +14,8 @@ use std::fmt;
 use shakmaty::uci::UciMove;
 use shakmaty::{Chess, Color, File, Position, Rank, Role, Square};
 
+use crate::fen::echoed;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HistoryError {
     /// Entry `index` (1-based, oldest first) is not UCI.
@@ -28,11 +30,11 @@ impl fmt::Display for HistoryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HistoryError::NotUci { index, text } => {
-                write!(f, "history move {index} {text:?} is not a UCI move (like e2e4 or e7e8q)")
+                write!(f, "history move {index} {} is not a UCI move (like e2e4 or e7e8q)", echoed(text))
             }
-            HistoryError::Impossible { index, text, why } => write!(f, "history move {index} {text:?} {why}"),
+            HistoryError::Impossible { index, text, why } => write!(f, "history move {index} {} {why}", echoed(text)),
             HistoryError::LastMove { text, why } => {
-                write!(f, "the last history move {text:?} does not lead to this position: {why}")
+                write!(f, "the last history move {} does not lead to this position: {why}", echoed(text))
             }
         }
     }
@@ -297,6 +299,12 @@ mod tests {
         for good in ["g1f3", "a1h8", "h2h1", "b2a1q", "e7e8n"] {
             assert_eq!(check(AFTER_E4, &[good, "e2e4"]), Ok(()), "{good}");
         }
+    }
+
+    #[test]
+    fn an_entry_is_quoted_at_most_to_the_echo_limit() {
+        let msg = check(AFTER_E4, &[&"e2e4".repeat(250_000), "e2e4"]).unwrap_err();
+        assert!(msg.len() < 160 && msg.contains("e2e4e2e4...\" is not a UCI move"), "{msg}");
     }
 
     #[test]

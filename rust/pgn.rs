@@ -14,6 +14,10 @@
 //! side), a move after the result, an unclosed comment or a variant other than standard chess makes
 //! the whole game bad, with an error naming the file, the game's first line and the move.
 //!
+//! Bounded by its own limits, not the input's: a line longer than `MAX_LINE` bytes stops the reading with an
+//! error naming file and line (`/dev/zero`, or gigabytes of anything without a newline, would otherwise be held
+//! whole), and a game longer than `MAX_PLIES` is a bad game, read past without keeping its moves.
+//!
 //! niklasf's pgn-reader (0.29.0 is the version for shakmaty 0.30) was the first choice; it skips a
 //! word it cannot read without a word (`1. e4 e5 2. Nf9 Nc6` gives e4 e5 Nc6) and knows no line
 //! numbers, so this reader is written on shakmaty's SAN instead (through `notation`).
@@ -26,9 +30,19 @@ use std::sync::Arc;
 
 use shakmaty::{Chess, Color, Position};
 
-use crate::fen::{parse_fen, to_fen, FenError};
+use crate::fen::{echoed, parse_fen, to_fen, FenError};
 use crate::moves::uci;
 use crate::notation::{parse_move, MoveError};
+
+/// The longest line read, in bytes. Lichess writes a game's movetext on one line, a clock and an evaluation
+/// comment with every move (about 45 bytes a ply): the longest legal game, so written, takes under 1 MB.
+pub const MAX_LINE: usize = 4 << 20;
+
+/// The most plies a game may have. The 75-move and fivefold-repetition rules end every game within 8,848.5
+/// moves (17,697 plies: a pawn move or a capture at least every 75 moves, and there are at most 96 pawn moves
+/// and 30 captures), so a longer game is no game of chess, whatever its file says; 9,000 moves is a round bound
+/// above it. Without one a game's history grew without end (one legal-looking 20,000-ply game took 5.7 GB).
+pub const MAX_PLIES: usize = 18_000;
 
 /// The headers that choose games; others are read past.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -101,25 +115,32 @@ pub enum Problem {
     Move { number: String, text: String, line: usize, fen: String, why: MoveError },
     AfterResult { text: String, line: usize, result: String },
     UnclosedComment { line: usize },
+    /// More than `MAX_PLIES` moves.
+    TooLong,
 }
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Problem::BadFen { fen, why } => write!(f, "its FEN header {fen:?} is no legal position: {why}"),
-            Problem::Variant(v) => write!(f, "its variant {v:?} is not standard chess"),
+            Problem::BadFen { fen, why } => write!(f, "its FEN header {} is no legal position: {why}", echoed(fen)),
+            Problem::Variant(v) => write!(f, "its variant {} is not standard chess", echoed(v)),
             Problem::Move { number, text, line, fen, why } => {
                 let what = match why {
                     MoveError::Illegal => format!("is not legal in {fen}"),
                     MoveError::Ambiguous(moves) => format!("is ambiguous in {fen} ({})", moves.join(", ")),
                     MoveError::NotAMove | MoveError::NotUci => format!("is no move in SAN (position {fen})"),
                 };
-                write!(f, "move {number} {text:?} (line {line}) {what}")
+                write!(f, "move {number} {} (line {line}) {what}", echoed(text))
             }
             Problem::AfterResult { text, line, result } => {
-                write!(f, "{text:?} (line {line}) comes after the result {result}")
+                write!(f, "{} (line {line}) comes after the result {result}", echoed(text))
             }
             Problem::UnclosedComment { line } => write!(f, "the comment opened on line {line} is never closed"),
+            Problem::TooLong => write!(
+                f,
+                "it has more than {MAX_PLIES} plies, more than any game of chess can have (the 75-move and \
+                 fivefold-repetition rules end every game within 17,697 plies)"
+            ),
         }
     }
 }
@@ -146,6 +167,8 @@ impl std::error::Error for GameError {}
 pub enum PgnError {
     /// A file that cannot be opened or read (or decompressed).
     Io { source: Arc<str>, error: io::Error },
+    /// A line longer than `MAX_LINE` bytes, 1-based: no PGN text (`/dev/zero`, a binary file).
+    LongLine { source: Arc<str>, line: usize },
     Game(GameError),
 }
 
@@ -153,6 +176,12 @@ impl fmt::Display for PgnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PgnError::Io { source, error } => write!(f, "{source}: {error}"),
+            PgnError::LongLine { source, line } => write!(
+                f,
+                "{source}:{line}: the line goes on past {} MiB without an end, longer than any PGN game's: \
+                 not a PGN file?",
+                MAX_LINE >> 20
+            ),
             PgnError::Game(e) => e.fmt(f),
         }
     }
@@ -167,17 +196,35 @@ struct Word {
     result: bool,
 }
 
+/// A game's mainline words, at most `MAX_PLIES` and a result: past them a game is only marked too long, so that its
+/// memory stays bounded however long its file says it is.
+#[derive(Default)]
+struct Words {
+    kept: Vec<Word>,
+    too_many: bool,
+}
+
+impl Words {
+    fn push(&mut self, word: Word) {
+        if self.kept.len() > MAX_PLIES {
+            self.too_many = true;
+        } else {
+            self.kept.push(word);
+        }
+    }
+}
+
 struct RawGame {
     line: usize,
     headers: Headers,
     variant: Option<String>,
-    words: Vec<Word>,
+    words: Words,
     open_comment: Option<usize>,
 }
 
 impl RawGame {
     fn new(line: usize) -> RawGame {
-        RawGame { line, headers: Headers::default(), variant: None, words: Vec::new(), open_comment: None }
+        RawGame { line, headers: Headers::default(), variant: None, words: Words::default(), open_comment: None }
     }
 
     fn tag(&mut self, line: &str) {
@@ -215,7 +262,7 @@ struct Scan {
 }
 
 /// Adds the mainline words of one movetext line; comments, variations, NAGs and move numbers fall away.
-fn scan_line(line: &str, number: usize, scan: &mut Scan, words: &mut Vec<Word>) {
+fn scan_line(line: &str, number: usize, scan: &mut Scan, words: &mut Words) {
     let mut rest = line;
     loop {
         if scan.comment_from.is_some() {
@@ -248,7 +295,7 @@ fn scan_line(line: &str, number: usize, scan: &mut Scan, words: &mut Vec<Word>) 
     }
 }
 
-fn push_word(word: &str, line: usize, words: &mut Vec<Word>) {
+fn push_word(word: &str, line: usize, words: &mut Words) {
     if matches!(word, "1-0" | "0-1" | "1/2-1/2" | "*") {
         words.push(Word { text: word.to_string(), line, result: true });
         return;
@@ -308,12 +355,18 @@ impl<R: BufRead> PgnReader<R> {
         self.next_index
     }
 
-    fn next_line(&mut self) -> io::Result<Option<String>> {
+    fn next_line(&mut self) -> Result<Option<String>, PgnError> {
         self.buf.clear();
-        if self.input.read_until(b'\n', &mut self.buf)? == 0 {
+        let io = |error| PgnError::Io { source: self.source.clone(), error };
+        let read = (&mut self.input).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut self.buf).map_err(io)?;
+        if read == 0 {
             return Ok(None);
         }
         self.line += 1;
+        // At most MAX_LINE bytes and the newline that ends them.
+        if self.buf.len() > MAX_LINE && self.buf.last() != Some(&b'\n') {
+            return Err(PgnError::LongLine { source: self.source.clone(), line: self.line });
+        }
         let mut bytes = &self.buf[..];
         if self.line == 1 {
             bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
@@ -323,7 +376,7 @@ impl<R: BufRead> PgnReader<R> {
         Ok(Some(text.trim_end_matches(['\n', '\r']).to_string()))
     }
 
-    fn read_raw(&mut self) -> io::Result<Option<RawGame>> {
+    fn read_raw(&mut self) -> Result<Option<RawGame>, PgnError> {
         let mut game: Option<RawGame> = None;
         if let Some(tag) = self.pending.take() {
             let mut g = RawGame::new(self.line);
@@ -380,9 +433,9 @@ impl<R: BufRead> Iterator for PgnReader<R> {
                 Some(play(raw, index, &self.source).map_err(PgnError::Game))
             }
             Ok(None) => None,
-            Err(error) => {
+            Err(e) => {
                 self.failed = true;
-                Some(Err(PgnError::Io { source: self.source.clone(), error }))
+                Some(Err(e))
             }
         }
     }
@@ -397,6 +450,9 @@ fn play(raw: RawGame, index: usize, source: &Arc<str>) -> Result<Game, GameError
     if let Some(line) = raw.open_comment {
         return fail(Problem::UnclosedComment { line });
     }
+    if raw.words.too_many {
+        return fail(Problem::TooLong);
+    }
     if let Some(v) = raw.variant.as_ref().filter(|v| !STANDARD.contains(&v.trim().to_lowercase().as_str())) {
         return fail(Problem::Variant(v.clone()));
     }
@@ -408,9 +464,9 @@ fn play(raw: RawGame, index: usize, source: &Arc<str>) -> Result<Game, GameError
         },
     };
     let mut pos = start.clone();
-    let mut moves = Vec::with_capacity(raw.words.len());
+    let mut moves = Vec::with_capacity(raw.words.kept.len());
     let mut result: Option<&str> = None;
-    for word in &raw.words {
+    for word in &raw.words.kept {
         if word.result {
             result.get_or_insert(&word.text);
             continue;
@@ -477,7 +533,12 @@ pub fn read_text<'a>(text: &'a str, source: &str) -> PgnReader<&'a [u8]> {
 
 /// A PGN file, plain, gzip or zstd (told apart by their magic bytes, whatever the name), as a text stream.
 pub fn open(path: &Path) -> io::Result<Box<dyn BufRead + Send>> {
-    let mut file = BufReader::with_capacity(1 << 16, File::open(path)?);
+    let file = File::open(path)?;
+    // Linux opens a directory as a file, and only its first read fails ("Is a directory (os error 21)").
+    if file.metadata()?.is_dir() {
+        return Err(io::Error::new(io::ErrorKind::IsADirectory, "is a directory: give the PGN files in it"));
+    }
+    let mut file = BufReader::with_capacity(1 << 16, file);
     let magic = file.fill_buf()?;
     Ok(if magic.starts_with(&[0x1f, 0x8b]) {
         Box::new(BufReader::with_capacity(1 << 16, flate2::bufread::MultiGzDecoder::new(file)))
@@ -661,6 +722,47 @@ mod tests {
     }
 
     #[test]
+    fn a_game_longer_than_any_legal_game_is_a_bad_game() {
+        let dance = |plies: usize| "Nf3 Nf6 Ng1 Ng8 ".repeat(plies / 4);
+        let longest = format!("{}\n\n1. d4 *\n", dance(MAX_PLIES));
+        let all = games(&longest);
+        assert_eq!(all[0].as_ref().unwrap().moves.len(), MAX_PLIES);
+        // 20,000 plies, as a probe sent: one bad game, and the game after it is read.
+        let text = format!("[Event \"dance\"]\n\n{}\n\n1. d4 *\n", dance(20_000));
+        let all = games(&text);
+        let e = all[0].as_ref().unwrap_err().to_string();
+        assert!(e.starts_with("games.pgn:1: game 1: it has more than 18000 plies, more than any game"), "{e}");
+        assert_eq!(all[1].as_ref().unwrap().moves, line("d2d4"));
+    }
+
+    #[test]
+    fn a_line_without_an_end_stops_the_reading_naming_file_and_line() {
+        let mut text = "[Event \"x\"]\n\n1. e4 *\n\n".to_string();
+        text.push_str(&"\0".repeat(MAX_LINE + 1));
+        let all = games(&text);
+        assert_eq!(all.len(), 2);
+        assert!(all[0].is_ok());
+        let e = all[1].as_ref().unwrap_err();
+        assert!(matches!(e, PgnError::LongLine { line: 5, .. }), "{e}");
+        assert_eq!(e.to_string(), "games.pgn:5: the line goes on past 4 MiB without an end, longer than any PGN \
+                                   game's: not a PGN file?");
+        // A line of exactly the limit is read.
+        let long_comment = format!("1. e4 {{{}}} e5 *\n", "c".repeat(MAX_LINE - 13));
+        assert_eq!(long_comment.len(), MAX_LINE + 1);
+        assert_eq!(moves(&long_comment), vec![line("e2e4 e7e5")]);
+    }
+
+    #[test]
+    fn quoted_input_is_cut_to_the_echo_limit() {
+        let e = error(&format!("[FEN \"{}\"]\n\n*", "8/".repeat(500_000)));
+        assert!(e.len() < 200 && e.contains("its FEN header \"8/8/8/") && e.contains("...\" is no legal"), "{e}");
+        let e = error(&format!("1. {} *", "N".repeat(1_000_000)));
+        assert!(e.len() < 300 && e.contains(&format!("\"{}...\"", "N".repeat(80))), "{e}");
+        let e = error(&format!("[Variant \"{}\"]\n\n*", "v".repeat(1000)));
+        assert!(e.len() < 200, "{e}");
+    }
+
+    #[test]
     fn games_after_a_bad_one_are_read() {
         let text = "1. e4 e5 2. Ke3 *\n\n1. d4 *\n\n1. Nf9\n\n1. c4 *\n";
         let all = games(text);
@@ -728,6 +830,8 @@ mod tests {
         }
         assert_eq!(all[5].line, 5);
         assert_eq!(&*all[5].source, zst.to_string_lossy());
+        let folder = read_files(vec![dir.clone()]).next().unwrap().unwrap_err();
+        assert!(folder.to_string().ends_with("is a directory: give the PGN files in it"), "{folder}");
         let missing = read_files(vec![dir.join("missing.pgn")]).next().unwrap().unwrap_err();
         assert!(matches!(&missing, PgnError::Io { error, .. } if error.kind() == io::ErrorKind::NotFound), "{missing}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -12,6 +12,9 @@
 //! when a capture can use it) agree, as `rookworld.ground.data.position_key` says; the move
 //! counters do not count. The key is kept as shakmaty's 128-bit Zobrist hash of exactly those,
 //! 16 bytes a position, so that millions of games fit.
+//!
+//! A position's history is its game's moves, shared by all the game's positions, and the plies it
+//! takes of them: a copy for each position made memory grow with the square of a game's length.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -37,11 +40,11 @@ pub struct SampleConfig {
     pub per_game: Option<usize>,
     pub seed: u64,
     /// Both players' Elo must lie within [min, max]; a game without both Elo headers is left out when either is set.
-    pub min_elo: Option<u32>,
-    pub max_elo: Option<u32>,
+    pub min_elo: Option<Threshold>,
+    pub max_elo: Option<Threshold>,
     /// The base time of the TimeControl header (`300` of `300+3`) must be at least this; a game
     /// with none (`-`, `?`, missing) is left out when it is set.
-    pub min_base_seconds: Option<u32>,
+    pub min_base_seconds: Option<Threshold>,
     /// Keep a position only the first time it comes (see the module's notes on what makes two one).
     pub dedup: bool,
     /// The share of games held out, whole: no held-out position comes from a training game, nor
@@ -78,8 +81,8 @@ impl Default for SampleConfig {
 pub struct GamePosition {
     /// In python-chess `board.fen()` form, counters as the game reached them.
     pub fen: String,
-    /// The moves from the game's start (its FEN header's position, if it has one) to this one, oldest first.
-    pub history: Vec<String>,
+    /// The game's moves, shared with its other positions: the first `ply` of them led here (see `history`).
+    pub moves: Arc<[String]>,
     /// The move the game played next; `None` after its last move.
     pub mv: Option<String>,
     pub phase: Phase,
@@ -113,12 +116,22 @@ pub struct Sample {
     pub stats: Stats,
 }
 
+impl GamePosition {
+    /// The moves from the game's start (its FEN header's position, if it has one) to this one, oldest first.
+    pub fn history(&self) -> &[String] {
+        &self.moves[..self.ply]
+    }
+}
+
+/// Elo and base-time bounds as wide as any number a caller gives: one past u32 is simply never reached.
+pub type Threshold = u64;
+
 pub fn position_key(pos: &Chess) -> u128 {
     pos.zobrist_hash::<Zobrist128>(EnPassantMode::Legal).0
 }
 
 /// The base seconds of a PGN TimeControl: `300` of `300+3`, `7200` of `40/7200:3600`; `None` for `-`, `?` and the like.
-pub fn base_seconds(time_control: &str) -> Option<u32> {
+pub fn base_seconds(time_control: &str) -> Option<Threshold> {
     let first = time_control.trim().split(':').next()?;
     let period = first.split_once('/').map_or(first, |(_, secs)| secs);
     period.split('+').next()?.parse().ok()
@@ -129,7 +142,8 @@ pub fn wanted(game: &Game, cfg: &SampleConfig) -> bool {
     let h = &game.headers;
     if cfg.min_elo.is_some() || cfg.max_elo.is_some() {
         let within = |elo: Option<u32>| {
-            elo.is_some_and(|e| cfg.min_elo.is_none_or(|lo| e >= lo) && cfg.max_elo.is_none_or(|hi| e <= hi))
+            elo.map(Threshold::from)
+                .is_some_and(|e| cfg.min_elo.is_none_or(|lo| e >= lo) && cfg.max_elo.is_none_or(|hi| e <= hi))
         };
         if !(within(h.white_elo) && within(h.black_elo)) {
             return false;
@@ -204,11 +218,12 @@ fn replay(game: &Game, mut visit: impl FnMut(usize, &Chess)) {
 pub fn game_positions(game: &Game, plies: &[usize]) -> Vec<GamePosition> {
     let mut out = Vec::with_capacity(plies.len());
     let mut wanted = plies.iter().peekable();
+    let moves: Arc<[String]> = game.moves.as_slice().into();
     replay(game, |ply, pos| {
         if wanted.next_if_eq(&&ply).is_some() {
             out.push(GamePosition {
                 fen: to_fen(pos),
-                history: game.moves[..ply].to_vec(),
+                moves: moves.clone(),
                 mv: game.moves.get(ply).cloned(),
                 phase: phase_of(pos),
                 game: game.index,
@@ -320,15 +335,15 @@ mod tests {
         let castled = &s.positions[16];
         assert_eq!(castled.fen, "r1bq1rk1/2p1bppp/p1np1n2/1p2p3/4P3/1BP2N2/PP1P1PPP/RNBQR1K1 w - - 1 9");
         assert_eq!((castled.ply, castled.mv.as_deref(), castled.phase), (16, None, Phase::Middlegame));
-        assert_eq!(castled.history.last().map(String::as_str), Some("e8g8"));
+        assert_eq!(castled.history().last().map(String::as_str), Some("e8g8"));
         // The knights' dance resets the halfmove clock only at e4, and the fullmove number runs on.
         let danced = &s.positions[17 + 4];
         assert_eq!(danced.fen, "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 4 3");
         let study: Vec<&GamePosition> = s.positions.iter().filter(|p| p.game == 3).collect();
         assert_eq!(study[0].fen, "8/8/8/4k3/8/8/4P3/4K3 w - - 0 60");
-        assert_eq!(study[0].history, Vec::<String>::new());
+        assert_eq!(study[0].history(), Vec::<String>::new());
         assert_eq!(study[4].fen, "8/8/8/4k3/8/8/8/4K3 w - - 0 62");
-        assert_eq!(study[4].history, ["e2e4", "e5d4", "e4e5", "d4e5"]);
+        assert_eq!(study[4].history(), ["e2e4", "e5d4", "e4e5", "d4e5"]);
         assert!(study.iter().all(|p| p.phase == Phase::Endgame && &*p.source == "games.pgn" && p.line == 20));
     }
 
@@ -336,10 +351,10 @@ mod tests {
     fn histories_replay_to_their_positions() {
         for p in sample(&all()).positions {
             let pos = parse_fen(&p.fen).unwrap();
-            assert_eq!(check_history(&pos, &p.history), Ok(()), "{}", p.fen);
+            assert_eq!(check_history(&pos, p.history()), Ok(()), "{}", p.fen);
             let g = &games(GAMES)[p.game];
             let mut replayed = g.start.clone();
-            for m in &p.history {
+            for m in p.history() {
                 let m = legal_move(&replayed, m).unwrap();
                 replayed.play_unchecked(m);
             }
@@ -455,6 +470,26 @@ mod tests {
         assert!(reasons[1].starts_with("g.pgn:30: game 6: move 1 \"Nf9\""), "{reasons:?}");
         assert!(reasons[2].starts_with("g.pgn:32: game 7: its FEN header \"bad\""), "{reasons:?}");
         assert_eq!(s.positions.last().map(|p| (p.game, p.ply)), Some((7, 1)));
+    }
+
+    #[test]
+    fn a_game_s_positions_share_its_moves() {
+        let g = &games("1. Nf3 Nf6 2. Ng1 Ng8 3. e4 *")[0];
+        let positions = game_positions(g, &chosen_plies(g, &all()));
+        assert!(positions.windows(2).all(|w| Arc::ptr_eq(&w[0].moves, &w[1].moves)));
+        assert_eq!(positions[3].history(), ["g1f3", "g8f6", "f3g1"]);
+        assert_eq!(positions[5].history().len(), 5);
+    }
+
+    #[test]
+    fn bounds_past_any_header_keep_or_leave_every_game() {
+        let wide = SampleConfig { max_elo: Some(Threshold::MAX), per_game: Some(usize::MAX), ..all() };
+        assert_eq!(sample(&wide).stats.filtered, 2);
+        let none = SampleConfig { min_elo: Some(Threshold::MAX), ..all() };
+        assert_eq!(sample(&none).stats.filtered, 4);
+        let none = SampleConfig { min_base_seconds: Some(Threshold::MAX), ..all() };
+        assert_eq!(sample(&none).stats.filtered, 4);
+        assert!(sample(&SampleConfig { min_ply: usize::MAX, ..all() }).positions.is_empty());
     }
 
     #[test]

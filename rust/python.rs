@@ -1,6 +1,6 @@
 //! The PyO3 layer: converts Python values, releases the GIL, calls `batch`. No chess here.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 
@@ -8,6 +8,7 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::batch;
+use crate::fen::echoed;
 use crate::generate::{generate_positions as generate, GeneratorConfig};
 use crate::pgn::{collect_games, read_files, Game, PgnError, PgnReader};
 use crate::pgn_positions::{sample_positions, GamePosition, SampleConfig};
@@ -28,6 +29,66 @@ type GamePositionTuple = (String, Vec<String>, Option<String>, &'static str, usi
 type PgnStatsTuple = (usize, usize, Vec<String>, usize, usize, usize);
 /// One game: `(index, source, line, headers as (name, value), start FEN, mainline UCI)`.
 type GameTuple = (usize, String, usize, Vec<(&'static str, String)>, String, Vec<String>);
+
+/// A whole number as Python gives it, however wide. PyO3's own u64 and usize refuse one past 64 bits, or a
+/// negative one, with an OverflowError that reached a user as a traceback (`--min-elo 10**20`); here each use
+/// says by name what it makes of one.
+#[derive(Clone, Copy, Debug)]
+enum Whole {
+    Fits(u64),
+    Above,
+    Negative,
+}
+
+impl FromPyObject<'_, '_> for Whole {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'_, '_, PyAny>) -> PyResult<Self> {
+        match obj.extract::<u64>() {
+            Ok(n) => Ok(Whole::Fits(n)),
+            Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
+                Ok(if obj.lt(0)? { Whole::Negative } else { Whole::Above })
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Whole {
+    /// A count or a limit, which a number past 64 bits never reaches: it saturates.
+    fn saturating(self, name: &str) -> PyResult<u64> {
+        match self {
+            Whole::Fits(n) => Ok(n),
+            Whole::Above => Ok(u64::MAX),
+            Whole::Negative => Err(PyValueError::new_err(format!("{name} must be >= 0"))),
+        }
+    }
+
+    fn saturating_usize(self, name: &str) -> PyResult<usize> {
+        Ok(usize::try_from(self.saturating(name)?).unwrap_or(usize::MAX))
+    }
+
+    /// A number used as it is (a seed, a size to allocate): one above `max` is refused.
+    fn at_most(self, name: &str, max: u64) -> PyResult<u64> {
+        match self {
+            Whole::Fits(n) if n <= max => Ok(n),
+            Whole::Negative => Err(PyValueError::new_err(format!("{name} must be >= 0"))),
+            _ => Err(PyValueError::new_err(format!("{name} must be at most {max}"))),
+        }
+    }
+}
+
+fn saturating_all(name: &str, value: Option<Whole>) -> PyResult<Option<u64>> {
+    value.map(|w| w.saturating(name)).transpose()
+}
+
+fn saturating_usize_all(name: &str, value: Option<Whole>) -> PyResult<Option<usize>> {
+    value.map(|w| w.saturating_usize(name)).transpose()
+}
+
+/// The most positions one call generates: each is a few hundred bytes, and an allocation Rust cannot make aborts
+/// the process rather than raising (callers generate in chunks far smaller).
+const MAX_GENERATED: u64 = 100_000_000;
 
 /// Strings from any iterable of `str`. Lone surrogates become U+FFFD rather than an exception:
 /// model output must never crash a run.
@@ -185,31 +246,35 @@ fn analysis_problems(
     fens: Vec<String>,
     moves: Vec<Vec<String>>,
     evals: Vec<Vec<f64>>,
-    max_moves: Option<usize>,
+    max_moves: Option<Whole>,
 ) -> PyResult<Vec<Option<String>>> {
+    let max_moves = saturating_usize_all("max_moves", max_moves)?;
     same_length(fens.len(), moves.len())?;
     same_length(fens.len(), evals.len())?;
     Ok(py.detach(|| batch::analysis_problems(&fens, &moves, &evals, max_moves)))
 }
 
 #[pyfunction]
-fn perft(py: Python<'_>, fen: &str, depth: u32) -> PyResult<u64> {
+fn perft(py: Python<'_>, fen: &str, depth: Whole) -> PyResult<u64> {
+    let depth = depth.at_most("depth", u32::MAX.into())? as u32;
     let fen = fen.to_string();
-    py.detach(|| batch::perft(&fen, depth)).map_err(|e| PyValueError::new_err(format!("{e}: {fen:?}")))
+    py.detach(|| batch::perft(&fen, depth)).map_err(|e| PyValueError::new_err(format!("{e}: {}", echoed(&fen))))
 }
 
 /// Per position `(fen, history, move, phase)`.
 #[pyfunction]
-#[pyo3(signature = (n, seed, start=0, opening_share=0.2, endgame_share=0.2, illegal_share=0.01))]
+#[pyo3(signature = (n, seed, start=Whole::Fits(0), opening_share=0.2, endgame_share=0.2, illegal_share=0.01),
+       text_signature = "(n, seed, start=0, opening_share=0.2, endgame_share=0.2, illegal_share=0.01)")]
 fn generate_positions(
     py: Python<'_>,
-    n: usize,
-    seed: u64,
-    start: u64,
+    n: Whole,
+    seed: Whole,
+    start: Whole,
     opening_share: f64,
     endgame_share: f64,
     illegal_share: f64,
 ) -> PyResult<Vec<PositionTuple>> {
+    let (n, seed, start) = stream("n", n, seed, start)?;
     let shares = [opening_share, endgame_share, illegal_share];
     if shares.iter().any(|s| !(0.0..=1.0).contains(s)) || opening_share + endgame_share > 1.0 {
         return Err(PyValueError::new_err(format!(
@@ -226,19 +291,30 @@ fn generate_positions(
 
 /// Per puzzle `(fen, history, mates)`.
 #[pyfunction]
-#[pyo3(signature = (n, seed, start=0))]
-fn mate_in_one_positions(py: Python<'_>, n: usize, seed: u64, start: u64) -> Vec<MateTuple> {
-    py.detach(|| crate::mate::mate_in_one_positions(n, seed, start))
+#[pyo3(signature = (n, seed, start=Whole::Fits(0)), text_signature = "(n, seed, start=0)")]
+fn mate_in_one_positions(py: Python<'_>, n: Whole, seed: Whole, start: Whole) -> PyResult<Vec<MateTuple>> {
+    let (n, seed, start) = stream("n", n, seed, start)?;
+    Ok(py
+        .detach(|| crate::mate::mate_in_one_positions(n, seed, start))
         .into_iter()
         .map(|p| (p.fen, p.history, p.mates))
-        .collect()
+        .collect())
 }
 
-/// A file's error keeps its kind (FileNotFoundError, PermissionError) and says which file; a bad game is a ValueError.
+/// `(n, seed, start)` of a generator's stream: `n` items from index `start`, all of whose indices fit 64 bits.
+fn stream(name: &str, n: Whole, seed: Whole, start: Whole) -> PyResult<(usize, u64, u64)> {
+    let n = n.at_most(name, MAX_GENERATED)?;
+    let seed = seed.at_most("seed", u64::MAX)?;
+    let start = start.at_most("start", u64::MAX - n)?;
+    Ok((n as usize, seed, start))
+}
+
+/// A file's error keeps its kind (FileNotFoundError, PermissionError) and says which file; a bad game, or a file
+/// that is no PGN, is a ValueError.
 fn pgn_error(e: PgnError) -> PyErr {
     match e {
         PgnError::Io { source, error } => io::Error::new(error.kind(), format!("{source}: {error}")).into(),
-        PgnError::Game(e) => PyValueError::new_err(e.to_string()),
+        e @ (PgnError::LongLine { .. } | PgnError::Game(_)) => PyValueError::new_err(e.to_string()),
     }
 }
 
@@ -254,9 +330,12 @@ fn pgn_source(
     }
 }
 
-fn position_tuple(p: GamePosition) -> GamePositionTuple {
+/// The position with the last `history_len` moves of its history (all of them when `None`).
+fn position_tuple(p: GamePosition, history_len: Option<usize>) -> GamePositionTuple {
     let source = format!("{}:{}", p.source, p.line);
-    (p.fen, p.history, p.mv, p.phase.as_str(), p.game, p.ply, source)
+    let history = p.history();
+    let history = history[history.len().saturating_sub(history_len.unwrap_or(usize::MAX))..].to_vec();
+    (p.fen, history, p.mv, p.phase.as_str(), p.game, p.ply, source)
 }
 
 /// `(games, bad games skipped, their first reasons)`.
@@ -268,8 +347,9 @@ fn pgn_games(
     text: Option<String>,
     name: &str,
     skip_bad: bool,
-    max_games: Option<usize>,
+    max_games: Option<Whole>,
 ) -> PyResult<(Vec<GameTuple>, usize, Vec<String>)> {
+    let max_games = saturating_usize_all("max_games", max_games)?;
     let games = pgn_source(paths, text, name);
     let (games, skipped) = py.detach(|| collect_games(games, skip_bad, max_games)).map_err(pgn_error)?;
     let tuples = games
@@ -279,42 +359,57 @@ fn pgn_games(
     Ok((tuples, skipped.count, skipped.reasons))
 }
 
-/// `(positions, held-out positions, stats)` sampled from real games.
+/// `(positions, held-out positions, stats)` sampled from real games, each position with the last `history_len`
+/// moves of its history (all when `None`: memory then grows with the square of a game's length).
 #[pyfunction]
-#[pyo3(signature = (paths, text=None, name="<text>", min_ply=0, per_game=None, seed=0, min_elo=None,
-                    max_elo=None, min_base_seconds=None, dedup=true, held_out=0.0, skip_bad=false, max_games=None,
-                    max_positions=None))]
+#[pyo3(signature = (paths, text=None, name="<text>", min_ply=Whole::Fits(0), per_game=None, seed=Whole::Fits(0),
+                    min_elo=None, max_elo=None, min_base_seconds=None, dedup=true, held_out=0.0, skip_bad=false,
+                    max_games=None, max_positions=None, history_len=None),
+       text_signature = "(paths, text=None, name='<text>', min_ply=0, per_game=None, seed=0, min_elo=None, \
+                         max_elo=None, min_base_seconds=None, dedup=True, held_out=0.0, skip_bad=False, \
+                         max_games=None, max_positions=None, history_len=None)")]
 #[allow(clippy::too_many_arguments)]
 fn pgn_positions(
     py: Python<'_>,
     paths: Vec<PathBuf>,
     text: Option<String>,
     name: &str,
-    min_ply: usize,
-    per_game: Option<usize>,
-    seed: u64,
-    min_elo: Option<u32>,
-    max_elo: Option<u32>,
-    min_base_seconds: Option<u32>,
+    min_ply: Whole,
+    per_game: Option<Whole>,
+    seed: Whole,
+    min_elo: Option<Whole>,
+    max_elo: Option<Whole>,
+    min_base_seconds: Option<Whole>,
     dedup: bool,
     held_out: f64,
     skip_bad: bool,
-    max_games: Option<usize>,
-    max_positions: Option<usize>,
+    max_games: Option<Whole>,
+    max_positions: Option<Whole>,
+    history_len: Option<Whole>,
 ) -> PyResult<(Vec<GamePositionTuple>, Vec<GamePositionTuple>, PgnStatsTuple)> {
     if !(0.0..1.0).contains(&held_out) {
         return Err(PyValueError::new_err(format!("held_out must lie in [0, 1), got {held_out}")));
     }
     let cfg = SampleConfig {
-        min_ply, per_game, seed, min_elo, max_elo, min_base_seconds, dedup, held_out, skip_bad, max_games,
-        max_positions,
+        min_ply: min_ply.saturating_usize("min_ply")?,
+        per_game: saturating_usize_all("per_game", per_game)?,
+        seed: seed.at_most("seed", u64::MAX)?,
+        min_elo: saturating_all("min_elo", min_elo)?,
+        max_elo: saturating_all("max_elo", max_elo)?,
+        min_base_seconds: saturating_all("min_base_seconds", min_base_seconds)?,
+        dedup,
+        held_out,
+        skip_bad,
+        max_games: saturating_usize_all("max_games", max_games)?,
+        max_positions: saturating_usize_all("max_positions", max_positions)?,
     };
+    let history_len = saturating_usize_all("history_len", history_len)?;
     let games = pgn_source(paths, text, name);
     let sample = py.detach(|| sample_positions(games, &cfg)).map_err(pgn_error)?;
     let st = sample.stats;
     Ok((
-        sample.positions.into_iter().map(position_tuple).collect(),
-        sample.held_out.into_iter().map(position_tuple).collect(),
+        sample.positions.into_iter().map(|p| position_tuple(p, history_len)).collect(),
+        sample.held_out.into_iter().map(|p| position_tuple(p, history_len)).collect(),
         (st.games, st.bad.count, st.bad.reasons, st.filtered, st.duplicates, st.held_out_games),
     ))
 }

@@ -16,7 +16,7 @@ import chess.pgn
 import pytest
 
 from rookworld.ground import chess as rw_chess
-from rookworld.ground.pgn import pgn_positions, read_games
+from rookworld.ground.pgn import HISTORY_WINDOW, pgn_positions, read_games
 
 DATA = Path(__file__).parent / "data"
 FAMOUS = DATA / "famous.pgn"
@@ -50,7 +50,11 @@ def test_mainlines_and_every_position_match_python_chess(path):
     games, bad, reasons = read_games(path)
     assert (bad, reasons) == (0, [])
     assert len(games) == len(expected)
-    sample = pgn_positions(path, dedup=False)
+    sample = pgn_positions(path, dedup=False, history_len=None)
+    window = pgn_positions(path, dedup=False)
+    assert [p.fen for p in window.positions] == [p.fen for p in sample.positions]
+    for whole, cut in zip(sample.positions, window.positions):
+        assert cut.history == whole.history[-HISTORY_WINDOW:] if whole.history else cut.history == ()
     for game, theirs in zip(games, expected):
         moves = [m.uci() for m in theirs.mainline_moves()]
         assert list(game.moves) == moves, game.source

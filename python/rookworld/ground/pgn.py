@@ -6,6 +6,10 @@ be legal SAN: a bad game (an illegal or unreadable move, a bad FEN header, a var
 standard chess) raises ``ValueError`` naming file, first line, game and move, e.g.
 ``games.pgn:123: game 7: move 14 "Nf9" (line 130) is no move in SAN (position ...)``, unless
 ``skip_bad`` counts it instead. Comments, variations, NAGs and move numbers are read past.
+
+Bounded by the reader's limits, not the file's: a line longer than 4 MiB (``/dev/zero``, a binary file) stops the
+reading with a ``ValueError`` naming file and line, and a game longer than any game of chess can be (over 18,000
+plies: the 75-move and fivefold-repetition rules end every game within 17,697) is a bad game.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from rookworld import _core
 __all__ = ["PgnGame", "PgnPosition", "PgnSample", "read_games", "pgn_positions"]
 
 PathLike = str | os.PathLike
+
+#: The moves of a position's history `pgn_positions` keeps by default: those an A: prompt shows before its move.
+#: All of them (``history_len=None``) make memory grow with the square of a game's length.
+HISTORY_WINDOW = _core.HISTORY_LEN - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +50,8 @@ class PgnPosition:
     """A position of a real game, with the moves that led to it and the move the game played next."""
 
     fen: str
-    #: Every move from the game's start (its FEN header's position, if it has one) to ``fen``, oldest first.
+    #: The moves that led to ``fen``, oldest first: the last ``history_len`` of them (`HISTORY_WINDOW` unless
+    #: asked), or every one from the game's start (its FEN header's position, if it has one).
     history: tuple[str, ...]
     #: The move the game played here; ``None`` after its last move.
     move: str | None
@@ -104,7 +113,7 @@ def pgn_positions(paths: PathLike | Iterable[PathLike] | None = None, *, text: s
                   min_elo: int | None = None, max_elo: int | None = None,
                   min_base_seconds: int | None = None, dedup: bool = True, held_out: float = 0.0,
                   skip_bad: bool = False, max_games: int | None = None,
-                  max_positions: int | None = None) -> PgnSample:
+                  max_positions: int | None = None, history_len: int | None = HISTORY_WINDOW) -> PgnSample:
     """Positions of real games with their real histories, read from PGN files (or ``text``).
 
     Each game gives its positions after ply ``min_ply`` to its end (the start position counts at 0: a
@@ -115,18 +124,19 @@ def pgn_positions(paths: PathLike | Iterable[PathLike] | None = None, *, text: s
     first time only (board, side to move, castling, en passant; not the clocks, as
     `rookworld.ground.data.position_key`). ``held_out`` is the share of games held out whole, chosen by a
     seeded hash of their moves (copies of a game fall together); a held-out position that occurs in any
-    training game is dropped. Reading stops after ``max_games`` games or ``max_positions`` positions.
+    training game is dropped. Reading stops after ``max_games`` games or ``max_positions`` positions. Each
+    position keeps the last ``history_len`` moves of its history, or all when it is None.
     """
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must lie in [0, 2**64), got {seed}")
     for label, value in (("min_ply", min_ply), ("per_game", per_game), ("min_elo", min_elo),
                          ("max_elo", max_elo), ("min_base_seconds", min_base_seconds),
-                         ("max_games", max_games), ("max_positions", max_positions)):
+                         ("max_games", max_games), ("max_positions", max_positions), ("history_len", history_len)):
         if value is not None and value < 0:
             raise ValueError(f"{label} must be >= 0, got {value}")
     train, held, (games, bad, reasons, filtered, duplicates, held_games) = _core.pgn_positions(
         _sources(paths, text), text, name, min_ply, per_game, seed, min_elo, max_elo, min_base_seconds,
-        dedup, held_out, skip_bad, max_games, max_positions)
+        dedup, held_out, skip_bad, max_games, max_positions, history_len)
     return PgnSample(
         positions=[_position(t) for t in train],
         held_out=[_position(t) for t in held],
