@@ -115,3 +115,16 @@ def test_the_positions_command_writes_new_self_play_positions(tmp_path):
     # Both sources at once are refused before any work.
     result = cli("positions", "--selfplay", "--from", out, "--count", "5", "--out", tmp_path / "x.jsonl")
     assert result.returncode == 2 and "--from and --selfplay are different sources" in result.stderr
+
+
+def test_self_play_that_brings_nothing_new_stops_with_one_line(tmp_path):
+    """At temperature 0 every game is the same game: the command stops after EMPTY_GAMES of them, saying why and what
+    to change, instead of playing forever."""
+    out = tmp_path / "same.jsonl"
+    result = cli("positions", "--selfplay", "--count", "400", "--selfplay-temperature", "0", "--opening-temperature",
+                 "0", "--stockfish-depth", "1", "--quiet", "--out", out)
+    assert result.returncode == 2, result.stderr
+    line, = result.stderr.strip().splitlines()
+    assert line.startswith("rookworld positions: error: --selfplay: 512 games in a row gave no new position (")
+    assert "of --count 400 found): raise --selfplay-temperature or --opening-temperature" in line
+    assert not out.exists()

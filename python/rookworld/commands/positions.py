@@ -178,30 +178,45 @@ def _annotate(s: PositionsSettings, excluded: set[str], out: Output) -> int:
     return 0
 
 
+#: Self-play games in a row that may bring no new position before --selfplay gives up (as many games as
+#: --from-model's `EMPTY_ROUNDS`): games at temperature 0 are all one game, and would be played forever.
+EMPTY_GAMES = EMPTY_ROUNDS * ROUND_GAMES
+
+
+def _per_game(s: PositionsSettings, game: selfplay.Game) -> list[tuple]:
+    """A game's positions with their analyses: all of them, or --per-game drawn at random."""
+    picked = list(zip(game.records, game.analyses))
+    if s.per_game is not None and len(picked) > s.per_game:
+        rng = random.Random(f"{s.seed}:per-game:{game.index}")
+        picked = [picked[i] for i in sorted(rng.sample(range(len(picked)), s.per_game))]
+    return picked
+
+
 def _selfplay(s: PositionsSettings, excluded: set[str], out: Output) -> int:
     """--count positions from self-play games, new ones only (not in --exclude, not seen before in this run), at
     most --per-game from each game."""
     how = SelfPlay(temperature=s.selfplay_temperature, opening_temperature=s.opening_temperature)
     seen = set(excluded)
-    records, analyses = [], []
+    records, analyses, empty = [], [], 0
     with stockfish_pool(s) as pool, Progress(s.count, "positions", "pos", enabled=not s.quiet) as bar:
         for game in selfplay.play(pool, None, s.seed, how):
-            picked = list(zip(game.records, game.analyses))
-            if s.per_game is not None and len(picked) > s.per_game:
-                rng = random.Random(f"{s.seed}:per-game:{game.index}")
-                picked = [picked[i] for i in sorted(rng.sample(range(len(picked)), s.per_game))]
-            for record, analysis in picked:
+            new = 0
+            for record, analysis in _per_game(s, game):
                 key = position_key(record.fen)
-                if key in seen:
+                if key in seen or len(records) == s.count:
                     continue
                 seen.add(key)
                 records.append(record)
                 analyses.append(analysis)
-                bar.update(1)
-                if len(records) == s.count:
-                    break
-            if len(records) == s.count:
+                new += 1
+            bar.update(new)
+            empty = 0 if new else empty + 1
+            if len(records) == s.count or empty == EMPTY_GAMES:
                 break
+    if len(records) < s.count:
+        raise CliError(f"--selfplay: {EMPTY_GAMES} games in a row gave no new position ({len(records)} of --count "
+                       f"{s.count} found): raise --selfplay-temperature or --opening-temperature so that games "
+                       f"differ, or lower --count")
     records = data.cut_histories(records, s.seed, s.a_history)
     if s.annotate:
         _emit(data.annotated(records, analyses, seed=s.seed, layout=s.layout or "rookworld"), s, out)
