@@ -286,6 +286,18 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_run_resumes_once_there_is
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
+def test_a_disk_without_room_for_one_checkpoint_is_refused_before_the_first_step(tiny_dir, small_disk):
+    """It trained every step (90 s in the report) and then could save none of them."""
+    (small_disk / "ballast").write_bytes(b"\0" * 30_000_000)  # leaves 10 MB; the tiny model's checkpoint takes 26
+    out = small_disk / "run"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "3"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    line, = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert "MB free and a checkpoint takes about 26 MB, so no step of this run could be saved" in line
+    assert "start again once there is room" in line
+    assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""
+
+
 def test_what_a_save_killed_midway_left_is_removed_by_the_next_run(tiny_dir, tmp_path):
     out = tmp_path / "run"
     for _ in range(5):  # a save of the tiny model takes a fraction of a second: the kill may miss it

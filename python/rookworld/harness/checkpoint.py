@@ -173,6 +173,15 @@ def save_failure(output_dir: str | os.PathLike, step: int, error: BaseException,
     return SaveFailed(f"could not save step {step} into {output_dir}: {why}")
 
 
+def check_room(output_dir: str | os.PathLike, needed: int) -> None:
+    """Refuses, before the first step, a run whose disk cannot take one checkpoint: found at the first save, every
+    step before it would be lost."""
+    free = shutil.disk_usage(output_dir).free
+    if free < needed:
+        raise SaveFailed(f"{output_dir} has {free / 1e6:.0f} MB free and a checkpoint takes about "
+                         f"{needed / 1e6:.0f} MB, so no step of this run could be saved")
+
+
 def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """The trainer's state, read without running code: torch's weights-only unpickler builds tensors, plain
     containers and numbers (and the numpy arrays of older checkpoints) and refuses everything else, so a run

@@ -223,10 +223,14 @@ class Run:
                 save_pretrained(self.policy, self.cfg.output_dir)
                 self.tokenizer.save_pretrained(self.cfg.output_dir)
             except (OSError, RuntimeError) as e:
-                weights = sum(p.numel() * p.element_size() for p in self.policy.parameters())
-                raise checkpoint.save_failure(self.cfg.output_dir, self.step, e, needed=4 * weights) from None
+                raise checkpoint.save_failure(self.cfg.output_dir, self.step, e, self.checkpoint_bytes()) from None
         self.log.say(f"saved checkpoint {path}")
         return path
+
+    def checkpoint_bytes(self) -> int:
+        """About what a save writes: the weights in the checkpoint and again in the output directory, and AdamW's
+        two moments (fp32, as the weights)."""
+        return 4 * sum(p.numel() * p.element_size() for p in self.policy.parameters())
 
     def autocast(self):
         if self.amp_dtype is None:
@@ -275,6 +279,8 @@ class Run:
             self.log.say(complete_message(self.command, cfg, self.step))
             self.close()
             return {}
+        if self.dist.main:
+            checkpoint.check_room(cfg.output_dir, self.checkpoint_bytes())
         previous = {}
         if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
             for sig in (signal.SIGINT, signal.SIGTERM):
