@@ -1,11 +1,13 @@
 """A game against Stockfish as an RL environment (rookworld.integrations.game, issue 46), with python-chess as the
 oracle of the rules: moves in UCI, SAN or a whole P: answer, rewards per move and for the result, an illegal or
-unreadable move losing, Stockfish moving first for Black, the ply limit, and whole games whose histories replay
-in python-chess to the position reported."""
+unreadable move losing, Stockfish moving first for Black, the ply limit, whole games whose histories replay
+in python-chess to the position reported, and the opponent's move bounded in time whatever its node limit (issue
+58): real Stockfish told to search 10^20 nodes, and a scripted engine that talks on and never says `bestmove`."""
 
 from __future__ import annotations
 
 import random
+import time
 
 import chess as pychess
 import pytest
@@ -13,7 +15,9 @@ import pytest
 from rookworld.ground import chess
 from rookworld.ground.rewards import RewardScorer, policy_prompt
 from rookworld.ground.stockfish import StockfishPool
-from rookworld.integrations.game import ILLEGAL, RESULT, ChessGame, GameStep
+from rookworld.integrations.game import ILLEGAL, RESULT, ChessGame, GameStep, OpponentError
+
+from test_trust_engine import fake_engine
 
 MATE_IN_ONE = "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"  # Ra8# (a1a8)
 #: Endgames that end within a few dozen plies of random play against Stockfish, or reach the ply limit.
@@ -172,3 +176,43 @@ def test_whole_games_of_random_moves_end_as_python_chess_says(pool, seed):
         else:
             assert board.is_checkmate() and (board.turn != mine) == (step.outcome == "win")
         assert step.result_reward == RESULT[step.outcome]
+
+
+#: A UCI engine that answers `go` with info lines, one each 50 ms, for ever, and never `bestmove`, nor reads `stop`.
+TALKS_ON = ('[print(f"info depth 1 score cp 0 nodes 1 pv {legal[0]}", flush=True) or __import__("time").sleep(0.05) '
+            'for _ in iter(int, 1)]')
+
+
+def timed(call):
+    started = time.monotonic()
+    value = call()
+    return value, time.monotonic() - started
+
+
+def test_the_opponent_s_move_is_bounded_in_time_whatever_its_node_limit(pool):
+    # 10^20 nodes: hours of search, and past what Stockfish's `go` can read (2^64), which would leave no limit.
+    with ChessGame(opponent_skill=0, opponent_nodes=10**20, analysis=pool, opponent_move_s=1) as game:
+        start, took = timed(lambda: game.reset(colour="b"))  # Stockfish moves first
+        assert start.opponent_move is not None and took < 4, took
+        step, took = timed(lambda: game.step(start.legal_moves[0]))
+        assert step.legal and step.opponent_move is not None and took < 4, took
+        replayed(step, chess.START_FEN)
+
+
+def test_an_opponent_that_talks_on_without_a_move_is_cut_off_and_the_game_stopped(pool, tmp_path):
+    with ChessGame(stockfish_path=fake_engine(tmp_path, TALKS_ON), analysis=pool, opponent_move_s=1) as game:
+        started = time.monotonic()
+        with pytest.raises(OpponentError) as failed:
+            game.reset(colour="b")
+        assert time.monotonic() - started < 12  # 1 s to think, 5 s more to answer, a restart
+        said = str(failed.value)
+        assert "\n" not in said and len(said) < 400, said
+        assert said.startswith("Stockfish (Skill Level 0, 20000 nodes) gave no move within 6 s") and \
+            "`bestmove`" in said and said.endswith("the game is stopped; reset to play another"), said
+        assert game.game.ended and game.game.reason == "the opponent gave no move"
+        with pytest.raises(RuntimeError, match="the game is over"):
+            game.step("e7e5")
+        # The engine was started again: a game where the user moves first goes on to the opponent's turn.
+        assert game.reset(colour="w").opponent_move is None
+        with pytest.raises(OpponentError):
+            game.step("e2e4")

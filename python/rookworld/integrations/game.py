@@ -10,11 +10,14 @@ and loses the game, as in `rookworld eval`'s games. The step that ends a game ad
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from rookworld.ground import chess
+from rookworld.ground.data import shortened
 from rookworld.ground.rewards import RewardScorer, policy_prompt
-from rookworld.ground.stockfish import StockfishPool
+from rookworld.ground.stockfish import StockfishError, StockfishPool
+from rookworld.ground.stockfish.engine import ANSWER_S
 from rookworld.lm.answers import read_policy_answers
 from rookworld.lm.games import WHITE, Choice, Game, StockfishPlayer
 
@@ -24,6 +27,29 @@ ILLEGAL = -1.0
 RESULT = {"win": 1.0, "draw": 0.0, "loss": -1.0, "unfinished": 0.0}
 #: Plies (both sides' moves) after which a game stops unfinished.
 MAX_PLIES = 200
+#: Seconds the opponent may think about one move, whatever its node limit: a client waits on it. 20,000 nodes take
+#: Stockfish a few hundredths of a second, so the bound only ever cuts a node limit far past any sensible one.
+OPPONENT_MOVE_S = 5.0
+
+
+class OpponentError(RuntimeError):
+    """The opponent gave no move in its time (or its engine failed): the game is stopped, and its engine is started
+    again for the next one."""
+
+
+class TimedOpponent(StockfishPlayer):
+    """Stockfish as a game's opponent, whose move has a wall-clock bound: it searches `nodes` nodes or `move_s`
+    seconds, whichever ends first (`go movetime`), and an engine that still gives no `bestmove` `ANSWER_S` later
+    (one that ignores `movetime` and talks on) is killed and started again. It is asked once, not again as
+    `rookworld eval`'s opponent is: a client waits on the move, and a second wait would double the bound."""
+
+    def __init__(self, path: str | None, *, elo: int | None, skill: int | None, nodes: int, move_s: float):
+        if not (math.isfinite(move_s) and move_s > 0):
+            raise ValueError(f"the opponent's time for a move must be a positive number of seconds, got {move_s}")
+        super().__init__(path, elo=elo, skill=skill, nodes=nodes, timeout_s=move_s + ANSWER_S, retries=0)
+        # movetime before nodes: Stockfish reads `go` word by word and stops at a number it cannot hold (a node count
+        # past 2^64), which would leave the search with no limit at all.
+        self.go = f"go movetime {max(1, round(move_s * 1000))} nodes {nodes}"
 
 
 @dataclass(frozen=True)
@@ -69,14 +95,16 @@ class ChessGame:
 
     `reset(fen)` starts from `fen` (the start position by default) with the user playing `colour` ("w" or "b"; the
     side to move by default): when that is not the side to move, Stockfish moves first. `step(action)` plays the
-    user's move and Stockfish's answer. `analysis` is the Stockfish pool that grades moves; one of one engine is
-    started when none is given (sessions of a server share theirs). Close the game to end its engines."""
+    user's move and Stockfish's answer, which takes at most `opponent_move_s` seconds of search (`TimedOpponent`);
+    an opponent that gives none stops the game with `OpponentError`. `analysis` is the Stockfish pool that grades
+    moves; one of one engine is started when none is given (sessions of a server share theirs). Close the game to
+    end its engines."""
 
     def __init__(self, *, opponent_skill: int | None = 0, opponent_elo: int | None = None, opponent_nodes: int = 20_000,
                  analysis: StockfishPool | None = None, stockfish_path: str | None = None, stockfish_depth: int = 10,
-                 max_plies: int = MAX_PLIES):
-        self._opponent = StockfishPlayer(stockfish_path, skill=None if opponent_elo is not None else opponent_skill,
-                                         elo=opponent_elo, nodes=opponent_nodes)
+                 max_plies: int = MAX_PLIES, opponent_move_s: float = OPPONENT_MOVE_S):
+        self._opponent = TimedOpponent(stockfish_path, skill=None if opponent_elo is not None else opponent_skill,
+                                       elo=opponent_elo, nodes=opponent_nodes, move_s=opponent_move_s)
         self._own_pool = analysis is None
         self._pool = analysis or StockfishPool(stockfish_path, workers=1, depth=stockfish_depth)
         self._scorer = RewardScorer(self._pool)
@@ -119,10 +147,20 @@ class ChessGame:
         self._stop_at_limit()
         if game.ended:
             return None
-        (choice,) = self._opponent.choose([game])
+        try:
+            (choice,) = self._opponent.choose([game])
+        except StockfishError as e:
+            raise self._opponent_failed(e) from None
         game.play(choice)
         self._stop_at_limit()
         return choice.move
+
+    def _opponent_failed(self, error: StockfishError) -> OpponentError:
+        """Stops the game that its opponent could not go on with; the error says why in one line."""
+        self.game.stop("the opponent gave no move")
+        why = str(error).rpartition("; last: ")[2]  # the engine's own failure, without the game's whole move list
+        return OpponentError(f"{self._opponent.name} gave no move within {self._opponent.timeout_s:g} s "
+                             f"({shortened(why, 200)}): the game is stopped; reset to play another")
 
     def _stop_at_limit(self) -> None:
         if not self.game.ended and len(self.game.moves) >= self.max_plies:
