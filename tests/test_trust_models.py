@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from rookworld.net.model import GPT, GPTConfig, NotEnoughMemory, available_memory, check_memory
 from rookworld.net.pretrained import config_to_hf
 from rookworld.net.tokenizer import ENV_VAR, SHIPPED_VOCABULARY
 
-from conftest import REPO
+from conftest import REPO, rookworld_process
 from test_trainer import run_cli, train_args
 
 FEN = "4k3/8/8/8/8/8/8/4K3 w - - 0 1"
@@ -305,3 +306,93 @@ def test_the_environment_variable_never_replaces_a_model_s_own_vocabulary(tmp_pa
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"warning: {ENV_VAR}={SHIPPED_VOCABULARY} ignored: {chess} has its own vocabulary" in proc.stderr
     assert json.loads(proc.stdout)["policy"]["completion"].split()[0] == "M:"  # read with its own chess vocabulary
+
+
+# -- issue 58, item 8: weights and config values a model cannot run with ---------------------------------------------
+
+def with_weights(directory: Path, change) -> Path:
+    """`directory`'s model.safetensors with each tensor replaced by `change(name, tensor)`."""
+    weights = directory / "model.safetensors"
+    state = {name: change(name, tensor) for name, tensor in load_file(str(weights)).items()}
+    save_file(state, str(weights), metadata={"format": "pt"})
+    return directory
+
+
+def one_infinity(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    if name.endswith("h.1.mlp.c_fc.weight"):
+        tensor = tensor.clone()
+        tensor[3, 5] = math.inf
+    return tensor
+
+
+def test_weights_that_are_not_finite_or_not_floats_are_one_line_naming_the_tensor(tiny_dir, tmp_path):
+    """All-NaN weights loaded and answered `+++...` without a word; int8 weights of the right shapes were a
+    RuntimeError traceback from load_state_dict in `ask`."""
+    nan = with_weights(model_dir(tmp_path, "nan", tiny_dir), lambda name, t: torch.full_like(t, math.nan))
+    inf = with_weights(model_dir(tmp_path, "inf", tiny_dir), one_infinity)
+    int8 = with_weights(model_dir(tmp_path, "int8", tiny_dir), lambda name, t: t.to(torch.int8))
+    half = with_weights(model_dir(tmp_path, "half", tiny_dir), lambda name, t: t.to(torch.float16))
+    asks = capped(*(["ask", "--model", d, FEN] for d in (nan, inf, int8, half)), cwd=tmp_path, timeout=120)
+    assert_refused(asks[0], f"{nan / 'model.safetensors'}: transformer.", "NaN or infinite values",
+                   "every logit NaN")
+    assert_refused(asks[1], f"{inf / 'model.safetensors'}: transformer.h.1.mlp.c_fc.weight holds 1 NaN or infinite "
+                            f"value")
+    assert_refused(asks[2], f"{int8 / 'model.safetensors'}: transformer.", "holds int8 weights",
+                   "float32, bfloat16, float16, float64")
+    assert asks[3].returncode == 0 and "Traceback" not in asks[3].stderr, asks[3].stderr  # float16 is a model's
+
+
+def test_a_pickle_of_integer_weights_is_refused_as_the_safetensors_file_is(tiny_dir, tmp_path):
+    pickled = model_dir(tmp_path, "pickled", tiny_dir)
+    state = load_file(str(pickled / "model.safetensors"))
+    (pickled / "model.safetensors").unlink()
+    torch.save({k: v.to(torch.uint8) if k.endswith("ln_f.bias") else v for k, v in state.items()},
+               pickled / "pytorch_model.bin")
+    assert_refused(run_cli(["ask", "--model", pickled, FEN], cwd=tmp_path),
+                   f"{pickled / 'pytorch_model.bin'}: transformer.ln_f.bias holds uint8 weights")
+
+
+def test_a_byte_order_mark_before_config_json_is_read_past(tiny_dir, tmp_path):
+    """config.json written by a Windows editor was refused ("Unexpected UTF-8 BOM"), though data and TOML files
+    with one are read."""
+    marked = model_dir(tmp_path, "marked", tiny_dir)
+    (marked / "config.json").write_bytes(b"\xef\xbb\xbf" + (marked / "config.json").read_bytes())
+    proc = rookworld_process("ask", "--model", marked, FEN, "--json", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "policy" in json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("key, value, said", [
+    ("layer_norm_epsilon", -1, "layer_norm_epsilon must be a number above 0 and below 1 (GPT-2's is 1e-05), got -1"),
+    ("layer_norm_epsilon", 0, "got 0"),
+    ("layer_norm_epsilon", math.nan, "got NaN"),
+    ("layer_norm_epsilon", math.inf, "got Infinity"),
+    ("layer_norm_epsilon", "1e-5", 'got "1e-5"'),
+    ("layer_norm_epsilon", True, "got true"),
+    ("n_layer", 0, "n_layer must be a whole number from 1 to 2,147,483,647, got 0"),
+    ("n_head", 0, "n_head must be a whole number"),
+    ("n_embd", 32.0, "n_embd must be a whole number from 1 to 2,147,483,647, got 32.0"),
+    ("n_positions", 2**40, "got 1099511627776"),
+    ("vocab_size", "x" * 1000, 'got "xxxxxxxxx'),
+    ("n_head", 3, "n_embd (32) must be a multiple of n_head (3)"),
+])
+def test_config_values_no_model_can_have_are_one_line_naming_the_key(tiny_dir, tmp_path, key, value, said):
+    bad = with_config(model_dir(tmp_path, "bad", tiny_dir), **{key: value})
+    proc = run_cli(["ask", "--model", bad, FEN], cwd=tmp_path)
+    assert_refused(proc, f"{bad / 'config.json'}: ", said)
+    assert len(proc.stderr) < 400, proc.stderr  # a value is quoted short, whatever its length
+
+
+def test_a_negative_layer_norm_epsilon_is_refused_at_once_not_answered_forever(tmp_path):
+    """layer_norm_epsilon -1 in the chess model's config.json: `ask` gave no answer in 205 s."""
+    negative = with_config(model_dir(tmp_path, "negative", CHESS_MODEL), layer_norm_epsilon=-1)
+    proc = rookworld_process("ask", "--model", negative, FEN, cwd=tmp_path, timeout=60)
+    assert_refused(proc, f"{negative / 'config.json'}: layer_norm_epsilon must be a number above 0")
+
+
+def test_a_config_json_far_larger_than_a_config_is_refused_unread(tiny_dir, tmp_path):
+    padded = model_dir(tmp_path, "padded", tiny_dir)
+    text = (padded / "config.json").read_text()
+    (padded / "config.json").write_text(text[:-1] + ', "notes": "' + "x" * (2 << 20) + '"}')
+    assert_refused(run_cli(["ask", "--model", padded, FEN], cwd=tmp_path), f"{padded / 'config.json'} cannot be read",
+                   "bytes, where a GPT-2 config takes about 1,000")

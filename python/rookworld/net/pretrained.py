@@ -37,28 +37,57 @@ class ModelNotAvailableError(OSError):
     """The checkpoint could not be found locally and could not be fetched from the hub."""
 
 
+#: The sizes of a config.json: (its key, GPT-2 small's value). Each is a whole number from 1 to `_MAX_SIZE`; the
+#: memory check (`check_memory`) bounds what they make together.
+_SIZES = (("n_positions", 1024), ("vocab_size", 50257), ("n_layer", 12), ("n_head", 12), ("n_embd", 768))
+#: The largest size: a tensor's dimension and a token id (the tokenizer's are 32-bit) carry it.
+_MAX_SIZE = 2**31 - 1
+
+
+def _shown(value: Any) -> str:
+    """A config value as JSON, cut short: a message quotes one line of it, whatever the file holds."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _size(hf: dict[str, Any], key: str, default: int) -> int:
+    value = hf.get(key, hf.get("n_ctx", default) if key == "n_positions" else default)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MAX_SIZE:
+        raise ValueError(f"{key} must be a whole number from 1 to {_MAX_SIZE:,}, got {_shown(value)}")
+    return value
+
+
+def _epsilon(hf: dict[str, Any]) -> float:
+    """LayerNorm's epsilon: at 0 or below, rows of small variance divide by zero or take the square root of a
+    negative number, and NaN flows through the model (`ask` gave no answer in 205 s); at 1 or above it drowns the
+    activations."""
+    value = hf.get("layer_norm_epsilon", 1e-5)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1:  # NaN fails too
+        raise ValueError(f"layer_norm_epsilon must be a number above 0 and below 1 (GPT-2's is 1e-05), got "
+                         f"{_shown(value)}")
+    return float(value)
+
+
 def config_from_hf(hf: dict[str, Any]) -> GPTConfig:
-    """Read a Hugging Face GPT-2 `config.json` dict, refusing variants this module does not implement."""
+    """Read a Hugging Face GPT-2 `config.json` dict, refusing variants this module does not implement and values
+    no model can have (a ValueError saying which)."""
+    sizes = {key: _size(hf, key, default) for key, default in _SIZES}
+    n_embd, n_head = sizes["n_embd"], sizes["n_head"]
+    if n_embd % n_head:
+        raise ValueError(f"n_embd ({n_embd}) must be a multiple of n_head ({n_head})")
     act = hf.get("activation_function", "gelu_new")
     if act not in _TANH_GELU_NAMES:
-        raise ValueError(f"unsupported activation_function {act!r}: this GPT-2 uses the tanh GELU (gelu_new)")
-    n_embd = hf.get("n_embd", 768)
+        raise ValueError(f"unsupported activation_function {_shown(act)}: this GPT-2 uses the tanh GELU (gelu_new)")
     if hf.get("n_inner") not in (None, 4 * n_embd):
-        raise ValueError(f"unsupported n_inner {hf['n_inner']}: only 4 * n_embd is implemented")
+        raise ValueError(f"unsupported n_inner {_shown(hf['n_inner'])}: only 4 * n_embd is implemented")
     if not hf.get("tie_word_embeddings", True):
         raise ValueError("unsupported tie_word_embeddings=false: GPT-2 ties lm_head to wte")
     if hf.get("scale_attn_by_inverse_layer_idx", False) or not hf.get("scale_attn_weights", True):
         raise ValueError("unsupported attention scaling: only 1/sqrt(head_dim) is implemented")
     if hf.get("add_cross_attention", False):
         raise ValueError("unsupported add_cross_attention=true")
-    return GPTConfig(
-        block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
-        vocab_size=hf.get("vocab_size", 50257),
-        n_layer=hf.get("n_layer", 12),
-        n_head=hf.get("n_head", 12),
-        n_embd=n_embd,
-        layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-    )
+    return GPTConfig(block_size=sizes["n_positions"], vocab_size=sizes["vocab_size"], n_layer=sizes["n_layer"],
+                     n_head=n_head, n_embd=n_embd, layer_norm_eps=_epsilon(hf))
 
 
 def config_to_hf(config: GPTConfig) -> dict[str, Any]:
@@ -141,6 +170,10 @@ def _regular(file: Path) -> None:
         raise ModelFileError(f"{file} is not a regular file: copy the {file.name} saved with this model in its place")
 
 
+#: The largest config.json read: transformers' GPT-2 configs take about 1 KB.
+_MAX_CONFIG = 1 << 20
+
+
 def _read_config(directory: Path) -> GPTConfig:
     config_file = directory / "config.json"
     _regular(config_file)
@@ -150,21 +183,18 @@ def _read_config(directory: Path) -> GPTConfig:
             f"; the models in it: {', '.join(inside[:8])}{' ...' if len(inside) > 8 else ''} (pass one, such as "
             f"--model {directory / inside[0]})" if inside else ""))
     try:
-        hf = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        if config_file.stat().st_size > _MAX_CONFIG:
+            raise ValueError(f"{config_file.stat().st_size:,} bytes, where a GPT-2 config takes about 1,000")
+        # utf-8-sig: a byte-order mark (Windows editors write one) is read past, as before data and TOML files.
+        hf = json.loads(config_file.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ModelFileError(f"{config_file} cannot be read as JSON: {e}") from None
     if not isinstance(hf, dict):
         raise ModelFileError(f"{config_file} holds a JSON {type(hf).__name__}, not the object of a GPT-2 config")
     try:
-        config = config_from_hf(hf)
-        sizes = (config.block_size, config.vocab_size, config.n_layer, config.n_head, config.n_embd)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes) \
-                or config.n_embd % config.n_head:
-            raise ValueError("n_positions, vocab_size, n_layer, n_head and n_embd must be positive integers, "
-                             "n_embd a multiple of n_head")
-    except (ValueError, TypeError) as e:
+        return config_from_hf(hf)
+    except ValueError as e:
         raise ModelFileError(f"{config_file}: {e}") from None
-    return config
 
 
 def _weights_file(directory: Path) -> Path:
@@ -182,6 +212,14 @@ _MAX_HEADER = 100_000_000
 #: Bytes an element of each safetensors dtype takes.
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
                 "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+#: torch's names of safetensors' dtypes, as messages give them.
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
+                       "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8",
+                       "BOOL": "bool"}
+#: The dtypes of weights rookworld loads (and converts to the dtype asked for): a model's weights are floats, and
+#: integer or 8-bit float ones are quantized models, whose scales this GPT-2 does not read.
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def _unreadable(file: Path, why: object) -> ModelFileError:
@@ -189,9 +227,10 @@ def _unreadable(file: Path, why: object) -> ModelFileError:
                           f"download it again")
 
 
-def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
-    """Each tensor's shape from a safetensors file's header, no tensor read: the file starts with the length of a
-    JSON header (8 bytes, little-endian) naming each tensor's dtype, shape and byte range after it."""
+def _safetensors_header(file: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """Each tensor's shape and dtype (torch's name) from a safetensors file's header, no tensor read: the file starts
+    with the length of a JSON header (8 bytes, little-endian) naming each tensor's dtype, shape and byte range after
+    it."""
     try:
         size = file.stat().st_size
         with open(file, "rb") as f:
@@ -199,7 +238,7 @@ def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
             if size < 8 or length > min(size - 8, _MAX_HEADER):
                 raise ValueError(f"a header of {length:,} bytes in a file of {size:,}")
             header = json.loads(f.read(length))
-        shapes, end = {}, 0
+        shapes, dtypes, end = {}, {}, 0
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
@@ -209,11 +248,12 @@ def _safetensors_shapes(file: Path) -> dict[str, tuple[int, ...]]:
                     or size_of is not None and stop - start != math.prod(shape) * size_of):
                 raise ValueError(f"tensor {name}: {entry['dtype']} {shape} in bytes {start} to {stop}")
             shapes[name], end = tuple(shape), max(end, stop)
+            dtypes[name] = _SAFETENSORS_DTYPES.get(entry["dtype"], str(entry["dtype"])[:20])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # JSON errors too
         raise _unreadable(file, e) from None
     if 8 + length + end > size:
         raise _unreadable(file, f"its tensors end at byte {8 + length + end:,} of a file of {size:,}")
-    return shapes
+    return shapes, dtypes
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -305,6 +345,33 @@ def _held_sizes(found: dict[str, tuple[str, tuple[int, ...]]], layers: int) -> s
             + (f", {wpe[0]} positions" if len(wpe) == 2 else ""))
 
 
+def _check_dtypes(dtypes: dict[str, str], weights: Path) -> None:
+    """Refuses, naming the first tensor, weights of a dtype this GPT-2 does not load (`SUPPORTED_DTYPES`): read from
+    a safetensors header, before any tensor is."""
+    for key, dtype in dtypes.items():
+        if _our_name(key) is not None and dtype not in SUPPORTED_DTYPES:
+            raise ModelFileError(f"{weights}: {key} holds {dtype} weights, and rookworld loads "
+                                 f"{', '.join(SUPPORTED_DTYPES)} ones: use the model's unquantized weights, or save "
+                                 f"them in one of those dtypes")
+
+
+def _check_finite(hf_state: dict[str, torch.Tensor], weights: Path) -> None:
+    """Refuses weights holding NaN or infinity, naming the first tensor. Refused, not warned about: one such value
+    makes every logit NaN, so the model answers garbage (`+++...`) and a run trained from it learns nothing, for
+    as long as it runs."""
+    for key, tensor in hf_state.items():
+        # A sum is NaN or infinite wherever a value is, and some 30 times quicker to take than isfinite (a 124M model
+        # in 0.1 s); only a sum past the dtype's range (a float16 one past 65,504) needs each value looked at.
+        if _our_name(key) is None or torch.isfinite(tensor.sum()):
+            continue
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            bad = tensor.numel() - int(finite.sum())
+            raise ModelFileError(f"{weights}: {key} holds {bad:,} NaN or infinite values of {tensor.numel():,}, "
+                                 f"and such a model answers nothing (every logit NaN): use a checkpoint saved before "
+                                 f"they appeared, or copy or download the model again")
+
+
 def _from_hf_state_dict(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for key, tensor in hf_state.items():
@@ -326,8 +393,13 @@ def _checked(directory: Path, device: torch.device | str | None, dtype: torch.dt
     config = _read_config(directory)
     weights = _weights_file(directory)
     hf_state = _read_bin(weights) if weights.suffix == ".bin" else None
-    shapes = _safetensors_shapes(weights) if hf_state is None else {k: tuple(v.shape) for k, v in hf_state.items()}
+    if hf_state is None:
+        shapes, dtypes = _safetensors_header(weights)
+    else:
+        shapes = {k: tuple(v.shape) for k, v in hf_state.items()}
+        dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in hf_state.items()}
     _check_shapes(config, shapes, weights, directory / "config.json")
+    _check_dtypes(dtypes, weights)
     model_tokenizer(directory, config.vocab_size)
     check_memory(config, device or "cpu", training=training, dtype=dtype or torch.float32, what=str(directory),
                  instead="run it where more memory is free (another --device, or another machine)")
@@ -365,7 +437,9 @@ def from_pretrained(
     """
     directory = model_directory(name_or_path, revision, cache_dir)
     config, weights, hf_state = _checked(directory, device, dtype, training)
-    state = _from_hf_state_dict(hf_state if hf_state is not None else _read_safetensors(weights))
+    hf_state = hf_state if hf_state is not None else _read_safetensors(weights)
+    _check_finite(hf_state, weights)
+    state = _from_hf_state_dict(hf_state)
 
     with torch.device("meta"):  # no point in random-initialising 124M parameters that are overwritten next
         model = GPT(config)
