@@ -2,7 +2,10 @@
 its users meet it: a real server on localhost, OpenEnv's own client, real Stockfish. Whole games, several sessions
 at once; single-turn P: and A: tasks scored as rookworld's scorer scores them; bad actions and bad requests
 answered as penalties or errors while the server goes on serving; engines ended with their sessions and at
-shutdown; `rookworld serve` itself started, used and stopped with SIGTERM."""
+shutdown; `rookworld serve` itself started, used and stopped with SIGTERM. And what the server promises whoever
+reaches its port (issue 58, docs/reliability.md): no HTTP request makes or reaches a session, an idle WebSocket
+loses its place, input is quoted back cut, requests have a size limit, the opponent's move a time limit, and clients
+that vanish mid-step or a step stuck at shutdown are one line each in the log."""
 
 from __future__ import annotations
 
@@ -32,11 +35,12 @@ from websockets.sync.client import connect as ws_connect  # noqa: E402
 
 from rookworld.ground import chess  # noqa: E402
 from rookworld.ground.rewards import RewardScorer, policy_targets  # noqa: E402
-from rookworld.integrations.openenv import (ChessAction, ChessEngines, ChessEnvClient,  # noqa: E402
-                                            create_chess_app)
+from rookworld.integrations.openenv import (MAX_REQUEST_BYTES, ChessAction, ChessEngines,  # noqa: E402
+                                            ChessEnvClient, create_chess_app)
 
 from conftest import REPO  # noqa: E402
 from test_layers import graph  # noqa: E402
+from test_trust_engine import GOOD, fake_engine  # noqa: E402
 
 MATE_IN_ONE = "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"  # Ra8# (a1a8)
 KQK = "8/8/4k3/8/8/3QK3/8/8 w - - 0 1"
@@ -75,13 +79,15 @@ def wait_until(condition, what: str, timeout: float = WAIT_S):
 class Server:
     """A server in this process on a free port: its URL, its engines, and the Stockfish processes it runs."""
 
-    def __init__(self, max_sessions: int):
+    def __init__(self, max_sessions: int, idle_s: float = 300, **engine_options):
         self.before = stockfish_children(os.getpid())  # other tests' engines, if any are left
-        self.engines = ChessEngines(stockfish_depth=4, stockfish_workers=1, opponent_skill=0, opponent_nodes=200)
+        self.engines = ChessEngines(**dict(stockfish_depth=4, stockfish_workers=1, opponent_skill=0,
+                                           opponent_nodes=200) | engine_options)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        app = create_chess_app(self.engines, max_sessions=max_sessions)
+        self.ws = self.url.replace("http", "ws") + "/ws"
+        app = create_chess_app(self.engines, max_sessions=max_sessions, idle_s=idle_s)
         self.runner = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
         self.thread = threading.Thread(target=self.runner.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
@@ -273,9 +279,9 @@ def protocol_abuse(url: str) -> None:
     finally:
         for env in envs:
             env.close()
-    # What no EnvClient sends: an unknown session, a frame that is no JSON, an unknown message, a bad action.
+    # What no EnvClient sends: another's session, a frame that is no JSON, an unknown message, a bad action.
     with ws_connect(ws + "?session_id=no-such-session", open_timeout=10) as conn:
-        assert "Unknown session_id" in json.loads(conn.recv(timeout=10))["data"]["message"]
+        assert "belongs to the connection that made it" in json.loads(conn.recv(timeout=10))["data"]["message"]
     with wait_until(lambda: _connect(ws), "a free session") as conn:
         for frame in ["{not json", json.dumps({"type": "dance"}), json.dumps({"type": "step", "data": {"move": 1}})]:
             conn.send(frame)
@@ -311,6 +317,100 @@ def _post(url: str, body: dict) -> dict:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
+
+
+def _refused(url: str, body: dict | bytes) -> tuple[int, bytes]:
+    """The status and body of a request the server refuses (4xx)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(url, data, {"Content-Type": "application/json"}), timeout=30)
+    return refused.value.code, refused.value.read()
+
+
+def _frame(conn, message: dict) -> dict:
+    conn.send(json.dumps(message))
+    return json.loads(conn.recv(timeout=30))
+
+
+def test_no_http_request_makes_or_reaches_a_session_so_websocket_clients_always_get_theirs():
+    server = Server(max_sessions=SESSIONS)
+    envs = []
+    try:
+        url = server.url
+        create = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
+        for _ in range(SESSIONS + 2):  # the attack: each would have been a session no connection owns, never ended
+            assert "not served over plain HTTP" in _post(url + "/mcp", create)["error"]["message"]
+        for request in ({"method": "openenv/session/close", "params": {"session_id": "x"}},
+                        {"method": "tools/call", "params": {"session_id": "x", "name": "t", "arguments": {}}}):
+            answer = _post(url + "/mcp", {"jsonrpc": "2.0", "id": 2} | request)
+            assert answer["id"] == 2 and "not served over plain HTTP" in answer["error"]["message"]
+        # What holds no session is OpenEnv's to answer, as before.
+        assert "does not support MCP" in _post(url + "/mcp", {"jsonrpc": "2.0", "id": 3, "method": "tools/list",
+                                                               "params": {}})["error"]["message"]
+        envs = [client(url) for _ in range(SESSIONS)]
+        for env in envs:  # every place is there for a WebSocket client
+            env.reset(fen=MATE_IN_ONE)
+            assert env.step(ChessAction(text="Ra8#")).reward == 2.0
+    finally:
+        for env in envs:
+            env.close()
+        server.stop()
+
+
+def test_an_idle_websocket_is_closed_and_its_place_given_to_the_next():
+    server = Server(max_sessions=1, idle_s=1.5)
+    try:
+        idle = ws_connect(server.ws, open_timeout=10)
+        started = time.monotonic()
+        assert _frame(idle, {"type": "reset", "data": {"fen": MATE_IN_ONE}})["type"] == "observation"
+        with ws_connect(server.ws, open_timeout=10) as late:  # the one place is taken
+            assert json.loads(late.recv(timeout=10))["data"]["code"] == "CAPACITY_REACHED"
+        with pytest.raises(ConnectionClosed) as closed:
+            idle.recv(timeout=20)
+        assert 1.4 < time.monotonic() - started < 10
+        assert closed.value.rcvd.code == 1001 and "idle for 1.5 s" in closed.value.rcvd.reason
+        with wait_until(lambda: _connect(server.ws), "the idle session's place") as conn:
+            # A client that keeps talking keeps its session past the idle limit: idle is waiting on the client.
+            for _ in range(5):
+                assert _frame(conn, {"type": "reset", "data": {"fen": MATE_IN_ONE}})["type"] == "observation"
+                time.sleep(0.5)
+            assert _frame(conn, {"type": "step", "data": {"text": "Ra8#"}})["data"]["reward"] == 2.0
+    finally:
+        server.stop()
+
+
+def test_input_is_quoted_back_cut_and_requests_have_a_size_limit(server):
+    url, ws = server.url, server.url.replace("http", "ws") + "/ws"
+    megabyte = "x" * 1_000_000  # under the limit with its JSON around it: it reaches the FEN reader
+    code, body = _refused(url + "/reset", {"fen": megabyte})
+    assert code == 400 and len(body) < 300 and f"'{'x' * 80}...'" in json.loads(body)["detail"], body[:300]
+    code, body = _refused(url + "/reset", {"fen": chess.START_FEN, "y" * 100_000: 1})
+    assert code == 400 and len(body) < 300, body[:300]
+    code, body = _refused(url + "/step", {"action": {"move": megabyte}})  # OpenEnv's 422 quotes pydantic's errors
+    assert code == 422 and len(body) < 1000, body[:300]
+    code, body = _refused(url + "/reset", b'{"fen": "' + b"x" * (MAX_REQUEST_BYTES + 1) + b'"}')
+    assert code == 413 and b"over 1048576 bytes" in body
+    with ws_connect(ws, open_timeout=10) as conn:
+        for message in ({"type": "reset", "data": {"fen": megabyte}}, {"type": "step", "data": {"move": megabyte}},
+                        {"type": "y" * 100_000}):
+            answer = _frame(conn, message)
+            assert answer["type"] == "error" and len(json.dumps(answer)) < 1000, str(answer)[:300]
+        assert _frame(conn, {"type": "reset", "data": {"fen": MATE_IN_ONE}})["type"] == "observation"
+        conn.send(json.dumps({"type": "reset", "data": {"fen": "x" * MAX_REQUEST_BYTES}}))
+        with pytest.raises(ConnectionClosed) as closed:
+            conn.recv(timeout=20)
+        assert closed.value.rcvd.code == 1009
+
+
+def test_an_opponent_told_to_search_for_ever_answers_a_served_game_in_its_time():
+    server = Server(max_sessions=1, opponent_nodes=10**20, opponent_move_s=1)
+    try:
+        with client(server.url) as env:
+            started = time.monotonic()
+            result = env.reset(colour="b")  # Stockfish moves first
+            assert result.observation.opponent_move is not None and time.monotonic() - started < 5
+    finally:
+        server.stop()
 
 
 def test_only_the_serve_command_imports_the_openenv_module():
@@ -366,3 +466,64 @@ def test_without_openenv_serve_says_how_to_get_it():
     assert proc.stderr.strip().splitlines() == [
         "rookworld serve: error: rookworld serve needs OpenEnv: pip install 'rookworld[openenv]' "
         "(no module 'openenv')"]
+
+
+#: A scripted engine whose every answer takes half a second (so that a step outlasts a client that leaves at once),
+#: and an hour for the position KQK (a step stuck there outlasts the shutdown's grace period).
+SLOW = f"__import__('time').sleep(3600 if fen.startswith('8/8/4k3') else 0.5) or {GOOD}"
+
+
+def start_serve(*args: str) -> tuple[subprocess.Popen, str, queue.Queue]:
+    """`rookworld serve` on a free port: the process, its URL and its log's lines as they come."""
+    proc = subprocess.Popen([sys.executable, "-m", "rookworld", "serve", "--port", "0", *args],
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    deadline, port = time.monotonic() + WAIT_S, None
+    while port is None:
+        line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        port = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)
+    return proc, f"http://127.0.0.1:{port.group(1)}", lines
+
+
+def vanish_mid_step(ws: str) -> None:
+    conn = ws_connect(ws, open_timeout=10)
+    assert _frame(conn, {"type": "reset", "data": {}})["type"] == "observation"
+    conn.send(json.dumps({"type": "step", "data": {"text": "e2e4"}}))
+    conn.socket.shutdown(socket.SHUT_RDWR)  # gone, without a closing handshake
+    conn.socket.close()
+
+
+def test_clients_that_vanish_mid_step_and_a_step_stuck_at_shutdown_are_one_line_each(tmp_path):
+    vanishing = 10
+    proc, url, lines = start_serve("--stockfish-path", fake_engine(tmp_path, SLOW), "--stockfish-workers", "2",
+                                   "--max-sessions", str(vanishing))
+    ws, log = url.replace("http", "ws") + "/ws", []
+
+    def logged(text: str) -> int:
+        while not lines.empty():
+            log.append(lines.get_nowait())
+        return sum(text in line for line in log)
+
+    try:
+        with ThreadPoolExecutor(vanishing) as clients:
+            list(clients.map(vanish_mid_step, [ws] * vanishing))
+        wait_until(lambda: logged("gone before its answer was sent") == vanishing, "a line per vanished client")
+        envs = [wait_until(lambda: _connect(ws), "a place") for _ in range(vanishing)]  # every place was freed
+        for env in envs:
+            env.close()
+        stuck = ws_connect(ws, open_timeout=10)
+        assert _frame(stuck, {"type": "reset", "data": {"task": "policy", "fen": KQK}})["type"] == "observation"
+        stuck.send(json.dumps({"type": "step", "data": {"text": "M: d3d4 E: 0 B: d3d4"}}))  # waits on KQK's analysis
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT_S)
+    wait_until(lambda: logged("Finished server process"), "the log's end")
+    said = "".join(log)
+    assert logged("gone before its answer was sent") == vanishing, said
+    assert logged("was still busy when the server's grace period ended: cancelled") == 1, said
+    assert "Traceback" not in said and "Exception in ASGI application" not in said, said

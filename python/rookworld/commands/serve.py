@@ -13,7 +13,8 @@ from rookworld.settings.commands import ServeSettings
 try:
     import uvicorn
 
-    from rookworld.integrations.openenv import ENV_NAME, ChessEngines, ChessEnvError, create_chess_app
+    from rookworld.integrations.openenv import (ENV_NAME, IDLE_S, MAX_REQUEST_BYTES, ChessEngines, ChessEnvError,
+                                                create_chess_app)
 except ModuleNotFoundError as e:  # the optional extra is not installed: said when the command runs
     missing: str | None = e.name
 else:
@@ -70,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
         host, port = sock.getsockname()[:2]
         host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
         print(f"rookworld serve: OpenEnv environment {ENV_NAME} on http://{host}:{port} (WebSocket /ws, up to "
-              f"{s.max_sessions} sessions)", file=sys.stderr, flush=True)
-        config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=GRACE_S)
+              f"{s.max_sessions} sessions, each closed after {IDLE_S:g} s idle)", file=sys.stderr, flush=True)
+        # The protocol refuses a WebSocket message over the limit before reading it whole (uvicorn's own is 16 MiB).
+        config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=GRACE_S,
+                                ws_max_size=MAX_REQUEST_BYTES)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         engines.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
+import numbers
 import os
 import random
 import re
@@ -146,6 +147,38 @@ def _pawns(value: int | float) -> float:
         return math.inf
 
 
+def analysis_problems(fens: Sequence[str], moves: Sequence, evals: Sequence) -> list[str | None]:
+    """What is wrong with each analysis from outside this run (a positions file's line, a dataset's row), or None:
+    its moves a list of UCI strings and its evals a list of numbers, then `chess.analysis_problems`: legal and
+    distinct moves, best first, one finite eval in pawns a move. `--data` and the reward functions both ask it."""
+    problems = [_analysis_shape(m, e) for m, e in zip(moves, evals)]
+    typed = [i for i, problem in enumerate(problems) if problem is None]
+    verdicts = chess.analysis_problems([fens[i] for i in typed], [list(moves[i]) for i in typed],
+                                       [[_pawns(e) for e in evals[i]] for i in typed])
+    for i, verdict in zip(typed, verdicts):
+        problems[i] = verdict
+    return problems
+
+
+def _analysis_shape(moves, evals) -> str | None:
+    for what, values in (("moves", moves), ("evals", evals)):
+        if not isinstance(values, (list, tuple)):
+            return f"{what} must be a list, got {_any_kind(values)}"
+    for k, move in enumerate(moves, 1):
+        if not isinstance(move, str):
+            return f"move {k} is {_any_kind(move)}, not a UCI string"
+    for k, e in enumerate(evals, 1):
+        if not isinstance(e, numbers.Real) or isinstance(e, bool):
+            return f"eval {k} is {_any_kind(e)}, not a number of pawns"
+    return None
+
+
+def _any_kind(value) -> str:
+    """`_kind` of a JSON value; the type of any other (a dataset's column may hold one)."""
+    json_types = (str, bool, int, float, list, dict, type(None))
+    return _kind(value) if isinstance(value, json_types) else f"a {type(value).__name__}"
+
+
 def _is_int(text: str) -> bool:
     return text.isdigit()
 
@@ -222,9 +255,9 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
     fens = [fen or d["fen"] for (_, d), fen in zip(parsed, normalized)]
     history_problems = chess.history_problems(fens, [d.get("history", ()) for _, d in parsed])
     with_analysis = [i for i, (_, d) in enumerate(parsed) if d.get("analysis") is not None]
-    analysis_problems = dict(zip(with_analysis, chess.analysis_problems(
+    bad_analyses = dict(zip(with_analysis, analysis_problems(
         [fens[i] for i in with_analysis], [parsed[i][1]["analysis"]["moves"] for i in with_analysis],
-        [[_pawns(e) for e in parsed[i][1]["analysis"]["evals"]] for i in with_analysis])))
+        [parsed[i][1]["analysis"]["evals"] for i in with_analysis])))
     records = []
     for i, ((lineno, d), fen) in enumerate(zip(parsed, normalized)):
         if fen is None:
@@ -233,8 +266,8 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
         if history_problems[i] is not None:
             bad(lineno, f"bad history: {history_problems[i]}")
             continue
-        if analysis_problems.get(i) is not None:
-            bad(lineno, f"bad analysis: {analysis_problems[i]}")
+        if bad_analyses.get(i) is not None:
+            bad(lineno, f"bad analysis: {bad_analyses[i]}")
             continue
         records.append(Record(fen=fen, history=d.get("history", ()), move=d.get("move"), phase=d.get("phase"),
                               analysis=d.get("analysis"), source=f"{path}:{lineno}"))
