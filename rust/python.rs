@@ -2,7 +2,7 @@
 
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 
 use std::io;
 use std::path::PathBuf;
@@ -24,7 +24,9 @@ type PositionTuple = (String, Vec<String>, String, &'static str);
 type MateTuple = (String, Vec<String>, Vec<String>);
 
 /// One position of a real game: `(fen, history, move or None, phase, game, ply, "file:line" of the game)`.
-type GamePositionTuple = (String, Vec<String>, Option<String>, &'static str, usize, usize, String);
+type GamePositionTuple<'py> = (String, Bound<'py, PyTuple>, Option<String>, &'static str, usize, usize, String);
+/// A game's moves, and the Python strings its positions' histories share.
+type GameStrings<'py> = (std::sync::Arc<[String]>, Vec<Bound<'py, PyString>>);
 /// `(games read, bad games skipped, their first reasons, games filtered out, duplicates, held-out games)`.
 type PgnStatsTuple = (usize, usize, Vec<String>, usize, usize, usize);
 /// One game: `(index, source, line, headers as (name, value), start FEN, mainline UCI)`.
@@ -85,6 +87,11 @@ fn saturating_all(name: &str, value: Option<Whole>) -> PyResult<Option<u64>> {
 fn saturating_usize_all(name: &str, value: Option<Whole>) -> PyResult<Option<usize>> {
     value.map(|w| w.saturating_usize(name)).transpose()
 }
+
+/// The most history moves `pgn_positions` returns beyond a prompt's window a position: whole histories grow with
+/// the square of a game's length (one 17,998-ply game's hold 162 million moves), and Python's strings, unlike its
+/// tuples, panic where memory runs out.
+const MAX_HISTORY_MOVES: usize = 20_000_000;
 
 /// The most positions one call generates: each is a few hundred bytes, and an allocation Rust cannot make aborts
 /// the process rather than raising (callers generate in chunks far smaller).
@@ -330,12 +337,36 @@ fn pgn_source(
     }
 }
 
-/// The position with the last `history_len` moves of its history (all of them when `None`).
-fn position_tuple(p: GamePosition, history_len: Option<usize>) -> GamePositionTuple {
-    let source = format!("{}:{}", p.source, p.line);
-    let history = p.history();
-    let history = history[history.len().saturating_sub(history_len.unwrap_or(usize::MAX))..].to_vec();
-    (p.fen, history, p.mv, p.phase.as_str(), p.game, p.ply, source)
+/// Positions as Python tuples, each with the last `history_len` moves of its history (all when `None`). A game's
+/// moves become Python strings once, which its positions' histories share: all of them, asked for, are a pointer
+/// a move a position, and memory Python cannot find is a MemoryError, where a Rust copy of each aborted.
+fn position_tuples<'py>(
+    py: Python<'py>,
+    positions: Vec<GamePosition>,
+    history_len: Option<usize>,
+) -> PyResult<Vec<GamePositionTuple<'py>>> {
+    let total: usize = positions.iter().map(|p| p.ply.min(history_len.unwrap_or(usize::MAX))).sum();
+    let allowed = MAX_HISTORY_MOVES.max(crate::a_text::HISTORY_LEN * positions.len());
+    if total > allowed {
+        return Err(PyValueError::new_err(format!(
+            "the histories asked for hold {total} moves in all, more than {allowed}: give a smaller history_len \
+             (the default keeps the {} an A: prompt shows)",
+            crate::a_text::HISTORY_LEN - 1
+        )));
+    }
+    let mut game: Option<GameStrings<'py>> = None;
+    let mut out = Vec::with_capacity(positions.len());
+    for p in positions {
+        let strings = match &game {
+            Some((moves, strings)) if std::sync::Arc::ptr_eq(moves, &p.moves) => strings,
+            _ => &game.insert((p.moves.clone(), p.moves.iter().map(|m| PyString::new(py, m)).collect())).1,
+        };
+        let from = p.ply.saturating_sub(history_len.unwrap_or(usize::MAX));
+        let history = PyTuple::new(py, &strings[from..p.ply])?;
+        let source = format!("{}:{}", p.source, p.line);
+        out.push((p.fen, history, p.mv, p.phase.as_str(), p.game, p.ply, source));
+    }
+    Ok(out)
 }
 
 /// `(games, bad games skipped, their first reasons)`.
@@ -369,8 +400,8 @@ fn pgn_games(
                          max_elo=None, min_base_seconds=None, dedup=True, held_out=0.0, skip_bad=False, \
                          max_games=None, max_positions=None, history_len=None)")]
 #[allow(clippy::too_many_arguments)]
-fn pgn_positions(
-    py: Python<'_>,
+fn pgn_positions<'py>(
+    py: Python<'py>,
     paths: Vec<PathBuf>,
     text: Option<String>,
     name: &str,
@@ -386,7 +417,7 @@ fn pgn_positions(
     max_games: Option<Whole>,
     max_positions: Option<Whole>,
     history_len: Option<Whole>,
-) -> PyResult<(Vec<GamePositionTuple>, Vec<GamePositionTuple>, PgnStatsTuple)> {
+) -> PyResult<(Vec<GamePositionTuple<'py>>, Vec<GamePositionTuple<'py>>, PgnStatsTuple)> {
     if !(0.0..1.0).contains(&held_out) {
         return Err(PyValueError::new_err(format!("held_out must lie in [0, 1), got {held_out}")));
     }
@@ -408,8 +439,8 @@ fn pgn_positions(
     let sample = py.detach(|| sample_positions(games, &cfg)).map_err(pgn_error)?;
     let st = sample.stats;
     Ok((
-        sample.positions.into_iter().map(|p| position_tuple(p, history_len)).collect(),
-        sample.held_out.into_iter().map(|p| position_tuple(p, history_len)).collect(),
+        position_tuples(py, sample.positions, history_len)?,
+        position_tuples(py, sample.held_out, history_len)?,
         (st.games, st.bad.count, st.bad.reasons, st.filtered, st.duplicates, st.held_out_games),
     ))
 }

@@ -28,22 +28,50 @@ class CliError(Exception):
 
 def settings(args: argparse.Namespace, cls: type[Settings], streams: dict[str, str] | None = None):
     """The command's settings from its flags, checked; a bad one is one line. `streams` ({attribute: flag}) are
-    input files that may be a pipe or a FIFO (`--from <(zcat f.gz)`): each is read once, now, into a copy that
-    `read_positions` reads, so that the checks see a file and no reader waits on a FIFO for ever."""
-    given = {name: path for name, path in ((name, getattr(args, name, None)) for name in streams or {})
-             if isinstance(path, str) and _is_stream(path)}
-    for name, path in given.items():
-        setattr(args, name, _copy_stream(path, streams[name]))
+    input files, one or a list, that may be a pipe, a FIFO or a device (`--from <(zcat f.gz)`, `--pgn /dev/stdin`):
+    each is read once, now, into a copy that `read_positions` (or `read_from`) reads, so that the checks see a file
+    and no reader waits on a FIFO for ever. A directory given as one is one line saying so."""
+    given = {}
+    for name, flag in (streams or {}).items():
+        value = getattr(args, name, None)
+        paths = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        _refuse_directories(paths, flag)
+        if any(_is_stream(p) for p in paths):
+            given[name] = value
+            copies = {p: _copy_stream(p, flag) for p in dict.fromkeys(paths) if _is_stream(p)}
+            setattr(args, name, copies[value] if isinstance(value, str) else [copies.get(p, p) for p in value])
     try:
         s = from_args(args, cls)
     except ConfigError as e:
         raise CliError(str(e)) from None
     finally:
-        for name, path in given.items():
-            setattr(args, name, path)
-    for name, path in given.items():  # the names the user gave, in every message and record
-        setattr(s, name, path)
+        for name, value in given.items():
+            setattr(args, name, value)
+    for name, value in given.items():  # the names the user gave, in every message and record
+        setattr(s, name, value)
     return s
+
+
+def _refuse_directories(paths: list[str], flag: str) -> None:
+    for path in paths:
+        if os.path.isdir(path):
+            raise CliError(f"{flag} {path} is a directory: give a file in it, such as {flag} "
+                           f"{os.path.join(path, 'FILE')}")
+
+
+def read_from(path: str) -> str:
+    """The file a reader opens for an input the user named `path`: its copy, when it was a pipe, a FIFO or a
+    device, else `path` itself."""
+    copy = _copies.get(path)
+    return _stand_in(copy) if copy else path
+
+
+def as_given(text: str, paths: list[str]) -> str:
+    """`text` (a message, a record's source) with the name of each copy `read_from` gave put back to the user's."""
+    for path in paths:
+        if path in _copies:
+            text = text.replace(_stand_in(_copies[path]), path)
+    return text
 
 
 #: What was read from each input that can be read only once (a pipe, a FIFO), by the name it was given.
@@ -68,6 +96,9 @@ def _copy_stream(path: str, flag: str) -> str:
     except OSError as e:
         copy.close()
         raise CliError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+    except files.LineTooLong as e:  # /dev/zero, or any endless source without newlines: read no further
+        copy.close()
+        raise CliError(f"{flag} {path}: {e}") from None
     except BaseException:
         copy.close()
         raise
@@ -181,7 +212,10 @@ def read_positions(path: str, skip_bad: bool) -> list[data.Record]:
     try:
         records, skipped = data.read_records(_stand_in(copy) if copy else path, skip_bad=skip_bad)
     except data.DataError as e:
-        raise CliError(str(e).replace(_stand_in(copy), path) if copy else str(e)) from None
+        message = str(e).replace(_stand_in(copy), path) if copy else str(e)
+        if isinstance(e, data.PgnGiven):
+            message += f": read its games with --pgn {path}"
+        raise CliError(message) from None
     if copy:  # the lines named by the pipe or FIFO read, not by the copy's descriptor
         records = [replace(r, source=r.source.replace(_stand_in(copy), path, 1)) if r.source else r for r in records]
     if skipped:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from concurrent.futures import as_completed
 from types import SimpleNamespace
 
-from rookworld.commands.common import (CliError, opened_output, read_positions, settings, stockfish_pool,
-                                       write_failed)
+from rookworld.commands.common import (CliError, as_given, opened_output, read_from, read_positions, settings,
+                                       stockfish_pool, write_failed)
 from rookworld.commands.model import load_lm
 from rookworld.ground import data, pgn, selfplay
 from rookworld.ground.data import position_key
@@ -27,7 +27,7 @@ POSITIONS_CHUNK = 20_000
 
 
 def run(args: argparse.Namespace) -> int:
-    s = settings(args, PositionsSettings, streams={"source": "--from", "exclude": "--exclude"})
+    s = settings(args, PositionsSettings, streams={"source": "--from", "exclude": "--exclude", "pgn": "--pgn"})
     with opened_output(s.out) as out:
         return _run(s, out)
 
@@ -99,19 +99,20 @@ def _from_pgn(s: PositionsSettings, excluded: set[str]) -> list[data.Record]:
     limit = None if s.count is None else s.count + len(excluded) + 64
     while True:
         try:
-            sample = pgn.pgn_positions(s.pgn, per_game=s.per_game, seed=s.seed, min_elo=s.min_elo,
-                                       max_elo=s.max_elo, min_base_seconds=s.min_base_time, skip_bad=s.skip_bad,
-                                       max_positions=limit)
+            sample = pgn.pgn_positions([read_from(p) for p in s.pgn], per_game=s.per_game, seed=s.seed,
+                                       min_elo=s.min_elo, max_elo=s.max_elo, min_base_seconds=s.min_base_time,
+                                       skip_bad=s.skip_bad, max_positions=limit)
         except (ValueError, OSError) as e:
-            raise CliError(str(e)) from None
-        records = [data.Record(p.fen, p.history, p.move, p.phase, source=p.source) for p in sample.positions
-                   if position_key(p.fen) not in excluded]
+            raise CliError(as_given(str(e), s.pgn)) from None
+        records = [data.Record(p.fen, p.history, p.move, p.phase, source=as_given(p.source, s.pgn))
+                   for p in sample.positions if position_key(p.fen) not in excluded]
         records, _ = data.playable(records)  # a game's last position may be mate or stalemate
         if limit is None or len(records) >= s.count or len(sample.positions) < limit:
             break
         limit *= 2
     if not s.quiet:
-        said = f"; skipped {sample.bad_games} bad games, the first: {sample.bad_reasons[0]}" if sample.bad_games else ""
+        first = as_given(sample.bad_reasons[0], s.pgn) if sample.bad_games else ""
+        said = f"; skipped {sample.bad_games} bad games, the first: {first}" if sample.bad_games else ""
         print(f"read {sample.games} games ({sample.filtered_games} left out by --min-elo, --max-elo or "
               f"--min-base-time){said}", file=sys.stderr)
     if not records:

@@ -8,7 +8,8 @@ starting with ``#`` are skipped):
 - FEN: ``rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1``
 - EPD: four FEN fields then operations, ``... w KQkq - bm e4; id "x";`` (``hmvc``/``fmvn`` are used).
 
-A bad line is a ``DataError`` naming the file and line, or, with ``skip_bad=True``, skipped and counted.
+A bad line is a ``DataError`` naming the file and line, or, with ``skip_bad=True``, skipped and counted. A line
+longer than `rookworld.ground.files.MAX_LINE` bytes, and a PGN file (`PgnGiven`), are a ``DataError`` either way.
 """
 
 from __future__ import annotations
@@ -25,19 +26,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rookworld.ground import chess
-from rookworld.ground.files import atomic_write
+from rookworld.ground.files import MAX_LINE, LineTooLong, atomic_write, read_bounded
 from rookworld.ground.rewards import GroundTruth, policy_prompt, policy_targets
 
-__all__ = ["DataError", "Record", "assign_moves", "playable", "read_records", "write_records"]
+__all__ = ["DataError", "PgnGiven", "Record", "assign_moves", "playable", "read_records", "write_records"]
 
 
 #: The byte-order mark, as a decoded character.
 BOM = "\ufeff"
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+#: A PGN tag pair, `[Event "Paris"]`: what a file of games starts with.
+_PGN_TAG = re.compile(r'^\[[A-Za-z0-9_]+\s+".*"\]$')
 
 
 class DataError(ValueError):
     """A position file that cannot be read, with the file and line."""
+
+
+class PgnGiven(DataError):
+    """A file of games (PGN) given where positions are read: no line of it is a position."""
 
 
 @dataclass(frozen=True)
@@ -208,9 +215,11 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     A file that cannot be read is a DataError naming it."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path, MAX_LINE)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
+    except LineTooLong as e:
+        raise DataError(f"{path}: {e}") from None
     except OSError as e:
         raise DataError(f"{path}: {e.strerror or e}") from None
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
@@ -245,6 +254,9 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
         text = line.strip()
         if not text or text.startswith("#"):
             continue
+        if _PGN_TAG.match(text):  # every line of a file of games would be bad, skipped or not: said at once
+            raise PgnGiven(f"{path}:{lineno}: {shortened(text, 80)} is a PGN tag: this file holds games, not "
+                           "positions")
         try:
             parsed.append((lineno, _from_json(text) if text.startswith("{") else _from_fen_or_epd(text)))
         except ValueError as e:

@@ -1,5 +1,6 @@
 """Files written whole or not at all: a temporary file or directory beside the target, renamed into place; the
-outputs a user names, written as their kind allows (`Output`); pipes and FIFOs read once (`copy_stream`).
+outputs a user names, written as their kind allows (`Output`); pipes and FIFOs read once (`copy_stream`); text read
+a bounded line at a time (`read_bounded`, `LineBound`).
 
 tempfile makes them private (-rw------- and drwx------) for safety while they are being written; once in place
 they get the permissions any other file of the user gets (0666 or 0777 less the umask), so a run directory can
@@ -19,6 +20,66 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+
+#: The longest line of a text file read (positions, samples, and PGN, whose Rust reader has the same
+#: `pgn::MAX_LINE`), in bytes: the movetext of the longest game, with Lichess's clock and evaluation comments, takes
+#: under 1 MB, a position with its analysis, prompts and even that game's history under 200 KB. Past it a reader
+#: stops with a `LineTooLong`, where it read on for ever (/dev/zero) or held gigabytes without a newline.
+MAX_LINE = 4 << 20
+
+
+class LineTooLong(ValueError):
+    """A line longer than the reader's limit; `line` is its number, 1-based."""
+
+    def __init__(self, line: int, limit: int):
+        super().__init__(f"line {line} goes on past {limit:,} bytes without an end: no file of lines (a binary "
+                         "file, or /dev/zero?)")
+        self.line = line
+
+
+class LineBound:
+    """Counts the lines of text read in chunks, and raises `LineTooLong` as soon as one passes `limit` bytes. Lines
+    end as an editor ends them: at \\n, \\r\\n or a lone \\r."""
+
+    def __init__(self, limit: int = MAX_LINE):
+        self.limit = limit
+        self.line = 1
+        self._open = 0  # bytes of the line not yet ended
+        self._after_cr = False  # the last chunk ended with \r: a \n that starts the next one ends no new line
+
+    def feed(self, chunk: bytes) -> None:
+        breaks = chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+        if self._after_cr and chunk.startswith(b"\n"):
+            breaks -= 1
+        first = min((i for i in (chunk.find(b"\n"), chunk.find(b"\r")) if i >= 0), default=-1)
+        if first < 0:
+            self._open += len(chunk)
+        else:
+            # A line between two breaks of one chunk is shorter than the chunk, which readers keep under the limit.
+            if self._open + first > self.limit:
+                raise LineTooLong(self.line, self.limit)
+            self._open = len(chunk) - 1 - max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+            self.line += breaks
+        if chunk:
+            self._after_cr = chunk.endswith(b"\r")
+        if self._open > self.limit:
+            raise LineTooLong(self.line, self.limit)
+
+    @property
+    def chunk_size(self) -> int:
+        return min(1 << 16, self.limit)
+
+
+def read_bounded(path: str | os.PathLike, limit: int = MAX_LINE) -> bytes:
+    """A text file's bytes, read a chunk at a time with no line longer than `limit` (`LineTooLong` as soon as one
+    is), so that a file without newlines is refused at its first megabyte, not held whole."""
+    bound, parts = LineBound(limit), []
+    with open(path, "rb") as f:
+        while chunk := f.read(bound.chunk_size):
+            bound.feed(chunk)
+            parts.append(chunk)
+    return b"".join(parts)
 
 
 def _umask() -> int:
@@ -179,10 +240,12 @@ def open_fifo(path: str, wait_s: float) -> int | None:
             return fd
 
 
-def copy_stream(path: str, into: BinaryIO, wait_s: float) -> bool:
+def copy_stream(path: str, into: BinaryIO, wait_s: float, line_limit: int = MAX_LINE) -> bool:
     """Copies all that a pipe, a FIFO or a device gives into `into`, reading it once; False when `path` is a FIFO
-    that no writer opened within `wait_s` seconds (opening it the usual way would have waited for ever)."""
+    that no writer opened within `wait_s` seconds (opening it the usual way would have waited for ever). A line
+    longer than `line_limit` is a `LineTooLong` at once: an endless source without newlines (/dev/zero) ends there."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never blocks, writer or not
+    bound = LineBound(line_limit)
     try:
         deadline = time.monotonic() + wait_s
         while True:
@@ -200,8 +263,9 @@ def copy_stream(path: str, into: BinaryIO, wait_s: float) -> bool:
         if chunk is None:
             chunk = os.read(fd, 1 << 16)
         while chunk:  # to the end: every writer has closed it
+            bound.feed(chunk)
             into.write(chunk)
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, bound.chunk_size)
         return True
     finally:
         os.close(fd)
