@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import re
 
 import pytest
 
-from rookworld.ground.data import read_records
+from rookworld.ground.data import DataError, read_records
 from rookworld.ground.rewards import RewardScorer, policy_targets
 from rookworld.ground.stockfish import StockfishPool
 from rookworld.ground import chess
@@ -117,3 +119,107 @@ def test_the_coroutine_reward_scores_as_the_plain_one():
 def test_a_generated_dataset_is_a_pure_function_of_its_seed():
     assert chess_rows(count=50, seed=9) == chess_rows(count=50, seed=9) != chess_rows(count=50, seed=10)
     json.dumps(chess_rows(count=5, seed=9))  # rows are plain data: a datasets.Dataset or a JSONL file takes them
+
+
+# ---- issue 58, item 6: the batch is checked as `rookworld train --data` checks a file -----------------------------
+
+
+def policy_rows(n: int) -> list[dict]:
+    return [r for r in annotated_rows(3 * n, task_mix=1.0) if r["task"] == "P"][:n]
+
+
+def test_a_batch_whose_columns_are_not_one_value_a_row_is_one_line_not_an_index_error():
+    rows = policy_rows(2)
+    prompts, completions = [r["prompt"] for r in rows], [right_answer(r) for r in rows]
+    reward = ChessReward("mixed")
+    with pytest.raises(ValueError, match=r"^completions holds 1 values and prompts 2: a batch has one of each a row$"):
+        reward(prompts, completions[:1], **columns(rows))
+    short = columns(rows) | {"truth_evals": columns(rows)["truth_evals"][:1]}
+    with pytest.raises(ValueError, match=r"^truth_evals holds 1 values and prompts 2"):
+        reward(prompts, completions, **short)
+    with pytest.raises(TypeError, match=r"^truth_moves must be a list with one value a row of the batch, got int$"):
+        reward(prompts, completions, **columns(rows) | {"truth_moves": 7})
+    with pytest.raises(TypeError, match=r"^prompts must be a list with one value a row of the batch, got str$"):
+        reward(prompts[0], completions[0])
+    assert reward(prompts, completions, **columns(rows)) == [pytest.approx(1.0)] * 2
+
+
+def _spoiled(row: dict, moves=None, evals=None) -> dict:
+    return row | {"truth_moves": row["truth_moves"] if moves is None else moves,
+                  "truth_evals": row["truth_evals"] if evals is None else evals}
+
+
+#: Analyses `--data` refuses: (what a row's truth becomes, the problem said). A file's JSON line says a list of the
+#: wrong type in its own words.
+FILE_SAYS = '"analysis" must hold a "moves" list of UCI strings and an "evals" list of numbers'
+SPOILED = [
+    (lambda r: _spoiled(r, evals=[math.nan] + r["truth_evals"][1:]), "eval 1 (NaN) is not a finite number"),
+    (lambda r: _spoiled(r, evals=r["truth_evals"][:-1] + [-math.inf]), "is not a finite number"),
+    (lambda r: _spoiled(r, moves=[r["truth_moves"][0]] * len(r["truth_moves"])), "is listed twice"),
+    (lambda r: _spoiled(r, moves=["a1a1"] + r["truth_moves"][1:]), 'move 1 "a1a1" is not a legal move (UCI) here'),
+    (lambda r: _spoiled(r, evals=r["truth_evals"][:-1]), "moves but"),
+    (lambda r: _spoiled(r, evals=["0.3"] + r["truth_evals"][1:]), "eval 1 is '0.3', not a number of pawns"),
+    (lambda r: _spoiled(r, moves=" ".join(r["truth_moves"])), "moves must be a list, got '"),
+    (lambda r: _spoiled(r, moves=[]), "0 moves but"),
+]
+
+
+@pytest.mark.parametrize("spoil, problem", SPOILED)
+def test_an_analysis_that_data_refuses_is_refused_naming_its_row_not_scored(spoil, problem, tmp_path):
+    """NaN or inf in truth_evals gave a NaN reward; illegal or repeated truth_moves were scored as Stockfish's."""
+    rows = policy_rows(4)
+    rows[2] = spoil(rows[2])
+    prompts, completions = [r["prompt"] for r in rows], [right_answer(r) if r is not rows[2] else "M: e2e4"
+                                                          for r in rows]
+    with pytest.raises(ValueError, match=r"^row 2: bad truth_moves / truth_evals: .*" + re.escape(problem)) as e:
+        ChessReward("policy")(prompts, completions, **columns(rows))
+    assert "\n" not in str(e.value) and "empty lists to have Stockfish analyse it" in str(e.value)
+    # `rookworld train --data` refuses the same analysis in a positions file, saying the same.
+    bad = rows[2]
+    data = tmp_path / "positions.jsonl"
+    data.write_text(json.dumps({"fen": bad["fen"], "analysis": {"moves": bad["truth_moves"],
+                                                                "evals": bad["truth_evals"]}}) + "\n")
+    typed = "not a number of pawns" in problem or "must be a list" in problem
+    with pytest.raises(DataError, match=re.escape(FILE_SAYS if typed else problem)):
+        read_records(data)
+
+
+def test_the_rows_of_another_task_are_not_asked_for_an_analysis():
+    rows = annotated_rows(20)
+    rows = [_spoiled(r, moves=["a1a1"], evals=[math.nan]) if r["task"] == "A" else r for r in rows]
+    got = ChessReward("mixed")([r["prompt"] for r in rows], [right_answer(r) if r["task"] == "P" else
+                                                            chess.env_targets([r["prompt"]])[0] for r in rows],
+                               **columns(rows))
+    assert got == [pytest.approx(1.0)] * len(rows)
+
+
+def test_a_policy_prompt_stockfish_cannot_analyse_is_refused_naming_its_row_before_an_engine_starts():
+    prompts = ["P: " + chess.START_FEN, "P: 8/8/8/8/8/8/8/8 w - - 0 1"]  # no kings
+    with ChessReward("policy") as reward:
+        with pytest.raises(ValueError, match=r"^row 1: the P: prompt's position is not legal \(.+\): '8/8/8/8"):
+            reward(prompts, ["", ""])
+        assert reward._pool is None
+
+
+def test_content_given_as_parts_is_read_as_its_text_and_anything_else_said_naming_the_row():
+    """A conversational prompt whose content was a list of parts (OpenAI's) got None, silently; a list of plain
+    strings was an AttributeError."""
+    rows = annotated_rows(10)
+    plain = ChessReward("mixed")([r["prompt"] for r in rows], [right_answer(r) for r in rows], **columns(rows))
+    parts = ChessReward("mixed")(
+        [[{"role": "system", "content": "You play chess."},
+          {"role": "user", "content": [{"type": "text", "text": r["prompt"][:9]}, {"type": "text", "text":
+                                                                                   r["prompt"][9:]}]}] for r in rows],
+        [[{"role": "assistant", "content": [{"type": "text", "text": right_answer(r)},
+                                            {"type": "image_url", "image_url": {"url": "data:,"}}]}] for r in rows],
+        **columns(rows))
+    assert parts == plain == [pytest.approx(1.0)] * len(rows)
+    reward = ChessReward("mixed")
+    prompts = [r["prompt"] for r in rows[:3]]
+    for bad, said in ([prompts[0], [prompts[1]], prompts[2]], "row 1: prompt: expected a string or a list of messages "
+                      "(each with a role and a content), got a list holding str"), \
+                     ([prompts[0], prompts[1], 3], "row 2: prompt: expected a string or a list of messages, got int"), \
+                     ([prompts[0], [{"role": "user", "content": 3}], prompts[2]],
+                      "row 1: prompt: a message's content must be a string or a list of parts, got int"):
+        with pytest.raises(TypeError, match="^" + re.escape(said) + "$"):
+            reward(bad, ["", "", ""], **columns(rows[:3]))

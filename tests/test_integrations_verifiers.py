@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import sys
@@ -350,3 +351,46 @@ def test_a_game_cut_by_verifiers_timeout_is_scored_and_ends_its_engines(server):
     assert record["outcome"] == "unfinished" and record["reason"] == "timeout_reached"
     assert out["reward"] == pytest.approx(sum(record["move_rewards"]), abs=1e-12)
     _replay(record, len(record["move_rewards"]))
+
+
+# ---- issue 58, item 6: what the rubric is given is checked ---------------------------------------------------------
+
+
+def test_the_rubric_reads_content_parts_and_says_in_one_line_what_it_cannot_score(caplog):
+    """Content given as parts (OpenAI's) was read; a completion of plain strings was an AttributeError; NaN in an
+    info's truth_evals was a NaN reward."""
+    env = load_environment("policy", source=HELD_OUT, num_examples=2, seed=3, stockfish_depth=DEPTH)
+    row = env.get_dataset().to_list()[0]
+    answer = row["answer"]
+    parts = [{"type": "text", "text": answer[:10]}, {"type": "text", "text": answer[10:]}]
+    nan = dict(row["info"], truth_evals=[math.nan] + row["info"]["truth_evals"][1:])
+    illegal = dict(row["info"], truth_moves=[row["info"]["truth_moves"][0]] * len(row["info"]["truth_moves"]))
+    cases = [  # (prompt, completion, info)
+        (row["prompt"], [{"role": "assistant", "content": parts}], row["info"]),
+        ([{"role": "user", "content": [{"type": "text", "text": row["question"]}]}],
+         [vf.AssistantMessage(content=answer)], row["info"]),
+        (row["prompt"], [answer], row["info"]),
+        (row["prompt"], [{"role": "assistant", "content": answer}], nan),
+        (row["prompt"], [{"role": "assistant", "content": answer}], illegal),
+    ]
+
+    async def run():
+        states = [vf.State(input=dict(row, prompt=prompt, info=info), prompt=prompt, completion=completion,
+                           trajectory=[]) for prompt, completion, info in cases]
+        await env.rubric.score_group(states)
+        await env.close_engines()
+        return [s["reward"] for s in states]
+
+    with caplog.at_level("ERROR"):
+        rewards = asyncio.run(run())
+    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0]  # verifiers scores a reward function's error 0, never NaN
+    errors = sorted(r.getMessage() for r in caplog.records if "rookworld" in r.getMessage())  # scored at once
+    assert errors == sorted([
+        "Error calling reward function rookworld: completion: expected a string or a list of messages (each with a "
+        "role and a content), got a list holding str",
+        "Error calling reward function rookworld: the row's info: bad truth_moves / truth_evals: eval 1 (NaN) is not "
+        "a finite number: give Stockfish's analysis of the prompt's position, or empty lists to have Stockfish "
+        "analyse it",
+        "Error calling reward function rookworld: the row's info: bad truth_moves / truth_evals: move "
+        f"\"{row['info']['truth_moves'][0]}\" is listed twice: give Stockfish's analysis of the prompt's position, "
+        "or empty lists to have Stockfish analyse it"]), errors

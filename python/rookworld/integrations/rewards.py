@@ -3,7 +3,9 @@ signature TRL's GRPOTrainer calls (`reward_funcs=[...]`) and most trainers accep
 
 A batch is scored at once by the Rust core, as in `rookworld train`: the rules of chess for A:, Stockfish's
 analysis for P: (from the row's `truth_moves` / `truth_evals` when the data carries it, else from a Stockfish pool
-started at the first P: prompt that needs one, with its cache). Any completion gets a score, never an exception.
+started at the first P: prompt that needs one, with its cache). Any completion's text gets a score, never an
+exception; a batch that is not one (columns of other lengths, a prompt that is no text or messages, an analysis
+`rookworld train --data` would refuse) is a one-line ValueError or TypeError naming its row.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rookworld.ground import chess
-from rookworld.ground.data import Record, assign_moves
-from rookworld.ground.rewards import RewardScorer, task_of
+from rookworld.ground.data import Record, analysis_problems, assign_moves, shortened
+from rookworld.ground.rewards import GroundTruth, RewardScorer, prompt_fen, task_of
 from rookworld.ground.stockfish import StockfishPool
 
 #: Which prompts a reward function scores; the others get None, TRL's word for "this reward does not apply".
@@ -26,17 +28,57 @@ TASKS = {"policy": ("P",), "env": ("A",), "mixed": ("P", "A")}
 DOCUMENT_START = "<|endoftext|>"
 
 
-def _text(message: Any) -> str:
-    """A plain-text prompt or completion as it is; a conversational one (a list of messages) as its last content."""
-    if isinstance(message, str):
-        return message
-    if isinstance(message, Sequence) and message and isinstance(message[-1], dict):
-        return str(message[-1].get("content", ""))
-    return "" if message is None else str(message)
+def message_text(messages: Any, role: str | None = None) -> str:
+    """A plain-text prompt or completion as it is; a conversational one (a list of messages: dicts, or verifiers'
+    message objects) as the content of its last message, or of its last `role` message ("" without one). Anything
+    else is a TypeError saying what it is."""
+    if messages is None:
+        return ""
+    if isinstance(messages, str):
+        return messages
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(f"expected a string or a list of messages, got {type(messages).__name__}")
+    for message in reversed(messages):
+        if not hasattr(message, "get"):  # verifiers' message objects answer .get as dicts do
+            raise TypeError(f"expected a string or a list of messages (each with a role and a content), got a list "
+                            f"holding {type(message).__name__}")
+        if role is None or message.get("role") == role:
+            return content_text(message.get("content"))
+    return ""
 
 
-def _prompt(message: Any) -> str:
-    return _text(message).removeprefix(DOCUMENT_START)
+def content_text(content: Any) -> str:
+    """A message's content as text: a string as it is; a list of parts (OpenAI's `[{"type": "text", "text": ...},
+    {"type": "image_url", ...}]`) as its text parts joined, the others left out."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, (list, tuple)):
+        raise TypeError(f"a message's content must be a string or a list of parts, got {type(content).__name__}")
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif not hasattr(part, "get"):
+            raise TypeError(f"a message's content parts must be dicts with a type, got {type(part).__name__}")
+        elif part.get("type", "text") == "text":
+            texts.append(str(part.get("text") or ""))
+    return "".join(texts)
+
+
+def _row_text(what: str, row: int, message: Any) -> str:
+    try:
+        return message_text(message)
+    except TypeError as e:
+        raise TypeError(f"row {row}: {what}: {e}") from None
+
+
+def _column(name: str, values: Any, rows: int | None = None) -> list:
+    """A column of the batch: a list, of `rows` values when given (as many as the prompts)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a list with one value a row of the batch, got {type(values).__name__}")
+    if rows is not None and len(values) != rows:
+        raise ValueError(f"{name} holds {len(values)} values and prompts {rows}: a batch has one of each a row")
+    return list(values)
 
 
 class ChessReward:
@@ -66,16 +108,24 @@ class ChessReward:
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], truth_moves: Sequence | None = None,
                  truth_evals: Sequence | None = None, **columns) -> list[float | None]:
-        prompts, completions = [_prompt(p) for p in prompts], [_text(c) for c in completions]
+        prompts = _column("prompts", prompts)
+        completions = _column("completions", completions, len(prompts))
+        moves = [None] * len(prompts) if truth_moves is None else _column("truth_moves", truth_moves, len(prompts))
+        evals = [None] * len(prompts) if truth_evals is None else _column("truth_evals", truth_evals, len(prompts))
+        prompts = [_row_text("prompt", i, p).removeprefix(DOCUMENT_START) for i, p in enumerate(prompts)]
+        completions = [_row_text("completion", i, c) for i, c in enumerate(completions)]
         tasks = [task_of(p) for p in prompts]
         mine = [i for i, t in enumerate(tasks) if t in TASKS[self.task]]
         rewards: list[float | None] = [None] * len(prompts)
         if not mine:
             return rewards
-        truth = [_truth(tasks[i], truth_moves[i] if truth_moves is not None else None,
-                        truth_evals[i] if truth_evals is not None else None) for i in mine]
+        policy = [i for i in mine if tasks[i] == "P"]
+        given = dict(zip(policy, given_truths([prompts[i] for i in policy], [moves[i] for i in policy],
+                                              [evals[i] for i in policy], [f"row {i}" for i in policy])))
+        truth = [given.get(i) for i in mine]
         needed = [k for k, i in enumerate(mine) if tasks[i] == "P" and truth[k] is None]
         if needed:
+            _check_positions([prompts[mine[k]] for k in needed], [mine[k] for k in needed])
             found = self._stockfish().ground_truth([prompts[mine[k]] for k in needed])
             for k, t in zip(needed, found):
                 truth[k] = t
@@ -104,11 +154,41 @@ class AsyncChessReward(ChessReward):
         return await asyncio.to_thread(ChessReward.__call__, self, prompts, completions, **columns)
 
 
-def _truth(task: str | None, moves, evals):
-    """A row's analysis as the scorer takes it; None for an A: row or a P: row that carries none."""
-    if task != "P" or not moves:
-        return None
-    return [str(m) for m in moves], [float(e) for e in evals]
+def given_truths(prompts: Sequence[str], moves: Sequence, evals: Sequence,
+                 rows: Sequence[str]) -> list[GroundTruth | None]:
+    """The analyses P: prompts' rows carry (`truth_moves`, `truth_evals`), as the scorer takes them; None for a row
+    that carries none (empty lists or None: Stockfish is asked). Each is checked as `rookworld train --data` checks
+    a file's, against its prompt's position: a bad one is a ValueError naming its row (`rows` names them), never a
+    score, since an illegal or repeated move scored as Stockfish's would be rewarded."""
+    carried = [i for i, (m, e) in enumerate(zip(moves, evals)) if not (_empty(m) and _empty(e))]
+    problems = analysis_problems([prompt_fen(prompts[i]) for i in carried], [_listed(moves[i]) for i in carried],
+                                 [_listed(evals[i]) for i in carried])
+    for i, problem in zip(carried, problems):
+        if problem is not None:
+            raise ValueError(f"{rows[i]}: bad truth_moves / truth_evals: {shortened(problem, 200)}: give Stockfish's "
+                             f"analysis of the prompt's position, or empty lists to have Stockfish analyse it")
+    truths: list[GroundTruth | None] = [None] * len(prompts)
+    for i in carried:
+        truths[i] = list(_listed(moves[i])), [float(e) for e in _listed(evals[i])]
+    return truths
+
+
+def _check_positions(prompts: Sequence[str], rows: Sequence[int]) -> None:
+    """P: prompts for Stockfish to analyse hold legal positions: said naming the row, before an engine is asked."""
+    fens = [prompt_fen(p) for p in prompts]
+    for row, fen, legal in zip(rows, fens, chess.normalize_fens(fens)):
+        if legal is None:
+            raise ValueError(f"row {row}: the P: prompt's position is not legal ({chess.fen_problem(fen)}): "
+                             f"{shortened(fen, 80)!r}")
+
+
+def _empty(value: Any) -> bool:
+    return value is None or isinstance(value, (list, tuple)) and not value
+
+
+def _listed(value: Any) -> Any:
+    """A row's list as it is, None as an empty one (the other column carries the analysis)."""
+    return [] if value is None else value
 
 
 def chess_rows(records: Sequence[Record] | None = None, *, count: int | None = None, seed: int = 0,

@@ -41,7 +41,7 @@ from rookworld.ground.data import Record, read_records
 from rookworld.ground.rewards import GroundTruth, RewardScorer, policy_prompt, policy_targets, task_of
 from rookworld.ground.stockfish import StockfishError, StockfishPool, find_stockfish
 from rookworld.integrations.game import MAX_PLIES, RESULT, ChessGame, GameStep
-from rookworld.integrations.rewards import DOCUMENT_START, ChessReward, chess_rows
+from rookworld.integrations.rewards import DOCUMENT_START, ChessReward, chess_rows, given_truths, message_text
 from rookworld.lm.answers import MAX_NEW_TOKENS
 
 TASKS = ("policy", "env", "mixed", "game")
@@ -153,18 +153,13 @@ def _game_rows(source: str | None, num_examples: int | None, seed: int,
 # ---- scoring --------------------------------------------------------------------------------------------------
 
 
-def _text(messages: Any, role: str) -> str:
-    """The text of the last `role` message: verifiers' messages or dicts; a plain string is its own text."""
-    if isinstance(messages, str):
-        return messages
-    for message in reversed(list(messages or [])):
-        if message.get("role") != role:  # verifiers' message objects answer .get as dicts do
-            continue
-        content = message.get("content")
-        if isinstance(content, list):  # content parts: their text
-            return "".join(str(part.get("text") or "") for part in content if hasattr(part, "get"))
-        return "" if content is None else str(content)
-    return ""
+def _text(what: str, messages: Any, role: str) -> str:
+    """The text of the last `role` message: verifiers' messages or dicts; a plain string is its own text. Anything
+    else is a TypeError naming `what` it is (verifiers logs a reward function's error in one line)."""
+    try:
+        return message_text(messages, role)
+    except TypeError as e:
+        raise TypeError(f"{what}: {e}") from None
 
 
 class _Grading:
@@ -190,8 +185,8 @@ class _Grading:
         apply). Stockfish analyses a P: position once, for both: the reward is given the analysis."""
         truth: GroundTruth | None = None
         if task_of(prompt) == "P":
-            truth = (list(info.get("truth_moves") or []), [float(e) for e in info.get("truth_evals") or []])
-            if not truth[0]:
+            (truth,) = given_truths([prompt], [info.get("truth_moves")], [info.get("truth_evals")], ["the row's info"])
+            if truth is None:
                 truth = RewardScorer(self.pool()).ground_truth([prompt])[0]
         moves, evals = truth or ([], [])
         reward = self.reward([prompt], [completion], truth_moves=[moves], truth_evals=[evals])[0]
@@ -203,8 +198,9 @@ class _Grading:
         grading = self
 
         async def rookworld(prompt, completion, info, state) -> float:
-            prompt_text = _text(prompt, "user").removeprefix(DOCUMENT_START)
-            scored = await asyncio.to_thread(grading.score, prompt_text, _text(completion, "assistant"), info or {})
+            prompt_text = _text("prompt", prompt, "user").removeprefix(DOCUMENT_START)
+            completion_text = _text("completion", completion, "assistant")
+            scored = await asyncio.to_thread(grading.score, prompt_text, completion_text, info or {})
             state["rookworld"] = scored  # the parts' metrics read it, after this function (verifiers' order)
             return scored["reward"]
 
@@ -349,7 +345,7 @@ class ChessGameEnv(_Engines, vf.MultiTurnEnv):
         record = state["chess"]
         if record["outcome"] is not None:
             return
-        step = await state["chess_game"].call("step", _text(trajectory_step["completion"], "assistant"))
+        step = await state["chess_game"].call("step", _text("completion", trajectory_step["completion"], "assistant"))
         record["moves"] = list(step.moves)
         record["move_rewards"].append(step.move_reward)
         record["legal_moves"] += step.legal
