@@ -8,8 +8,8 @@
 
 use std::fmt;
 
-use shakmaty::fen::{Fen, ParseFenError};
-use shakmaty::{CastlingMode, Chess, EnPassantMode, PositionError, PositionErrorKinds};
+use shakmaty::fen::{Epd, Fen, ParseFenError};
+use shakmaty::{CastlingMode, Chess, EnPassantMode, Position, PositionError, PositionErrorKinds};
 
 /// Why a FEN was rejected.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,8 +172,16 @@ pub fn to_fen(pos: &Chess) -> String {
 }
 
 /// Appends the FEN to `out` (no intermediate String).
+///
+/// Past `MAX_COUNTER` the counters stay at it, so that every FEN written here is one `parse_fen` reads: a game set
+/// up at the limit is played on (with counters that counted on, its next position was refused, and the game could
+/// neither go on nor end). python-chess counts on instead; no real game comes within a hundred times of the limit.
 pub fn write_fen(pos: &Chess, out: &mut String) {
-    Fen::from_position(pos, EnPassantMode::Legal).append_to_string(out);
+    use fmt::Write;
+    Epd::from_position(pos, EnPassantMode::Legal).append_to_string(out);
+    let halfmoves = u64::from(pos.halfmoves()).min(MAX_COUNTER);
+    let fullmoves = u64::from(pos.fullmoves().get()).min(MAX_COUNTER);
+    let _ = write!(out, " {halfmoves} {fullmoves}"); // writing to a String cannot fail
 }
 
 #[cfg(test)]
@@ -231,7 +239,10 @@ mod tests {
             let mv = ["a1a2", "h8h7", "a2a1", "h7h8"][i % 4];
             pos.play_unchecked(crate::moves::legal_move(&pos, mv).unwrap());
         }
-        assert_eq!(to_fen(&pos), "7k/8/8/8/8/8/8/K7 w - - 1019999 1010000");
+        // The position counts on; what is written stays at the limit, and reads back.
+        assert_eq!((pos.halfmoves(), pos.fullmoves().get()), (1_019_999, 1_010_000));
+        assert_eq!(to_fen(&pos), "7k/8/8/8/8/8/8/K7 w - - 1000000 1000000");
+        assert_eq!(to_fen(&parse_fen(&to_fen(&pos)).unwrap()), to_fen(&pos));
     }
 
     #[test]

@@ -389,3 +389,23 @@ def test_polyglot_gets_a_move_over_the_xboard_protocol(tiny_dir, tmp_path):
         assert adapter.proc.wait(timeout=60) == 0
     finally:
         adapter.close()
+
+
+def test_a_line_without_end_and_counters_at_their_limit_are_answered_and_the_game_goes_on(tiny_dir):
+    """Three megabytes without a newline are read past, not held, and said in one short info string; a game set up
+    at the largest fullmove number a FEN may give is played on (one near 2^32 was taken, and its position a few moves
+    later refused with a ValueError traceback)."""
+    near_end = "position fen 7k/8/8/8/8/8/8/K7 w - - 0 1000000 moves a1a2 h8h7 a2a1 h7h8 a1a2"
+    proc = subprocess.Popen(uci_argv(tiny_dir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    feed = "uci\n" + "x" * 3_000_000 + "\nisready\n" + near_end + "\ngo\nisready\nquit\n"
+    out, err = proc.communicate(feed, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    said = [line for line in out.splitlines() if line.startswith("info string")]
+    assert said[0] == f"info string a line over 1,048,576 characters, ignored: '{'x' * 80}...'", said
+    assert not [s for s in said[1:] if "FEN" in s or "line" in s], said  # the rest: the random model's fall-back
+    best = [line.split()[1] for line in out.splitlines() if line.startswith("bestmove")]
+    board = pychess.Board("7k/8/8/8/8/8/8/K7 w - - 0 1000000")
+    for move in near_end.split()[9:]:
+        board.push_uci(move)
+    assert len(best) == 1 and pychess.Move.from_uci(best[0]) in board.legal_moves

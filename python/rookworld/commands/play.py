@@ -11,6 +11,7 @@ from rookworld.ground import chess
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.games import BLACK, WHITE, ModelPlayer
 from rookworld.lm.play import play_game
+from rookworld.lm.uci import read_command
 from rookworld.settings.commands import PlaySettings
 
 
@@ -33,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
 def _read_piped(prompt: str) -> str:
     """A move from a pipe: the prompt and the line echoed, so that a transcript reads like a session."""
     sys.stdout.write(prompt)
-    line = sys.stdin.readline()
-    if not line:
+    line = read_command(sys.stdin)
+    if line is None:
         raise EOFError
     sys.stdout.write(line if line.endswith("\n") else line + "\n")
     return line

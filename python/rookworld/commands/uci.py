@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rookworld.commands.common import settings
 from rookworld.commands.model import load_lm
-from rookworld.lm.uci import UciEngine
+from rookworld.lm.uci import UciEngine, commands
 from rookworld.net.sources import model_source, model_step
 from rookworld.settings.commands import UciSettings
 
@@ -32,4 +32,4 @@ def run(args: argparse.Namespace) -> int:
                        out=sys.stdout)
     if hasattr(sys.stdin, "reconfigure"):
         sys.stdin.reconfigure(errors="replace")  # a stray byte from a GUI is a bad command, not the engine's end
-    return engine.run(sys.stdin)
+    return engine.run(commands(sys.stdin))

@@ -19,7 +19,7 @@ import contextlib
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -43,8 +43,35 @@ INFO_LIMIT = 400
 #: How long `quit`, or the end of the input, lets a search that is still thinking run on: a session piped in whole
 #: ("go" then "quit") gets its bestmove from a fast model, and a long generation ends within about this long.
 QUIT_WAIT_S = 0.5
+#: The longest command read, in characters: `position startpos moves ...` through the longest legal game (17,697
+#: plies) takes about 90,000. A longer line is read past to its end, never held: a GUI (or /dev/zero) that sends
+#: gigabytes without a newline costs no memory.
+MAX_COMMAND = 1 << 20
 _COMMANDS = ("uci", "debug", "isready", "setoption", "register", "ucinewgame", "position", "go", "stop", "ponderhit",
              "quit")
+
+
+class Overlong(str):
+    """What `read_command` gives for a line past MAX_COMMAND characters: a command to refuse, not to read."""
+
+
+def read_command(stream: TextIO) -> str | None:
+    """The next line of `stream` (None at its end), at most MAX_COMMAND characters: a longer one is an `Overlong`
+    holding its first ECHO_LIMIT characters, the rest read past and dropped."""
+    line = stream.readline(MAX_COMMAND)
+    if not line:
+        return None
+    if len(line) < MAX_COMMAND or line.endswith("\n"):
+        return line
+    while (rest := stream.readline(MAX_COMMAND)) and not rest.endswith("\n"):
+        pass
+    return Overlong(line[:ECHO_LIMIT + 1])  # one past the limit: `echoed` marks it cut
+
+
+def commands(stream: TextIO) -> Iterator[str]:
+    """The lines of `stream` as `read_command` reads them, to its end."""
+    while (line := read_command(stream)) is not None:
+        yield line
 
 
 # -- scores and info lines ------------------------------------------------------------------------------------------
@@ -297,6 +324,9 @@ class UciEngine:
 
     def handle(self, line: str) -> bool:
         """One command; False for `quit`. Words before the first command are skipped, as the protocol asks."""
+        if isinstance(line, Overlong):
+            self.say(f"info string a line over {MAX_COMMAND:,} characters, ignored: {echoed(line)}")
+            return True
         words = line.split()
         while words and words[0] not in _COMMANDS:
             words = words[1:]
