@@ -168,6 +168,7 @@ def test_every_integer_setting_of_every_command_has_a_largest_value():
      "--opponent-nodes must be at most 100,000,000, got 99999999999999999999"),
     (["positions", "--count", "4", "--stockfish-depth", "99", "--out", "OUT"], "--stockfish-depth must be at most 30, got 99"),
     (["eval", "--max-plies", "4294967296"], "--max-plies must be at most 20,000, got 4294967296"),
+    (["eval", "--eval-size", "2147483647"], "--eval-size must be at most 1,000,000, got 2147483647"),
 ])
 def test_a_number_past_its_range_is_one_line_from_the_command(capsys, tmp_path, argv, message):
     games = tmp_path / "games.pgn"

@@ -141,11 +141,16 @@ class IllegalShareSettings:
                                    check=share)
 
 
+#: Positions an evaluation takes at most: a million answers are hours of a GPU, and the generator makes at most a
+#: hundred million in one call (2^31 - 1 was a ValueError traceback from it).
+MAX_EVAL_SIZE = 1_000_000
+
+
 @group
 class EvalSizeSettings:
     eval_size: int | None = setting(128, "positions of --eval-every's best-move and mate-in-one suites: the first "
                                          "N of --eval-data, or N generated", LOGGING, check=positive,
-                                    was=("limit",))
+                                    was=("limit",), most=MAX_EVAL_SIZE)
 
 
 @group
