@@ -47,6 +47,8 @@ KQK = "8/8/4k3/8/8/3QK3/8/8 w - - 0 1"
 SESSIONS = 3
 #: Bound on every wait for a server: to come up, to end a session's engines, to stop.
 WAIT_S = 60
+#: Bound on `rookworld serve`'s start: importing OpenEnv (gradio) and torch takes 30 s on a loaded 2-core machine.
+START_S = 180
 
 
 def stockfish_children(pid: int) -> set[int]:
@@ -347,10 +349,18 @@ def test_no_http_request_makes_or_reaches_a_session_so_websocket_clients_always_
         # What holds no session is OpenEnv's to answer, as before.
         assert "does not support MCP" in _post(url + "/mcp", {"jsonrpc": "2.0", "id": 3, "method": "tools/list",
                                                                "params": {}})["error"]["message"]
-        envs = [client(url) for _ in range(SESSIONS)]
+        envs = [client(url) for _ in range(SESSIONS - 2)]
         for env in envs:  # every place is there for a WebSocket client
             env.reset(fen=MATE_IN_ONE)
             assert env.step(ChessAction(text="Ra8#")).reward == 2.0
+        # Nor does one WebSocket end another's session, though it knows its id.
+        with ws_connect(server.ws, open_timeout=10) as mine, ws_connect(server.ws, open_timeout=10) as theirs:
+            own = {"jsonrpc": "2.0", "id": 4, "method": "openenv/session/create", "params": {}}
+            their_id = _frame(theirs, {"type": "mcp", "data": own})["data"]["result"]["session_id"]
+            close = {"jsonrpc": "2.0", "id": 5, "method": "openenv/session/close", "params": {"session_id": their_id}}
+            assert "ends when its connection closes" in _frame(mine, {"type": "mcp", "data": close})["data"]["message"]
+            assert _frame(theirs, {"type": "reset", "data": {"fen": MATE_IN_ONE}})["type"] == "observation"
+            assert _frame(theirs, {"type": "step", "data": {"text": "Ra8#"}})["data"]["reward"] == 2.0
     finally:
         for env in envs:
             env.close()
@@ -419,18 +429,9 @@ def test_only_the_serve_command_imports_the_openenv_module():
 
 
 def test_rookworld_serve_starts_answers_and_stops_on_sigterm_with_its_engines():
-    proc = subprocess.Popen([sys.executable, "-m", "rookworld", "serve", "--port", "0", "--stockfish-depth", "4",
-                             "--stockfish-workers", "1", "--opponent-skill", "0", "--opponent-nodes", "200",
-                             "--max-sessions", "2"], stderr=subprocess.PIPE, text=True, cwd=REPO)
-    lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
-    reader.start()
+    proc, url, lines = start_serve("--stockfish-depth", "4", "--stockfish-workers", "1", "--opponent-skill", "0",
+                                   "--opponent-nodes", "200", "--max-sessions", "2")
     try:
-        deadline, port = time.monotonic() + WAIT_S, None
-        while port is None:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            port = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)
-        url = f"http://127.0.0.1:{port.group(1)}"
         with client(url) as env:
             env.reset(fen=MATE_IN_ONE)
             engines = stockfish_children(proc.pid)
@@ -444,10 +445,7 @@ def test_rookworld_serve_starts_answers_and_stops_on_sigterm_with_its_engines():
         if proc.poll() is None:
             proc.kill()
             proc.wait(WAIT_S)
-    reader.join(WAIT_S)
-    said = ""
-    while not lines.empty():
-        said += lines.get_nowait()
+    said = whole_log(lines)
     assert all(not os.path.exists(f"/proc/{pid}") for pid in engines), said
     assert "Traceback" not in said
 
@@ -478,12 +476,25 @@ def start_serve(*args: str) -> tuple[subprocess.Popen, str, queue.Queue]:
     proc = subprocess.Popen([sys.executable, "-m", "rookworld", "serve", "--port", "0", *args],
                             stderr=subprocess.PIPE, text=True, cwd=REPO)
     lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
-    deadline, port = time.monotonic() + WAIT_S, None
-    while port is None:
-        line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        port = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)], daemon=True).start()
+    deadline, port, said = time.monotonic() + START_S, None, ""
+    try:
+        while port is None:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if line is None:
+                raise queue.Empty
+            said += line
+            port = re.search(r"on http://127\.0\.0\.1:(\d+) ", line)
+    except queue.Empty:
+        proc.kill()
+        raise AssertionError(f"rookworld serve did not start within {START_S} s: {said}") from None
     return proc, f"http://127.0.0.1:{port.group(1)}", lines
+
+
+def whole_log(lines: queue.Queue) -> str:
+    """What the server's log holds once it has ended."""
+    wait_until(lambda: None in lines.queue, "the end of the server's log")
+    return "".join(line for line in lines.queue if line is not None)
 
 
 def vanish_mid_step(ws: str) -> None:
@@ -498,12 +509,10 @@ def test_clients_that_vanish_mid_step_and_a_step_stuck_at_shutdown_are_one_line_
     vanishing = 10
     proc, url, lines = start_serve("--stockfish-path", fake_engine(tmp_path, SLOW), "--stockfish-workers", "2",
                                    "--max-sessions", str(vanishing))
-    ws, log = url.replace("http", "ws") + "/ws", []
+    ws = url.replace("http", "ws") + "/ws"
 
     def logged(text: str) -> int:
-        while not lines.empty():
-            log.append(lines.get_nowait())
-        return sum(text in line for line in log)
+        return sum(text in line for line in list(lines.queue) if line is not None)
 
     try:
         with ThreadPoolExecutor(vanishing) as clients:
@@ -522,8 +531,7 @@ def test_clients_that_vanish_mid_step_and_a_step_stuck_at_shutdown_are_one_line_
         if proc.poll() is None:
             proc.kill()
             proc.wait(WAIT_S)
-    wait_until(lambda: logged("Finished server process"), "the log's end")
-    said = "".join(log)
+    said = whole_log(lines)
     assert logged("gone before its answer was sent") == vanishing, said
     assert logged("was still busy when the server's grace period ended: cancelled") == 1, said
     assert "Traceback" not in said and "Exception in ASGI application" not in said, said

@@ -428,6 +428,17 @@ def _error_frame(text: str) -> str:
         return text
 
 
+def _closes_a_session(text: str | None) -> bool:
+    """Whether a WebSocket message is an MCP `openenv/session/close`."""
+    if not text or "openenv/session/close" not in text:
+        return False
+    try:
+        message = json.loads(text)
+        return message.get("type") == "mcp" and message["data"].get("method") == "openenv/session/close"
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return False
+
+
 def _client(scope: dict) -> str:
     client = scope.get("client")
     return f"{client[0]}:{client[1]}" if client else "a client"
@@ -478,8 +489,9 @@ class ConnectionGuard:
     """ASGI middleware before OpenEnv's app, which bounds what each connection holds and how it ends.
 
     - A request over `max_request_bytes` (an HTTP body, a WebSocket message) is refused: 413, or close code 1009.
-    - `POST /mcp` cannot make, close or reach a session (`_json_rpc_refusal`), and a WebSocket cannot join another's
-      session (`/ws?session_id=`): each session is the connection's that made it, ended when that ends.
+    - `POST /mcp` cannot make, close or reach a session (`_json_rpc_refusal`), and a WebSocket can neither join
+      another's session (`/ws?session_id=`) nor close one (`openenv/session/close`): each session is the
+      connection's that made it, ended when that ends.
     - A WebSocket that leaves its session waiting `idle_s` seconds is closed (code 1001), which ends its session.
     - A client gone before its answer, and a request still running when the shutdown's grace period ends, are one
       line each in the log, where OpenEnv and uvicorn would print a traceback each."""
@@ -591,6 +603,12 @@ class _Connection:
             LOG.warning("%s: a message over %d bytes: connection closed, its session ended", self.client,
                         self.max_bytes)
             return await self._close(1009, f"a message is at most {self.max_bytes} bytes")
+        elif message["type"] == "websocket.receive" and _closes_a_session(message.get("text")):
+            # OpenEnv would end any session named, another connection's too, under its feet.
+            refusal = {"type": "error", "data": {"message": "a session ends when its connection closes: close the "
+                                                            "WebSocket", "code": "SESSION_ERROR"}}
+            await self.send({"type": "websocket.send", "text": json.dumps(refusal)})
+            return await self.receive()
         return message
 
     @staticmethod
