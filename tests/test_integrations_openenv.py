@@ -393,7 +393,8 @@ def test_input_is_quoted_back_cut_and_requests_have_a_size_limit(server):
     url, ws = server.url, server.url.replace("http", "ws") + "/ws"
     megabyte = "x" * 1_000_000  # under the limit with its JSON around it: it reaches the FEN reader
     code, body = _refused(url + "/reset", {"fen": megabyte})
-    assert code == 400 and len(body) < 300 and f"'{'x' * 80}...'" in json.loads(body)["detail"], body[:300]
+    detail = json.loads(body)["detail"]
+    assert code == 400 and len(body) < 300 and "x" * 80 in detail and "x" * 81 not in detail, body[:300]
     code, body = _refused(url + "/reset", {"fen": chess.START_FEN, "y" * 100_000: 1})
     assert code == 400 and len(body) < 300, body[:300]
     code, body = _refused(url + "/step", {"action": {"move": megabyte}})  # OpenEnv's 422 quotes pydantic's errors
