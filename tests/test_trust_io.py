@@ -280,3 +280,20 @@ def test_a_killed_rank_ends_the_other_with_one_line_and_the_resume_command(tmp_p
     assert f"continue with rookworld sft --resume {out} on each of the 2 ranks (RANK 0 to 1)" in last, last
     assert "pair.cc" not in last and "GLHF" not in last, "gloo's message, not its source location and jokes"
     assert took < 30, took
+
+
+@pytest.mark.parametrize("argv", [
+    ["ask", "--model", "TINY", "HUGE"],                                     # a FEN
+    ["ask", "--model", "TINY", "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", "HUGE"],  # a move
+    ["play", "--model", "TINY", "--fen", "HUGE"],
+    ["eval", "--model", "TINY", "--suite", "HUGE"],
+    ["eval", "--model", "TINY", "--device", "HUGE"],
+    ["HUGE"],                                                               # a command
+])
+def test_a_megabyte_typed_on_the_command_line_is_quoted_in_80_characters(tiny_dir, capsys, argv):
+    """Every message that quotes what was typed cuts it to 80 characters: a 1 MB FEN was quoted whole."""
+    huge = "rnbqkbnr/" + "x" * 1_000_000
+    proc = cli(*[str(tiny_dir) if a == "TINY" else huge if a == "HUGE" else a for a in argv])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line, = [x for x in proc.stderr.splitlines() if "error" in x]
+    assert len(line) < 400 and "xxx..." in line, line[:500]

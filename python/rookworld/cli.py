@@ -7,12 +7,14 @@ import argparse
 import errno
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
 
 import rookworld
 from rookworld.commands.common import CliError
+from rookworld.ground.quote import ECHO_LIMIT, quoted
 from rookworld.net.limits import ContextTooLong
 from rookworld.settings.base import nearest
 from rookworld.settings.commands import COMMANDS
@@ -22,6 +24,9 @@ from rookworld.settings.flags import add_arguments
 # last bits depend on where the allocator put its operands, so a resumed run drifted from an unbroken one by
 # an ulp once the vocabulary pass worked in chunks small enough to be reused memory. It cost no measurable speed.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+#: A word of argparse's message longer than this is typed input, not a path: it is cut to ECHO_LIMIT characters.
+LONGEST_WORD = 256
 
 # The module of each command, imported only once its flags are parsed: most of them load torch, which takes
 # seconds, and `--help` or a mistyped flag should answer at once. This is the one place a command is found by
@@ -34,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
     """A bad flag is one line (and where to look), not the whole usage."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {_cut_quotes(message)} (see {self.prog} --help)\n")
 
     def _check_value(self, action, value):
         """A mistyped command is answered with the command it is nearest to (argparse's own check, which this
@@ -42,8 +47,15 @@ class _Parser(argparse.ArgumentParser):
         if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
             near = nearest(value, action.choices)
             if near is not None:
-                raise argparse.ArgumentError(action, f"invalid choice: {value!r} (did you mean {near}?)")
+                raise argparse.ArgumentError(action, f"invalid choice: {quoted(value)} (did you mean {near}?)")
         super()._check_value(action, value)
+
+
+def _cut_quotes(message: str) -> str:
+    """argparse's message with what it quotes of the command line cut to ECHO_LIMIT characters: its values in
+    quotes (`invalid int value: '...'`), and words no path is as long as (`unrecognized arguments: ...`)."""
+    message = re.sub(r"'([^']{%d})[^']+'" % ECHO_LIMIT, r"'\1...'", message)
+    return re.sub(r"(\S{%d})\S{%d,}" % (ECHO_LIMIT, LONGEST_WORD - ECHO_LIMIT), r"\1...", message)
 
 
 class _Command(_Parser):

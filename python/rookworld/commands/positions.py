@@ -14,12 +14,13 @@ from rookworld.commands.common import (CliError, as_given, opened_output, read_f
                                        stockfish_pool, write_failed)
 from rookworld.commands.model import load_lm
 from rookworld.ground import data, pgn, selfplay
-from rookworld.ground.data import position_key
 from rookworld.ground.chess import generate_positions
+from rookworld.ground.data import position_key
 from rookworld.ground.files import Output
+from rookworld.ground.progress import Progress
+from rookworld.ground.quote import quoted
 from rookworld.ground.selfplay import SelfPlay
 from rookworld.ground.stockfish import StockfishError
-from rookworld.ground.progress import Progress
 from rookworld.lm.own_games import ROUND_GAMES, own_game_rounds
 from rookworld.settings.commands import PositionsSettings
 
@@ -173,7 +174,7 @@ def _annotate(s: PositionsSettings, excluded: set[str], out: Output) -> int:
                 try:
                     analyses.append(f.result())
                 except Exception as e:  # an engine that failed every retry: say which position
-                    raise CliError(f"Stockfish could not analyse {r.fen!r} ({r.source or 'generated'}): {e}") from None
+                    raise CliError(f"Stockfish could not analyse {quoted(r.fen)} ({r.source or 'generated'}): {e}") from None
         lines = data.annotated(records, analyses, seed=s.seed, layout=s.layout or "rookworld")
     _emit(lines, s, out)
     return 0

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rookworld import _core
+from rookworld.ground.quote import quoted
 
 __all__ = [
     "HISTORY_LEN",
@@ -68,7 +69,7 @@ def normalize_fen(fen: str) -> str:
     """``fen`` in ``board.fen()`` form; ``ValueError`` saying what is wrong otherwise."""
     ((ok, text),) = _core.normalize_fens([fen])
     if not ok:
-        raise ValueError(f"{text}: {fen!r}")
+        raise ValueError(f"{text}: {quoted(fen)}")
     return text
 
 
@@ -111,7 +112,7 @@ def legal_moves_batch(fens: Iterable[str]) -> list[list[str]]:
     out = []
     for fen, (ok, moves, error) in zip(fens, _core.legal_moves(fens)):
         if not ok:
-            raise ValueError(f"{error}: {fen!r}")
+            raise ValueError(f"{error}: {quoted(fen)}")
         out.append(moves)
     return out
 
@@ -127,7 +128,7 @@ def mating_moves_batch(fens: Iterable[str]) -> list[list[str]]:
     out = []
     for fen, (ok, moves, error) in zip(fens, _core.mating_moves(fens)):
         if not ok:
-            raise ValueError(f"{error}: {fen!r}")
+            raise ValueError(f"{error}: {quoted(fen)}")
         out.append(moves)
     return out
 
@@ -148,7 +149,7 @@ def parse_move(fen: str, text: str) -> str:
     ((ok, result),) = _core.parse_moves([fen], [text])
     if not ok:
         normalize_fen(fen)  # a bad FEN raises its own error, naming the FEN
-        raise ValueError(f"{result}: {text!r}")
+        raise ValueError(f"{result}: {quoted(text)}")
     return result
 
 
@@ -158,7 +159,7 @@ def san(fen: str, uci: str) -> str:
     ((ok, result),) = _core.san_moves([fen], [uci])
     if not ok:
         normalize_fen(fen)
-        raise ValueError(f"{result}: {uci!r}")
+        raise ValueError(f"{result}: {quoted(uci)}")
     return result
 
 
@@ -188,7 +189,7 @@ def env_steps(fens: Sequence[str], moves: Sequence[str]) -> list[EnvStep]:
     out = []
     for fen, (ok, text, reward, terminated, truncated) in zip(fens, _core.env_steps(fens, _list(moves))):
         if not ok:
-            raise ValueError(f"{text}: {fen!r}")
+            raise ValueError(f"{text}: {quoted(fen)}")
         out.append(EnvStep(text, reward, terminated, truncated))
     return out
 
@@ -212,7 +213,7 @@ def env_targets(prompts: Iterable[str]) -> list[str]:
     targets, errors = _core.env_targets(prompts)
     if errors:
         i, message = errors[0]
-        raise ValueError(f"{message}: {prompts[i]!r}")
+        raise ValueError(f"{message}: {quoted(prompts[i])}")
     return targets
 
 

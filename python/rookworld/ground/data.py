@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rookworld.ground import chess
 from rookworld.ground.files import MAX_LINE, LineTooLong, atomic_write, read_bounded
+from rookworld.ground.quote import quoted, shortened
 from rookworld.ground.rewards import GroundTruth, policy_prompt, policy_targets
 
 __all__ = ["DataError", "PgnGiven", "Record", "assign_moves", "playable", "read_records", "write_records"]
@@ -79,7 +80,7 @@ class Record:
     @property
     def env_prompt(self) -> str:
         if self.move is None:
-            raise ValueError(f"no A: move for {self.fen!r} ({self.source}); call assign_moves first")
+            raise ValueError(f"no A: move for {quoted(self.fen)} ({self.source}); call assign_moves first")
         return chess.env_prompt(self.fen, self.move, self.history)
 
     def to_dict(self) -> dict:
@@ -229,11 +230,6 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     return [line.removeprefix(BOM) for line in _LINE_BREAK.split(text)]
-
-
-def shortened(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters with an ellipsis: what a message quotes from a file stays one short line."""
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[list[Record], int]:

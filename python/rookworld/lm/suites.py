@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rookworld.ground import chess
+from rookworld.ground.quote import quoted
 from rookworld.lm.answers import GREEDY, ROOKWORLD, Decoding, RookWorldLM
 from rookworld.lm.bestmove import evaluate
 from rookworld.lm.games import BLACK, WHITE, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
@@ -258,7 +259,7 @@ def run_suites(lm: RookWorldLM, names: Sequence[str], opts: SuiteOptions, *, rec
                 out.append(vs_stockfish(player, opponent, games=opts.games, seed=opts.seed,
                                         max_plies=opts.max_plies, decoding_name=opts.decoding.name, progress=p))
         else:
-            raise ValueError(f"unknown suite {name!r}: choose from {', '.join(SUITES)}")
+            raise ValueError(f"unknown suite {quoted(name)}: choose from {', '.join(SUITES)}")
     return out
 
 

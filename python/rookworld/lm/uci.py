@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from rookworld.ground import chess
-from rookworld.ground.data import shortened
+from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.stockfish.analysis import MATE_SCORE
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST, ModelMove, choose_moves
@@ -36,8 +36,6 @@ AUTHOR = "rookworld"
 MAX_MULTIPV = 5
 #: What a sampled protocol's seed advances by per ply, so that each position of a game draws its own sample.
 SEED_STRIDE = 7919
-#: How much of a command's own text an info string quotes back: enough to recognise it, whatever the GUI sent.
-ECHO_LIMIT = 80
 #: The longest info string: what the engine says about bad input is one readable line.
 INFO_LIMIT = 400
 #: How long `quit`, or the end of the input, lets a search that is still thinking run on: a session piped in whole
@@ -65,7 +63,7 @@ def read_command(stream: TextIO) -> str | None:
         return line
     while (rest := stream.readline(MAX_COMMAND)) and not rest.endswith("\n"):
         pass
-    return Overlong(line[:ECHO_LIMIT + 1])  # one past the limit: `echoed` marks it cut
+    return Overlong(line[:ECHO_LIMIT + 1])  # one past the limit: `quoted` marks it cut
 
 
 def commands(stream: TextIO) -> Iterator[str]:
@@ -113,11 +111,6 @@ def source_line(chosen: ModelMove, counts: Counter) -> str:
 
 # -- parsing position and go ----------------------------------------------------------------------------------------
 
-def echoed(text: str) -> str:
-    """Input quoted back in an info string: cut to ECHO_LIMIT characters, with an ellipsis when it was longer."""
-    return repr(shortened(text, ECHO_LIMIT))
-
-
 class PositionError(ValueError):
     """A `position` line that does not give a position."""
 
@@ -130,7 +123,7 @@ def parse_position(words: Sequence[str]) -> tuple[str, list[str], str]:
     end = words.index("moves") if "moves" in words else len(words)
     if words[0] == "startpos":
         if end != 1:
-            raise PositionError(f"unexpected {echoed(' '.join(words[1:end]))} after startpos")
+            raise PositionError(f"unexpected {quoted(' '.join(words[1:end]))} after startpos")
         start = chess.START_FEN
     else:
         text = " ".join(words[1:end])
@@ -138,13 +131,13 @@ def parse_position(words: Sequence[str]) -> tuple[str, list[str], str]:
             raise PositionError("position fen needs a FEN")
         problem = chess.fen_problem(text)
         if problem is not None:
-            raise PositionError(f"bad FEN {echoed(text)}: {problem}")
+            raise PositionError(f"bad FEN {quoted(text)}: {problem}")
         start = chess.normalize_fen(text)
     moves, fen = list(words[end + 1 :]), start
     for i, move in enumerate(moves):
         step = chess.env_steps([fen], [move])[0]
         if step.truncated:
-            raise PositionError(f"move {i + 1} of the moves, {echoed(move)}, is not legal in {fen}")
+            raise PositionError(f"move {i + 1} of the moves, {quoted(move)}, is not legal in {fen}")
         fen = step.fen
     return start, moves, fen
 
@@ -189,7 +182,7 @@ def parse_go(words: Sequence[str]) -> tuple[Go, list[str]]:
             try:
                 number = int(value)  # type: ignore[arg-type]
             except (TypeError, ValueError):
-                problems.append(f"{word} needs a whole number, got {'nothing' if value is None else echoed(value)}")
+                problems.append(f"{word} needs a whole number, got {'nothing' if value is None else quoted(value)}")
                 i += 1 if value is None or value in keywords else 2
                 continue
             if number < 0 and word not in _MAY_BE_NEGATIVE:
@@ -203,7 +196,7 @@ def parse_go(words: Sequence[str]) -> tuple[Go, list[str]]:
                 searchmoves.append(words[i])
                 i += 1
         else:
-            problems.append(f"unknown parameter {echoed(word)}")
+            problems.append(f"unknown parameter {quoted(word)}")
             i += 1
     go = Go(limits, "infinite" in flags, "ponder" in flags, tuple(searchmoves))
     return go, problems
@@ -236,13 +229,13 @@ class Option:
         if self.kind == "combo":
             found = next((c for c in self.choices if c.lower() == value.lower()), None)
             if found is None:
-                raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}, got {echoed(value)}")
+                raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}, got {quoted(value)}")
             return found
         if self.kind == "spin":
             try:
                 number = int(value)
             except ValueError:
-                raise ValueError(f"{self.name} needs a whole number, got {echoed(value)}") from None
+                raise ValueError(f"{self.name} needs a whole number, got {quoted(value)}") from None
             if not self.low <= number <= self.high:
                 raise ValueError(f"{self.name} must lie in {self.low}..{self.high}, got "
                                  f"{shortened(str(number), ECHO_LIMIT)}")
@@ -325,7 +318,7 @@ class UciEngine:
     def handle(self, line: str) -> bool:
         """One command; False for `quit`. Words before the first command are skipped, as the protocol asks."""
         if isinstance(line, Overlong):
-            self.say(f"info string a line over {MAX_COMMAND:,} characters, ignored: {echoed(line)}")
+            self.say(f"info string a line over {MAX_COMMAND:,} characters, ignored: {quoted(line)}")
             return True
         words = line.split()
         while words and words[0] not in _COMMANDS:
@@ -362,7 +355,7 @@ class UciEngine:
         name, value = " ".join(words[1:end]), " ".join(words[end + 1 :])
         option = self.options.get(name.lower())
         if option is None:
-            self.say(f"info string no option {echoed(name)}: the options are "
+            self.say(f"info string no option {quoted(name)}: the options are "
                      f"{', '.join(o.name for o in self.options.values())}")
             return
         try:
@@ -470,7 +463,7 @@ class UciEngine:
         else:
             allowed = [m for m in legal if m in go.searchmoves] if go.searchmoves else legal
             if not allowed:
-                self.say(f"info string searchmoves: none of {echoed(' '.join(go.searchmoves))} is legal here "
+                self.say(f"info string searchmoves: none of {quoted(' '.join(go.searchmoves))} is legal here "
                          f"(ignored)")
                 allowed = legal
             try:

@@ -11,6 +11,7 @@ import sys
 
 import torch
 
+from rookworld.ground.quote import quoted
 from rookworld.settings.config import ConfigError
 
 
@@ -22,7 +23,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"unknown device {name!r}: use cpu, cuda, cuda:N or auto") from None
+        raise ConfigError(f"unknown device {quoted(name)}: use cpu, cuda, cuda:N or auto") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {name}: CUDA is not available here (torch {torch.__version__}); "

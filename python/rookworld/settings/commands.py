@@ -6,16 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rookworld.ground.quote import quoted
 from rookworld.ground.stockfish.pool import MAX_NODES
+from rookworld.settings import shipped
 from rookworld.settings.base import existing_files, non_negative, positive, share
 from rookworld.settings.config import SFTConfig, TrainConfig
-from rookworld.settings import shipped
 from rookworld.settings.declare import (DECODING, GAME, OPPONENT, OUTPUT, POSITIONS, RUNS, SERVER, SUITES_, Meaning,
                                         Settings, composed, group, setting)
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
-                                       DecodingSettings, EvalSizeSettings, GameSettings, IllegalShareSettings, LayoutSettings,
-                                       ModelSettings, OutputSettings, SeedSettings, StockfishNodesSettings,
-                                       StockfishSettings, suites)
+                                       DecodingSettings, EvalSizeSettings, GameSettings, IllegalShareSettings,
+                                       LayoutSettings, ModelSettings, OutputSettings, SeedSettings,
+                                       StockfishNodesSettings, StockfishSettings, suites)
 
 
 @group
@@ -88,7 +89,7 @@ class PositionsSettings(PositionsOnly, SeedSettings, IllegalShareSettings, BadLi
 
 def tasks(option: str, value: str) -> str | None:
     names = [t.strip().upper() for t in value.split(",") if t.strip()]
-    return None if names and all(t in ("P", "A") for t in names) else f"{option} must be P, A or P,A, got {value!r}"
+    return None if names and all(t in ("P", "A") for t in names) else f"{option} must be P, A or P,A, got {quoted(value)}"
 
 
 @group

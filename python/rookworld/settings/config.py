@@ -11,6 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from rookworld.ground.quote import quoted
 from rookworld.ground.rewards import P_REWARDS, SHAPINGS
 from rookworld.settings import objective
 from rookworld.settings.base import ConfigError, above_zero, existing_files, flag, need, non_negative, positive, share
@@ -18,8 +19,8 @@ from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, L
                                         SAMPLING, Meaning, Settings, composed, default, group, setting)
 from rookworld.settings.flags import from_args
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
-                                       EvalSizeSettings, IllegalShareSettings, LayoutSettings, ModelSettings, SeedSettings,
-                                       StockfishSettings, suites)
+                                       EvalSizeSettings, IllegalShareSettings, LayoutSettings, ModelSettings,
+                                       SeedSettings, StockfishSettings, suites)
 from rookworld.settings.hub import is_local_path
 
 # Named here too, where the training code and its tests have always found them.
@@ -37,7 +38,7 @@ def reporters(option: str, value: Any) -> str | None:
     if unknown:
         return f"{option}: unknown {', '.join(map(repr, unknown))}: give a comma-separated list of {', '.join(REPORTERS)}"
     if "none" in names and set(names) != {"none"}:
-        return f"{option} none reports to nothing: give it alone, not with others ({value!r})"
+        return f"{option} none reports to nothing: give it alone, not with others ({quoted(value)})"
     # Found, not imported: wandb is slow to import, and parsing flags must stay quick.
     if "wandb" in names and importlib.util.find_spec("wandb") is None:
         return f"{option} wandb: wandb is not installed: pip install 'rookworld[wandb]'"

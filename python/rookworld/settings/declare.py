@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from rookworld.ground.quote import quoted
 from rookworld.settings.base import MAX_INT, ConfigError, flag, nearest, need
 
 # The sections of `--help`, in order (a training command lists its main settings before them all).
@@ -148,7 +149,7 @@ class Settings:
                 need(v <= most, f"{option(f)} must be at most {most:,}, got {reprlib.repr(v)}")
                 need(v >= -MAX_INT, f"{option(f)} must be at least {-MAX_INT:,}, got {reprlib.repr(v)}")
             need(choices is None or v in choices, f"{option(f)} must be one of {', '.join(choices or ())}, "
-                                                  f"got {v!r}")
+                                                  f"got {quoted(v)}")
             if check is not None:
                 message = check(option(f), v)
                 need(message is None, message or "")
@@ -170,7 +171,7 @@ class Settings:
             if name not in known:
                 near = nearest(name, known)
                 meant = f" (did you mean {flag(near) if '-' in key else near}?)" if near else ""
-                raise ConfigError(f"{source}: unknown setting {key!r}{meant}")
+                raise ConfigError(f"{source}: unknown setting {quoted(key)}{meant}")
             clean[name] = value
         cfg = cls(**clean)
         for f in dataclasses.fields(cls):  # TOML has no None; types are checked here, values in validate()

@@ -7,12 +7,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rookworld.ground.quote import quoted
 from rookworld.ground.stockfish.cache import cache_path_problem
 from rookworld.ground.stockfish.pool import MAX_DEPTH, MAX_NODES, workers_problem
-from rookworld.settings.base import MAX_SEED, existing_files, non_negative, positive, seed_range, share
-from rookworld.settings.declare import (DATA, DECODING, GAME, LOGGING, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH,
-                                        group, setting)
 from rookworld.settings import shipped
+from rookworld.settings.base import MAX_SEED, existing_files, non_negative, positive, seed_range, share
+from rookworld.settings.declare import (DATA, DECODING, GAME, LOGGING, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH, group,
+                                        setting)
 from rookworld.settings.hub import is_local_path
 
 #: Half-moves past the longest game the rules allow (17,697 plies, with the 75-move rule and fivefold repetition
@@ -30,7 +31,7 @@ def parse_suites(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in SUITES]
     if not names or bad:
-        raise ValueError(f"unknown suite {bad[0] if bad else text!r}: choose from {', '.join(SUITES)}")
+        raise ValueError(f"unknown suite {quoted(bad[0] if bad else text)}: choose from {', '.join(SUITES)}")
     return list(dict.fromkeys(names))
 
 
@@ -51,7 +52,7 @@ def local_model(option: str, value: Any) -> str | None:
 
 def device_name(option: str, value: Any) -> str | None:
     ok = re.fullmatch(r"auto|cpu|cuda(:\d+)?", value)
-    return None if ok else f"{option} must be cpu, cuda, cuda:N or auto, got {value!r}"
+    return None if ok else f"{option} must be cpu, cuda, cuda:N or auto, got {quoted(value)}"
 
 
 @group

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from rookworld.ground.quote import quoted
 from rookworld.settings.base import flag
 
 #: KL to the reference: sampled per token (Schulman's k1, k2, k3), or exact over the vocabulary.
@@ -27,7 +28,7 @@ def check(cfg, need) -> None:
                           ("advantage", ADVANTAGE_ESTIMATORS), ("baseline", BASELINES),
                           ("std_scaling", ("auto", *STD_SCALINGS)), ("loss_aggregation", AGGREGATIONS)):
         v = getattr(cfg, name)
-        need(v in choices, f"--{flag(name)} must be one of {', '.join(choices)}, got {v!r}")
+        need(v in choices, f"--{flag(name)} must be one of {', '.join(choices)}, got {quoted(v)}")
     if cfg.kl_target is not None:
         need(cfg.beta > 0, "--kl-target adapts --beta from its starting value: give --beta > 0")
         need(cfg.beta_warmup_steps == 0, "--kl-target and --beta-warmup-steps both set beta: use one of them")

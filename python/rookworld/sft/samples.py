@@ -27,6 +27,7 @@ import numpy as np
 
 from rookworld.ground import chess
 from rookworld.ground.data import DataError, Record, json_value, read_lines, shortened
+from rookworld.ground.quote import quoted
 from rookworld.ground.rewards import policy_targets
 from rookworld.net.tokenizer import OutsideVocabularyError
 
@@ -81,7 +82,7 @@ def _policy_sample(text: str, source: str) -> Sample:
     try:
         [float(e) for e in evals]
     except ValueError:
-        raise ValueError(f"evals must be numbers: {t.group(2)!r}") from None
+        raise ValueError(f"evals must be numbers: {quoted(t.group(2))}") from None
     problem = chess.fen_problem(fen)
     if problem is not None:
         raise ValueError(f"not a legal position ({problem})")

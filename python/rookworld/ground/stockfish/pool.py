@@ -20,6 +20,7 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 
 from rookworld.ground import chess as _chess
+from rookworld.ground.quote import quoted
 from rookworld.ground.stockfish.analysis import Analysis
 from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
 from rookworld.ground.stockfish.engine import Engine, EngineFailure, EngineHung, StockfishError, find_stockfish
@@ -197,7 +198,7 @@ class StockfishPool:
             raise StockfishError(str(self._failure))
         for fen in fens:
             if not isinstance(fen, str):
-                raise TypeError(f"FENs must be str, got {type(fen).__name__}: {fen!r}")
+                raise TypeError(f"FENs must be str, got {type(fen).__name__}: {quoted(fen)}")
         normalized = _chess.normalize_fens(fens)
         good = sorted({n for n in normalized if n is not None})
         legal = dict(zip(good, _chess.legal_moves_batch(good))) if good else {}
@@ -331,7 +332,7 @@ class StockfishPool:
             why = str(exc)
         self._counts["errors"] += 1
         future: Future = Future()
-        future.set_exception(ValueError(f"bad FEN {fen!r}: {why}"))
+        future.set_exception(ValueError(f"bad FEN {quoted(fen)}: {why}"))
         return future
 
     def _count(self, **deltas: int) -> None:
@@ -446,7 +447,7 @@ class StockfishPool:
             self._finish(job, exc=failure)
         elif job.attempts > self.retries:
             self._finish(job, exc=StockfishError(
-                f"Stockfish failed on {job.fen!r} {job.attempts} times; last: {error}"))
+                f"Stockfish failed on {quoted(job.fen)} {job.attempts} times; last: {error}"))
         else:
             return False
         return True
