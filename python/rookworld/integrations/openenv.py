@@ -526,9 +526,11 @@ class ConnectionGuard:
         await self.app(scope, receive, send)
 
     async def _body(self, scope, receive) -> bytes | None:
-        """The request's body, or None once it passes the limit (by its Content-Length, or as it comes)."""
+        """The request's body, or None once it passes the limit (by its Content-Length, or as it comes). What is
+        over the limit is read and dropped, up to 16 times the limit, so that a client that writes its whole request
+        before it reads hears the 413 rather than a broken pipe; past that the connection is closed on it."""
         length = dict(scope.get("headers") or []).get(b"content-length", b"0")
-        if length.isdigit() and int(length) > self.max_request_bytes:
+        if length.isdigit() and int(length) > 16 * self.max_request_bytes:
             return None
         chunks, size = [], 0
         while True:
@@ -537,11 +539,12 @@ class ConnectionGuard:
                 return b"".join(chunks)  # the client left: the app meets the same disconnect
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_request_bytes:
+            if size > 16 * self.max_request_bytes:
                 return None
-            chunks.append(chunk)
+            if size <= self.max_request_bytes:
+                chunks.append(chunk)
             if not message.get("more_body"):
-                return b"".join(chunks)
+                return b"".join(chunks) if size <= self.max_request_bytes else None
 
     async def _websocket(self, scope, receive, send) -> None:
         connection = _Connection(scope, receive, send, self.idle_s, self.max_request_bytes)
