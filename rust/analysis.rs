@@ -9,6 +9,7 @@ use std::fmt;
 
 use shakmaty::Chess;
 
+use crate::fen::echoed;
 use crate::moves::legal_uci_moves;
 
 /// The largest eval in pawns: a mate in 1, python-chess `score(mate_score=100000) / 100`.
@@ -34,8 +35,10 @@ impl fmt::Display for AnalysisError {
             AnalysisError::TooMany { moves, max } => write!(f, "{moves} moves where the analysis asked for {max}"),
             AnalysisError::Empty => f.write_str("no moves, though the position has legal moves"),
             AnalysisError::NoMovesHere => f.write_str("moves listed for a finished game (no legal move)"),
-            AnalysisError::Illegal { index, mv } => write!(f, "move {index} {mv:?} is not a legal move (UCI) here"),
-            AnalysisError::Repeated { mv } => write!(f, "move {mv:?} is listed twice"),
+            AnalysisError::Illegal { index, mv } => {
+                write!(f, "move {index} {} is not a legal move (UCI) here", echoed(mv))
+            }
+            AnalysisError::Repeated { mv } => write!(f, "move {} is listed twice", echoed(mv)),
             AnalysisError::NotFinite { index, eval } => write!(f, "eval {index} ({eval}) is not a finite number"),
             AnalysisError::OutOfRange { index, eval } => {
                 write!(f, "eval {index} ({eval}) is outside -{MAX_EVAL}..{MAX_EVAL} pawns (a mate in 1)")

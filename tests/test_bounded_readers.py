@@ -348,3 +348,15 @@ def test_fuzzed_fens_give_results_or_errors_never_a_crash(fen, move):
         _core.perft(fen, 1)
     except ValueError as e:
         assert len(str(e)) < 300
+
+
+def test_a_bad_line_and_a_megabyte_move_in_an_analysis_are_quoted_in_80_characters(tmp_path):
+    """A position file's bad line and an analysis' bad move are named, not copied into the message whole."""
+    huge = "e2e4" + "x" * 1_000_000
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"fen": chess.START_FEN, "history": [], "move": "e2e4",
+                               "analysis": {"moves": [huge], "evals": [0.1]}}) + "\n")
+    with pytest.raises(data.DataError) as e:
+        data.read_records(bad)
+    assert len(str(e.value)) < 600 and "xxx..." in str(e.value), str(e.value)[:700]
+    assert chess.analysis_problems([chess.START_FEN], [[huge, huge]], [[0.1, 0.2]])[0].count("x") < 200

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rookworld.ground import chess
 from rookworld.ground.files import MAX_LINE, LineTooLong, atomic_write, read_bounded
-from rookworld.ground.quote import quoted, shortened
+from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import GroundTruth, policy_prompt, policy_targets
 
 __all__ = ["DataError", "PgnGiven", "Record", "assign_moves", "playable", "read_records", "write_records"]
@@ -243,7 +243,7 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
         nonlocal skipped
         if not skip_bad:
             line = lines[lineno - 1].strip()
-            raise DataError(f"{path}:{lineno}: {shortened(why, 300)}: {shortened(line, 120)}")  # as written
+            raise DataError(f"{path}:{lineno}: {shortened(why, 300)}: {shortened(line, ECHO_LIMIT)}")  # as written
         skipped += 1
 
     for lineno, line in enumerate(lines, 1):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rookworld.ground import chess
-from rookworld.ground.data import DataError, Record, json_value, read_lines, shortened
-from rookworld.ground.quote import quoted
+from rookworld.ground.data import DataError, Record, json_value, read_lines
+from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import policy_targets
 from rookworld.net.tokenizer import OutsideVocabularyError
 
@@ -127,7 +127,7 @@ def read_samples(paths: Sequence[str], skip_bad: bool = False) -> SampleSet:
                     raise ValueError("expected a P: or A: sample, or a JSON line of rookworld positions --annotate")
             except ValueError as e:
                 if not skip_bad:
-                    raise DataError(f"{source}: {shortened(str(e), 300)}: {shortened(text, 120)}") from None
+                    raise DataError(f"{source}: {shortened(str(e), 300)}: {shortened(text, ECHO_LIMIT)}") from None
                 skipped += 1
     kept, disagree = _check_env_targets(samples)
     kept, bad_history = _check_env_histories(kept)
