@@ -26,6 +26,7 @@ from rookworld import _core
 from rookworld.ground import chess, data
 from rookworld.ground.files import MAX_LINE
 from rookworld.ground.pgn import HISTORY_WINDOW, pgn_positions, read_games
+from rookworld.harness.rundir import read_rows
 
 FAMOUS = REPO / "tests" / "data" / "famous.pgn"
 #: A knight dance: legal move after legal move, and the same four positions for ever.
@@ -360,3 +361,14 @@ def test_a_bad_line_and_a_megabyte_move_in_an_analysis_are_quoted_in_80_characte
         data.read_records(bad)
     assert len(str(e.value)) < 600 and "xxx..." in str(e.value), str(e.value)[:700]
     assert chess.analysis_problems([chess.START_FEN], [[huge, huge]], [[0.1, 0.2]])[0].count("x") < 200
+
+
+def test_a_run_s_metrics_with_a_line_past_any_row_plot_without_holding_it(tmp_path):
+    """A metrics.jsonl is read a bounded line at a time: a 10 MB line (a disk error, /dev/zero copied in) is one
+    line that is no row, as a line cut short by a crash is."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n" + "x" * (MAX_LINE + 10) + "\n"
+                    + json.dumps({"step": 2, "loss": 0.5}) + "\n")
+    assert read_rows(path) == ([{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}], 1)
+    proc = cli("plot", tmp_path, "--out", tmp_path / "p.png")
+    assert proc.returncode == 0 and (tmp_path / "p.png").stat().st_size > 0, proc.stderr

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 
 #: The longest line of a text file read (positions, samples, and PGN, whose Rust reader has the same
@@ -69,6 +69,18 @@ class LineBound:
     @property
     def chunk_size(self) -> int:
         return min(1 << 16, self.limit)
+
+
+def lines_within(f: TextIO, limit: int = MAX_LINE) -> Iterator[str | None]:
+    """The lines of text stream `f` (without their ends), each of at most `limit` characters; None in place of a
+    longer one, which is read past to its end and never held whole (a log without newlines, /dev/zero)."""
+    while line := f.readline(limit):
+        if len(line) < limit or line.endswith("\n"):
+            yield line.rstrip("\r\n")
+            continue
+        while (rest := f.readline(limit)) and not rest.endswith("\n"):
+            pass
+        yield None
 
 
 def read_bounded(path: str | os.PathLike, limit: int = MAX_LINE) -> bytes:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rookworld.ground.files import Output
+from rookworld.harness.rundir import read_rows
 from rookworld.net.sources import CONFIG_FILE
 
 #: A GRPO run's "loss" (near 0, either sign) is drawn apart from SFT's cross-entropy (about 1 to 11).
@@ -54,20 +55,10 @@ def read_metrics(run: str | Path) -> list[dict]:
     path = Path(run) / "metrics.jsonl"
     if not path.is_file():
         raise PlotError(f"{run}: no metrics.jsonl (is it the --output-dir of rookworld train or sft?)")
-    rows, bad = [], 0
     try:
-        text = path.read_text(errors="replace")
+        rows, bad = read_rows(path)  # a line cut short by a crash is left out: the rest still plots
     except OSError as e:
         raise PlotError(f"cannot read {path}: {e.strerror or e}") from None
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):  # a line cut short by a crash: the rest still plots
-            row = None
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            bad += 1
     if bad and not rows:
         raise PlotError(f"{path}: none of its {bad} lines is a JSON object of metrics; is it the metrics.jsonl "
                         f"that rookworld train or sft writes?")

@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 
 from rookworld import __version__
-from rookworld.ground.files import atomic_write, kind
+from rookworld.ground.files import atomic_write, kind, lines_within
 from rookworld.harness import checkpoint
 from rookworld.settings.config import ConfigError, RunConfig
 
@@ -65,15 +65,30 @@ def made_by(out: Path) -> str | None:
 def metric_rows(path: Path) -> list[dict]:
     """The rows of a metrics.jsonl, leaving out any line that is not a JSON object (one cut short by a crash);
     OSError when the file cannot be read."""
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return read_rows(path)[0]
+
+
+def read_rows(path: Path) -> tuple[list[dict], int]:
+    """The JSON objects of a metrics.jsonl and how many of its lines are none (cut short by a crash, or longer than
+    any row: never held whole); OSError when the file cannot be read."""
+    rows, bad = [], 0
+    with open(path, errors="replace") as f:
+        for line in lines_within(f):
+            row = json_row(line)
+            if row is None:
+                bad += line != ""
+            else:
+                rows.append(row)
+    return rows, bad
+
+
+def json_row(line: str | None) -> dict | None:
+    """A line of a JSON-lines file as the object it holds, or None."""
+    try:
+        row = json.loads(line) if line else None
+    except (ValueError, RecursionError):
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def _logged_steps(out: Path) -> int:

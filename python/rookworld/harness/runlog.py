@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from rookworld.ground.files import atomic_write, kind
+from rookworld.ground.files import atomic_write, kind, lines_within
 from rookworld.ground.progress import Progress, _duration
-from rookworld.harness.rundir import WANDB_ID, RunDirectoryLock, mark, metric_rows
+from rookworld.harness.rundir import WANDB_ID, RunDirectoryLock, json_row, mark, metric_rows
 from rookworld.settings import presets
 from rookworld.settings.commands import EvalSettings
 from rookworld.settings.config import ConfigError
@@ -217,15 +217,15 @@ class RunLog:
             raise ConfigError(f"{path} is {'a symlink' if stat.S_ISLNK(mode) else kind(mode)}, not the file a run "
                               f"writes: remove it, or give another --output-dir")
         kept, torn = [], 0
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                row = json.loads(line) if line.strip() else None
-            except (ValueError, RecursionError):  # a line cut short (a full disk, a kill mid-write): replayed
-                torn += 1
-                continue
-            step = row.get("step", 0) if isinstance(row, dict) else None
-            if isinstance(step, (int, float)) and step <= resume_step:  # a step that is not a number: not kept
-                kept.append(line)
+        with path.open(errors="replace") as f:
+            for line in lines_within(f):
+                row = json_row(line)
+                if row is None:  # a line cut short (a full disk, a kill mid-write), or past any row's length
+                    torn += bool(line is None or line.strip())
+                    continue
+                step = row.get("step", 0)
+                if isinstance(step, (int, float)) and step <= resume_step:  # a step that is not a number: not kept
+                    kept.append(line)
         if torn:
             self.say(f"warning: {path}: dropped {torn} line{'s' if torn > 1 else ''} that "
                      f"{'were' if torn > 1 else 'was'} cut short")

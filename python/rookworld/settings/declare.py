@@ -144,15 +144,15 @@ class Settings:
             choices, check = f.metadata["choices"], f.metadata["check"]
             # `--lr inf` turned every weight into NaN and the run still exited 0: no setting is infinite or NaN.
             need(base_type(f) is not float or math.isfinite(v), f"{option(f)} must be a finite number, got {v!r}")
-            if base_type(f) is int:
-                most = f.metadata["most"]
-                need(v <= most, f"{option(f)} must be at most {most:,}, got {reprlib.repr(v)}")
-                need(v >= -MAX_INT, f"{option(f)} must be at least {-MAX_INT:,}, got {reprlib.repr(v)}")
             need(choices is None or v in choices, f"{option(f)} must be one of {', '.join(choices or ())}, "
                                                   f"got {quoted(v)}")
             if check is not None:
                 message = check(option(f), v)
                 need(message is None, message or "")
+            if base_type(f) is int:  # after the setting's own check, whose words say more (seeds: 2^63 - 1)
+                most = f.metadata["most"]
+                need(v <= most, f"{option(f)} must be at most {most:,}, got {reprlib.repr(v)}")
+                need(v >= -MAX_INT, f"{option(f)} must be at least {-MAX_INT:,}, got {reprlib.repr(v)}")
         # Then each group's checks of how its settings combine, the lowest group first.
         for cls in reversed(type(self).__mro__):
             if "check_together" in vars(cls):
