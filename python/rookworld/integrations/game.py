@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from rookworld.ground import chess
-from rookworld.ground.data import shortened
+from rookworld.ground.quote import shortened
 from rookworld.ground.rewards import RewardScorer, policy_prompt
 from rookworld.ground.stockfish import StockfishError, StockfishPool
 from rookworld.ground.stockfish.engine import ANSWER_S

@@ -48,7 +48,8 @@ from openenv.core.env_server.types import Action, Observation, State
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rookworld.ground import chess
-from rookworld.ground.data import Record, shortened
+from rookworld.ground.data import Record
+from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import StockfishPool, find_stockfish
 from rookworld.ground.stockfish.engine import EngineOptionError
@@ -69,17 +70,10 @@ IDLE_S = 300.0
 #: The largest request taken, in bytes, an HTTP body or a WebSocket message: a move, a P: answer or a reset with a
 #: long game's history takes a few kilobytes.
 MAX_REQUEST_BYTES = 1 << 20
-#: How much of a request's own text an error quotes back, as `rookworld uci` does: enough to recognise it.
-QUOTE_LIMIT = 80
 #: The longest error said to a client; what it quotes is cut first, this is the bound on the rest.
 MESSAGE_LIMIT = 500
 #: uvicorn's own log: the server's one-line notes sit among its lines.
 LOG = logging.getLogger("uvicorn.error")
-
-
-def quoted(text: str) -> str:
-    """Input quoted back in an error: cut to QUOTE_LIMIT characters, with an ellipsis when it was longer."""
-    return repr(shortened(str(text), QUOTE_LIMIT))
 
 
 class ChessEnvError(ValueError):
@@ -155,7 +149,7 @@ def reset_options(**given: Any) -> ResetOptions:
     try:
         o = ResetOptions(**given)
     except ValidationError as e:
-        problems = "; ".join(f"{shortened('.'.join(map(str, err['loc'])), QUOTE_LIMIT) or 'reset'}: {err['msg']}"
+        problems = "; ".join(f"{shortened('.'.join(map(str, err['loc'])), ECHO_LIMIT) or 'reset'}: {err['msg']}"
                              for err in e.errors())
         raise ChessEnvError(f"bad reset: {problems}") from None
     if o.task == "game":
@@ -353,7 +347,7 @@ def _fen(text: str) -> str:
         return chess.normalize_fen(text)
     except ValueError as e:
         # The reason may quote the FEN whole: a megabyte FEN must not come back as a megabyte error.
-        raise ChessEnvError(f"bad fen: {str(e).replace(text, shortened(text, QUOTE_LIMIT))}") from None
+        raise ChessEnvError(f"bad fen: {str(e).replace(text, shortened(text, ECHO_LIMIT))}") from None
 
 
 def _a_move(fen: str, text: str) -> str:
@@ -395,16 +389,16 @@ def create_chess_app(engines: ChessEngines, *, max_sessions: int = 8, idle_s: fl
 
 def cut_errors(errors: Any) -> Any:
     """pydantic's errors as a client is told them, with the input each quotes (a whole request, maybe) cut to
-    QUOTE_LIMIT characters, as are the names in its location (an unknown key may be any size)."""
+    ECHO_LIMIT characters, as are the names in its location (an unknown key may be any size)."""
     if not isinstance(errors, list):
         return errors
     cut = []
     for error in errors:
         if isinstance(error, dict):
             error = {k: v for k, v in error.items() if k not in ("input", "ctx", "url")} | (
-                {"input": shortened(repr(error["input"]), QUOTE_LIMIT)} if "input" in error else {})
+                {"input": shortened(repr(error["input"]), ECHO_LIMIT)} if "input" in error else {})
             if isinstance(error.get("loc"), (list, tuple)):
-                error["loc"] = [shortened(str(part), QUOTE_LIMIT) for part in error["loc"]]
+                error["loc"] = [shortened(str(part), ECHO_LIMIT) for part in error["loc"]]
         cut.append(error)
     return cut
 
@@ -420,7 +414,7 @@ def _error_frame(text: str) -> str:
         message = data.get("message")
         if isinstance(message, str):
             head, unknown, kind = message.partition("Unknown message type: ")
-            data["message"] = shortened(head + unknown + shortened(kind, QUOTE_LIMIT), MESSAGE_LIMIT)
+            data["message"] = shortened(head + unknown + shortened(kind, ECHO_LIMIT), MESSAGE_LIMIT)
         if "errors" in data:
             data["errors"] = cut_errors(data["errors"])
         return json.dumps(frame)
@@ -464,7 +458,7 @@ def _json_rpc_refusal(body: bytes) -> dict | None:
     request_id = request.get("id") if isinstance(request.get("id"), (int, str)) else None
     message = ("sessions are not served over plain HTTP: a session belongs to the WebSocket connection that makes "
                "it and ends with it; connect to /ws (ChessEnvClient does)")
-    return {"jsonrpc": "2.0", "id": shortened(request_id, QUOTE_LIMIT) if isinstance(request_id, str) else request_id,
+    return {"jsonrpc": "2.0", "id": shortened(request_id, ECHO_LIMIT) if isinstance(request_id, str) else request_id,
             "error": {"code": -32600, "message": message}}
 
 

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rookworld.ground import chess
-from rookworld.ground.data import Record, analysis_problems, assign_moves, shortened
+from rookworld.ground.data import Record, analysis_problems, assign_moves
+from rookworld.ground.quote import quoted, shortened
 from rookworld.ground.rewards import GroundTruth, RewardScorer, prompt_fen, task_of
 from rookworld.ground.stockfish import StockfishPool
 
@@ -179,7 +180,7 @@ def _check_positions(prompts: Sequence[str], rows: Sequence[int]) -> None:
     for row, fen, legal in zip(rows, fens, chess.normalize_fens(fens)):
         if legal is None:
             raise ValueError(f"row {row}: the P: prompt's position is not legal ({chess.fen_problem(fen)}): "
-                             f"{shortened(fen, 80)!r}")
+                             f"{quoted(fen)}")
 
 
 def _empty(value: Any) -> bool:
