@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
         else None
     try:
-        module = importlib.import_module(f"rookworld.commands.{MODULES[args.command]}")
+        # --from-model loads a model, and so torch; the positions command's other sources start without it.
+        name = "own_positions" if getattr(args, "from_model", None) else MODULES[args.command]
+        module = importlib.import_module(f"rookworld.commands.{name}")
         return module.run(args)
     except (CliError, ContextTooLong) as e:
         print(f"rookworld {args.command}: error: {e}", file=sys.stderr)

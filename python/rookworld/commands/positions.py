@@ -6,13 +6,11 @@ import argparse
 import json
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import as_completed
-from types import SimpleNamespace
 
 from rookworld.commands.common import (CliError, as_given, opened_output, read_from, read_positions, settings,
                                        stockfish_pool, write_failed)
-from rookworld.commands.model import load_lm
 from rookworld.ground import data, pgn, selfplay
 from rookworld.ground.chess import generate_positions
 from rookworld.ground.data import position_key
@@ -21,19 +19,23 @@ from rookworld.ground.progress import Progress
 from rookworld.ground.quote import quoted
 from rookworld.ground.selfplay import SelfPlay
 from rookworld.ground.stockfish import StockfishError
-from rookworld.lm.own_games import ROUND_GAMES, own_game_rounds
 from rookworld.settings.commands import PositionsSettings
 
 POSITIONS_CHUNK = 20_000
 
 
-def run(args: argparse.Namespace) -> int:
+#: --from-model's positions (`rookworld.commands.own_positions`): the one source that loads a model, and so torch
+#: (4 s and 700 MB), given by the module the CLI imports for it, so that every other source starts at once.
+ModelRecords = Callable[[PositionsSettings, set[str]], list[data.Record]]
+
+
+def run(args: argparse.Namespace, model_records: ModelRecords | None = None) -> int:
     s = settings(args, PositionsSettings, streams={"source": "--from", "exclude": "--exclude", "pgn": "--pgn"})
     with opened_output(s.out) as out:
-        return _run(s, out)
+        return _run(s, out, model_records)
 
 
-def _run(s: PositionsSettings, out: Output) -> int:
+def _run(s: PositionsSettings, out: Output, model_records: ModelRecords | None) -> int:
     excluded = {position_key(r.fen) for r in read_positions(s.exclude, s.skip_bad)} if s.exclude else set()
     if s.selfplay:
         try:
@@ -41,7 +43,7 @@ def _run(s: PositionsSettings, out: Output) -> int:
         except StockfishError as e:  # an engine that kept failing after its restarts, or that the pool gave up on
             raise CliError(str(e)) from None
     if s.annotate or s.source or s.pgn or s.from_model:
-        return _annotate(s, excluded, out)
+        return _annotate(s, excluded, out, model_records)
 
     with Progress(s.count, "positions", "pos", enabled=not s.quiet) as bar:
         def lines():
@@ -121,42 +123,13 @@ def _from_pgn(s: PositionsSettings, excluded: set[str]) -> list[data.Record]:
     return records[: s.count]
 
 
-#: Rounds of the model's games in a row that may bring no new position before --from-model gives up: a model that
-#: plays the same games every time would otherwise be asked forever.
-EMPTY_ROUNDS = 8
-
-
-def _from_model(s: PositionsSettings, excluded: set[str]) -> list[data.Record]:
-    """--count new positions (none twice, none of --exclude) of the --from-model model's own games."""
-    lm = load_lm(SimpleNamespace(model=s.from_model, revision=None, device="auto"))
-    seen, records, empty = set(excluded), [], 0
-    with Progress(s.count, "positions", "pos", enabled=not s.quiet) as bar:
-        for round_ in own_game_rounds(lm, seed=s.seed, failures_only=s.model_positions == "failures",
-                                      max_plies=s.max_plies):
-            new = 0
-            for r in round_:
-                key = position_key(r.fen)
-                if key not in seen and len(records) < s.count:
-                    seen.add(key)
-                    records.append(r)
-                    new += 1
-            bar.update(new)
-            empty = 0 if new else empty + 1
-            if len(records) >= s.count or empty == EMPTY_ROUNDS:
-                break
-    if len(records) < s.count:
-        raise CliError(f"--from-model {s.from_model}: {EMPTY_ROUNDS} rounds of {ROUND_GAMES} games in a row gave no new "
-                       f"{s.model_positions} position, {len(records)} of --count {s.count} found")
-    return records
-
-
-def _annotate(s: PositionsSettings, excluded: set[str], out: Output) -> int:
+def _annotate(s: PositionsSettings, excluded: set[str], out: Output, model_records: ModelRecords | None) -> int:
     if s.source:
         records = [r for r in read_positions(s.source, s.skip_bad) if position_key(r.fen) not in excluded][: s.count]
     elif s.pgn:
         records = _from_pgn(s, excluded)
-    elif s.from_model:
-        records = _from_model(s, excluded)
+    elif s.from_model:  # the CLI runs --from-model through own_positions, which gives `model_records`
+        records = model_records(s, excluded)
     else:
         records = [r for chunk in _generated(s, excluded) for r in chunk]
     records = data.cut_histories(data.assign_moves(records, s.seed), s.seed, s.a_history)
@@ -181,8 +154,9 @@ def _annotate(s: PositionsSettings, excluded: set[str], out: Output) -> int:
 
 
 #: Self-play games in a row that may bring no new position before --selfplay gives up (as many games as
-#: --from-model's `EMPTY_ROUNDS`): games at temperature 0 are all one game, and would be played forever.
-EMPTY_GAMES = EMPTY_ROUNDS * ROUND_GAMES
+#: --from-model's `EMPTY_ROUNDS` of `ROUND_GAMES`): games at temperature 0 are all one game, and would be played
+#: forever.
+EMPTY_GAMES = 512
 
 
 def _per_game(s: PositionsSettings, game: selfplay.Game) -> list[tuple]:
