@@ -3,7 +3,7 @@
 //! Plain Rust modules, one concern each. `batch` runs them over whole batches with rayon;
 //! `python` (behind the `python` feature) is the thin PyO3 layer that maturin builds.
 //! `p_text` and `a_text` are the text formats of the P: (policy) and A: (environment) tasks, named
-//! by task so that neither reads as the network, which is Python's `rookworld.policy`.
+//! by task so that neither reads as the network, which is Python's `rookworld.net.model`.
 
 pub mod a_text;
 pub mod analysis;

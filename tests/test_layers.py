@@ -7,6 +7,7 @@ in a circle, and no module hides an import of rookworld inside a function.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -157,3 +158,17 @@ if __name__ == "__main__":
     found = circles(edges)
     print("circles:", found if found else "none")
     sys.exit(1 if found else 0)
+
+
+def test_the_development_guide_names_every_module_and_folder():
+    """docs/development.md is the map a newcomer reads first: every folder of the package, every module in it and
+    every module of the Rust crate is named there, in backquotes, as the tree has it."""
+    guide = (PACKAGE.parent.parent / "docs" / "development.md").read_text()
+    named = set(re.findall(r"`([\w/.]+)`", guide))
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in PACKAGE.rglob("*.py") if p.stem != "__init__" and p.parent != PACKAGE}
+    crate = {p.stem for p in (PACKAGE.parent.parent / "rust").glob("*.rs") if p.stem not in ("lib",)}
+    missing = sorted({f"{f}/" for f in folders} - named) + sorted(modules - named) + sorted(f"{m}.rs?" for m in crate
+                                                                                            if m not in named
+                                                                                            and f"{m}.rs" not in named)
+    assert missing == []

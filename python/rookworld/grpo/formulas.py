@@ -3,7 +3,7 @@ is testable by hand. Which of them a run uses, and with which settings, is decid
 
 Shapes: rewards are per completion [N]; log-probs, masks, advantages, values and losses per token [N, T].
 Completions of one prompt are consecutive (a group). Which gradient each KL estimator gives is worked out in
-the README ("The KL leash"); the tests check it exactly on a small vocabulary.
+docs/training.md ("The KL leash"); the tests check it exactly on a small vocabulary.
 """
 
 from __future__ import annotations
