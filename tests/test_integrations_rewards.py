@@ -198,7 +198,7 @@ def test_a_policy_prompt_stockfish_cannot_analyse_is_refused_naming_its_row_befo
     with ChessReward("policy") as reward:
         with pytest.raises(ValueError, match=r"^row 1: the P: prompt's position is not legal \(.+\): '8/8/8/8"):
             reward(prompts, ["", ""])
-        assert reward._pool is None
+        assert not reward._pool.started
 
 
 def test_content_given_as_parts_is_read_as_its_text_and_anything_else_said_naming_the_row():

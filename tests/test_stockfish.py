@@ -6,7 +6,7 @@ import json
 import os
 import signal
 import time
-from concurrent.futures import wait
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 
@@ -14,6 +14,7 @@ from rookworld.ground import chess as rchess
 from rookworld.ground.stockfish import (
     Analysis,
     Candidate,
+    LazyPool,
     StockfishError,
     StockfishNotFoundError,
     StockfishPool,
@@ -416,3 +417,19 @@ def test_disk_cache_survives_reopening_and_ignores_a_corrupt_row(tmp_path):
     third = DiskCache(path)
     assert third.get_many([key]) == {}
     third.close()
+
+
+def test_a_lazy_pool_starts_one_pool_for_every_thread_and_none_after_its_last_close():
+    """Eight threads ask at once: one pool, one set of engines; close ends it, a later get starts another unless the
+    close was final."""
+    lazy = LazyPool(workers=1, depth=2)
+    assert not lazy.started
+    with ThreadPoolExecutor(8) as ex:
+        pools = list(ex.map(lambda _: lazy.get(), range(8)))
+    assert len({id(p) for p in pools}) == 1 and lazy.started
+    assert pools[0].analyse([rchess.START_FEN])[0].candidates
+    lazy.close()
+    assert not lazy.started and lazy.get() is not pools[0]
+    lazy.close(final=True)
+    with pytest.raises(StockfishError, match="closed"):
+        lazy.get()

@@ -413,7 +413,7 @@ def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):
 def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fake_engine, tmp_path):
     from rookworld.ground.rewards import RewardScorer
     from rookworld.ground.stockfish import StockfishPool
-    from rookworld.grpo.rollout import ChessReward
+    from rookworld.grpo.rollout import RolloutReward
 
     crashing = "6k1/5ppp/8/8/8/8/5PPP/6K1 w - - 0 1"  # the scripted engine dies on this one, every time
     fine = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
@@ -428,7 +428,7 @@ def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fa
                       eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False,
                       lr=1e-3, entropy_coef=0.01).validate()
     with StockfishPool(fake_engine, workers=1, depth=2, retries=1) as pool:
-        reward = ChessReward(RewardScorer(pool))
+        reward = RolloutReward(RewardScorer(pool))
         result = reward([Prompt("P", f"P: {crashing}")] * 2 + [Prompt("P", f"P: {fine}")] * 2, ["x"] * 4)
         assert result.valid.tolist() == [False, False, True, True]
         assert result.rewards.tolist()[2:] == [-0.3, -0.3]
@@ -447,7 +447,7 @@ def test_the_next_step_s_analyses_asked_for_early_are_what_its_rewards_read():
     that was not asked early. A: prompts and P: prompts whose data carries the analysis ask for nothing."""
     from rookworld.ground.rewards import RewardScorer
     from rookworld.ground.stockfish import StockfishPool
-    from rookworld.grpo.rollout import ChessReward
+    from rookworld.grpo.rollout import RolloutReward
 
     fens = ["rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1",
             "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3",
@@ -457,7 +457,7 @@ def test_the_next_step_s_analyses_asked_for_early_are_what_its_rewards_read():
     completions = ["M: e7e5 d7d5 g8f6 c7c5 e7e6  E: 0.3 0.4 0.2 0.5 0.1  B: e7e5", "M: f1b5", "M: a1a8 B: a1a8",
                    "r", "M: f1b5"]
     with StockfishPool(workers=1, depth=4) as early, StockfishPool(workers=1, depth=4) as late:
-        reward = ChessReward(RewardScorer(early))
+        reward = RolloutReward(RewardScorer(early))
         reward.prefetch(prompts)
         deadline = time.monotonic() + 60
         while early.stats.engine_analyses < len(fens) and time.monotonic() < deadline:
@@ -465,7 +465,7 @@ def test_the_next_step_s_analyses_asked_for_early_are_what_its_rewards_read():
         assert early.stats.engine_analyses == len(fens), "one analysis for each P: prompt without one"
         got = reward(prompts, completions)
         assert early.stats.engine_analyses == len(fens) and early.stats.cache_hits >= len(fens)
-        want = ChessReward(RewardScorer(late))(prompts, completions)
+        want = RolloutReward(RewardScorer(late))(prompts, completions)
     assert got.rewards.tolist() == want.rewards.tolist() and got.valid.all()
 
 

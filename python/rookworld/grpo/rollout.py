@@ -31,8 +31,9 @@ class RewardFn(Protocol):
     def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> Scores: ...
 
 
-class ChessReward:
-    """The verifiable chess rewards: Stockfish for P:, the rules for A: (`rookworld.ground.rewards`)."""
+class RolloutReward:
+    """A rollout's rewards: Stockfish for P:, the rules for A: (`rookworld.ground.rewards`), over the step's
+    `Prompt`s. (Other trainers' reward function is `rookworld.integrations.rewards.ChessReward`.)"""
 
     def __init__(self, scorer):
         self.scorer = scorer

@@ -37,7 +37,7 @@ from rookworld.grpo.metrics import step_metrics
 from rookworld.grpo.models import Models, Sampler
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt, PromptSource
-from rookworld.grpo.rollout import ChessReward, RewardFn, Rollout, collect_rollout
+from rookworld.grpo.rollout import RewardFn, Rollout, RolloutReward, collect_rollout
 from rookworld.grpo.update import update
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm
@@ -88,7 +88,7 @@ WAIT_SLICE_S = 0.25
 STOP_GRACE_S = 1.0
 
 
-class StoppableChessReward(ChessReward):
+class StoppableRolloutReward(RolloutReward):
     """The chess rewards, waiting on Stockfish's analyses of a step in short slices: a stop asked for meanwhile
     (`stopping`) drops the step (`StepAbandoned`) once the engines have had `STOP_GRACE_S` more, since no weight has
     changed yet; a pool that gave up on its engine ends the wait with its `StockfishError`."""
@@ -163,7 +163,7 @@ class Trainer:
                                         if head is not None else [])
             self.objective.load_state(state)
             self.best_reward = state.get("best_reward", -math.inf)
-            self.reward_fn = reward_fn if reward_fn is not None else self._chess_reward()
+            self.reward_fn = reward_fn if reward_fn is not None else self._rollout_reward()
             if prompts is None:
                 prompts = PromptSource(cfg, records, run.dist.rank, run.dist.world, held_out)
                 left_out = f" less {prompts.left_out} held out" if prompts.left_out else ""
@@ -226,7 +226,7 @@ class Trainer:
                           f"started from; or start a new run from this one's model: rookworld train --model "
                           f"{cfg.output_dir} --output-dir NEW_DIR")
 
-    def _chess_reward(self) -> ChessReward:
+    def _rollout_reward(self) -> RolloutReward:
         cfg, run = self.cfg, self.run
         # On CUDA the engines analyse the next step's prompts while the GPU samples, beside the one core that drives
         # it; on the CPU they analyse in the reward phase, when torch waits for them, on every core.
@@ -237,7 +237,7 @@ class Trainer:
         run.log.say(f"rewards: Stockfish {self.pool.path} (depth {cfg.stockfish_depth}, {workers} worker"
                     f"{'s' if workers > 1 else ''}) for P: ({graded}), the rules for A:; {cfg.reward_shaping} shaping")
         scorer = RewardScorer(self.pool, shaping=cfg.reward_shaping, p_reward=cfg.p_reward)
-        return StoppableChessReward(scorer, self._stopping)
+        return StoppableRolloutReward(scorer, self._stopping)
 
     def _stopping(self) -> bool:
         """Whether a stop was asked for that this rank may act on alone: under torchrun every rank must drop a step or

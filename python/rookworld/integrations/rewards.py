@@ -19,7 +19,7 @@ from rookworld.ground import chess
 from rookworld.ground.data import Record, analysis_problems, assign_moves
 from rookworld.ground.quote import quoted, shortened
 from rookworld.ground.rewards import GroundTruth, RewardScorer, prompt_fen, task_of
-from rookworld.ground.stockfish import StockfishPool
+from rookworld.ground.stockfish import LazyPool
 
 #: Which prompts a reward function scores; the others get None, TRL's word for "this reward does not apply".
 TASKS = {"policy": ("P",), "env": ("A",), "mixed": ("P", "A")}
@@ -96,15 +96,14 @@ class ChessReward:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         self.task, self.shaping = task, shaping
         self.__name__ = f"rookworld_{task}"  # TRL logs each reward under its function's name
-        self._engine = dict(path=stockfish_path, depth=stockfish_depth, workers=stockfish_workers,
-                            cache_path=stockfish_cache)
-        self._pool: StockfishPool | None = None
+        self._pool = LazyPool(path=stockfish_path, depth=stockfish_depth, workers=stockfish_workers,
+                              cache_path=stockfish_cache)
         self._scorer = RewardScorer(None, shaping)
 
     def _stockfish(self) -> RewardScorer:
-        if self._pool is None:
-            self._pool = StockfishPool(**self._engine)
-            self._scorer = RewardScorer(self._pool, self.shaping)
+        pool = self._pool.get()
+        if self._scorer.stockfish is not pool:
+            self._scorer = RewardScorer(pool, self.shaping)
         return self._scorer
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], truth_moves: Sequence | None = None,
@@ -136,9 +135,7 @@ class ChessReward:
         return rewards
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self._pool.close()
 
     def __enter__(self) -> ChessReward:
         return self

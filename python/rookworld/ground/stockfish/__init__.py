@@ -19,7 +19,7 @@ futures, restarts and retries), `analysis` (the results).
 
 from rookworld.ground.stockfish.analysis import MATE_SCORE, Analysis, Candidate
 from rookworld.ground.stockfish.engine import StockfishError, StockfishNotFoundError, find_stockfish
-from rookworld.ground.stockfish.pool import StockfishPool, StockfishStats, default_timeout
+from rookworld.ground.stockfish.pool import LazyPool, StockfishPool, StockfishStats, default_timeout
 
-__all__ = ["Analysis", "Candidate", "MATE_SCORE", "StockfishError", "StockfishNotFoundError", "StockfishPool",
+__all__ = ["Analysis", "Candidate", "LazyPool", "MATE_SCORE", "StockfishError", "StockfishNotFoundError", "StockfishPool",
            "StockfishStats", "default_timeout", "find_stockfish"]

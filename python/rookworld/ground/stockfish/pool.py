@@ -474,3 +474,35 @@ def _done(value: Analysis) -> Future:
     future.set_result(value)
     return future
 
+
+
+class LazyPool:
+    """A `StockfishPool` started the first time it is asked for, once, whichever thread asks (a reward function
+    awaited in several threads, a server's sessions): what a user of the rewards that never needs an analysis never
+    starts. `close` ends it, and a later `get` starts none."""
+
+    def __init__(self, **settings):
+        self._settings = settings
+        self._pool: StockfishPool | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
+
+    def get(self) -> StockfishPool:
+        with self._lock:
+            if self._closed:
+                raise StockfishError("the Stockfish pool is closed")
+            if self._pool is None:
+                self._pool = StockfishPool(**self._settings)
+            return self._pool
+
+    def close(self, cancel_pending: bool = False, *, final: bool = False) -> None:
+        """Ends the pool if it started; with `final`, none starts again (a server shutting down)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._closed = self._closed or final
+        if pool is not None:
+            pool.close(cancel_pending=cancel_pending)
