@@ -41,7 +41,8 @@ from rookworld.grpo.rollout import RewardFn, Rollout, RolloutReward, collect_rol
 from rookworld.grpo.update import update
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm
-from rookworld.harness.run import Run, StepAbandoned
+from rookworld.harness.run import Run
+from rookworld.harness.stop import StepAbandoned
 from rookworld.harness.runlog import eval_command, fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
@@ -242,7 +243,7 @@ class Trainer:
     def _stopping(self) -> bool:
         """Whether a stop was asked for that this rank may act on alone: under torchrun every rank must drop a step or
         none, so there the step ends as the run's stop says."""
-        return self.run._stop_requested and not self.run.dist.enabled
+        return self.run.stop.requested and not self.run.dist.enabled
 
     # -- one GRPO step ------------------------------------------------------------------------------------
 

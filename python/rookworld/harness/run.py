@@ -23,6 +23,7 @@ from rookworld.harness.compiles import CompileReport
 from rookworld.harness.distributed import Comm, init_distributed
 from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
 from rookworld.harness.runlog import RunLog, Summary
+from rookworld.harness.stop import Doing, EvaluationStopped, StepAbandoned, Stop
 from rookworld.net.device import BF16_FLAGS, cpu_bf16, keep_freed_memory, resolve_device
 from rookworld.net.pretrained import from_pretrained, model_directory, save_pretrained
 from rookworld.net.tokenizer import get_tokenizer
@@ -79,14 +80,6 @@ def compute_dtype(dtype: str, kind: str) -> tuple[bool, str]:
 def complete_message(command: str, cfg: RunConfig, step: int) -> str:
     return (f"the run is complete: step {step} of --steps {cfg.steps}; to train longer, rookworld {command} "
             f"--resume {cfg.output_dir} --steps N with N > {step}")
-
-
-class EvaluationStopped(KeyboardInterrupt):
-    """Ctrl-C during a held-out evaluation: its partial figures are not training state, so it stops at once."""
-
-
-class StepAbandoned(KeyboardInterrupt):
-    """A second Ctrl-C before the step in progress changed any weight: the step is dropped, the last one kept."""
 
 
 class Run:
@@ -160,10 +153,7 @@ class Run:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
         self.interrupted = False  # set when a run stopped early on Ctrl-C or SIGTERM (after saving)
-        self._stop_requested = False
-        self._signals = 0
-        self._applying = False  # the weights are changing: stopping now would leave a step half done
-        self._evaluating = False
+        self.stop = Stop(self.log.say, lambda: self.step, alone=not self.dist.enabled)
 
     def build_optimizer(self, extra_groups: Sequence[dict] = ()) -> dict[str, Any]:
         """AdamW over the policy (and `extra_groups`), warm-up + cosine; on resume, their saved state and the
@@ -237,34 +227,9 @@ class Run:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    @contextlib.contextmanager
     def applying(self):
         """The weights (or a checkpoint) are being written: a second Ctrl-C lets this finish, a third aborts."""
-        self._applying = True
-        try:
-            yield
-        finally:
-            self._applying = False
-
-    def _request_stop(self, signum, frame) -> None:
-        """Ctrl-C or SIGTERM. The first stops a held-out evaluation at once, or else lets the step end; either
-        way that step is saved. A second drops the step in progress if it has not changed a weight yet (the last
-        step is then saved), or else lets it end. A third aborts without saving."""
-        self._signals += 1
-        done, next_step = self.step, self.step + 1
-        if self._signals == 1:
-            self._stop_requested = True
-            if self._evaluating:
-                raise EvaluationStopped
-            self.log.say(f"stopping after step {next_step} and saving it (Ctrl-C again to stop at once, keeping "
-                         f"step {done})")
-        elif self._signals == 2 and not self._applying and not self.dist.enabled:
-            raise StepAbandoned
-        elif self._signals == 2:
-            self.log.say(f"the weights are being written: step {next_step} ends and is saved first (Ctrl-C again "
-                         f"to abort without saving)")
-        else:
-            raise KeyboardInterrupt
+        return self.stop.during(Doing.APPLYING)
 
     def loop(self, step: Callable[[], dict[str, Any]], *, state: Callable[[], dict[str, Any]],
              modules: Callable[[], dict[str, nn.Module]] = dict, evaluate: Callable[[], dict[str, Any]] | None = None,
@@ -284,7 +249,7 @@ class Run:
         previous = {}
         if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
             for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, self._request_stop)
+                previous[sig] = signal.signal(sig, self.stop)
         last: dict[str, Any] = {}
         last_eval: dict[str, Any] | None = None
         saved_at = self.step
@@ -298,7 +263,7 @@ class Run:
                     self._report_compiles(m)
                     self.log.step(m, log_line=False)
                     last_eval = m
-                self.interrupted = self.comm.any(self._stop_requested)
+                self.interrupted = self.comm.any(self.stop.requested)
             while self.step < cfg.steps and not self.interrupted:
                 # What a checkpoint of the last step holds that the next one changes before its weights (the
                 # generators, the EMA baselines): kept, so that an abandoned step leaves no trace.
@@ -327,7 +292,7 @@ class Run:
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save(state(), modules())
                     saved_at = self.step
-                if self.comm.any(self._stop_requested):
+                if self.comm.any(self.stop.requested):
                     self.interrupted = self.step < cfg.steps
                     break
             if saved_at != self.step:
@@ -359,16 +324,14 @@ class Run:
         if not self.dist.main:
             return True
         self.log.status(f"step {self.step}/{self.cfg.steps} | evaluating on held-out positions ...")
-        self._evaluating = True
         try:
-            m.update(evaluate())
+            with self.stop.during(Doing.EVALUATING):
+                m.update(evaluate())
             return True
         except EvaluationStopped:
             saving = f"saving step {self.step}" if self.step else "no step was done, so nothing is saved"
             self.log.say(f"evaluation at step {self.step} stopped (its partial figures are dropped); {saving}")
             return False
-        finally:
-            self._evaluating = False
 
     def close(self) -> None:
         """The run log closed and the output directory free for the next run (a process's exit frees it too)."""
