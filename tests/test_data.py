@@ -7,6 +7,7 @@ import pytest
 
 from rookworld.ground import data
 from rookworld.ground.chess import START_FEN
+from rookworld.ground.quote import ECHO_LIMIT, shortened
 
 
 def write(tmp_path, text, name="positions.txt"):
@@ -55,7 +56,8 @@ def test_a_bad_line_names_file_and_line(tmp_path, line, reason):
         data.read_records(path)
     assert f"{path}:2:" in str(e.value)
     assert reason in str(e.value)
-    assert str(e.value).endswith(f": {line}"), "the line is quoted as written, not escaped"
+    # As written, not escaped, and cut to the 80 characters every message quotes.
+    assert str(e.value).endswith(f": {shortened(line, ECHO_LIMIT)}"), "the line is quoted as written, not escaped"
     records, skipped = data.read_records(path, skip_bad=True)
     assert (len(records), skipped) == (2, 1)
 
