@@ -44,6 +44,6 @@ def model_records(s: PositionsSettings, excluded: set[str]) -> list[data.Record]
             if len(records) >= s.count or empty == EMPTY_ROUNDS:
                 break
     if len(records) < s.count:
-        raise CliError(f"--from-model {s.from_model}: {EMPTY_ROUNDS} rounds of {ROUND_GAMES} games in a row gave no new "
-                       f"{s.model_positions} position, {len(records)} of --count {s.count} found")
+        raise CliError(f"--from-model {s.from_model}: {EMPTY_ROUNDS} rounds of {ROUND_GAMES} games in a row gave no "
+                       f"new {s.model_positions} position, {len(records)} of --count {s.count} found")
     return records

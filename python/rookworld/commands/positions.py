@@ -147,7 +147,8 @@ def _annotate(s: PositionsSettings, excluded: set[str], out: Output, model_recor
                 try:
                     analyses.append(f.result())
                 except Exception as e:  # an engine that failed every retry: say which position
-                    raise CliError(f"Stockfish could not analyse {quoted(r.fen)} ({r.source or 'generated'}): {e}") from None
+                    raise CliError(f"Stockfish could not analyse {quoted(r.fen)} ({r.source or 'generated'}): "
+                                   f"{e}") from None
         lines = data.annotated(records, analyses, seed=s.seed, layout=s.layout or "rookworld")
     _emit(lines, s, out)
     return 0

@@ -89,7 +89,8 @@ class PositionsSettings(PositionsOnly, SeedSettings, IllegalShareSettings, BadLi
 
 def tasks(option: str, value: str) -> str | None:
     names = [t.strip().upper() for t in value.split(",") if t.strip()]
-    return None if names and all(t in ("P", "A") for t in names) else f"{option} must be P, A or P,A, got {quoted(value)}"
+    ok = names and all(t in ("P", "A") for t in names)
+    return None if ok else f"{option} must be P, A or P,A, got {quoted(value)}"
 
 
 @group
