@@ -95,6 +95,16 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def one_line_error(result, *parts: str) -> str:
+    """The stderr of a refused command: exit 2, one line, no traceback, holding each of `parts`."""
+    err = result.stderr.strip()
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for part in parts:
+        assert part in err, (part, err)
+    return err
+
+
 def cli(*args, input: str | None = None, cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     """`rookworld ARGS` run in this process, as `subprocess.run([sys.executable, "-m", "rookworld", *args],
     capture_output=True, text=True, input=input, cwd=cwd)` runs it, without importing torch anew each time.

@@ -13,7 +13,7 @@ from pathlib import Path
 import chess as pychess
 import pytest
 
-from conftest import REPO, cli
+from conftest import REPO, cli, one_line_error
 from rookworld.ground import chess, data
 from rookworld.ground.stockfish import StockfishPool, find_stockfish
 from rookworld.ground.stockfish.cache import DiskCache, StockfishCacheError
@@ -22,16 +22,6 @@ STOCKFISH = find_stockfish()
 MODEL = REPO / "models" / "chess-cpu-sft"
 AFTER_E4 = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
 ITALIAN = "r1bqk1nr/pppp1ppp/2n5/2b1p3/2B1P3/5N2/PPPP1PPP/RNBQK2R w KQkq - 4 4"
-
-
-def one_line_error(result, *parts: str) -> str:
-    """The stderr of a refused command: exit 2, one line, no traceback, holding each of `parts`."""
-    err = result.stderr.strip()
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for part in parts:
-        assert part in err, (part, err)
-    return err
 
 
 def game_positions(games: int, seed: int) -> list[tuple[pychess.Board, pychess.Board, pychess.Move, list[str]]]:

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, cli
+from conftest import REPO, cli, one_line_error
 from rookworld import _core
 from rookworld.ground import chess, data
 from rookworld.ground.files import MAX_LINE
@@ -37,16 +37,6 @@ MAX_PLIES = 18_000
 #: Address space for a process that reads a PGN: Python and the Rust core take under 100 MB of it; the
 #: 20,000-ply game of the probe took 5.7 GB, and a 17,998-ply one 18.6 GB, before histories were shared.
 MEMORY_LIMIT = 1 << 30
-
-
-def one_line_error(result, *parts: str) -> str:
-    """The stderr of a refused command: exit 2, one line, no traceback, holding each of `parts`."""
-    err = result.stderr.strip()
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for part in parts:
-        assert part in err, (part, err)
-    return err
 
 
 def dance(plies: int) -> str:
