@@ -71,16 +71,26 @@ class LineBound:
         return min(1 << 16, self.limit)
 
 
+def next_line(f: TextIO, limit: int = MAX_LINE) -> tuple[str, bool] | None:
+    """The next line of text stream `f` (None at its end) and whether it is whole: one longer than `limit`
+    characters comes back as its first `limit` and False, the rest read past to its end and never held (a log
+    without newlines, /dev/zero, a GUI that never ends its command)."""
+    line = f.readline(limit)
+    if not line:
+        return None
+    if len(line) < limit or line.endswith("\n"):
+        return line, True
+    while (rest := f.readline(limit)) and not rest.endswith("\n"):
+        pass
+    return line, False
+
+
 def lines_within(f: TextIO, limit: int = MAX_LINE) -> Iterator[str | None]:
     """The lines of text stream `f` (without their ends), each of at most `limit` characters; None in place of a
-    longer one, which is read past to its end and never held whole (a log without newlines, /dev/zero)."""
-    while line := f.readline(limit):
-        if len(line) < limit or line.endswith("\n"):
-            yield line.rstrip("\r\n")
-            continue
-        while (rest := f.readline(limit)) and not rest.endswith("\n"):
-            pass
-        yield None
+    longer one (`next_line`)."""
+    while (got := next_line(f, limit)) is not None:
+        line, whole = got
+        yield line.rstrip("\r\n") if whole else None
 
 
 def read_bounded(path: str | os.PathLike, limit: int = MAX_LINE) -> bytes:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from rookworld.ground import chess
+from rookworld.ground.files import next_line
 from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.stockfish.analysis import MATE_SCORE
 from rookworld.lm.answers import PROTOCOLS
@@ -56,14 +57,11 @@ class Overlong(str):
 def read_command(stream: TextIO) -> str | None:
     """The next line of `stream` (None at its end), at most MAX_COMMAND characters: a longer one is an `Overlong`
     holding its first ECHO_LIMIT characters, the rest read past and dropped."""
-    line = stream.readline(MAX_COMMAND)
-    if not line:
+    got = next_line(stream, MAX_COMMAND)
+    if got is None:
         return None
-    if len(line) < MAX_COMMAND or line.endswith("\n"):
-        return line
-    while (rest := stream.readline(MAX_COMMAND)) and not rest.endswith("\n"):
-        pass
-    return Overlong(line[:ECHO_LIMIT + 1])  # one past the limit: `quoted` marks it cut
+    line, whole = got
+    return line if whole else Overlong(line[:ECHO_LIMIT + 1])  # one past the limit: `quoted` marks it cut
 
 
 def commands(stream: TextIO) -> Iterator[str]:
