@@ -38,8 +38,8 @@ import torch
 from rookworld.net.model import GPT, GPTConfig
 from rookworld.net.precision import autocast_copy
 from rookworld.net.decoding import release_caches
-from rookworld.net.logprobs import TokenLogProbs, token_logprobs
-from rookworld.net.sampling import generate
+from rookworld.net.logprobs import PassOptions, TokenLogProbs, TokenTerms, token_logprobs
+from rookworld.net.sampling import SamplingOptions, generate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -84,18 +84,18 @@ def decode_floor(cfg: GPTConfig, params: int, batch: int, prompt_len: int, new: 
     return batch * bandwidth / step_bytes
 
 
-def _autocast_logprobs(model: GPT, ids: torch.Tensor, attention_mask: torch.Tensor, *, dtype: torch.dtype | None,
-                       **kwargs) -> TokenLogProbs:
+def _autocast_logprobs(model: GPT, ids: torch.Tensor, attention_mask: torch.Tensor, *, options: PassOptions,
+                       dtype: torch.dtype | None, **kwargs) -> TokenLogProbs:
     """token_logprobs under autocast to `dtype` (None: in the model's own dtype), as the trainer calls it."""
     with torch.autocast(model.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-        return token_logprobs(model, ids, attention_mask, **kwargs)
+        return token_logprobs(model, ids, attention_mask, options, **kwargs)
 
 
 def _forward_backward(model: GPT, logprobs: Callable[..., TokenLogProbs], fused: bool) -> None:
     """Forward and backward of the mean log-prob: made in one pass over the vocabulary (`fused`, as the trainer
     does), or through autograd over checkpointed chunks (the plain pass)."""
     if fused:
-        logprobs(loss=lambda lp, entropy, kl, at: lp).loss.backward()
+        logprobs(loss=lambda lp, entropy, kl, at: TokenTerms(lp)).loss.backward()
     else:
         logprobs().logprobs.sum().backward()
     model.zero_grad(set_to_none=True)
@@ -119,8 +119,8 @@ def mixed(model: GPT, device: torch.device, rows: int, args: argparse.Namespace,
         g = torch.Generator(device=device).manual_seed(0)
         for sl, plen, new in ((slice(0, n_p), p_len, p_new), (slice(n_p, rows), a_len, a_new)):
             if sl.stop > sl.start:
-                generate(model, ids[sl, width - plen :], mask[sl, width - plen :], max_new_tokens=new,
-                         stop_at_eos=False, generator=g, compile=compiled, dtype=args.run_dtype)
+                options = SamplingOptions(max_new_tokens=new, stop_at_eos=False, compile=compiled, dtype=args.run_dtype)
+                generate(model, ids[sl, width - plen :], mask[sl, width - plen :], options, generator=g)
 
     tokens = n_p * p_new + (rows - n_p) * a_new
     one_s, _ = _time(one, device, warmup, args.repeats)
@@ -266,9 +266,9 @@ def main() -> None:
                 if not args.no_logprobs:
                     ids = torch.cat([prompts, out.tokens], dim=1)
                     full_mask = torch.cat([mask, out.mask], dim=1)
+                    options = PassOptions(start=prompt_len, chunk_size=args.chunk_size, compile=compiled)
                     logprobs = functools.partial(_autocast_logprobs, ids=ids, attention_mask=full_mask,
-                                                 start=prompt_len, chunk_size=args.chunk_size, compile=compiled,
-                                                 dtype=args.run_dtype)
+                                                 options=options, dtype=args.run_dtype)
                     logprobs_s, _ = _time(torch.no_grad()(functools.partial(logprobs, model)), device, 1, args.repeats)
                     figures["logprob_tokens_per_s"] = batch * new / logprobs_s
                     row += f" {batch * new / logprobs_s:>11,.0f}"

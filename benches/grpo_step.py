@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -61,8 +62,8 @@ class FixedLengths(Sampler):
     def generate(self, model, ids, mask, tasks, generator, rows_per_prompt, memo=None):
         limits = torch.tensor([self.lengths[t] for t in tasks]).repeat_interleave(rows_per_prompt)
         t0 = time.perf_counter()
-        out = generate(model, ids, mask, max_new_tokens=limits, stop_at_eos=False, generator=generator,
-                       rows_per_prompt=rows_per_prompt, memo=memo, **self.settings)
+        options = dataclasses.replace(self.options, max_new_tokens=limits, stop_at_eos=False)
+        out = generate(model, ids, mask, options, generator=generator, rows_per_prompt=rows_per_prompt, memo=memo)
         # Each decoding's own line, as it ends: a first step cut off by a time limit (compiling) still shows how far
         # it got and what each new shape cost.
         print(f"  decoded {out.tokens.shape[0]} rows x {int(limits.max())} tokens after prompts of {ids.shape[1]} in "
@@ -115,9 +116,10 @@ def rehearse_cuda(trainer: Trainer) -> None:
     sampling.DRAWS["cpu"] = sampling._draw_in_blocks
     model_module.GROUPED_PROMPTS_ON.discard("cpu")
     trainer.run.compile = trainer.models.compile = True
-    trainer.run.compile_logprobs = trainer.models.compile_logprobs = trainer.models.logprobs.compile = \
-        trainer.cfg.compile_logprobs
-    trainer.sampler.settings["compile"] = True
+    trainer.run.compile_logprobs = trainer.cfg.compile_logprobs
+    passes = trainer.models.logprobs
+    passes.options = dataclasses.replace(passes.options, compile=trainer.cfg.compile_logprobs)
+    trainer.sampler.options = dataclasses.replace(trainer.sampler.options, compile=True)
 
 
 def write_json(path: str | None, figures: dict) -> None:

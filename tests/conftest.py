@@ -4,6 +4,7 @@ the `rookworld` command in this process."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import signal
@@ -84,8 +85,9 @@ def fixed_lengths(trainer, lengths: dict[str, int]):
     class FixedLengths(Sampler):
         def generate(self, model, ids, mask, tasks, generator, rows_per_prompt, memo=None):
             limits = torch.tensor([lengths[t] for t in tasks]).repeat_interleave(rows_per_prompt)
-            return generate(model, ids, mask, max_new_tokens=limits, stop_at_eos=False, generator=generator,
-                            rows_per_prompt=rows_per_prompt, memo=memo, **self.settings)
+            options = dataclasses.replace(self.options, max_new_tokens=limits, stop_at_eos=False)
+            return generate(model, ids, mask, options, generator=generator, rows_per_prompt=rows_per_prompt,
+                            memo=memo)
 
     trainer.sampler = FixedLengths(trainer.models, trainer.cfg, trainer.run.tokenizer.eos_id)
     return trainer
@@ -346,3 +348,12 @@ def check_teardown_order() -> list:
     torch.distributed.destroy_process_group = destroy_after_the_wrappers
     return wrappers
 
+
+
+def generate_with(model, ids, mask=None, **kw):
+    """`generate` with its sampling options given as keywords beside the others (the tests' shorthand)."""
+    from rookworld.net.sampling import SamplingOptions, generate
+
+    fields = SamplingOptions.__dataclass_fields__
+    options = SamplingOptions(**{k: kw.pop(k) for k in list(kw) if k in fields})
+    return generate(model, ids, mask, options, **kw)

@@ -6,6 +6,7 @@ minutes: the graphs dynamo makes do not depend on the backend)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 
@@ -14,7 +15,7 @@ import torch
 
 from conftest import tiny_gpt
 from rookworld.net import compile_log, compiling, decoding
-from rookworld.net.sampling import generate
+from rookworld.net.sampling import SamplingOptions, generate
 from rookworld.net.tokenizer import get_tokenizer
 
 # dynamo's recompile limit, by the name this torch gives it
@@ -27,8 +28,8 @@ def test_past_the_recompile_limit_decoding_falls_back_to_eager(monkeypatch):
     """Each batch size is a new entry of the compiled decode step; past the limit, fullgraph=True raises an error
     that is not a TorchDynamoException. It is a warning, and eager decoding gives the same tokens."""
     monkeypatch.setattr(compiling, "failed", {})
-    monkeypatch.setattr(decoding, "_compiled_steps", {"cpu": torch.compile(decoding.decode_step, backend="eager",
-                                                                           fullgraph=True, dynamic=False)})
+    monkeypatch.setattr(decoding._DECODE_STEP, "by_device", {"cpu": torch.compile(decoding.decode_step, backend="eager",
+                                                                                  fullgraph=True, dynamic=False)})
     monkeypatch.setattr(compiling, "RECOMPILE_LIMIT", 2)
     model = tiny_gpt(scale=4.0)
     tok = get_tokenizer()
@@ -36,8 +37,8 @@ def test_past_the_recompile_limit_decoding_falls_back_to_eager(monkeypatch):
     with torch._dynamo.config.patch(**{LIMIT: 2}), warning:
         for batch in (1, 2, 3, 4):
             ids, mask = tok.encode_batch([f"P: {f}" for f in FENS[:batch]], bos=True)
-            eager = generate(model, ids, mask, max_new_tokens=5, seed=1, compile=False)
-            compiled = generate(model, ids, mask, max_new_tokens=5, seed=1, compile=True)
+            eager = generate(model, ids, mask, SamplingOptions(max_new_tokens=5, compile=False), seed=1)
+            compiled = generate(model, ids, mask, SamplingOptions(max_new_tokens=5, compile=True), seed=1)
             assert torch.equal(compiled.tokens, eager.tokens) and torch.equal(compiled.mask, eager.mask)
     assert compiling.has_failed(decoding.decode_step, "cpu")  # (the draw, compiled per batch too, may join it)
 
@@ -54,7 +55,7 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
 
     monkeypatch.setattr(compiling, "failed", {})
     monkeypatch.setattr(compiling.torch, "compile", functools.partial(torch.compile, backend="eager"))
-    monkeypatch.setattr(decoding, "_compiled_steps", {})
+    monkeypatch.setattr(decoding._DECODE_STEP, "by_device", {})
     torch._dynamo.reset()
     cfg = TrainConfig(steps=20, prompts_per_step=5, group_size=4, max_new_tokens=40, eval_every=5, eval_size=8,
                       stockfish_depth=2, stockfish_workers=1, save_every=0, sample_every=0, warmup_steps=0,
@@ -64,8 +65,9 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     t = Trainer(cfg, policy=policy, reference=copy.deepcopy(policy), tokenizer=get_tokenizer(),
                 stream=open(os.devnull, "w"))
     # A run compiles on CUDA alone; here every switch a CUDA run sets is set by hand.
-    t.run.compile = t.models.compile = t.models.compile_logprobs = t.models.logprobs.compile = True
-    t.sampler.settings["compile"] = True
+    t.run.compile = t.models.compile = True
+    t.models.logprobs.options = dataclasses.replace(t.models.logprobs.options, compile=True)
+    t.sampler.options = dataclasses.replace(t.sampler.options, compile=True)
     before = compiling.graphs_compiled()
     try:
         t.train()
@@ -74,10 +76,10 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     graphs = compiling.graphs_compiled() - before
     assert not compiling.failed, compiling.failed
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list as entries
-    from rookworld.net import logprobs, sampling
+    from rookworld.net import logprobs, sampling, vocab_grad
     counts = {f.__name__: len(entries(f.__code__)) for f in (decoding.decode_step, sampling._draw, logprobs._states,
-                                                               logprobs._chunk_logprobs, logprobs._vocab_forward,
-                                                               logprobs._vocab_backward)}
+                                                               logprobs._chunk_logprobs, vocab_grad.vocab_forward,
+                                                               vocab_grad.vocab_backward)}
     print(f"graphs compiled over 20 steps: {graphs}: {counts}")
     assert 0 < graphs <= 40, graphs
 
@@ -111,13 +113,13 @@ def test_a_124m_shaped_step_compiles_at_most_six_graphs_then_none(monkeypatch, t
     monkeypatch.setattr(compiling, "failed", {})
     monkeypatch.setattr(compiling.torch, "compile", functools.partial(torch.compile, backend="eager"))
     monkeypatch.setattr(compiling, "DYNAMIC_OPTIONS", {})  # inductor's settings
-    for module, names in ((decoding, ["_compiled_steps"]), (sampling, ["_compiled_draws", "DRAWS"]),
-                          (model_module, ["GROUPED_PROMPTS_ON"])):
+    for module, names in ((sampling, ["DRAWS"]), (model_module, ["GROUPED_PROMPTS_ON"])):
         for name in names:  # the rehearsal changes copies, which the test's end puts back
             monkeypatch.setattr(module, name, type(getattr(module, name))(getattr(module, name)))
-    from rookworld.net import logprobs
-    for name in ("_compiled_states", "_compiled_chunks", "_compiled_forwards", "_compiled_backwards"):
-        monkeypatch.setattr(logprobs, name, {})
+    from rookworld.net import fused_head, logprobs
+    for compiled in (decoding._DECODE_STEP, *sampling.COMPILED_DRAWS.values(), logprobs._STATES, logprobs._CHUNK,
+                     fused_head._FORWARD, fused_head._BACKWARD):
+        monkeypatch.setattr(compiled, "by_device", {})
     torch._dynamo.reset()
     # 13 prompts at the default mix: 2 or 3 A: prompts a step (never 1: a batch of one group is a size dynamo
     # specializes, which a 124M run's 128 prompts never meet).
@@ -155,14 +157,14 @@ def test_a_compiling_run_says_each_graph_as_it_begins_and_after_its_step(monkeyp
     import io
 
     from rookworld.harness.compiles import CompileReport
-    from rookworld.harness.runlog import RunLog
+    from rookworld.harness.runlog import Reporting, RunLog
 
     monkeypatch.setattr(compiling, "failed", {})
     monkeypatch.setattr(compiling.torch, "compile", functools.partial(torch.compile, backend="eager"))
     monkeypatch.setattr(compile_log, "_descriptions", {})
     compile_log.describe(_double_relu, lambda x: f"the doubling of {x.shape[0]:,} rows")
     stream = io.StringIO()
-    report = CompileReport(RunLog(tmp_path, 2, stream=stream, report_to=()), tmp_path, main=True)
+    report = CompileReport(RunLog(tmp_path, 2, stream=stream, reporting=Reporting(report_to=())), tmp_path, main=True)
     try:
         compiled: dict = {}
         rows = []
@@ -188,9 +190,9 @@ def test_a_compiling_run_says_each_graph_as_it_begins_and_after_its_step(monkeyp
 _CACHE_SCRIPT = """
 import sys, torch
 from rookworld.harness.compiles import CompileReport
-from rookworld.harness.runlog import RunLog
+from rookworld.harness.runlog import Reporting, RunLog
 out = sys.argv[1]
-report = CompileReport(RunLog(out, 1, report_to=()), out, main=True)
+report = CompileReport(RunLog(out, 1, reporting=Reporting(report_to=())), out, main=True)
 if sys.argv[2] == "load":
     report.load_cache()
 f = torch.compile(lambda x: (x.sin() * 3).cumsum(0), fullgraph=True)
@@ -248,4 +250,4 @@ def test_no_compile_logprobs_compiles_decoding_alone(tmp_path):
         return {g["name"] for g in json.loads(out.read_text())["compiled"]}
 
     assert compiled("--no-compile-logprobs") == {"decode_step", "_draw_in_blocks"}
-    assert {"_states", "_vocab_forward", "_vocab_backward"} <= compiled()
+    assert {"_states", "vocab_forward", "vocab_backward"} <= compiled()

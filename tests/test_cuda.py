@@ -17,14 +17,15 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from conftest import constant_gpt, rookworld_process
+from conftest import constant_gpt, generate_with, rookworld_process
 from test_trainer import metrics
 from rookworld.net import compiling, logprobs
-from rookworld.net.logprobs import token_logprobs
+from rookworld.net.fused_head import TokenTerms
+from rookworld.net.logprobs import PassOptions, token_logprobs
 from rookworld.net.model import GPT, GPTConfig
 from rookworld.net.device import peak_tflops
 from rookworld.net.precision import autocast_copy, refresh_copy
-from rookworld.net.sampling import generate
+from rookworld.net.sampling import SamplingOptions, generate
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -87,8 +88,8 @@ def test_compiled_decode_equals_eager_in_bf16_across_graph_replays(batch, new_to
         for seed in (1, 2):  # the second call replays the captured graph on new prompts and a reused cache
             ids, mask = _prompts(batch, 30, seed)
             kw = dict(max_new_tokens=new_tokens, temperature=0.0, stop_at_eos=False)
-            eager = generate(model, ids, mask, compile=False, **kw)
-            compiled = generate(model, ids, mask, compile=True, **kw)
+            eager = generate_with(model, ids, mask, compile=False, **kw)
+            compiled = generate_with(model, ids, mask, compile=True, **kw)
             for out in (eager, compiled):
                 _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, out)
             assert (eager.tokens == compiled.tokens).all(1).any(), "some rows must decode identically"
@@ -97,8 +98,8 @@ def test_compiled_decode_equals_eager_in_bf16_across_graph_replays(batch, new_to
             # a few draws (measured on the CPU: after 1 to 4 tokens); up to where a row parts, each token was drawn
             # after the same context by both, and must have the same log-prob.
             kw = dict(max_new_tokens=new_tokens, seed=seed, stop_at_eos=False)
-            eager = generate(model, ids, mask, compile=False, **kw)
-            compiled = generate(model, ids, mask, compile=True, **kw)
+            eager = generate_with(model, ids, mask, compile=False, **kw)
+            compiled = generate_with(model, ids, mask, compile=True, **kw)
             same = (eager.tokens == compiled.tokens).long().cumprod(1).bool()  # the common prefix of each row
             assert same[:, 0].all(), "the first draw (from the prompts' logits) must be the same in every row"
             gap = (eager.logprobs - compiled.logprobs)[same].abs().max()
@@ -118,11 +119,11 @@ def test_the_autocast_copy_decodes_as_the_fp32_policy_and_its_graphs_follow_a_re
     copy = autocast_copy(model, torch.bfloat16)
     kw = dict(max_new_tokens=40, temperature=0.0, stop_at_eos=False, dtype=torch.bfloat16)
     ids, mask = _prompts(32, 30, seed=1)
-    fp32, stored = (generate(m, ids, mask, compile=False, **kw) for m in (model, copy))
+    fp32, stored = (generate_with(m, ids, mask, compile=False, **kw) for m in (model, copy))
     assert torch.equal(fp32.tokens, stored.tokens)
     # Sampled at temperature 1, the log-probs (the policy's own) are the same bits too.
     sampled = dict(kw, temperature=1.0, seed=7)
-    fp32, stored = (generate(m, ids, mask, compile=False, **sampled) for m in (model, copy))
+    fp32, stored = (generate_with(m, ids, mask, compile=False, **sampled) for m in (model, copy))
     assert torch.equal(fp32.tokens, stored.tokens) and torch.equal(fp32.logprobs, stored.logprobs)
     counters.clear()
     with warnings.catch_warnings():
@@ -135,7 +136,7 @@ def test_the_autocast_copy_decodes_as_the_fp32_policy_and_its_graphs_follow_a_re
                             p.add_(0.5 * p.std() * torch.randn_like(p))
                 refresh_copy(copy, model)
             ids, mask = _prompts(32, 30, seed=2 + step)
-            _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, generate(copy, ids, mask, compile=True, **kw))
+            _assert_greedy_in_fp32_up_to_bf16(model, ids, mask, generate_with(copy, ids, mask, compile=True, **kw))
     assert not compiling.failed, compiling.failed
     assert counters["inductor"]["cudagraph_skips"] == 0, "the compiled decode step did not run as a CUDA graph"
 
@@ -144,13 +145,13 @@ def test_compiled_sampling_draws_from_the_fp32_distribution_and_repeats_with_its
     model = _model(seed=3)
     ids, mask = _prompts(64, 24, seed=5)
     kw = dict(max_new_tokens=32, seed=11, stop_at_eos=False, temperature=0.8)
-    compiled = generate(model, ids, mask, compile=True, **kw)
+    compiled = generate_with(model, ids, mask, compile=True, **kw)
     logits = _fp32_logits_along(model, ids, mask, compiled) / 0.8
     fp32 = logits.log_softmax(-1).gather(-1, compiled.tokens[..., None]).squeeze(-1)
     error = (compiled.logprobs - fp32).abs()
     # On the CPU in bf16: 0.05 at most, 0.009 on average; a wrong context: 1.0 on average.
     assert error.max() < 0.25 and error.mean() < 0.03, (error.max(), error.mean())
-    again = generate(model, ids, mask, compile=True, **kw)
+    again = generate_with(model, ids, mask, compile=True, **kw)
     assert torch.equal(again.tokens, compiled.tokens), "seeded compiled sampling must repeat exactly"
 
 
@@ -160,7 +161,7 @@ def test_generate_stops_rows_at_eos_at_different_steps_on_cuda():
     model = constant_gpt(logits).to(CUDA)
     ids, mask = _prompts(64, 6, seed=0)
     kw = dict(max_new_tokens=100, seed=0)
-    out = generate(model, ids, mask, compile=True, **kw)
+    out = generate_with(model, ids, mask, compile=True, **kw)
     first_eos = []
     for row in range(64):
         tokens, m = out.tokens[row].tolist(), out.mask[row].tolist()
@@ -172,7 +173,7 @@ def test_generate_stops_rows_at_eos_at_different_steps_on_cuda():
         assert (out.logprobs[row, e + 1 :] == 0).all()
     assert len(set(first_eos)) > 4, "rows must stop at different steps"
     assert out.tokens.shape[1] == int(out.lengths.max()) < 100, "decoding must end once every row is done"
-    eager = generate(model, ids, mask, compile=False, **kw)
+    eager = generate_with(model, ids, mask, compile=False, **kw)
     assert torch.equal(eager.tokens, out.tokens) and torch.equal(eager.mask, out.mask)
 
 
@@ -184,14 +185,14 @@ def test_token_logprobs_under_bf16_autocast_track_float64(compile):
     model = _model(n_layer=4, scale=2.0, seed=7).train()
     ids, mask = _prompts(8, 120, seed=9)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        s = token_logprobs(model, ids, mask, start=60, chunk_size=300, compile=compile, return_entropy=True)
+        s = token_logprobs(model, ids, mask, PassOptions(start=60, chunk_size=300, compile=compile, entropy=True))
     (s.logprobs.sum() + s.entropy.sum()).backward()
     ref_model = _model(n_layer=4, scale=2.0, seed=7).train().cpu().double()
-    r = token_logprobs(ref_model, ids.cpu(), mask.cpu(), start=60, return_entropy=True)
+    r = token_logprobs(ref_model, ids.cpu(), mask.cpu(), PassOptions(start=60, entropy=True))
     (r.logprobs.sum() + r.entropy.sum()).backward()
     assert s.logprobs.dtype == s.entropy.dtype == torch.float32
     if compile:  # the trunk and the chunks' log-softmax both ran compiled, not eagerly after a failure
-        assert "cuda" in logprobs._compiled_states and "cuda" in logprobs._compiled_chunks
+        assert "cuda" in logprobs._STATES.by_device and "cuda" in logprobs._CHUNK.by_device
         assert not compiling.failed, compiling.failed
     for got, want in ((s.logprobs, r.logprobs), (s.entropy, r.entropy)):
         got, want = got.detach().cpu().double(), want.detach().double()
@@ -218,13 +219,14 @@ def test_each_prompt_once_and_the_fused_pass_under_bf16_track_float64(compile):
     weights = torch.linspace(0.5, 1.5, 16 * 40, device=CUDA).view(16, 40) / 640
 
     def loss(lp, entropy, kl, at):
-        return -(lp + 0.1 * entropy) * weights.reshape(-1)[at.to(weights.device)]
+        return TokenTerms(-(lp + 0.1 * entropy) * weights.reshape(-1)[at.to(weights.device)])
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        s = token_logprobs(model, ids, mask, start=60, compile=compile, return_entropy=True, rows_per_prompt=4, loss=loss)
+        options = PassOptions(start=60, compile=compile, entropy=True, rows_per_prompt=4)
+        s = token_logprobs(model, ids, mask, options, loss=loss)
     s.loss.backward()
     ref_model = _model(n_layer=4, scale=2.0, seed=7).train().cpu().double()
-    r = token_logprobs(ref_model, ids.cpu(), mask.cpu(), start=60, return_entropy=True)
+    r = token_logprobs(ref_model, ids.cpu(), mask.cpu(), PassOptions(start=60, entropy=True))
     w = weights.cpu().double()
     want = -((r.logprobs + 0.1 * r.entropy) * w).sum()
     want.backward()
@@ -243,8 +245,8 @@ def test_compiled_decoding_from_prompts_computed_once_stays_greedy_in_fp32():
     replayed decode step: every greedy token of every copy is the fp32 argmax along its own path."""
     model = _model()
     ids, mask = _prompts(8, 24, seed=3)
-    out = generate(model, ids, mask, max_new_tokens=30, temperature=0.0, stop_at_eos=False, compile=True,
-                   rows_per_prompt=3)
+    options = SamplingOptions(max_new_tokens=30, temperature=0.0, stop_at_eos=False, compile=True)
+    out = generate(model, ids, mask, options, rows_per_prompt=3)
     assert out.tokens.shape == (24, 30)
     _assert_greedy_in_fp32_up_to_bf16(model, ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), out)
 

@@ -1,6 +1,7 @@
 """The GRPO objective against values worked out by hand."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -358,9 +359,10 @@ def test_gae_advantages_take_the_k1_penalty_as_a_per_token_reward():
     ref_lp = torch.tensor([[-1.5, -1.0, -0.5], [-1.0, -0.7, 0.0]])
     values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 5.0]])
     rewards = torch.tensor([1.0, -0.5], dtype=torch.float64)
-    adv, ret, _ = Objective(cfg).advantages(rewards, torch.ones(2, dtype=torch.bool), np.array(["P", "P"]), mask, mask,
-                                            Comm(DistInfo(), torch.device("cpu")), ref_logprobs=ref_lp,
-                                            old_logprobs=old_lp, old_values=values)
+    scored = SimpleNamespace(rewards=rewards, valid=torch.ones(2, dtype=torch.bool), tasks=np.array(["P", "P"]),
+                             completion_mask=mask, loss_mask=mask, ref_logprobs=ref_lp, old_logprobs=old_lp,
+                             old_values=values, kl_scale=None)
+    adv, ret, _ = Objective(cfg).advantages(scored, Comm(DistInfo(), torch.device("cpu")))
     # k1 = old - ref: row 0 (0.5, -1.0, 0.0), row 1 (-0.5, 0.5). Per-token rewards r = -beta k1 (+ the reward last):
     r0 = [-0.05, 0.1, 1.0]
     r1 = [0.05, -0.05 - 0.5]

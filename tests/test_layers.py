@@ -172,3 +172,27 @@ def test_the_development_guide_names_every_module_and_folder():
                                                                                             if m not in named
                                                                                             and f"{m}.rs" not in named)
     assert missing == []
+
+
+#: The layers every GRPO and SFT step goes through, held to functions a reader takes in at once.
+SMALL_FUNCTION_LAYERS = ("grpo", "net", "harness")
+MOST_PARAMETERS, MOST_LINES = 8, 60
+
+
+def test_functions_of_the_step_layers_fit_a_screen_and_take_few_parameters():
+    """No function in grpo/, net/ or harness/ takes more than 8 parameters (self, cls and an autograd ctx not
+    counted) or runs longer than 60 lines, docstring included."""
+    found = []
+    for layer in SMALL_FUNCTION_LAYERS:
+        for path in sorted((PACKAGE / layer).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                count = len(names) + bool(a.vararg) + bool(a.kwarg) - bool(names and names[0] in ("self", "cls", "ctx"))
+                lines = node.end_lineno - node.lineno + 1
+                if count > MOST_PARAMETERS or lines > MOST_LINES:
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {count} parameters, "
+                                 f"{lines} lines")
+    assert not found, "\n".join(found)

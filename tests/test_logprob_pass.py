@@ -10,11 +10,11 @@ import os
 import pytest
 import torch
 
-from conftest import tiny_gpt
-from rookworld.net import compiling, logprobs
-from rookworld.net.logprobs import token_logprobs
+from conftest import generate_with, tiny_gpt
+from rookworld.net import compiling, fused_head, logprobs
+from rookworld.net.fused_head import TokenTerms
+from rookworld.net.logprobs import PassOptions, token_logprobs, with_values
 from rookworld.net.head import head_logits
-from rookworld.net.sampling import generate
 from rookworld.net.tokenizer import chess_tokenizer, get_tokenizer
 from rookworld.net.value import ValueHead
 
@@ -72,8 +72,9 @@ def test_each_prompt_once_gives_every_output_and_gradient_of_the_full_pass(kl_we
     coef = torch.randn(4, *cmask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     results = []
     for group_size in (1, G):
-        s = token_logprobs(policy, ids, mask, start=P, temperature=0.8, return_entropy=True, reference=reference,
-                           kl_weights=kl_weights, value_head=head, rows_per_prompt=group_size, chunk_size=5)
+        options = PassOptions(start=P, temperature=0.8, entropy=True, kl_weights=kl_weights,
+                              rows_per_prompt=group_size, chunk_size=5, keep_hidden=True)
+        s = with_values(token_logprobs(policy, ids, mask, options, reference=reference), head)
         parts = (s.logprobs, s.entropy, s.kl, s.values)
         (sum((c * x * cmask).sum() for c, x in zip(coef, parts))).backward()
         results.append(([x.detach() * cmask for x in parts], _grads(policy, head)))
@@ -93,7 +94,7 @@ def _surrogate(advantages, old, weights):
         ratio = torch.exp(lp - old.reshape(-1)[at])
         adv = advantages.reshape(-1)[at]
         per = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.28) * adv) - 0.01 * entropy + 0.1 * kl
-        return per * weights.reshape(-1)[at]
+        return TokenTerms(per * weights.reshape(-1)[at], {"ratio": ratio})
 
     return loss
 
@@ -113,21 +114,25 @@ def test_the_fused_pass_gives_the_loss_and_gradients_of_autograd(group_size, tem
     old = -3 - torch.rand(shape, generator=g, dtype=torch.float64)
     weights = torch.rand(shape, generator=g, dtype=torch.float64) * wanted
     loss = _surrogate(advantages, old, weights)
-    kw = dict(start=P, temperature=temperature, return_entropy=True, reference=reference, kl_weights=kl_weights,
-              wanted=wanted, rows_per_prompt=group_size, chunk_size=4)
+    options = PassOptions(start=P, temperature=temperature, entropy=True, kl_weights=kl_weights,
+                          rows_per_prompt=group_size, chunk_size=4)
+    kw = dict(reference=reference, wanted=wanted)
 
-    plain = token_logprobs(policy, ids, mask, **kw)
+    plain = token_logprobs(policy, ids, mask, options, **kw)
     positions = wanted.reshape(-1).nonzero().squeeze(1)
     flat = lambda x: x.reshape(-1)[positions]  # noqa: E731
-    want = loss(flat(plain.logprobs), flat(plain.entropy), flat(plain.kl), positions).sum()
+    want = loss(flat(plain.logprobs), flat(plain.entropy), flat(plain.kl), positions).loss.sum()
     want.backward()
     expected = _grads(policy)
 
-    fused = token_logprobs(policy, ids, mask, loss=loss, **kw)
+    fused = token_logprobs(policy, ids, mask, options, loss=loss, **kw)
     assert fused.logprobs.grad_fn is None  # the statistics come back detached
     for a, b in ((fused.logprobs, plain.logprobs), (fused.entropy, plain.entropy), (fused.kl, plain.kl)):
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=1e-10)
     torch.testing.assert_close(fused.loss, want.detach(), rtol=0, atol=1e-12)
+    # The loss's metrics come from the same pass, at the wanted positions (0 elsewhere).
+    ratio = torch.exp(plain.logprobs.detach() - old) * wanted
+    torch.testing.assert_close(fused.metrics["ratio"], ratio, rtol=0, atol=1e-12)
     (2.0 * fused.loss).backward()  # the upstream gradient scales the one made in the forward
     got = _grads(policy)
     assert got.keys() == expected.keys()
@@ -142,7 +147,8 @@ def test_the_fused_pass_with_nothing_wanted_is_a_zero_loss_that_still_backpropag
     policy, _, _ = _models()
     ids, mask, P = _groups()
     wanted = torch.zeros_like(mask[:, P:])
-    s = token_logprobs(policy, ids, mask, start=P, wanted=wanted, loss=lambda lp, e, kl, at: -lp)
+    s = token_logprobs(policy, ids, mask, PassOptions(start=P), wanted=wanted,
+                       loss=lambda lp, e, kl, at: TokenTerms(-lp))
     assert float(s.loss.detach()) == 0.0 and not s.logprobs.any()
     s.loss.backward()
     assert all(p.grad is None or not p.grad.any() for p in policy.parameters())
@@ -154,8 +160,8 @@ def test_sampling_computes_each_prompt_once_and_draws_the_same_tokens():
     policy = tiny_gpt(seed=5, scale=4.0).double()
     ids, mask = get_tokenizer().encode_batch(PROMPTS, bos=True)
     kw = dict(max_new_tokens=10, temperature=1.0, seed=3, stop_at_eos=False)
-    repeated = generate(policy, ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0), **kw)
-    once = generate(policy, ids, mask, rows_per_prompt=G, **kw)
+    repeated = generate_with(policy, ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0), **kw)
+    once = generate_with(policy, ids, mask, rows_per_prompt=G, **kw)
     assert torch.equal(once.tokens, repeated.tokens)
     torch.testing.assert_close(once.logprobs, repeated.logprobs, rtol=0, atol=1e-10)
     assert len({tuple(t) for t in once.tokens.tolist()}) > len(PROMPTS)  # the copies drew different tokens
@@ -196,12 +202,13 @@ def test_the_compiled_fused_pass_and_shared_trunk_give_what_eager_gives(monkeypa
                       torch.rand(shape, generator=g) * mask[:, P:])
     got = []
     for compile in (False, True):
-        s = token_logprobs(policy, ids, mask, start=P, temperature=0.9, return_entropy=True, reference=reference,
-                           kl_weights=(0.5, 0.5), wanted=mask[:, P:], rows_per_prompt=G, loss=loss, compile=compile)
+        options = PassOptions(start=P, temperature=0.9, entropy=True, kl_weights=(0.5, 0.5), rows_per_prompt=G,
+                              compile=compile)
+        s = token_logprobs(policy, ids, mask, options, reference=reference, wanted=mask[:, P:], loss=loss)
         s.loss.backward()
         got.append((s.loss.detach(), s.logprobs, s.entropy, s.kl, _grads(policy)))
-    assert all(d in c for c in (logprobs._compiled_states, logprobs._compiled_forwards, logprobs._compiled_backwards)
-               for d in ("cpu",)) and not compiling.failed, compiling.failed
+    assert all("cpu" in c.by_device for c in (logprobs._STATES, fused_head._FORWARD, fused_head._BACKWARD)) \
+        and not compiling.failed, compiling.failed
     (eager, compiled) = got
     for a, b in zip(eager[:4], compiled[:4]):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

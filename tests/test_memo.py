@@ -9,10 +9,11 @@ import torch
 
 from conftest import tiny_gpt
 from rookworld.net import onednn
-from rookworld.net.logprobs import token_logprobs
+from rookworld.net.fused_head import TokenTerms
+from rookworld.net.logprobs import PassOptions, token_logprobs
 from rookworld.net.memo import ProductMemo, Replay
 from rookworld.net.model import GPT, GPTConfig
-from rookworld.net.sampling import generate
+from rookworld.net.sampling import SamplingOptions, generate
 from rookworld.net.tokenizer import get_tokenizer
 
 PROMPTS = [
@@ -25,7 +26,7 @@ G, NEW = 3, 6
 
 def _loss(advantages: torch.Tensor):
     def loss(lp, entropy, kl, at):
-        return -(lp * advantages.reshape(-1)[at]) - 0.01 * entropy
+        return TokenTerms(-(lp * advantages.reshape(-1)[at]) - 0.01 * entropy)
     return loss
 
 
@@ -33,7 +34,7 @@ def _pass(model, ids, mask, P, replay=None):
     """The loss's value and every parameter's gradient, through the fused pass over shared prompts."""
     g = torch.Generator().manual_seed(5)
     advantages = torch.randn(mask[:, P:].shape, generator=g, dtype=torch.float64).to(model.dtype)
-    out = token_logprobs(model, ids, mask, start=P, rows_per_prompt=G, return_entropy=True, wanted=mask[:, P:],
+    out = token_logprobs(model, ids, mask, PassOptions(start=P, rows_per_prompt=G, entropy=True), wanted=mask[:, P:],
                          loss=_loss(advantages), replay=replay)
     out.loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -47,7 +48,7 @@ def test_replayed_products_give_the_gradients_of_products_made_again(monkeypatch
     model = tiny_gpt(seed=1, scale=4.0).to(dtype)
     ids, mask = get_tokenizer().encode_batch(PROMPTS, bos=True)
     memo = ProductMemo(rows=len(PROMPTS) * G, new_tokens=NEW, rows_per_prompt=G, prompt_left=0)
-    out = generate(model, ids, mask, max_new_tokens=NEW, rows_per_prompt=G, seed=3, memo=memo)
+    out = generate(model, ids, mask, SamplingOptions(max_new_tokens=NEW), rows_per_prompt=G, seed=3, memo=memo)
     assert len(memo.prompts) == 4 * 2 and len(memo.completions) == 4 * 2  # every Linear of both blocks
     assert all(m.memo is None for m in model.modules() if hasattr(m, "memo"))  # detached after sampling
     P = ids.shape[1]

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -391,11 +392,12 @@ def test_a_completions_kl_weight_by_hand():
     tasks = np.array(["P", "P", "A", "A"])
     old = torch.tensor([[-1.0, -2.0], [-0.5, -0.5], [-1.0, -1.5], [-2.0, -0.1]], dtype=torch.float64)
     reference = torch.tensor([[-1.5, -1.0], [-0.5, -0.7], [-1.2, -1.0], [-1.0, -0.3]], dtype=torch.float64)
-    got, _, _ = k1.advantages(rewards, torch.ones(4, dtype=torch.bool), tasks, cm, cm, CPU, ref_logprobs=reference,
-                              old_logprobs=old, old_values=None, kl_scale=k1.kl_scale(tasks, 2, torch.device("cpu")))
+    scored = SimpleNamespace(rewards=rewards, valid=torch.ones(4, dtype=torch.bool), tasks=tasks, completion_mask=cm,
+                             loss_mask=cm, ref_logprobs=reference, old_logprobs=old, old_values=None,
+                             kl_scale=k1.kl_scale(tasks, 2, torch.device("cpu")))
+    got, _, _ = k1.advantages(scored, CPU)
     plain, _, _ = Objective(TrainConfig(beta=0.0, std_scaling="none", group_size=2).validate()).advantages(
-        rewards, torch.ones(4, dtype=torch.bool), tasks, cm, cm, CPU, ref_logprobs=None, old_logprobs=None,
-        old_values=None)
+        SimpleNamespace(**{**vars(scored), "ref_logprobs": None, "old_logprobs": None, "kl_scale": None}), CPU)
     penalty = torch.tensor([[0.1], [0.1], [0.3], [0.3]], dtype=torch.float64) * (old - reference)
     to_go = penalty.flip(1).cumsum(1).flip(1)  # each token's penalty from there to the end
     assert torch.allclose(got.double(), plain.double() - to_go, atol=1e-6)

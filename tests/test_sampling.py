@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import constant_gpt, tiny_gpt
+from conftest import constant_gpt, generate_with, tiny_gpt
 from rookworld.net import compiling, decoding, logprobs, sampling
-from rookworld.net.logprobs import token_logprobs
+from rookworld.net.logprobs import PassOptions, token_logprobs, with_values
 from rookworld.net.head import head_logits
 from rookworld.net.precision import autocast_copy
-from rookworld.net.sampling import generate, sample_next
+from rookworld.net.sampling import SamplingOptions, generate, sample_next
 
 EOS = 50256
 V = 50257
@@ -65,7 +65,8 @@ def _completion_logprobs(model, ids, mask, out, **kwargs) -> torch.Tensor:
     temperature 1 unless told), 0 off their mask."""
     full_ids, full_mask = torch.cat([ids, out.tokens], 1), torch.cat([mask, out.mask], 1)
     with torch.no_grad():
-        return token_logprobs(model, full_ids, full_mask, start=ids.shape[1], **kwargs).logprobs * out.mask
+        options = PassOptions(start=ids.shape[1], **kwargs)
+        return token_logprobs(model, full_ids, full_mask, options).logprobs * out.mask
 
 
 def _peaked_logits() -> torch.Tensor:
@@ -78,7 +79,7 @@ def _peaked_logits() -> torch.Tensor:
 
 def test_kv_cache_matches_full_recomputation(tiny_model):
     ids, mask = _prompts()
-    cached = generate(tiny_model, ids, mask, max_new_tokens=24, seed=7, stop_at_eos=False)
+    cached = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=24, stop_at_eos=False), seed=7)
     tokens, logps = _recomputed_generate(tiny_model, ids, mask, 24, seed=7)
     assert torch.equal(cached.tokens, tokens)
     assert torch.allclose(cached.logprobs, logps, atol=1e-4)
@@ -91,7 +92,7 @@ def test_kv_cache_matches_full_recomputation(tiny_model):
     model64 = tiny_model.double()
     for top_k, top_p in [(50, None), (None, 0.9)]:
         kw = dict(temperature=0.8, top_k=top_k, top_p=top_p)
-        a = generate(model64, ids, mask, max_new_tokens=24, seed=7, stop_at_eos=False, **kw)
+        a = generate_with(model64, ids, mask, max_new_tokens=24, seed=7, stop_at_eos=False, **kw)
         tokens, logps = _recomputed_generate(model64, ids, mask, 24, seed=7, **kw)
         assert torch.equal(a.tokens, tokens) and torch.allclose(a.logprobs.double(), logps, atol=1e-6)
 
@@ -104,7 +105,8 @@ def test_groups_whose_rows_are_done_leave_the_batch_and_no_draw_changes(tiny_mod
     model = tiny_model.double()
     ids, mask = _prompts(B=3, T=10, seed=2)
     limits = torch.tensor([2, 2, 5, 5, 9, 9])
-    out = generate(model, ids, mask, max_new_tokens=limits, seed=11, stop_at_eos=False, rows_per_prompt=2)
+    out = generate(model, ids, mask, SamplingOptions(max_new_tokens=limits, stop_at_eos=False), seed=11,
+                   rows_per_prompt=2)
     tokens, logps = _recomputed_generate(model, ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0), 9, seed=11)
     assert out.lengths.tolist() == limits.tolist()
     for row, n in enumerate(limits.tolist()):
@@ -125,8 +127,8 @@ def test_groups_whose_rows_are_done_leave_the_batch_and_no_draw_changes(tiny_mod
 
 def test_greedy_is_deterministic_and_matches_reference(tiny_model):
     ids, mask = _prompts()
-    a = generate(tiny_model, ids, mask, max_new_tokens=16, temperature=0.0, stop_at_eos=False)
-    b = generate(tiny_model, ids, mask, max_new_tokens=16, temperature=0.0, stop_at_eos=False)
+    a = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=16, temperature=0.0, stop_at_eos=False))
+    b = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=16, temperature=0.0, stop_at_eos=False))
     assert torch.equal(a.tokens, b.tokens)
     assert (a.logprobs == 0).all()  # a point mass
     for row in range(ids.shape[0]):
@@ -135,17 +137,18 @@ def test_greedy_is_deterministic_and_matches_reference(tiny_model):
 
 def test_left_padding_does_not_change_completions(tiny_model):
     ids, mask = _prompts(B=4, T=14, seed=3)
-    batch = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=0.0)
+    batch = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=12, temperature=0.0))
     for row in range(4):
-        alone = generate(tiny_model, ids[row : row + 1, mask[row]], None, max_new_tokens=12, temperature=0.0)
+        alone = generate(tiny_model, ids[row : row + 1, mask[row]], None,
+                         SamplingOptions(max_new_tokens=12, temperature=0.0))
         n = int(alone.lengths[0])
         assert batch.tokens[row, :n].tolist() == alone.tokens[0, :n].tolist()
     # Sampled at temperature 1 (log-probs: the policy's own), the same prompts under 5 more pads each, row 0's
     # none among them, draw the same tokens with the same log-probs: the same uniforms meet the same logits.
     wider_ids = torch.cat([torch.full((4, 5), EOS), ids], 1)
     wider_mask = torch.cat([torch.zeros(4, 5, dtype=torch.bool), mask], 1)
-    a = generate(tiny_model, ids, mask, max_new_tokens=12, seed=4, stop_at_eos=False)
-    b = generate(tiny_model, wider_ids, wider_mask, max_new_tokens=12, seed=4, stop_at_eos=False)
+    a = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=12, stop_at_eos=False), seed=4)
+    b = generate(tiny_model, wider_ids, wider_mask, SamplingOptions(max_new_tokens=12, stop_at_eos=False), seed=4)
     assert torch.equal(a.tokens, b.tokens) and torch.allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
@@ -156,7 +159,7 @@ def test_stops_at_eos_and_pads_after_it(vocab_size):
     logits[EOS] = math.log(0.3 * (vocab_size - 1) / 0.7)  # P(EOS) = 0.3 at every step
     model = constant_gpt(logits)
     ids, mask = _prompts(B=64, T=5, eos=EOS)
-    out = generate(model, ids, mask, max_new_tokens=20, seed=0, eos_id=EOS)
+    out = generate(model, ids, mask, SamplingOptions(max_new_tokens=20, eos_id=EOS), seed=0)
     first_eos = []
     for row in range(64):
         tokens, m = out.tokens[row].tolist(), out.mask[row].tolist()
@@ -173,7 +176,7 @@ def test_stops_at_eos_and_pads_after_it(vocab_size):
     assert len(first_eos) > 50 and len(set(first_eos)) > 4  # rows stop at different steps
     assert out.tokens.shape[1] == int(out.lengths.max())
 
-    ignore = generate(model, ids, mask, max_new_tokens=20, seed=0, stop_at_eos=False)
+    ignore = generate(model, ids, mask, SamplingOptions(max_new_tokens=20, stop_at_eos=False), seed=0)
     assert (ignore.lengths == 20).all() and ignore.mask.all() and not ignore.stopped.any()
     assert (ignore.tokens == EOS).sum() > 100  # EOS kept coming, generation went on
 
@@ -181,7 +184,7 @@ def test_stops_at_eos_and_pads_after_it(vocab_size):
 def test_max_new_tokens_per_row_and_early_exit():
     model = constant_gpt(torch.zeros(V))  # uniform: EOS is rare
     ids, mask = _prompts(B=3, T=6)
-    out = generate(model, ids, mask, max_new_tokens=torch.tensor([2, 7, 4]), seed=1, stop_at_eos=False)
+    out = generate(model, ids, mask, SamplingOptions(max_new_tokens=torch.tensor([2, 7, 4]), stop_at_eos=False), seed=1)
     assert out.lengths.tolist() == [2, 7, 4]
     assert out.tokens.shape == (3, 7)
     assert out.mask.sum(1).tolist() == [2, 7, 4]
@@ -189,21 +192,22 @@ def test_max_new_tokens_per_row_and_early_exit():
 
     eos_only = torch.full((V,), -30.0)
     eos_only[EOS] = 0.0
-    out = generate(constant_gpt(eos_only), ids, mask, max_new_tokens=50, seed=1)
+    out = generate(constant_gpt(eos_only), ids, mask, SamplingOptions(max_new_tokens=50), seed=1)
     assert out.tokens.shape == (3, 1) and out.stopped.all()  # everyone done after one step: loop ended
 
     with pytest.raises(ValueError, match="context"):
-        generate(model, ids, mask, max_new_tokens=200)
+        generate(model, ids, mask, SamplingOptions(max_new_tokens=200))
 
 
 def test_seeded_sampling_is_reproducible(tiny_model):
     ids, mask = _prompts()
-    a = generate(tiny_model, ids, mask, max_new_tokens=10, seed=123)
-    b = generate(tiny_model, ids, mask, max_new_tokens=10, seed=123)
-    c = generate(tiny_model, ids, mask, max_new_tokens=10, seed=124)
+    a = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=10), seed=123)
+    b = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=10), seed=123)
+    c = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=10), seed=124)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
     assert not torch.equal(a.tokens, c.tokens)
-    d = generate(tiny_model, ids, mask, max_new_tokens=10, generator=torch.Generator().manual_seed(123))
+    d = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=10),
+                 generator=torch.Generator().manual_seed(123))
     assert torch.equal(a.tokens, d.tokens)
 
 
@@ -220,7 +224,7 @@ def test_sampler_draws_from_the_right_distribution():
     model = constant_gpt(_peaked_logits())
     for temperature in (1.0, 0.5):
         prompts = torch.full((512, 1), 7)
-        out = generate(model, prompts, max_new_tokens=2, temperature=temperature, seed=5)
+        out = generate(model, prompts, None, SamplingOptions(max_new_tokens=2, temperature=temperature), seed=5)
         policy_logprobs = _completion_logprobs(model, prompts, torch.ones_like(prompts, dtype=torch.bool), out)
         tokens = out.tokens
         assert set(tokens.flatten().tolist()) == {11, 22, 33, 44}
@@ -376,7 +380,8 @@ def test_the_compiled_draw_is_the_eager_one(monkeypatch, in_blocks):
     log-probs, with and without top-k / top-p, and it follows the right distribution. Also CUDA's draw in blocks,
     compiled here on the CPU."""
     monkeypatch.setattr(compiling, "failed", {})
-    monkeypatch.setattr(sampling, "_compiled_draws", {})
+    draw = sampling.COMPILED_DRAWS[sampling._draw_in_blocks if in_blocks else sampling._draw]
+    monkeypatch.setattr(draw, "by_device", {})
     if in_blocks:
         monkeypatch.setitem(sampling.DRAWS, "cpu", sampling._draw_in_blocks)
     logits = torch.randn(64, V, generator=torch.Generator().manual_seed(2)) * 3
@@ -385,7 +390,7 @@ def test_the_compiled_draw_is_the_eager_one(monkeypatch, in_blocks):
         compiled = sample_next(logits, generator=torch.Generator().manual_seed(9), compile=True, **kw)
         assert torch.equal(eager[0], compiled[0]), kw
         torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-4)
-    assert "cpu" in sampling._compiled_draws and not compiling.failed
+    assert "cpu" in draw.by_device and not compiling.failed
     small = _peaked_logits()[:64].expand(20000, 64)
     tokens, logp = sample_next(small, generator=torch.Generator().manual_seed(5), compile=True)
     freq = torch.stack([(tokens == t).float().mean() for t in (11, 22, 33, 44)])
@@ -416,26 +421,27 @@ def test_top_k_and_top_p_restrict_the_support():
     assert set(tokens.tolist()) == {11} and (logp == 0).all()
 
     model = constant_gpt(_peaked_logits())
-    out = generate(model, torch.full((64, 2), 7), max_new_tokens=3, top_k=3, top_p=0.65, seed=2)
+    out = generate(model, torch.full((64, 2), 7), None, SamplingOptions(max_new_tokens=3, top_k=3, top_p=0.65), seed=2)
     assert set(out.tokens.flatten().tolist()) == {11, 22}
-    out = generate(model, torch.full((64, 2), 7), max_new_tokens=3, top_p=0.75, seed=2)
+    out = generate(model, torch.full((64, 2), 7), None, SamplingOptions(max_new_tokens=3, top_p=0.75), seed=2)
     assert set(out.tokens.flatten().tolist()) == {11, 22, 33}
     with pytest.raises(ValueError, match="top_p"):
-        generate(model, torch.full((2, 2), 7), max_new_tokens=3, top_p=0.0)
+        generate(model, torch.full((2, 2), 7), None, SamplingOptions(max_new_tokens=3, top_p=0.0))
 
 
 def test_bf16_autocast_decoding_tracks_fp32(tiny_model):
     """The GPU default (fp32 weights, bf16 autocast, bf16 KV cache), exercised on CPU."""
     ids, mask = _prompts(seed=5)
     kw = dict(max_new_tokens=10, temperature=0.0, stop_at_eos=False)
-    fp32 = generate(tiny_model, ids, mask, **kw)
-    bf16 = generate(tiny_model, ids, mask, dtype=torch.bfloat16, **kw)
+    fp32 = generate_with(tiny_model, ids, mask, **kw)
+    bf16 = generate_with(tiny_model, ids, mask, dtype=torch.bfloat16, **kw)
     bf16_recomputed, _ = _recomputed_generate(tiny_model, ids, mask, 10, seed=0, temperature=0.0,
                                               dtype=torch.bfloat16)
     assert (bf16.tokens == fp32.tokens).float().mean() > 0.9
     assert (bf16.tokens == bf16_recomputed).float().mean() > 0.9
     # Sampled at temperature 1, the log-probs the bf16 decoder gives its draws are the fp32 policy's own.
-    sampled = generate(tiny_model, ids, mask, max_new_tokens=10, seed=5, stop_at_eos=False, dtype=torch.bfloat16)
+    sampled = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=10, stop_at_eos=False,
+                                                              dtype=torch.bfloat16), seed=5)
     assert sampled.logprobs.dtype == torch.float32 and torch.isfinite(sampled.logprobs).all()
     assert (sampled.logprobs - _completion_logprobs(tiny_model, ids, mask, sampled)).abs().max() < 0.1
 
@@ -446,13 +452,13 @@ def test_sampling_from_the_autocast_copy_repeats_the_fp32_model_exactly(tiny_mod
     copy = autocast_copy(tiny_model, torch.bfloat16)
     ids, mask = _prompts(B=6, seed=8)
     kw = dict(max_new_tokens=12, temperature=1.0, seed=5, stop_at_eos=False, dtype=torch.bfloat16)
-    expected, got = generate(tiny_model, ids, mask, **kw), generate(copy, ids, mask, **kw)
+    expected, got = generate_with(tiny_model, ids, mask, **kw), generate_with(copy, ids, mask, **kw)
     assert torch.equal(got.tokens, expected.tokens)
     assert torch.equal(got.logprobs, expected.logprobs)  # at temperature 1: the policy's own log-probs
     # The reference's log-prob pass reads its autocast copy too.
     full_ids, full_mask = torch.cat([ids, got.tokens], 1), torch.cat([mask, got.mask], 1)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        a, b = (token_logprobs(m, full_ids, full_mask, start=ids.shape[1], return_entropy=True)
+        a, b = (token_logprobs(m, full_ids, full_mask, PassOptions(start=ids.shape[1], entropy=True))
                 for m in (tiny_model, copy))
     assert torch.equal(a.logprobs, b.logprobs) and torch.equal(a.entropy, b.entropy)
 
@@ -465,8 +471,8 @@ def test_generate_leaves_training_mode_alone_and_samples_without_dropout():
             module.p = 0.5
     model.train()
     ids, mask = _prompts()
-    a = generate(model, ids, mask, max_new_tokens=8, temperature=0.0)
-    b = generate(model, ids, mask, max_new_tokens=8, temperature=0.0)
+    a = generate(model, ids, mask, SamplingOptions(max_new_tokens=8, temperature=0.0))
+    b = generate(model, ids, mask, SamplingOptions(max_new_tokens=8, temperature=0.0))
     assert model.training
     assert torch.equal(a.tokens, b.tokens)
 
@@ -489,7 +495,7 @@ def rows_seen(monkeypatch):
         seen.append(hidden.shape[0])
         return original(hidden, *args)
 
-    monkeypatch.setattr(logprobs, "_chunk_logprobs", spy)
+    monkeypatch.setattr(logprobs._CHUNK, "fn", spy)
     return seen
 
 
@@ -498,7 +504,7 @@ def test_chunked_logprobs_equal_unchunked_with_gradients(rows_seen):
     start = 12
     model_a, model_b = tiny_gpt(seed=4, scale=3.0), tiny_gpt(seed=4, scale=3.0)
 
-    s = token_logprobs(model_a, ids, mask, start=start, chunk_size=5, temperature=0.9, return_entropy=True)
+    s = token_logprobs(model_a, ids, mask, PassOptions(start=start, chunk_size=5, temperature=0.9, entropy=True))
     assert s.logprobs.shape == s.entropy.shape == (3, 8)
     assert max(rows_seen) <= 5 and sum(rows_seen) == 24  # really chunked
 
@@ -516,7 +522,7 @@ def test_chunked_logprobs_equal_unchunked_with_gradients(rows_seen):
         assert torch.allclose(pa.grad, pb.grad, atol=1e-4, rtol=1e-3), name
 
     with torch.no_grad():
-        plain = token_logprobs(model_a, ids, mask, start=start, chunk_size=7, temperature=0.9)
+        plain = token_logprobs(model_a, ids, mask, PassOptions(start=start, chunk_size=7, temperature=0.9))
     assert plain.entropy is None and torch.allclose(plain.logprobs, ref_logp, atol=1e-5)
 
 
@@ -538,8 +544,8 @@ def test_exact_kl_to_a_reference_and_values_in_the_chunked_pass(kl_weights):
             head.proj.weight.copy_(torch.linspace(-1, 1, 64))
             head.proj.bias.fill_(0.3)
 
-    s = token_logprobs(model_a, ids, mask, start=start, chunk_size=4, temperature=temperature,
-                       reference=reference, kl_weights=kl_weights, value_head=head_a)
+    options = PassOptions(start=start, chunk_size=4, temperature=temperature, kl_weights=kl_weights, keep_hidden=True)
+    s = with_values(token_logprobs(model_a, ids, mask, options, reference=reference), head_a)
     logp = (model_b(ids, mask)[:, start - 1 : -1].float() / temperature).log_softmax(-1)
     with torch.no_grad():
         ref = (reference(ids, mask)[:, start - 1 : -1].float() / temperature).log_softmax(-1)
@@ -571,8 +577,8 @@ def test_wanting_only_some_positions_runs_the_lm_head_on_those_alone(rows_seen):
     reference = tiny_gpt(seed=6, scale=3.0).double().requires_grad_(False)
     wanted = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.4
     wanted[1] = False  # a row with nothing wanted
-    s = token_logprobs(model_a, ids, mask, start=start, chunk_size=4, temperature=temperature,
-                       return_entropy=True, reference=reference, wanted=wanted)
+    options = PassOptions(start=start, chunk_size=4, temperature=temperature, entropy=True)
+    s = token_logprobs(model_a, ids, mask, options, reference=reference, wanted=wanted)
     assert sum(rows_seen) == int(wanted.sum())
 
     logp = (model_b(ids, mask)[:, start - 1 : -1] / temperature).log_softmax(-1)
@@ -593,11 +599,11 @@ def test_wanting_only_some_positions_runs_the_lm_head_on_those_alone(rows_seen):
         assert pa.grad is not None and pa.grad.abs().sum() > 0, name
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-6, msg=name)
 
-    none = token_logprobs(model_a, ids, mask, start=start, wanted=torch.zeros(3, 9, dtype=torch.bool))
+    none = token_logprobs(model_a, ids, mask, PassOptions(start=start), wanted=torch.zeros(3, 9, dtype=torch.bool))
     assert (none.logprobs == 0).all()
     none.logprobs.sum().backward()  # a micro-batch with nothing counted still backpropagates (zeros)
     with pytest.raises(ValueError, match="wanted must have shape"):
-        token_logprobs(model_a, ids, mask, start=start, wanted=wanted[:, :5])
+        token_logprobs(model_a, ids, mask, PassOptions(start=start), wanted=wanted[:, :5])
 
 
 def test_the_logprob_pass_over_generated_completions_reproduces_the_sampling_logprobs(tiny_model):
@@ -605,7 +611,7 @@ def test_the_logprob_pass_over_generated_completions_reproduces_the_sampling_log
     was drawn with, chunked or not; at temperature 1 that is the policy's own."""
     ids, mask = _prompts(B=4, T=10, seed=11)
     for temperature, chunk_size in ((1.0, 16), (1.3, 1024)):
-        out = generate(tiny_model, ids, mask, max_new_tokens=12, temperature=temperature, seed=3)
+        out = generate(tiny_model, ids, mask, SamplingOptions(max_new_tokens=12, temperature=temperature), seed=3)
         recomputed = _completion_logprobs(tiny_model, ids, mask, out, temperature=temperature, chunk_size=chunk_size)
         assert torch.allclose(recomputed[out.mask], out.logprobs[out.mask], atol=1e-4)
 
@@ -615,9 +621,9 @@ def test_the_logprob_pass_over_generated_completions_reproduces_the_sampling_log
 def test_compiled_decode_matches_eager():
     model = tiny_gpt(scale=4.0)
     ids, mask = _prompts()
-    eager = generate(model, ids, mask, max_new_tokens=20, seed=1, compile=False)
+    eager = generate(model, ids, mask, SamplingOptions(max_new_tokens=20, compile=False), seed=1)
     for _ in range(2):  # the second call reuses the pooled cache and the compiled step
-        compiled = generate(model, ids, mask, max_new_tokens=20, seed=1, compile=True)
+        compiled = generate(model, ids, mask, SamplingOptions(max_new_tokens=20, compile=True), seed=1)
         assert torch.equal(compiled.tokens, eager.tokens)
         assert torch.allclose(compiled.logprobs, eager.logprobs, atol=1e-4)
     # Compiling raised dynamo's limit itself: eval, play, uci and the Python API decode many shapes too.
@@ -632,12 +638,12 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
 
     model = tiny_gpt(scale=4.0)
     ids, mask = _prompts()
-    eager = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=False)
+    eager = generate(model, ids, mask, SamplingOptions(max_new_tokens=12, compile=False), seed=1)
     monkeypatch.setattr(compiling, "failed", {})
-    monkeypatch.setattr(decoding, "_compiled_steps",
+    monkeypatch.setattr(decoding._DECODE_STEP, "by_device",
                         {"cpu": torch.compile(decoding.decode_step, backend=broken_backend, fullgraph=True)})
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*runs without compiling"):
-        fallen_back = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=True)
+        fallen_back = generate(model, ids, mask, SamplingOptions(max_new_tokens=12, compile=True), seed=1)
     assert torch.equal(fallen_back.tokens, eager.tokens) and torch.equal(fallen_back.mask, eager.mask)
     assert torch.allclose(fallen_back.logprobs, eager.logprobs)
     assert compiling.has_failed(decoding.decode_step, "cpu") and len(compiling.failed) == 1
@@ -647,7 +653,7 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     # Later calls do not try again (and do not warn again).
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        again = generate(model, ids, mask, max_new_tokens=12, seed=1, compile=True)
+        again = generate(model, ids, mask, SamplingOptions(max_new_tokens=12, compile=True), seed=1)
     assert torch.equal(again.tokens, eager.tokens)
 
 
@@ -659,22 +665,22 @@ def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch
 
     model = tiny_gpt(scale=3.0)
     ids, mask = _prompts(B=3, T=12, seed=8)
-    eager = token_logprobs(model, ids, mask, start=5)
+    eager = token_logprobs(model, ids, mask, PassOptions(start=5))
     eager.logprobs.sum().backward()
     grad = model.transformer.h[0].attn.c_attn.weight.grad.clone()
     model.zero_grad(set_to_none=True)
     monkeypatch.setattr(compiling, "failed", {})
-    monkeypatch.setattr(logprobs, "_compiled_states",
+    monkeypatch.setattr(logprobs._STATES, "by_device",
                         {"cpu": torch.compile(logprobs._states, backend=broken_backend, fullgraph=True)})
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
         # With the entropy: a vocabulary pass worth compiling (`_VocabPass._fuses`), which must stay compiled.
-        fallen_back = token_logprobs(model, ids, mask, start=5, compile=True, return_entropy=True)
+        fallen_back = token_logprobs(model, ids, mask, PassOptions(start=5, compile=True, entropy=True))
     fallen_back.logprobs.sum().backward()
     # Only the trunk fell back: the vocabulary pass stayed compiled, so the values are eager's to its rounding.
     torch.testing.assert_close(fallen_back.logprobs, eager.logprobs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(model.transformer.h[0].attn.c_attn.weight.grad, grad, rtol=1e-4, atol=1e-6)
     assert compiling.has_failed(logprobs._states, "cpu") and len(compiling.failed) == 1
-    assert "cpu" in logprobs._compiled_chunks
+    assert "cpu" in logprobs._CHUNK.by_device
 
 
 @pytest.mark.slow
@@ -691,12 +697,13 @@ def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
     results = []
     for compile, chunk, kl_weights in runs:
         model.zero_grad(set_to_none=True)
-        s = token_logprobs(model, ids, mask, start=6, chunk_size=chunk, temperature=0.9, return_entropy=True,
-                           compile=compile, reference=reference, kl_weights=kl_weights)
+        options = PassOptions(start=6, chunk_size=chunk, temperature=0.9, entropy=True, compile=compile,
+                              kl_weights=kl_weights)
+        s = token_logprobs(model, ids, mask, options, reference=reference)
         (s.logprobs.sum() + 0.1 * s.entropy.sum() + s.kl.sum()).backward()
         results.append((s.logprobs.detach(), s.entropy.detach(), s.kl.detach(), model.lm_head.weight.grad.clone(),
                         model.transformer.h[0].attn.c_attn.weight.grad.clone()))
-    assert "cpu" in logprobs._compiled_chunks and not compiling.failed
+    assert "cpu" in logprobs._CHUNK.by_device and not compiling.failed
     for eager, compiled in ((0, 1), (2, 3), (4, 5), (0, 6)):
         for a, b in zip(results[eager], results[compiled]):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
@@ -704,13 +711,13 @@ def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
     assert (results[2][2] - results[4][2]).abs().max() > 1e-4
     # The trunk is compiled too. Other shapes (the second new one makes dynamo build a dynamic-shape graph) and
     # no mask at all (SFT's packed rows, plain causal attention) give eager's values and gradients.
-    assert "cpu" in logprobs._compiled_states
+    assert "cpu" in logprobs._STATES.by_device
     for rows, cols, with_mask in ((3, 2, True), (5, 4, False), (4, 1, True)):
         got = []
         for compile in (False, True):
             model.zero_grad(set_to_none=True)
-            s = token_logprobs(model, ids[:rows, cols:], mask[:rows, cols:] if with_mask else None, start=3,
-                               compile=compile)
+            s = token_logprobs(model, ids[:rows, cols:], mask[:rows, cols:] if with_mask else None,
+                               PassOptions(start=3, compile=compile))
             s.logprobs.sum().backward()
             got.append((s.logprobs.detach(), model.transformer.h[-1].mlp.c_fc.weight.grad.clone(),
                         model.transformer.wpe.weight.grad.clone()))

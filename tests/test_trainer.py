@@ -3,6 +3,7 @@ real Stockfish, checkpoints, resume, torchrun and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from rookworld.ground.data import Record, assign_moves, position_key
 from rookworld.lm.bestmove import heldout_records
 from rookworld.net.tokenizer import get_tokenizer
 
-from conftest import cli, fixed_lengths, tiny_gpt, torchrun
+from conftest import cli, fixed_lengths, generate_with, tiny_gpt, torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -539,7 +540,7 @@ def test_cut_micro_batches_give_the_same_losses_and_gradients_as_one_padded_bloc
 def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
     """Groups of 3 completions of 6 prompts of both tasks (different widths), cut into micro-batches of whole
     groups, each prompt computed once: the log-probs of one padded pass over every row."""
-    from rookworld.net.logprobs import token_logprobs
+    from rookworld.net.logprobs import PassOptions, token_logprobs
     from rookworld.grpo.models import micro_batches
 
     _, _, t = _cut_step(tmp_path, 4, tiny_gpt(seed=3))
@@ -552,7 +553,7 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
     cmask = torch.arange(9)[None, :] < comp_lens[:, None]
     full_ids, full_mask, P = torch.cat([ids, comp], 1), torch.cat([pmask, cmask], 1), ids.shape[1]
     with torch.no_grad():
-        expected = token_logprobs(t.run.policy, full_ids, full_mask, start=P).logprobs * cmask
+        expected = token_logprobs(t.run.policy, full_ids, full_mask, PassOptions(start=P)).logprobs * cmask
         for size in (1, 3, 6, 18):
             batches = micro_batches(np.arange(len(ids)), pmask.sum(1).numpy(), comp_lens.numpy(), P, size, 3)
             assert all(len(b.rows) == max(3, size // 3 * 3) or b is batches[-1] for b in batches)
@@ -588,7 +589,8 @@ def test_tasks_are_sampled_together_when_decoding_eagerly_and_apart_when_compile
                 prompts=PromptSource(cfg), stream=open(os.devnull, "w"))
     limits = {"P": 3, "A": 7}
     fixed_lengths(t, limits)
-    t.sampler.settings["compile"] = compile  # a run compiles on CUDA alone; the sampler's choice is the same here
+    # A run compiles on CUDA alone; the sampler's choice is the same here.
+    t.sampler.options = dataclasses.replace(t.sampler.options, compile=compile)
     calls = []
     real_generate = t.sampler.generate
 
@@ -623,7 +625,6 @@ def test_tasks_are_sampled_together_when_decoding_eagerly_and_apart_when_compile
 def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_copies(tmp_path):
     """`--dtype bf16`: sampling reads a bf16 copy of the policy, refreshed after each update, and the reference pass
     a bf16 copy of the reference; both give exactly what the fp32 models give under autocast."""
-    from rookworld.net.sampling import generate
     from rookworld.grpo.models import micro_batches
     from rookworld.grpo.prompts import PromptSource
 
@@ -642,8 +643,8 @@ def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_cop
 
     ids, mask = t.run.tokenizer.encode_batch([p.text for p in t.prompts.batch(0)], bos=True)
     kw = dict(max_new_tokens=8, temperature=1.0, seed=1, stop_at_eos=False, dtype=torch.bfloat16, rows_per_prompt=2)
-    sampled = generate(t.models.sampling_model(), ids, mask, **kw)  # the copy, brought up to the updated weights
-    expected = generate(t.run.policy, ids, mask, **kw)
+    sampled = generate_with(t.models.sampling_model(), ids, mask, **kw)  # the copy, brought up to the updated weights
+    expected = generate_with(t.run.policy, ids, mask, **kw)
     assert torch.equal(sampled.tokens, expected.tokens) and torch.equal(sampled.logprobs, expected.logprobs)
 
     ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)  # groups of 2, as the trainer's rows
@@ -743,7 +744,7 @@ def test_the_updates_first_pass_takes_samplings_products_and_gets_the_same_gradi
     rounding: prompts of six widths, micro-batches of two groups (each cut to its own prompt columns), P: rows that
     stop early so that their groups leave the decoding batch, or every row ending at its first token (decoding
     feeds none, so no completion product is kept), the k3 KL and the entropy in the loss."""
-    from rookworld.grpo.rollout import collect_rollout
+    from rookworld.grpo.rollout import RolloutParts, collect_rollout
 
     tok = get_tokenizer()
     cfg = TrainConfig(steps=2, prompts_per_step=6, group_size=4, max_new_tokens=9, beta=0.1, entropy_coef=0.01,
@@ -754,8 +755,8 @@ def test_the_updates_first_pass_takes_samplings_products_and_gets_the_same_gradi
     trainer = Trainer(cfg, policy=policy, reference=tiny_gpt(seed=2, scale=4.0), tokenizer=tok,
                       reward_fn=HashReward(), prompts=MixedPrompts(tok), stream=open(os.devnull, "w"))
     fixed_lengths(trainer, lengths)
-    rollout = collect_rollout(cfg, trainer.objective, trainer.models, trainer.sampler, trainer.run.comm, tok,
-                              trainer.reward_fn, trainer.prompts.batch(0), step=0, log=trainer.run.log)
+    parts = RolloutParts(trainer.objective, trainer.models, trainer.sampler, trainer.reward_fn, tok, trainer.run.log)
+    rollout = collect_rollout(cfg, parts, trainer.run.comm, trainer.prompts.batch(0), 0)
     memo = rollout.memo
     assert memo is not None and len(memo.prompts) == 4 * 2  # every Linear of both blocks
     assert len(memo.completions) == (0 if lengths["A"] == 1 else 4 * 2)

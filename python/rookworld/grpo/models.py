@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -15,10 +15,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.harness.distributed import unwrapped
 from rookworld.net.decoding import decodes_eagerly
-from rookworld.net.logprobs import LogProbs, token_logprobs
+from rookworld.net.logprobs import LogProbs, PassOptions, token_logprobs, with_values
 from rookworld.net.memo import ProductMemo
 from rookworld.net.precision import autocast_copy, refresh_copy
-from rookworld.net.sampling import GenerationOutput, generate
+from rookworld.net.sampling import GenerationOutput, SamplingOptions, generate
 
 
 @dataclass(frozen=True)
@@ -55,27 +55,49 @@ def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np
 PRODUCT_MEMO_BYTES = 2 << 30
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and how the networks run: the run's device, its autocast dtype (None: float32) and context, whether
+    decoding is compiled, whether DDP wraps the trained modules."""
+
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    compile: bool
+    ddp: bool
+    autocast: Callable[[], contextlib.AbstractContextManager]
+
+
 class Models:
-    """The networks and how they run. `rows_per_prompt`: consecutive rows whose prompt is computed once, in
-    sampling and in every log-prob pass: a group (--group-size) with --shared-prompt, else 1."""
+    """The networks and how they run. `options`: the log-prob passes' (`PassOptions`: temperature, compilation,
+    KL directions, and `rows_per_prompt`, consecutive rows whose prompt is computed once, in sampling and in every
+    log-prob pass: a group (--group-size) with --shared-prompt, else 1)."""
 
     def __init__(self, policy: nn.Module, reference: nn.Module | None, value_head: nn.Module | None,
-                 device: torch.device, amp_dtype: torch.dtype | None, compile: bool, ddp: bool,
-                 autocast: Callable[[], contextlib.AbstractContextManager], rows_per_prompt: int = 1,
-                 compile_logprobs: bool = False):
+                 placement: Placement, options: PassOptions):
         # Under autocast, sampling and the frozen reference read weights stored in the compute dtype: the same
         # bits, without every decode step and every log-prob pass casting every weight again.
+        amp_dtype = placement.amp_dtype
         casts = amp_dtype is not None and policy.dtype != amp_dtype
         self._sampling_copy = autocast_copy(policy, amp_dtype) if casts else None
         if casts and reference is not None:
             reference = autocast_copy(reference, amp_dtype)
         self.policy, self.reference, self.value_head = policy, reference, value_head
-        # compile: decoding (the decode step, the draw); compile_logprobs: the log-prob passes (trunk, vocabulary).
-        self.device, self.amp_dtype, self.compile, self.autocast = device, amp_dtype, compile, autocast
-        self.compile_logprobs, self.rows_per_prompt = compile_logprobs, rows_per_prompt
-        self.logprobs: nn.Module = LogProbs(policy, value_head, compile_logprobs)
-        if ddp:
-            self.logprobs = DDP(self.logprobs, device_ids=[device.index] if device.type == "cuda" else None)
+        # compile: decoding (the decode step, the draw); options.compile: the log-prob passes (trunk, vocabulary).
+        self.device, self.amp_dtype, self.compile, self.autocast = (placement.device, amp_dtype, placement.compile,
+                                                                    placement.autocast)
+        self.rows_per_prompt = options.rows_per_prompt
+        self.logprobs: nn.Module = LogProbs(policy, options, value_head)
+        if placement.ddp:
+            self.logprobs = DDP(self.logprobs, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    @property
+    def options(self) -> PassOptions:
+        """The log-prob passes' options."""
+        return unwrapped(self.logprobs).options
+
+    @property
+    def compile_logprobs(self) -> bool:
+        return self.options.compile
 
     def product_memo(self, prompts: int, prompt_width: int, rows: int, new_tokens: int,
                      prompt_left: int) -> ProductMemo | None:
@@ -114,10 +136,11 @@ class Models:
         vals = torch.zeros_like(lp) if values else None
         for b in batches:
             rows, cols = torch.from_numpy(b.rows).to(ids.device), slice(b.left, prompt_width + b.width)
+            options = replace(self.options, start=prompt_width - b.left, temperature=temperature, entropy=False,
+                              keep_hidden=values)
             with self.autocast():
-                s = token_logprobs(model, ids[rows, cols], mask[rows, cols], start=prompt_width - b.left,
-                                   temperature=temperature, compile=self.compile_logprobs,
-                                   value_head=self.value_head if values else None, rows_per_prompt=self.rows_per_prompt)
+                s = with_values(token_logprobs(model, ids[rows, cols], mask[rows, cols], options),
+                                self.value_head if values else None)
             lp[rows, : b.width] = s.logprobs.float()
             if vals is not None:
                 vals[rows, : b.width] = s.values.float()
@@ -141,9 +164,10 @@ class Sampler:
         self.models, self.max_new_tokens = models, cfg.max_new_tokens
         self.memo: ProductMemo | None = None
         #: `generate`'s settings beside the prompts, the length and the generator (eos_id: the tokenizer's).
-        self.settings = dict(temperature=cfg.temperature, top_k=cfg.top_k or None,
-                             top_p=cfg.top_p if cfg.top_p < 1.0 else None, compile=models.compile,
-                             dtype=models.amp_dtype, eos_id=eos_id)
+        #: `generate`'s options beside the prompts and the generator (eos_id: the tokenizer's).
+        self.options = SamplingOptions(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                       top_k=cfg.top_k or None, top_p=cfg.top_p if cfg.top_p < 1.0 else None,
+                                       eos_id=eos_id, compile=models.compile, dtype=models.amp_dtype)
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray, group_size: int,
@@ -151,7 +175,7 @@ class Sampler:
         P, n, G = ids.shape[1], ids.shape[0] * group_size, group_size
         model, device = self.models.sampling_model(), self.models.device
         prompt_lens, once = mask.sum(1).cpu().numpy(), self.models.rows_per_prompt > 1
-        together = decodes_eagerly(device, self.settings["compile"])
+        together = decodes_eagerly(device, self.options.compile)
         # Tasks in first-seen order: fixed for a step, so seeded runs repeat exactly.
         batches = [np.arange(len(tasks))] if together else [np.flatnonzero(tasks == t) for t in dict.fromkeys(tasks)]
         parts, self.memo = [], None
@@ -168,7 +192,7 @@ class Sampler:
             self.memo = memo
             parts.append(((index[:, None] * G + torch.arange(G, device=device)).reshape(-1), out))
         width = max((o.tokens.shape[1] for _, o in parts), default=0)
-        out = GenerationOutput(tokens=torch.full((n, width), self.settings["eos_id"], dtype=torch.long, device=device),
+        out = GenerationOutput(tokens=torch.full((n, width), self.options.eos_id, dtype=torch.long, device=device),
                                mask=torch.zeros((n, width), dtype=torch.bool, device=device),
                                logprobs=torch.zeros((n, width), device=device),
                                lengths=torch.zeros(n, dtype=torch.long, device=device),
@@ -189,5 +213,5 @@ class Sampler:
                  ) -> GenerationOutput:
         """The completions of these prompts (`tasks`: each one's task), `rows_per_prompt` each; `memo` keeps the
         trunk's products."""
-        return generate(model, ids, mask, max_new_tokens=self.max_new_tokens, generator=generator,
-                        rows_per_prompt=rows_per_prompt, memo=memo, **self.settings)
+        return generate(model, ids, mask, self.options, generator=generator, rows_per_prompt=rows_per_prompt,
+                        memo=memo)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from rookworld.grpo import formulas as grpo
 from rookworld.harness.distributed import Comm
+from rookworld.net.fused_head import TokenTerms
 from rookworld.settings.objective import KL_DIRECTIONS
 
 _SAMPLED_KL = {"k1": grpo.kl_k1, "k2": grpo.kl_k2, "k3": grpo.kl_k3}
@@ -36,6 +37,22 @@ def std_scaling(cfg) -> str:
     if cfg.std_scaling != "auto":
         return cfg.std_scaling
     return "group" if cfg.advantage == "grpo" and cfg.baseline == "group" else "batch"
+
+
+class Scored(Protocol):
+    """What the advantages are formed from (a `Rollout` is one): n completions' rewards, validity and tasks [n],
+    their completion and loss masks [n, N], and the log-prob passes the objective asked for [n, N] (None where not
+    made); `kl_scale` [n, N] multiplies beta token by token (`kl_scale`), None for 1 everywhere."""
+
+    rewards: torch.Tensor
+    valid: torch.Tensor
+    tasks: np.ndarray
+    completion_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    old_logprobs: torch.Tensor | None
+    old_values: torch.Tensor | None
+    kl_scale: torch.Tensor | None
 
 
 class Objective:
@@ -133,24 +150,19 @@ class Objective:
         rows = torch.from_numpy(np.where(np.asarray(tasks) == "A", self.cfg.a_beta_scale, 1.0)).float()
         return rows.to(device)[:, None].expand(-1, width)
 
-    def advantages(self, rewards: torch.Tensor, valid: torch.Tensor, tasks: np.ndarray, completion_mask: torch.Tensor,
-                   loss_mask: torch.Tensor, comm: Comm, *, ref_logprobs: torch.Tensor | None,
-                   old_logprobs: torch.Tensor | None, old_values: torch.Tensor | None,
-                   kl_scale: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-        """Per-token advantages [n, N], the value targets (GAE; else None) and the baselines' metrics, from each
-        completion's reward, validity and task [n] and the rollout's log-prob passes [n, N]; `kl_scale` [n, N]
-        multiplies beta token by token (`kl_scale`).
+    def advantages(self, r: Scored, comm: Comm) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """Per-token advantages [n, N], the value targets (GAE; else None) and the baselines' metrics, from a
+        rollout's rewards and log-prob passes (`Scored`).
 
         k1's KL is a per-token reward -beta k1 (the sampling policy's log-probs against the reference's): its
         return-to-go is subtracted from GRPO's advantages, or enters GAE with the task reward (PPO-RLHF)."""
-        cm = completion_mask.float()
-        penalty = self.step_beta * grpo.kl_k1(old_logprobs, ref_logprobs) * cm if self.kl_in_advantages else None
-        if penalty is not None and kl_scale is not None:
-            penalty = penalty * kl_scale
+        cm = r.completion_mask.float()
+        penalty = self.step_beta * grpo.kl_k1(r.old_logprobs, r.ref_logprobs) * cm if self.kl_in_advantages else None
+        if penalty is not None and r.kl_scale is not None:
+            penalty = penalty * r.kl_scale
         if self.critic:
-            return *self._gae(rewards, cm, loss_mask, penalty, old_values, comm), {}
-        advantages, info = self._completion_advantages(rewards, valid, tasks, comm)
+            return *self._gae(r.rewards, cm, r.loss_mask, penalty, r.old_values, comm), {}
+        advantages, info = self._completion_advantages(r.rewards, r.valid, r.tasks, comm)
         per_token = advantages[:, None] * cm
         return (per_token if penalty is None else per_token - grpo.penalty_to_go(penalty, cm)), None, info
 
@@ -219,6 +231,12 @@ class Objective:
             per_token = per_token - cfg.entropy_coef * entropy
         return per_token, clipped, kl
 
+    def micro_batch_loss(self, columns: dict[str, torch.Tensor | None], weights: torch.Tensor) -> PolicyLoss:
+        """The `TokenLoss` of a micro-batch: `columns`, the rollout's (`Rollout.rows`), and `weights` [b, W], each
+        token's weight in its minibatch's loss (`weights`)."""
+        flat = {k: None if columns[k] is None else columns[k].reshape(-1) for k in PolicyLoss.READS}
+        return PolicyLoss(self, flat, weights.reshape(-1))
+
     def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The critic's term of each token's loss (weighted by --vf-coef), and its clipped value loss."""
@@ -234,3 +252,23 @@ class Objective:
         if how == "sequence":
             return grpo.sequence_weights(mask, totals.sequences)
         return grpo.constant_weights(mask, self.cfg.max_new_tokens, totals.rows)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A micro-batch's policy loss as the log-prob pass takes it (a `TokenLoss`): each token's `token_loss` times
+    its weight, with what the metrics count of it (clipped, and the KL where measured). The rollout's columns are
+    flat [b * W], as the pass gives a chunk's positions."""
+
+    READS = ("advantages", "old_logprobs", "ref_logprobs", "kl_scale")
+
+    objective: Objective
+    columns: dict[str, torch.Tensor | None]
+    weights: torch.Tensor
+
+    def __call__(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, kl: torch.Tensor | None,
+                 positions: torch.Tensor) -> TokenTerms:
+        at = {k: None if v is None else v[positions] for k, v in self.columns.items()}
+        loss, clipped, kl = self.objective.token_loss(logprobs, entropy, kl, **at)
+        metrics = {"clipped": clipped} if kl is None else {"clipped": clipped, "kl": kl}
+        return TokenTerms(loss * self.weights[positions], metrics)

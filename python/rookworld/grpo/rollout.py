@@ -134,8 +134,21 @@ def seed_of(*parts: int) -> int:
     return random.Random(":".join(map(str, parts))).getrandbits(63)
 
 
-def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler, comm: Comm, tokenizer,
-                    reward_fn: RewardFn, prompts: list[Prompt], *, step: int, log) -> Rollout:
+@dataclass(frozen=True)
+class RolloutParts:
+    """What a rollout is made with besides its prompts and the run's ranks: the objective (which passes it runs),
+    the networks, the sampler, the reward, the tokenizer and the log (for a step's warnings)."""
+
+    objective: Objective
+    models: Models
+    sampler: Sampler
+    reward_fn: RewardFn
+    tokenizer: Any
+    log: Any
+
+
+def collect_rollout(cfg, parts: RolloutParts, comm: Comm, prompts: list[Prompt], step: int) -> Rollout:
+    objective, models, sampler, tokenizer = parts.objective, parts.models, parts.sampler, parts.tokenizer
     G, device = cfg.group_size, models.device
     objective.begin_step(step)
     t0 = time.perf_counter()
@@ -149,10 +162,10 @@ def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler,
 
     # 2. Rewards.
     completions = tokenizer.decode_batch(out.tokens, out.mask)
-    scores = reward_fn([p for p in prompts for _ in range(G)], completions)
+    scores = parts.reward_fn([p for p in prompts for _ in range(G)], completions)
     valid = np.ones(len(completions), dtype=bool) if scores.valid is None else np.asarray(scores.valid, bool)
     if not valid.all():
-        log.warn("unscored", step + 1, f"{int((~valid).sum()) // G} prompt(s) could not be scored (Stockfish "
+        parts.log.warn("unscored", step + 1, f"{int((~valid).sum()) // G} prompt(s) could not be scored (Stockfish "
                                        "failed after retries) and were left out of this step")
     r = Rollout(prompts=prompts, completions=completions, scores=dataclasses.replace(scores, valid=valid),
                 ids=torch.cat([ids, out.tokens], dim=1), mask=torch.cat([pmask, out.mask], dim=1),
@@ -170,10 +183,7 @@ def collect_rollout(cfg, objective: Objective, models: Models, sampler: Sampler,
     with torch.no_grad():
         r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
         r.kl_scale = objective.kl_scale(r.tasks, r.completion_mask.shape[1], device)
-        r.advantages, r.returns, r.info = objective.advantages(
-            r.rewards, r.valid, r.tasks, r.completion_mask, r.loss_mask, comm,
-            ref_logprobs=r.ref_logprobs, old_logprobs=r.old_logprobs, old_values=r.old_values,
-            kl_scale=r.kl_scale)
+        r.advantages, r.returns, r.info = objective.advantages(r, comm)
     _sync(device)
     r.times = {"generate": t_gen - t0, "reward": t_reward - t_gen, "reference": time.perf_counter() - t_reward}
     return r

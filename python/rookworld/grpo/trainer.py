@@ -34,10 +34,10 @@ from rookworld.ground.data import assign_moves, finished_message, playable, posi
 from rookworld.ground.rewards import RewardScorer, Scores, analysis_width
 from rookworld.ground.stockfish import StockfishError, StockfishPool
 from rookworld.grpo.metrics import step_metrics
-from rookworld.grpo.models import Models, Sampler
+from rookworld.grpo.models import Models, Placement, Sampler
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt, PromptSource
-from rookworld.grpo.rollout import RewardFn, Rollout, RolloutReward, collect_rollout
+from rookworld.grpo.rollout import RewardFn, Rollout, RolloutParts, RolloutReward, collect_rollout
 from rookworld.grpo.update import update
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm
@@ -47,6 +47,7 @@ from rookworld.harness.runlog import eval_command, fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
 from rookworld.net.decoding import release_caches
+from rookworld.net.logprobs import PassOptions
 from rookworld.net.pretrained import check_model, from_pretrained, model_directory
 from rookworld.net.tokenizer import Tokenizer
 from rookworld.net.value import VALUE_HEAD_NAME, ValueHead
@@ -196,9 +197,11 @@ class Trainer:
             value_head = ValueHead(run.policy.config.n_embd).to(run.device)
             if run.resume_from is not None:
                 checkpoint.load_module(run.resume_from, VALUE_HEAD_NAME, value_head)
-        return Models(run.policy, reference, value_head, run.device, run.amp_dtype, run.compile, run.dist.enabled,
-                      run.autocast, rows_per_prompt=cfg.group_size if cfg.shared_prompt else 1,
-                      compile_logprobs=run.compile_logprobs)
+        placement = Placement(run.device, run.amp_dtype, run.compile, run.dist.enabled, run.autocast)
+        options = PassOptions(temperature=cfg.temperature, entropy=True, compile=run.compile_logprobs,
+                              kl_weights=self.objective.kl_weights,
+                              rows_per_prompt=cfg.group_size if cfg.shared_prompt else 1)
+        return Models(run.policy, reference, value_head, placement, options)
 
     def _reference_fingerprint(self) -> str | None:
         """The fingerprint of the reference the run loads (--model), saved with each checkpoint. A resumed run keeps
@@ -258,8 +261,8 @@ class Trainer:
                 raise self.pool.failure
             if step + 1 < cfg.steps and run.device.type == "cuda":
                 self.reward_fn.prefetch(self.prompts.batch(step + 1))  # Stockfish works while the GPU samples
-            rollout = collect_rollout(cfg, self.objective, self.models, self.sampler, run.comm, run.tokenizer,
-                                      self.reward_fn, prompts, step=step, log=run.log)
+            parts = RolloutParts(self.objective, self.models, self.sampler, self.reward_fn, run.tokenizer, run.log)
+            rollout = collect_rollout(cfg, parts, run.comm, prompts, step)
         except StockfishError as e:  # no weight has changed: the step is dropped, the one before saved
             self.engine_failure = e
             raise StepAbandoned from None

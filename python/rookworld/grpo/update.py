@@ -14,6 +14,7 @@ from rookworld.grpo.objective import Objective, Totals
 from rookworld.grpo.rollout import Rollout, seed_of
 from rookworld.harness.distributed import Comm
 from rookworld.harness.run import step_if_finite
+from rookworld.net.logprobs import TokenLogProbs
 from rookworld.net.memo import Replay
 
 _SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss")
@@ -59,7 +60,7 @@ def update(cfg, objective: Objective, models: Models, optimizer: torch.optim.Opt
                 last = j == len(micro) - 1
                 no_sync = models.logprobs.no_sync() if comm.info.enabled and not last else contextlib.nullcontext()
                 with no_sync:
-                    micro_batch_loss(cfg, objective, models, rollout, b, acc, totals)
+                    micro_batch_loss(objective, models, rollout, b, acc, totals)
             rollout.memo = None  # sampling's products are the weights' before this optimizer step
             grads = [p for p in params if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(grads, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
@@ -69,47 +70,42 @@ def update(cfg, objective: Objective, models: Models, optimizer: torch.optim.Opt
     return acc
 
 
-def micro_batch_loss(cfg, objective: Objective, models: Models, r: Rollout, b: MicroBatch, acc: UpdateSums,
+def micro_batch_loss(objective: Objective, models: Models, r: Rollout, b: MicroBatch, acc: UpdateSums,
                      totals: Totals) -> None:
     """Forward and backward of one micro-batch: the objective's loss of each of its tokens, weighted by the
-    aggregation, in one pass over the vocabulary (`token_logprobs` with a loss)."""
+    aggregation, and what the metrics count of them, in one pass over the vocabulary."""
     P, W = r.prompt_width, b.width
     rows, cols = torch.from_numpy(b.rows).to(models.device), slice(b.left, P + W)
-    m = r.loss_mask[rows, :W]
+    m = r.loss_mask[rows, :W]  # the usable tokens [b, W]: the only positions the lm_head runs on
     weights, cut = objective.weights(m, totals), r.rows(rows, W)
-    flat = {k: None if v is None else v.reshape(-1) for k, v in (*cut.items(), ("weights", weights))}
-    at = lambda name, i: None if flat[name] is None else flat[name][i]  # noqa: E731
-
-    def token_loss(lp, entropy, kl, i):
-        return objective.token_loss(lp, entropy, kl, advantages=at("advantages", i),
-                                    old_logprobs=at("old_logprobs", i), ref_logprobs=at("ref_logprobs", i),
-                                    kl_scale=at("kl_scale", i))[0] * flat["weights"][i]
-
     replay = None if r.memo is None else Replay(r.memo, rows, b.left, W)
     with models.autocast():
-        out = models.logprobs(r.ids[rows, cols], r.mask[rows, cols], P - b.left, cfg.temperature, loss=token_loss,
-                              reference=models.reference if objective.exact_kl else None,
-                              kl_weights=objective.kl_weights, wanted=m, rows_per_prompt=models.rows_per_prompt,
-                              replay=replay)
+        out = models.logprobs(r.ids[rows, cols], r.mask[rows, cols], P - b.left, wanted=m,
+                              loss=objective.micro_batch_loss(cut, weights), replay=replay,
+                              reference=models.reference if objective.exact_kl else None)
     loss, v_loss = out.loss, None
     if out.values is not None:
         v_term, v_loss = objective.value_loss(out.values.float(), cut["old_values"], cut["returns"])
         loss = loss + (v_term * weights).sum()
     loss.backward()
-    with torch.no_grad():  # what the metrics count of the micro-batch
-        _, clipped, kl = objective.token_loss(out.logprobs, out.entropy, out.kl, **{
-            k: cut[k] for k in ("advantages", "old_logprobs", "ref_logprobs", "kl_scale")})
-        mf, s = m.float(), acc.sums
-        s["loss"] += loss.detach()
-        s["tokens"] += mf.sum()
-        s["clipped"] += (clipped.float() * mf).sum()
-        s["entropy"] += (out.entropy * mf).sum()
-        if kl is not None:
-            s["kl"] += (kl * mf).sum()
-            acc.kl_parts.append((kl.detach(), m))
-        if v_loss is not None:
-            s["value_loss"] += (v_loss.detach() * mf).sum()
+    _count(acc, out, m, loss.detach(), v_loss)
     # Token slots the passes computed: each micro-batch's prompts (once a group when shared), and its completions.
     prompts = b.rows[:: models.rows_per_prompt]
     acc.slots += len(prompts) * (P - b.left) + len(b.rows) * W
     acc.real += int(r.prompt_lens[prompts].sum() + r.completion_lens[b.rows].sum())
+
+
+@torch.no_grad()
+def _count(acc: UpdateSums, out: TokenLogProbs, m: torch.Tensor, loss: torch.Tensor,
+           v_loss: torch.Tensor | None) -> None:
+    """What the metrics add up of a micro-batch's usable tokens `m`, from its pass `out`."""
+    mf, s, kl = m.float(), acc.sums, out.metrics.get("kl")
+    s["loss"] += loss
+    s["tokens"] += mf.sum()
+    s["clipped"] += (out.metrics["clipped"].float() * mf).sum()
+    s["entropy"] += (out.entropy * mf).sum()
+    if kl is not None:
+        s["kl"] += (kl * mf).sum()
+        acc.kl_parts.append((kl, m))
+    if v_loss is not None:
+        s["value_loss"] += (v_loss.detach() * mf).sum()

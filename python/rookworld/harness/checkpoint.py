@@ -18,6 +18,7 @@ import os
 import pickle
 import random
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,30 +111,40 @@ def _write_text_atomic(path: Path, text: str) -> None:
         f.write(text)
 
 
-def save_checkpoint(output_dir: str | os.PathLike, step: int, model, state: dict[str, Any], config: dict[str, Any],
-                    keep: int, modules: dict[str, torch.nn.Module] | None = None, tokenizer=None,
-                    fingerprints: dict[str, str | None] | None = None) -> Path:
-    """Writes checkpoint `step` and prunes all but the newest `keep`; returns its directory. `modules` are
-    trained beside the policy but not part of it: each goes to its own NAME.safetensors, so `model.safetensors`
-    stays a plain GPT-2. The tokenizer's vocab.json and merges.txt make the directory loadable offline.
-    `fingerprints` are those of what the run started from, saved beside its weights' own."""
+@dataclass(frozen=True)
+class Saved:
+    """What a checkpoint holds. `modules` are trained beside the policy but not part of it: each goes to its own
+    NAME.safetensors, so `model.safetensors` stays a plain GPT-2. The tokenizer's vocab.json and merges.txt make
+    the directory loadable offline. `fingerprints` are those of what the run started from, saved beside its
+    weights' own."""
+
+    model: torch.nn.Module
+    state: dict[str, Any]  # the optimizer's, the schedule's, the generators' and the command's own
+    config: dict[str, Any]  # the run's settings
+    modules: dict[str, torch.nn.Module] = field(default_factory=dict)
+    tokenizer: Any = None
+    fingerprints: dict[str, str | None] = field(default_factory=dict)
+
+
+def save_checkpoint(output_dir: str | os.PathLike, step: int, saved: Saved, keep: int) -> Path:
+    """Writes checkpoint `step` and prunes all but the newest `keep`; returns its directory."""
     root = Path(output_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
     final = root / name
     tmp = temporary_directory(f".{name}.", root)
     try:
-        save_pretrained(model, tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        torch.save(state, tmp / STATE_FILE)
-        for module_name, module in (modules or {}).items():
+        save_pretrained(saved.model, tmp)
+        if saved.tokenizer is not None:
+            saved.tokenizer.save_pretrained(tmp)
+        torch.save(saved.state, tmp / STATE_FILE)
+        for module_name, module in saved.modules.items():
             tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
             save_file(tensors, str(tmp / f"{module_name}.safetensors"))
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        files = [WEIGHTS_FILES[0], "config.json", *(f"{module_name}.safetensors" for module_name in modules or {})]
+        (tmp / CONFIG_FILE).write_text(json.dumps(saved.config, indent=2) + "\n")
+        files = [WEIGHTS_FILES[0], "config.json", *(f"{module_name}.safetensors" for module_name in saved.modules)]
         (tmp / FINGERPRINTS_FILE).write_text(json.dumps({"files": {n: digest(tmp / n) for n in files},
-                                                         **(fingerprints or {})}) + "\n")
+                                                         **saved.fingerprints}) + "\n")
         if final.exists():  # saved again (e.g. the final step right after a periodic save)
             shutil.rmtree(final)
         publish(tmp)

@@ -9,6 +9,7 @@ import math
 import os
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rookworld.ground.files import Output
@@ -139,6 +140,10 @@ def smoothed(y: Sequence[float]) -> list[float]:
     return out
 
 
+#: A line style a run, the same in every panel.
+STYLES = ["-", "--", ":", "-."]
+
+
 def constant(data: dict[str, Sequence[dict]], key: str) -> float | None:
     """The one value of `key` in every run, when it has at least two points and never changes; else None."""
     values = {v for rows in data.values() for v in series(rows, key)[1]}
@@ -154,11 +159,48 @@ def figure(runs: Sequence[str | Path], title: str | None = None):
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator, PercentFormatter
     except ImportError:
         raise PlotError("plotting needs matplotlib: pip install 'rookworld[plot]'") from None
     data = {name: read_metrics(run) for name, run in zip(run_names(runs), runs)}
     shift = dict(zip(data, chained_offsets(runs, list(data.values()))))
+    # Each run's whole span of steps (chained runs shifted): a panel spans those of the runs it draws, so a GRPO
+    # run's own panels are not squeezed by a longer SFT run beside it, and a one-point evaluation is not zoomed.
+    spans = {run: (min(steps) + shift[run], max(steps) + shift[run])
+             for run, rows in data.items() if (steps := series(rows, "step")[1])}
+    drawn_runs = _Runs(data, shift, spans, plt.rcParams["axes.prop_cycle"].by_key()["color"])
+    panels, left_out = _choose_panels(data, runs)
+    cols = 2 if len(panels) > 1 else 1
+    nrows = -(-len(panels) // cols)
+    # Constrained layout leaves room for the suptitle, which tight_layout draws over the top panels, and for the
+    # legends outside the panels.
+    fig, axes = plt.subplots(nrows, cols, figsize=(7.5 * cols, 3.4 * nrows), squeeze=False, layout="constrained")
+    for ax, (panel, keys, rate) in zip(axes.flat, panels):
+        drawn, values = _draw_curves(ax, drawn_runs, keys)
+        _dress(ax, drawn_runs, (panel, rate), drawn, values)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    if left_out:
+        fig.supxlabel(textwrap.fill("the same at every point, not drawn: " + "; ".join(left_out), 100 * cols),
+                      fontsize=8)
+    return fig, len(panels)
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """The runs a figure draws: their rows by name, each one's step offset (chained runs) and span of steps, and
+    the colours (one a curve of a panel: P: and A:, mean and p95; a line style a run, the same in every panel)."""
+
+    data: dict[str, Sequence[dict]]
+    shift: dict[str, int]
+    spans: dict[str, tuple[int, int]]
+    colors: list[str]
+
+
+def _choose_panels(data: dict[str, Sequence[dict]], runs: Sequence[str | Path]):
+    """(the panels drawn: (title, [(key, label)], rate), what is left out for never changing: 'title: label
+    value')."""
     present = [(t, [(k, label) for k, label in keys if any(series(rows, k)[0] for rows in data.values())], rate)
                for t, keys, rate in PANELS]
     present = [(t, keys, rate) for t, keys, rate in present if keys]
@@ -171,63 +213,56 @@ def figure(runs: Sequence[str | Path], title: str | None = None):
         panels, flat = present, dict.fromkeys(flat)
     left_out = [f"{t}: " + ", ".join(f"{label} {_shown(flat[k], rate)}" for k, label in keys if flat[k] is not None)
                 for t, keys, rate in present if any(flat[k] is not None for k, _ in keys)]
-    cols = 2 if len(panels) > 1 else 1
-    nrows = -(-len(panels) // cols)
-    # Constrained layout leaves room for the suptitle, which tight_layout draws over the top panels, and for the
-    # legends outside the panels.
-    fig, axes = plt.subplots(nrows, cols, figsize=(7.5 * cols, 3.4 * nrows), squeeze=False, layout="constrained")
-    # A colour per curve of a panel (P: and A:, mean and p95) and a line style per run, the same in every panel.
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = ["-", "--", ":", "-."]
-    # Each run's whole span of steps (chained runs shifted): a panel spans those of the runs it draws, so a GRPO
-    # run's own panels are not squeezed by a longer SFT run beside it, and a one-point evaluation is not zoomed.
-    spans = {run: (min(steps) + shift[run], max(steps) + shift[run])
-             for run, rows in data.items() if (steps := series(rows, "step")[1])}
-    for ax, (panel, keys, rate) in zip(axes.flat, panels):
-        drawn, values = [], []
-        for r, (run, rows) in enumerate(data.items()):
-            for k, (key, label) in enumerate(keys):
-                x, y = series(rows, key)
-                if not x:
-                    continue
-                drawn.append(run)
-                values += y
-                name = f"{run}: {label}" if len(data) > 1 else label
-                x = [s + shift[run] for s in x]
-                style = dict(color=colors[k % len(colors)])
-                if len(x) >= SMOOTH_FROM and not key.startswith("eval/"):
-                    ax.plot(x, y, styles[r % len(styles)], alpha=0.25, linewidth=0.8, label=f"_{name} (raw)",
-                            **style)
-                    ax.plot(x, smoothed(y), styles[r % len(styles)], label=name, **style)
-                else:
-                    ax.plot(x, y, styles[r % len(styles)], label=name, marker="." if len(x) < 30 else None, **style)
-        first = min((spans[run][0] for run in drawn if run in spans), default=0)
-        last = max((spans[run][1] for run in drawn if run in spans), default=1)
-        pad = max(0.5, 0.02 * (last - first))
-        ax.set_title(panel, fontsize=10)
-        ax.set_xlabel("step" if not any(shift.values()) else "step (a run started from another's model follows it)")
-        ax.set_xlim(first - pad, last + pad)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-        if rate:  # a share reads against its whole range, not zoomed into 0.986-1.0
-            ax.set_ylim(*RATE_LIMITS)
-            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        else:
-            ax.ticklabel_format(axis="y", useOffset=False)
-            low, high = min(values), max(values)
-            least = 0.1 * max(abs(low), abs(high))  # a near-flat curve is not stretched over the whole height
-            if high - low < least:
-                middle = (low + high) / 2
-                ax.set_ylim(middle - least / 2, middle + least / 2)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    if title:
-        fig.suptitle(title)
-    if left_out:
-        fig.supxlabel(textwrap.fill("the same at every point, not drawn: " + "; ".join(left_out), 100 * cols),
-                      fontsize=8)
-    return fig, len(panels)
+    return panels, left_out
+
+
+def _draw_curves(ax, runs: _Runs, keys) -> tuple[list[str], list[float]]:
+    """Each run's curve of each key on `ax` (smoothed beside its raw points when long); (the runs drawn, the
+    values)."""
+    drawn, values = [], []
+    for r, (run, rows) in enumerate(runs.data.items()):
+        style = STYLES[r % len(STYLES)]
+        for k, (key, label) in enumerate(keys):
+            x, y = series(rows, key)
+            if not x:
+                continue
+            drawn.append(run)
+            values += y
+            name = f"{run}: {label}" if len(runs.data) > 1 else label
+            x = [s + runs.shift[run] for s in x]
+            color = runs.colors[k % len(runs.colors)]
+            if len(x) >= SMOOTH_FROM and not key.startswith("eval/"):
+                ax.plot(x, y, style, alpha=0.25, linewidth=0.8, label=f"_{name} (raw)", color=color)
+                ax.plot(x, smoothed(y), style, label=name, color=color)
+            else:
+                ax.plot(x, y, style, label=name, marker="." if len(x) < 30 else None, color=color)
+    return drawn, values
+
+
+def _dress(ax, runs: _Runs, panel: tuple[str, bool], drawn: list[str], values: list[float]) -> None:
+    """A panel's title, axes, limits, grid and legend (`panel`: its title, and whether it shows a share)."""
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+    title, rate = panel
+    first = min((runs.spans[run][0] for run in drawn if run in runs.spans), default=0)
+    last = max((runs.spans[run][1] for run in drawn if run in runs.spans), default=1)
+    pad = max(0.5, 0.02 * (last - first))
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step" if not any(runs.shift.values()) else "step (a run started from another's model follows it)")
+    ax.set_xlim(first - pad, last + pad)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    if rate:  # a share reads against its whole range, not zoomed into 0.986-1.0
+        ax.set_ylim(*RATE_LIMITS)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    else:
+        ax.ticklabel_format(axis="y", useOffset=False)
+        low, high = min(values), max(values)
+        least = 0.1 * max(abs(low), abs(high))  # a near-flat curve is not stretched over the whole height
+        if high - low < least:
+            middle = (low + high) / 2
+            ax.set_ylim(middle - least / 2, middle + least / 2)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _shown(value: float, rate: bool) -> str:

@@ -22,7 +22,7 @@ from rookworld.harness import checkpoint
 from rookworld.harness.compiles import CompileReport
 from rookworld.harness.distributed import Comm, init_distributed
 from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
-from rookworld.harness.runlog import RunLog, Summary
+from rookworld.harness.runlog import Reporting, RunLog, Summary
 from rookworld.harness.stop import Doing, EvaluationStopped, StepAbandoned, Stop
 from rookworld.net.device import BF16_FLAGS, cpu_bf16, keep_freed_memory, resolve_device
 from rookworld.net.pretrained import from_pretrained, model_directory, save_pretrained
@@ -88,20 +88,7 @@ class Run:
         """``label`` names a `policy` given fresh, for the header. Every checkpoint also writes the model into the
         output directory itself, which then loads as a model (``--model``, ``rookworld eval``, transformers)."""
         self.cfg, self.command = cfg, command
-        kind = resolve_device(cfg.device).type
-        self.dist = init_distributed(kind)
-        cfg.check_world(self.dist.world)
-        self.device = resolve_device(cfg.device, self.dist.local_rank)
-        self.comm = Comm(self.dist, self.device)
-        self.use_every_core()
-        if kind == "cuda":
-            # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
-            # newer ones map to their own fp32_precision settings.
-            torch.set_float32_matmul_precision("high")
-        bf16, why = compute_dtype(cfg.dtype, kind)
-        self.amp_dtype = torch.bfloat16 if bf16 else None
-        self.compile = cfg.compile and kind == "cuda"  # decoding (the decode step and the draw)
-        self.compile_logprobs = self.compile and cfg.compile_logprobs  # the log-prob passes
+        bf16, why = self._place(cfg)
         torch.manual_seed(cfg.seed)
 
         # Everything a user can get wrong is checked before the slow parts (models, engines) start, and before
@@ -117,23 +104,7 @@ class Run:
         if policy is None:
             directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
         self._closed = False
-        self.lock = RunDirectoryLock(Path(cfg.output_dir), command) if self.dist.main else None
-        try:
-            prepare_output_dir(cfg, self.resume_from, self.dist.main, command)
-        except BaseException:
-            if self.lock is not None:
-                self.lock.release()
-            raise
-        leftovers = checkpoint.remove_leftovers(cfg.output_dir) if self.dist.main else []
-        self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary,
-                          report_to=cfg.reporters, wandb_project=cfg.wandb_project, config=cfg.to_dict(),
-                          command=command)
-        if leftovers:
-            self.log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
-        #: What compiling costs, said where the user sees it (None when nothing compiles).
-        self.compiles = CompileReport(self.log, cfg.output_dir, self.dist.main) if self.compile else None
-        if self.compiles is not None and self.resume_from is not None:
-            self.compiles.load_cache()
+        self._open_output_dir(stream, summary)
         ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
         steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
         self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "
@@ -154,6 +125,46 @@ class Run:
         self.scheduler = None
         self.interrupted = False  # set when a run stopped early on Ctrl-C or SIGTERM (after saving)
         self.stop = Stop(self.log.say, lambda: self.step, alone=not self.dist.enabled)
+
+    def _place(self, cfg: RunConfig) -> tuple[bool, str]:
+        """The ranks, the device, the compute dtype and what compiles; returns (bf16, why) for the header."""
+        kind = resolve_device(cfg.device).type
+        self.dist = init_distributed(kind)
+        cfg.check_world(self.dist.world)
+        self.device = resolve_device(cfg.device, self.dist.local_rank)
+        self.comm = Comm(self.dist, self.device)
+        self.use_every_core()
+        if kind == "cuda":
+            # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
+            # newer ones map to their own fp32_precision settings.
+            torch.set_float32_matmul_precision("high")
+        bf16, why = compute_dtype(cfg.dtype, kind)
+        self.amp_dtype = torch.bfloat16 if bf16 else None
+        self.compile = cfg.compile and kind == "cuda"  # decoding (the decode step and the draw)
+        self.compile_logprobs = self.compile and cfg.compile_logprobs  # the log-prob passes
+        return bf16, why
+
+    def _open_output_dir(self, stream, summary: Summary | None) -> None:
+        """The output directory locked and made ready (a resumed run's kept), what a cut-short save left removed,
+        and the run's log and compile report opened there."""
+        cfg, command = self.cfg, self.command
+        self.lock = RunDirectoryLock(Path(cfg.output_dir), command) if self.dist.main else None
+        try:
+            prepare_output_dir(cfg, self.resume_from, self.dist.main, command)
+        except BaseException:
+            if self.lock is not None:
+                self.lock.release()
+            raise
+        leftovers = checkpoint.remove_leftovers(cfg.output_dir) if self.dist.main else []
+        reporting = Reporting(cfg.reporters, cfg.wandb_project, cfg.to_dict(), command)
+        self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary,
+                          reporting=reporting)
+        if leftovers:
+            self.log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
+        #: What compiling costs, said where the user sees it (None when nothing compiles).
+        self.compiles = CompileReport(self.log, cfg.output_dir, self.dist.main) if self.compile else None
+        if self.compiles is not None and self.resume_from is not None:
+            self.compiles.load_cache()
 
     def build_optimizer(self, extra_groups: Sequence[dict] = ()) -> dict[str, Any]:
         """AdamW over the policy (and `extra_groups`), warm-up + cosine; on resume, their saved state and the
@@ -207,9 +218,9 @@ class Run:
                 "rng": rng or checkpoint.rng_state(), "world_size": self.dist.world, **state}
         with self.applying():  # a Ctrl-C during the save lets it finish; the save is atomic against harder stops
             try:
-                path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, self.policy, full,
-                                                  self.cfg.to_dict(), self.cfg.keep_checkpoints, modules,
-                                                  tokenizer=self.tokenizer, fingerprints=self.fingerprints)
+                saved = checkpoint.Saved(self.policy, full, self.cfg.to_dict(), modules or {}, self.tokenizer,
+                                         self.fingerprints)
+                path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, saved, self.cfg.keep_checkpoints)
                 save_pretrained(self.policy, self.cfg.output_dir)
                 self.tokenizer.save_pretrained(self.cfg.output_dir)
             except (OSError, RuntimeError) as e:
@@ -238,72 +249,96 @@ class Run:
         evaluation (rank 0; the first at step 0, before any update), samples, checkpoints, and a checkpoint on
         Ctrl-C/SIGTERM or at the end."""
         cfg = self.cfg
+        if not self._ready_to_loop():
+            return {}
+        last: dict[str, Any] = {}
+        saved_at = self.step
+        try:
+            with self._stops_on_signals():
+                self.log.begin_steps()
+                last_eval = self._first_evaluation(evaluate)
+                while self.step < cfg.steps and not self.interrupted:
+                    # What a checkpoint of the last step holds that the next one changes before its weights (the
+                    # generators, the EMA baselines): kept, so that an abandoned step leaves no trace.
+                    before = checkpoint.rng_state(), state()
+                    try:
+                        m = step()
+                    except StepAbandoned:
+                        self.log.say(f"step {self.step + 1} dropped before it changed a weight; saving step "
+                                     f"{self.step}")
+                        self.interrupted = True
+                        if saved_at != self.step:
+                            self.save(before[1], modules(), rng=before[0])
+                            saved_at = self.step
+                        break
+                    if self._after_step(m, evaluate, samples if sample_every else None, sample_every):
+                        last_eval = m
+                    last = m
+                    if cfg.save_every and self.step % cfg.save_every == 0:
+                        self.save(state(), modules())
+                        saved_at = self.step
+                    if self.comm.any(self.stop.requested):
+                        self.interrupted = self.step < cfg.steps
+                        break
+                if saved_at != self.step:
+                    self.save(state(), modules())
+                if not self.interrupted:
+                    self.log.finish(self.command, self.step, last_eval)
+        finally:
+            self.close()
+        return last
+
+    def _ready_to_loop(self) -> bool:
+        """Whether the loop has steps to run (else the run is closed, said complete), with room for a checkpoint."""
         if self.resume_from is not None:
             self.log.say(f"resumed from {self.resume_from} at step {self.step}")
-        if self.step >= cfg.steps:
-            self.log.say(complete_message(self.command, cfg, self.step))
+        if self.step >= self.cfg.steps:
+            self.log.say(complete_message(self.command, self.cfg, self.step))
             self.close()
-            return {}
+            return False
         if self.dist.main:
-            checkpoint.check_room(cfg.output_dir, self.checkpoint_bytes())
+            checkpoint.check_room(self.cfg.output_dir, self.checkpoint_bytes())
+        return True
+
+    @contextlib.contextmanager
+    def _stops_on_signals(self):
+        """Ctrl-C and SIGTERM go to `self.stop` while the loop runs; the handlers before it come back after."""
         previous = {}
         if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, self.stop)
-        last: dict[str, Any] = {}
-        last_eval: dict[str, Any] | None = None
-        saved_at = self.step
-        self.log.begin_steps()
         try:
-            # Where the run starts, before any update: every curve (metrics.jsonl, TensorBoard, plot) begins at
-            # step 0, and the closing lines compare the end with it. A resumed run has its row already.
-            if evaluate is not None and cfg.eval_every and self.step == 0:
-                m = {"step": 0}
-                if self._evaluated(evaluate, m):
-                    self._report_compiles(m)
-                    self.log.step(m, log_line=False)
-                    last_eval = m
-                self.interrupted = self.comm.any(self.stop.requested)
-            while self.step < cfg.steps and not self.interrupted:
-                # What a checkpoint of the last step holds that the next one changes before its weights (the
-                # generators, the EMA baselines): kept, so that an abandoned step leaves no trace.
-                before = checkpoint.rng_state(), state()
-                try:
-                    m = step()
-                except StepAbandoned:
-                    self.log.say(f"step {self.step + 1} dropped before it changed a weight; saving step {self.step}")
-                    self.interrupted = True
-                    if saved_at != self.step:
-                        self.save(before[1], modules(), rng=before[0])
-                        saved_at = self.step
-                    break
-                final = self.step == cfg.steps
-                if evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0 \
-                        and self._evaluated(evaluate, m):
-                    last_eval = m
-                m["eta_s"] = self.log.eta(self.step)
-                self._report_compiles(m)
-                self.log.step(m, log_line=self.step % cfg.log_every == 0 or final)
-                # The last step's samples too, so that a run shorter than --sample-every still shows some.
-                if samples is not None and sample_every and (self.step % sample_every == 0 or final) \
-                        and self.dist.main:
-                    samples()
-                last = m
-                if cfg.save_every and self.step % cfg.save_every == 0:
-                    self.save(state(), modules())
-                    saved_at = self.step
-                if self.comm.any(self.stop.requested):
-                    self.interrupted = self.step < cfg.steps
-                    break
-            if saved_at != self.step:
-                self.save(state(), modules())
-            if not self.interrupted:
-                self.log.finish(self.command, self.step, last_eval)
+            yield
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.close()
-        return last
+
+    def _first_evaluation(self, evaluate: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
+        """Where the run starts, before any update: every curve (metrics.jsonl, TensorBoard, plot) begins at step
+        0, and the closing lines compare the end with it. A resumed run has its row already."""
+        if evaluate is None or not self.cfg.eval_every or self.step != 0:
+            return None
+        m, last_eval = {"step": 0}, None
+        if self._evaluated(evaluate, m):
+            self._report_compiles(m)
+            self.log.step(m, log_line=False)
+            last_eval = m
+        self.interrupted = self.comm.any(self.stop.requested)
+        return last_eval
+
+    def _after_step(self, m: dict[str, Any], evaluate: Callable[[], dict[str, Any]] | None,
+                    samples: Callable[[], None] | None, sample_every: int) -> bool:
+        """A step's evaluation (when due), row, line and samples; whether it was evaluated."""
+        cfg, final = self.cfg, self.step == self.cfg.steps
+        evaluated = evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0 \
+            and self._evaluated(evaluate, m)
+        m["eta_s"] = self.log.eta(self.step)
+        self._report_compiles(m)
+        self.log.step(m, log_line=self.step % cfg.log_every == 0 or final)
+        # The last step's samples too, so that a run shorter than --sample-every still shows some.
+        if samples is not None and (self.step % sample_every == 0 or final) and self.dist.main:
+            samples()
+        return bool(evaluated)
 
     def _report_compiles(self, m: dict[str, Any]) -> None:
         if self.compiles is not None:

@@ -164,22 +164,31 @@ class WandbSink:
         self.run.finish()
 
 
+@dataclasses.dataclass(frozen=True)
+class Reporting:
+    """Where a run's figures go besides metrics.jsonl and samples.jsonl (`report_to`: tensorboard, wandb), and
+    what describes the run there: its settings (`config`) and its command."""
+
+    report_to: Sequence[str] = ("tensorboard",)
+    wandb_project: str = "rookworld"
+    config: dict[str, Any] | None = None
+    command: str | None = None
+
+
 class RunLog:
     def __init__(self, output_dir: str | Path, total_steps: int, *, enabled: bool = True, stream: TextIO | None = None,
-                 summary: Summary | None = None, report_to: Sequence[str] = ("tensorboard",),
-                 wandb_project: str = "rookworld", config: dict[str, Any] | None = None, command: str | None = None):
-        """`report_to`: where the figures go besides metrics.jsonl and samples.jsonl (tensorboard, wandb); `config`
-        (the run's settings) and `command` describe the W&B run."""
+                 summary: Summary | None = None, reporting: Reporting = Reporting()):
         self.enabled = enabled
         self.total_steps = total_steps
         self.stream = stream if stream is not None else sys.stderr
         self.summary = summary
         self.dir = Path(output_dir)
         self._last_warned: dict[str, int] = {}
+        report_to = reporting.report_to
         self.report_to = tuple(report_to.split(",") if isinstance(report_to, str) else report_to)
-        self.wandb_project = wandb_project
-        self.config = config
-        self.command = command
+        self.wandb_project = reporting.wandb_project
+        self.config = reporting.config
+        self.command = reporting.command
         self.sinks: list[TensorBoardSink | WandbSink] = []
         self._locks: list = []  # of an output directory made again (`_remake`)
         self._lost = False

@@ -23,9 +23,9 @@ from rookworld.ground.progress import Progress
 from rookworld.ground.rewards import policy_prompt
 from rookworld.net.device import resolve_device
 from rookworld.net.limits import ContextTooLong
-from rookworld.net.logprobs import token_logprobs
+from rookworld.net.logprobs import PassOptions, token_logprobs
 from rookworld.net.pretrained import from_pretrained, model_directory
-from rookworld.net.sampling import generate
+from rookworld.net.sampling import SamplingOptions, generate
 from rookworld.net.sources import model_source
 from rookworld.net.tokenizer import Tokenizer, get_tokenizer
 
@@ -64,9 +64,9 @@ def complete(model, tokenizer: Tokenizer, prompts: Sequence[str], *, decoding: D
     out: list[str] = []
     for b, i in enumerate(range(0, len(prompts), batch_size)):
         ids, mask = tokenizer.encode_batch(prompts[i : i + batch_size], bos=True, device=model.device)
-        gen = generate(model, ids, mask, max_new_tokens=max_new_tokens, temperature=decoding.temperature,
-                       top_k=decoding.top_k, seed=None if decoding.greedy else seed + b, compile=compile,
-                       eos_id=tokenizer.eos_id)
+        options = SamplingOptions(max_new_tokens=max_new_tokens, temperature=decoding.temperature, top_k=decoding.top_k,
+                                  compile=compile, eos_id=tokenizer.eos_id)
+        gen = generate(model, ids, mask, options, seed=None if decoding.greedy else seed + b)
         out.extend(tokenizer.decode_batch(gen.tokens, gen.mask))
         if progress is not None:
             progress.update(len(ids))
@@ -176,7 +176,8 @@ class RookWorldLM:
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         wanted = mask[:, P:]
         # Rows share their context columns: one pass over it for all of them (rows_per_prompt).
-        lp = token_logprobs(self.model, ids, mask, start=P, rows_per_prompt=len(tails), wanted=wanted).logprobs
+        options = PassOptions(start=P, rows_per_prompt=len(tails))
+        lp = token_logprobs(self.model, ids, mask, options, wanted=wanted).logprobs
         return (lp * wanted).sum(1).tolist()
 
     def env(self, fens: Sequence[str], moves: Sequence[str], histories: Sequence[Sequence[str]] | None = None, *,

@@ -97,6 +97,25 @@ def run_or_fall_back(fn: Callable, eager: Callable, device_type: str, *args: Any
         compile_log.calling = None
 
 
+class Compiled:
+    """`fn` and its compiled versions, one a device type, made on first use (`maybe_compiled`) and kept by this
+    object: the caller holds one such object a function, not a cache of its own."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.by_device: dict[str, Callable] = {}
+
+    def pick(self, device_type: str, compile: bool, **options: Any) -> Callable:
+        """The function to call on `device_type`: compiled (with `options`, the first time) when `compile` and it
+        has not failed there, else `fn`."""
+        return maybe_compiled(self.fn, self.by_device, device_type, compile, **options)
+
+    def __call__(self, device_type: str, compile: bool, *args: Any, checkpointed: bool = False, **options: Any):
+        """fn(*args), compiled where `pick` says, eager after a compiler failure (`run_or_fall_back`)."""
+        fn = self.pick(device_type, compile, **options)
+        return run_or_fall_back(fn, self.fn, device_type, *args, checkpointed=checkpointed)[0]
+
+
 def _raise_recompile_limit() -> None:
     for setting in ("recompile_limit", "cache_size_limit"):  # the older torch's name for it
         if hasattr(torch._dynamo.config, setting):

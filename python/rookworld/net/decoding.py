@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 
 import torch
 
 from rookworld.net.caches import GroupCache, KVCache
 from rookworld.net.compile_log import describe
-from rookworld.net.compiling import has_failed, maybe_compiled, run_or_fall_back
+from rookworld.net.compiling import Compiled, has_failed, run_or_fall_back
 from rookworld.net.head import head_logits
 from rookworld.net.model import GPT
 
@@ -31,7 +30,6 @@ CACHE_LEN_BUCKET = 64
 # every eviction re-records a CUDA graph. `release_caches(model)` frees them.
 MAX_CACHED_SHAPES = 4
 
-_compiled_steps: dict[str, Callable[..., torch.Tensor]] = {}
 _cache_pool: weakref.WeakKeyDictionary[GPT, OrderedDict[tuple, KVCache]] = weakref.WeakKeyDictionary()
 
 
@@ -52,6 +50,7 @@ def decode_step(
 
 describe(decode_step, lambda model, cache, tokens, *_: f"the decode step for {tokens.shape[0]:,} rows x "
                                                       f"{cache.valid.shape[1]} positions")
+_DECODE_STEP = Compiled(decode_step)
 
 
 def _pooled_cache(model: GPT, batch_size: int, max_len: int, dtype: torch.dtype) -> KVCache:
@@ -110,7 +109,7 @@ class Decoder:
         mode = "reduce-overhead" if device_type == "cuda" else None
         # dynamic: one graph for every batch and cache length (a step's P:/A: split moves its batches from step to
         # step); CUDA graphs still record one replay for each shape, which costs a recording, not a compile.
-        self.step_fn = maybe_compiled(decode_step, _compiled_steps, device_type, compile, mode=mode, dynamic=True)
+        self.step_fn = _DECODE_STEP.pick(device_type, compile, mode=mode, dynamic=True)
         self.compile = self.step_fn is not decode_step
         self.max_len = max_len
         self.cache: KVCache | GroupCache | None = None

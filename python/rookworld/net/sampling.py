@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from rookworld.net.compile_log import describe
-from rookworld.net.compiling import maybe_compiled, run_or_fall_back
+from rookworld.net.compiling import Compiled, run_or_fall_back
 from rookworld.net.decoding import Decoder
 from rookworld.net.limits import ContextTooLong
 from rookworld.net.memo import ProductMemo
@@ -118,8 +118,9 @@ def device_draw(device_type: str) -> Callable[[torch.Tensor, torch.Tensor], tupl
     return DRAWS.get(device_type, _draw)
 
 
-_compiled_draws: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
-for _fn in (_draw, _draw_in_blocks):
+#: Each draw with its compiled versions.
+COMPILED_DRAWS = {fn: Compiled(fn) for fn in (_draw, _draw_in_blocks)}
+for _fn in COMPILED_DRAWS:
     describe(_fn, lambda scaled, uniform: f"the sampling draw for {scaled.shape[0]:,} rows x {scaled.shape[1]:,} "
                                           "tokens")
 
@@ -152,7 +153,7 @@ def sample_next(
         scaled = _top_p_filter(scaled, top_p)
     device_type = scaled.device.type
     eager = device_draw(device_type)
-    draw = maybe_compiled(eager, _compiled_draws, device_type, compile, dynamic=True)  # one graph for every batch
+    draw = COMPILED_DRAWS[eager].pick(device_type, compile, dynamic=True)  # one graph for every batch
     # On the CPU, rows a block at a time: a block's float64 sums stay under glibc's 32 MiB mmap threshold, so
     # their memory is reused instead of mapped and faulted in anew at every draw.
     B, K = scaled.shape
@@ -174,30 +175,50 @@ def sample_next(
 # Generation
 
 
-@torch.no_grad()
-def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-             max_new_tokens: int | torch.Tensor = 144, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, stop_at_eos: bool = True, seed: int | None = None,
-             generator: torch.Generator | None = None, compile: bool | None = None,
-             dtype: torch.dtype | None = None, rows_per_prompt: int = 1, eos_id: int = EOS_ID,
-             memo: ProductMemo | None = None) -> GenerationOutput:
-    """Sample completions for a left-padded batch of prompts.
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How `generate` samples.
 
-    input_ids / attention_mask: [B, P], left-padded (see `rookworld.net.tokenizer`); mask None = no padding.
-    rows_per_prompt: completions per prompt, consecutive rows of the output (B x rows_per_prompt rows), the
-        prompt computed once for all of them.
     max_new_tokens: one limit, or one per output row (a tensor). A row stops at its limit or, with stop_at_eos, after
         emitting `eos_id` (the tokenizer's; GPT-2's 50256 by default), which is part of the completion and of its
         mask, and pads the row after it. stop_at_eos=False generates exactly max_new_tokens per row (fixed-length
         sampling, benchmarks).
     temperature <= 0 is greedy; top_k / top_p restrict the support (applied after temperature, top-k first).
-    seed or generator: seeded runs are reproducible (same device, same batch). The generator must live on the
-        model's device.
     compile: compile the decode step (CUDA graphs on CUDA); default True on CUDA, False elsewhere. It compiles
         once with dynamic shapes; on CUDA each new (batch size, bucketed length) records another CUDA graph. If
         compiling fails, a RuntimeWarning says why and the process decodes eagerly from then on.
     dtype: compute dtype; default bfloat16 on CUDA for an fp32 model, else the model's own. If it differs from
         the parameters' dtype the forward runs under torch.autocast; the KV cache is kept in `dtype`.
+    """
+
+    max_new_tokens: int | torch.Tensor = 144
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    stop_at_eos: bool = True
+    eos_id: int = EOS_ID
+    compile: bool | None = None
+    dtype: torch.dtype | None = None
+
+    def check(self) -> None:
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+
+
+@torch.no_grad()
+def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+             options: SamplingOptions = SamplingOptions(), *, seed: int | None = None,
+             generator: torch.Generator | None = None, rows_per_prompt: int = 1,
+             memo: ProductMemo | None = None) -> GenerationOutput:
+    """Sample completions for a left-padded batch of prompts, as `options` say.
+
+    input_ids / attention_mask: [B, P], left-padded (see `rookworld.net.tokenizer`); mask None = no padding.
+    rows_per_prompt: completions per prompt, consecutive rows of the output (B x rows_per_prompt rows), the
+        prompt computed once for all of them.
+    seed or generator: seeded runs are reproducible (same device, same batch). The generator must live on the
+        model's device.
     memo: keeps the trunk's products of this (eager, CPU) decoding for the update's first pass (`ProductMemo`).
     """
     device = model.device
@@ -208,32 +229,28 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
         if attention_mask is not None
         else torch.ones(input_ids.shape, dtype=torch.bool, device=device)
     )
-    limits, N = _row_limits(max_new_tokens, B, device)
+    limits, N = _row_limits(options.max_new_tokens, B, device)
     if P + N > model.config.block_size:
         raise ContextTooLong(f"a prompt of {P} tokens and --max-new-tokens {N} exceed the model's context of "
                              f"{model.config.block_size} tokens: give --max-new-tokens {model.config.block_size - P} "
                              f"or less")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+    options.check()
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
 
     was_training = model.training
     model.eval()  # dropout must be off while sampling, whatever the trainer left it at
     try:
-        decoder = Decoder(model, B, P + N, dtype, compile)
+        decoder = Decoder(model, B, P + N, options.dtype, options.compile)
         if memo is None:
             logits = decoder.prefill(input_ids, mask, rows_per_prompt)
-            return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator, eos_id)
+            return _decode(decoder, logits, limits, N, options, generator)
         if decoder.compile:
             raise ValueError("a ProductMemo keeps the products of eager decoding; this decoding is compiled")
         with memo.attached(model):
             with memo.at(("prompt",)):
                 logits = decoder.prefill(input_ids, mask, rows_per_prompt)
-            return _decode(decoder, logits, limits, N, stop_at_eos, temperature, top_k, top_p, generator, eos_id,
-                           memo)
+            return _decode(decoder, logits, limits, N, options, generator, memo)
     finally:
         model.train(was_training)
 
@@ -251,12 +268,12 @@ def _row_limits(max_new_tokens: int | torch.Tensor, B: int, device: torch.device
     return limits, N
 
 
-def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int, stop_at_eos: bool,
-            temperature: float, top_k: int | None, top_p: float | None,
-            generator: torch.Generator | None, eos_id: int, memo: ProductMemo | None = None) -> GenerationOutput:
+def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int, options: SamplingOptions,
+            generator: torch.Generator | None, memo: ProductMemo | None = None) -> GenerationOutput:
     """Up to N tokens per row (at most `limits`), each drawn from the decoder's logits, from the prompts' on;
     `memo` (attached) keeps each step's products in the column of the token it fed."""
     B, device = limits.shape[0], limits.device
+    temperature, top_k, top_p, eos_id = options.temperature, options.top_k, options.top_p, options.eos_id
     tokens = torch.full((B, N), eos_id, dtype=torch.long, device=device)
     out_mask = torch.zeros((B, N), dtype=torch.bool, device=device)
     logprobs = torch.zeros((B, N), dtype=torch.float32, device=device)
@@ -275,7 +292,7 @@ def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int
         tokens[rows, step] = token
         out_mask[rows, step] = alive
         logprobs[rows, step] = token_logp.masked_fill(row_done, 0.0).to(logprobs.dtype)
-        if stop_at_eos:
+        if options.stop_at_eos:
             hit_eos = alive & (token == eos_id)
             stopped[rows] |= hit_eos
             row_done = row_done | hit_eos

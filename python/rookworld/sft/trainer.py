@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,7 +26,8 @@ from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
 from rookworld.net.device import peak_memory_gb, peak_tflops
-from rookworld.net.logprobs import LogProbs, token_logprobs
+from rookworld.net.fused_head import TokenTerms
+from rookworld.net.logprobs import LogProbs, PassOptions, token_logprobs
 from rookworld.net.model import GPTConfig, fresh_gpt
 from rookworld.net.tokenizer import vocabulary
 from rookworld.settings.config import SFTConfig
@@ -53,6 +55,16 @@ def step_flops(model: nn.Module, tokens: float, counted: float, context: float) 
     n = sum(p.numel() for p in model.parameters()) - c.block_size * c.n_embd
     head = c.vocab_size * c.n_embd
     return tokens * (6 * (n - head) + 12 * c.n_layer * c.n_embd * context) + counted * 6 * head
+
+
+@dataclass(frozen=True)
+class NLL:
+    """SFT's `TokenLoss`: each counted token's negative log-likelihood over the step's `normalizer`."""
+
+    normalizer: float
+
+    def __call__(self, logprobs, entropy, kl, positions) -> TokenTerms:
+        return TokenTerms(-logprobs / self.normalizer)
 
 
 class SFTTrainer:
@@ -86,7 +98,8 @@ class SFTTrainer:
         run.log.say(f"data: {len(tasks)} samples ({tasks.count('P')} P:, {tasks.count('A')} A:), {n_tokens:,} "
                     f"tokens, {self.rows.per_pass} {rows} a pass; {cfg.rows_per_step} rows a step, "
                     f"loss on {cfg.loss_on} tokens")
-        self.logprobs = LogProbs(run.policy, compile=run.compile_logprobs, entropy=False)
+        # The hidden states kept for the legality loss, which reads the move slots' logits off them.
+        self.logprobs = LogProbs(run.policy, PassOptions(compile=run.compile_logprobs, keep_hidden=not cfg.pack))
         if run.dist.enabled:
             self.logprobs = DDP(self.logprobs, device_ids=[run.device.index] if run.device.type == "cuda" else None)
         run.build_optimizer()
@@ -117,14 +130,13 @@ class SFTTrainer:
         # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
         # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
         keep = slots is not None and len(slots) > 0
+        options = PassOptions(compile=self.run.compile_logprobs, keep_hidden=keep)
         with self.run.autocast():
             if backward:  # the NLL's gradients made in the same pass over the vocabulary
-                out = self.logprobs(ids, None, 1, 1.0, loss=lambda lp, entropy, kl, at: -lp / normalizer,
-                                    wanted=counted, keep_hidden=keep)
+                out = self.logprobs(ids, None, 1, wanted=counted, loss=NLL(normalizer))
                 nll = out.loss
             else:
-                out = token_logprobs(self.run.policy, ids, None, start=1, compile=self.run.compile_logprobs,
-                                     wanted=counted, keep_hidden=keep)
+                out = token_logprobs(self.run.policy, ids, None, options, wanted=counted)
                 nll = -(out.logprobs.float() * counted).sum() / normalizer
             legal = None
             if keep:
