@@ -91,6 +91,14 @@ def test_train_and_sft_never_take_each_others_runs(tiny_dir, tmp_path):
     assert run_cli(train_args(sft, grpo, "--steps", "1")).returncode == 0
     back = run_cli(["sft", "--resume", str(grpo), "--steps", "2"])
     assert back.returncode == 2 and "that is a `rookworld train` run" in back.stderr, back.stderr
+    # A checkpoint copied on its own says whose it is in its own run.json, not by what its settings hold.
+    for run, command in ((sft, "sft"), (grpo, "train")):
+        step = sorted((run / "checkpoints").glob("step-*"))[-1]
+        assert json.loads((step / "run.json").read_text())["command"] == command
+        alone = shutil.copytree(step, tmp_path / f"{command}-copied")
+        other = "sft" if command == "train" else "train"
+        refused = run_cli([other, "--resume", str(alone), "--steps", "3"])
+        assert refused.returncode == 2 and f"that is a `rookworld {command}` run" in refused.stderr, refused.stderr
 
 
 def test_train_ends_with_a_summary_and_keeps_its_model_at_the_top(tiny_dir, tmp_path):

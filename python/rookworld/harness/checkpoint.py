@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from rookworld import __version__
 from rookworld.ground.files import atomic_write, publish, temporary_directory
 from rookworld.net.pretrained import save_pretrained
 # The layout is read without torch in net.sources; the harness's callers find all of a checkpoint's API here.
@@ -61,6 +62,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+#: A run directory's, and each of its checkpoints': which command's run it is, {"command": "train" or "sft"}.
+RUN_FILE = "run.json"
+
+
+def run_record(command: str) -> dict[str, str]:
+    return {"command": command, "rookworld": __version__}
+
+
+def recorded_command(directory: Path) -> str | None:
+    """The command a run directory or a checkpoint says made it (its run.json), or None where it says nothing."""
+    try:
+        command = json.loads((directory / RUN_FILE).read_text()).get("command")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return command if isinstance(command, str) else None
 
 
 #: Beside a checkpoint's weights: the fingerprints of its model's files and its modules' ("files") and of what the
@@ -124,6 +142,7 @@ class Saved:
     modules: dict[str, torch.nn.Module] = field(default_factory=dict)
     tokenizer: Any = None
     fingerprints: dict[str, str | None] = field(default_factory=dict)
+    command: str | None = None  # the command whose run it is (RUN_FILE)
 
 
 def save_checkpoint(output_dir: str | os.PathLike, step: int, saved: Saved, keep: int) -> Path:
@@ -142,6 +161,8 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, saved: Saved, keep
             tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
             save_file(tensors, str(tmp / f"{module_name}.safetensors"))
         (tmp / CONFIG_FILE).write_text(json.dumps(saved.config, indent=2) + "\n")
+        if saved.command is not None:
+            (tmp / RUN_FILE).write_text(json.dumps(run_record(saved.command)) + "\n")
         files = [WEIGHTS_FILES[0], "config.json", *(f"{module_name}.safetensors" for module_name in saved.modules)]
         (tmp / FINGERPRINTS_FILE).write_text(json.dumps({"files": {n: digest(tmp / n) for n in files},
                                                          **saved.fingerprints}) + "\n")

@@ -219,7 +219,7 @@ class Run:
         with self.applying():  # a Ctrl-C during the save lets it finish; the save is atomic against harder stops
             try:
                 saved = checkpoint.Saved(self.policy, full, self.cfg.to_dict(), modules or {}, self.tokenizer,
-                                         self.fingerprints)
+                                         self.fingerprints, self.command)
                 path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, saved, self.cfg.keep_checkpoints)
                 save_pretrained(self.policy, self.cfg.output_dir)
                 self.tokenizer.save_pretrained(self.cfg.output_dir)

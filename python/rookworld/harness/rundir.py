@@ -18,12 +18,11 @@ import socket
 import stat
 from pathlib import Path
 
-from rookworld import __version__
 from rookworld.ground.files import atomic_write, kind, lines_within
 from rookworld.harness import checkpoint
 from rookworld.settings.config import ConfigError, RunConfig
 
-RUN_FILE = "run.json"
+RUN_FILE = checkpoint.RUN_FILE
 #: OUTPUT_DIR/WANDB_ID holds the id of the run's W&B run, so that --resume continues the same one.
 WANDB_ID = "wandb_id"
 #: torch.compile's cache artifacts of the run (`harness.compiles`), loaded on --resume.
@@ -46,20 +45,26 @@ def run_directory(checkpoint_dir: Path) -> Path:
 
 def made_by(out: Path) -> str | None:
     """`train` or `sft` for a run directory (or None when it holds no run, or nothing says)."""
-    try:
-        command = json.loads((out / RUN_FILE).read_text()).get("command")
-        if command in COMMANDS:
-            return command
-    except (OSError, ValueError, AttributeError, RecursionError):
-        pass
+    command = checkpoint.recorded_command(out)
+    if command in COMMANDS:
+        return command
     saved = checkpoint.list_checkpoints(out)
-    if saved:
-        try:
-            config = checkpoint.load_config(saved[-1])
-        except checkpoint.CheckpointError:
-            return None
-        return "train" if "group_size" in config else "sft"
-    return None
+    if not saved:
+        return None
+    try:
+        return _checkpoint_owner(saved[-1])
+    except checkpoint.CheckpointError:
+        return None
+
+
+def _checkpoint_owner(checkpoint_dir: Path) -> str:
+    """`train` or `sft` for a checkpoint, from its run.json. One saved before checkpoints had theirs
+    (2026-11-27) is told by its settings: GRPO's are the ones with a group size. CheckpointError when they
+    cannot be read."""
+    command = checkpoint.recorded_command(checkpoint_dir)
+    if command in COMMANDS:
+        return command
+    return "train" if "group_size" in checkpoint.load_config(checkpoint_dir) else "sft"
 
 
 def metric_rows(path: Path) -> list[dict]:
@@ -105,8 +110,8 @@ def check_resume(command: str, checkpoint_dir: Path) -> None:
     """--resume of a run made by the other command says what to type instead."""
     out = run_directory(checkpoint_dir)
     owner = made_by(out) if (out / "checkpoints").is_dir() else None
-    if owner is None:  # a checkpoint directory copied on its own: its settings say
-        owner = "train" if "group_size" in checkpoint.load_config(checkpoint_dir) else "sft"
+    if owner is None:  # a checkpoint directory copied on its own: its own run.json says
+        owner = _checkpoint_owner(checkpoint_dir)
     if owner != command:
         other = "GRPO" if command == "train" else "supervised"
         raise ConfigError(f"--resume {checkpoint_dir}: that is a `rookworld {owner}` run; continue it with "
@@ -299,5 +304,5 @@ def _remove(out: Path, names) -> None:
 def mark(out: Path, command: str) -> None:
     """OUTPUT_DIR/run.json: which command's run the directory holds."""
     with atomic_write(out / RUN_FILE) as f:
-        json.dump({"command": command, "rookworld": __version__}, f)
+        json.dump(checkpoint.run_record(command), f)
         f.write("\n")
