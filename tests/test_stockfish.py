@@ -15,10 +15,13 @@ from rookworld.ground.stockfish import (
     Analysis,
     Candidate,
     LazyPool,
+    Role,
     StockfishError,
     StockfishNotFoundError,
     StockfishPool,
     find_stockfish,
+    pool_for,
+    pool_workers,
 )
 from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
 from rookworld.ground.stockfish import engine as stockfish_engine
@@ -422,7 +425,7 @@ def test_disk_cache_survives_reopening_and_ignores_a_corrupt_row(tmp_path):
 def test_a_lazy_pool_starts_one_pool_for_every_thread_and_none_after_its_last_close():
     """Eight threads ask at once: one pool, one set of engines; close ends it, a later get starts another unless the
     close was final."""
-    lazy = LazyPool(workers=1, depth=2)
+    lazy = LazyPool(Role.ANALYSIS, workers=1, depth=2)
     assert not lazy.started
     with ThreadPoolExecutor(8) as ex:
         pools = list(ex.map(lambda _: lazy.get(), range(8)))
@@ -433,3 +436,15 @@ def test_a_lazy_pool_starts_one_pool_for_every_thread_and_none_after_its_last_cl
     lazy.close(final=True)
     with pytest.raises(StockfishError, match="closed"):
         lazy.get()
+
+
+def test_one_rule_decides_how_many_engines_a_pool_runs():
+    """pool_workers: as many as asked; one for a game; one a core otherwise, but a GRPO run's rewards beside a GPU
+    leave the core that drives it (never fewer than one); and pool_for builds pools by it."""
+    assert pool_workers(Role.ANALYSIS, 3, cores=16) == 3 and pool_workers(Role.GAME, 2) == 2
+    assert pool_workers(Role.GAME, cores=16) == 1
+    assert pool_workers(Role.REWARDS, cores=16, beside_gpu=True) == 15
+    assert pool_workers(Role.REWARDS, cores=16) == 16 and pool_workers(Role.ANALYSIS, cores=16, beside_gpu=True) == 16
+    assert pool_workers(Role.REWARDS, cores=1, beside_gpu=True) == 1
+    with pool_for(Role.GAME, depth=2) as pool:
+        assert pool.workers == 1 and pool.analyse([rchess.START_FEN])[0].candidates

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rookworld.ground import data, files
-from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, StockfishPool
+from rookworld.ground.stockfish import Role, StockfishError, StockfishNotFoundError, StockfishPool, pool_for
 from rookworld.settings.base import ConfigError
 from rookworld.settings.declare import Settings
 from rookworld.settings.flags import from_args
@@ -114,8 +114,8 @@ def _stand_in(copy: BinaryIO) -> str:
 def stockfish_pool(s) -> StockfishPool:
     """A StockfishPool from the Stockfish settings, with a one-line error when Stockfish is missing."""
     try:
-        return StockfishPool(path=s.stockfish_path, workers=s.stockfish_workers, depth=s.stockfish_depth,
-                             nodes=s.stockfish_nodes, cache_path=s.stockfish_cache)
+        return pool_for(Role.ANALYSIS, path=s.stockfish_path, workers=s.stockfish_workers, depth=s.stockfish_depth,
+                        nodes=s.stockfish_nodes, cache_path=s.stockfish_cache)
     except StockfishNotFoundError as e:
         raise CliError(str(e)) from None
     except (StockfishError, OSError) as e:

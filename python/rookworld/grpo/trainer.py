@@ -32,7 +32,7 @@ from torch import nn
 
 from rookworld.ground.data import assign_moves, finished_message, playable, position_key, read_records
 from rookworld.ground.rewards import RewardScorer, Scores, analysis_width
-from rookworld.ground.stockfish import StockfishError, StockfishPool
+from rookworld.ground.stockfish import Role, StockfishError, pool_for
 from rookworld.grpo.metrics import step_metrics
 from rookworld.grpo.models import Models, Placement, Sampler
 from rookworld.grpo.objective import Objective
@@ -232,11 +232,10 @@ class Trainer:
 
     def _rollout_reward(self) -> RolloutReward:
         cfg, run = self.cfg, self.run
-        # On CUDA the engines analyse the next step's prompts while the GPU samples, beside the one core that drives
-        # it; on the CPU they analyse in the reward phase, when torch waits for them, on every core.
-        workers = cfg.stockfish_workers or (max(1, run.cores - 1) if run.device.type == "cuda" else run.cores)
-        self.pool = StockfishPool(path=cfg.stockfish_path, workers=workers, depth=cfg.stockfish_depth,
-                                  cache_path=cfg.stockfish_cache, multipv=analysis_width(cfg.p_reward))
+        self.pool = pool_for(Role.REWARDS, cores=run.cores, beside_gpu=run.device.type == "cuda",
+                             path=cfg.stockfish_path, workers=cfg.stockfish_workers, depth=cfg.stockfish_depth,
+                             cache_path=cfg.stockfish_cache, multipv=analysis_width(cfg.p_reward))
+        workers = self.pool.workers
         graded = "every legal move by the pawns it loses" if cfg.p_reward == "cp-loss" else "Stockfish's five by rank"
         run.log.say(f"rewards: Stockfish {self.pool.path} (depth {cfg.stockfish_depth}, {workers} worker"
                     f"{'s' if workers > 1 else ''}) for P: ({graded}), the rules for A:; {cfg.reward_shaping} shaping")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from rookworld.ground import chess
 from rookworld.ground.quote import shortened
 from rookworld.ground.rewards import RewardScorer, policy_prompt
-from rookworld.ground.stockfish import StockfishError, StockfishPool
+from rookworld.ground.stockfish import Role, StockfishError, StockfishPool, pool_for
 from rookworld.ground.stockfish.engine import ANSWER_S
 from rookworld.lm.answers import read_policy_answers
 from rookworld.lm.games import WHITE, Choice, Game, StockfishPlayer
@@ -106,7 +106,7 @@ class ChessGame:
         self._opponent = TimedOpponent(stockfish_path, skill=None if opponent_elo is not None else opponent_skill,
                                        elo=opponent_elo, nodes=opponent_nodes, move_s=opponent_move_s)
         self._own_pool = analysis is None
-        self._pool = analysis or StockfishPool(stockfish_path, workers=1, depth=stockfish_depth)
+        self._pool = analysis or pool_for(Role.GAME, path=stockfish_path, depth=stockfish_depth)
         self._scorer = RewardScorer(self._pool)
         self.max_plies = max_plies
         self.game: Game | None = None

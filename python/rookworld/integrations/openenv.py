@@ -51,7 +51,7 @@ from rookworld.ground import chess
 from rookworld.ground.data import Record
 from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import RewardScorer
-from rookworld.ground.stockfish import StockfishPool, find_stockfish
+from rookworld.ground.stockfish import Role, find_stockfish, pool_for
 from rookworld.ground.stockfish.engine import EngineOptionError
 from rookworld.integrations.game import (MAX_PLIES, OPPONENT_MOVE_S, ChessGame, GameStep, OpponentError,
                                          read_action)
@@ -195,7 +195,7 @@ class ChessEngines:
             if self._closed:
                 raise ChessEnvError("the server is shutting down")
             if self._scorer is None:
-                self._scorer = RewardScorer(StockfishPool(**self._pool_settings))
+                self._scorer = RewardScorer(pool_for(Role.ANALYSIS, **self._pool_settings))
             return self._scorer
 
     def open_game(self, elo: int | None, skill: int | None) -> ChessGame:

@@ -19,7 +19,7 @@ from rookworld.ground import chess
 from rookworld.ground.data import Record, analysis_problems, assign_moves
 from rookworld.ground.quote import quoted, shortened
 from rookworld.ground.rewards import GroundTruth, RewardScorer, prompt_fen, task_of
-from rookworld.ground.stockfish import LazyPool
+from rookworld.ground.stockfish import LazyPool, Role
 
 #: Which prompts a reward function scores; the others get None, TRL's word for "this reward does not apply".
 TASKS = {"policy": ("P",), "env": ("A",), "mixed": ("P", "A")}
@@ -96,7 +96,7 @@ class ChessReward:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
         self.task, self.shaping = task, shaping
         self.__name__ = f"rookworld_{task}"  # TRL logs each reward under its function's name
-        self._pool = LazyPool(path=stockfish_path, depth=stockfish_depth, workers=stockfish_workers,
+        self._pool = LazyPool(Role.ANALYSIS, path=stockfish_path, depth=stockfish_depth, workers=stockfish_workers,
                               cache_path=stockfish_cache)
         self._scorer = RewardScorer(None, shaping)
 

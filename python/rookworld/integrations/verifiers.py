@@ -39,7 +39,7 @@ from datasets import Dataset
 from rookworld.ground import chess
 from rookworld.ground.data import Record, read_records
 from rookworld.ground.rewards import GroundTruth, RewardScorer, policy_prompt, policy_targets, task_of
-from rookworld.ground.stockfish import LazyPool, StockfishError, StockfishPool, find_stockfish
+from rookworld.ground.stockfish import LazyPool, Role, StockfishError, StockfishPool, find_stockfish
 from rookworld.integrations.game import MAX_PLIES, RESULT, ChessGame, GameStep
 from rookworld.integrations.rewards import DOCUMENT_START, ChessReward, chess_rows, given_truths, message_text
 from rookworld.lm.answers import MAX_NEW_TOKENS
@@ -171,7 +171,7 @@ class _Grading:
         self.reward = ChessReward("mixed", stockfish_path=path, stockfish_depth=depth, stockfish_workers=workers,
                                   shaping=shaping)
         self._parts = RewardScorer(None, shaping)
-        self._pool = LazyPool(**self._settings)  # rollouts ask for the pool from several threads at once
+        self._pool = LazyPool(Role.ANALYSIS, **self._settings)  # rollouts ask for the pool from several threads at once
 
     def pool(self) -> StockfishPool:
         return self._pool.get()

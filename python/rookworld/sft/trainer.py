@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.ground.rewards import RewardScorer
-from rookworld.ground.stockfish import StockfishPool
+from rookworld.ground.stockfish import Role, pool_for
 from rookworld.harness.distributed import unwrapped
 from rookworld.harness.run import Run, step_if_finite
 from rookworld.harness.runlog import fmt
@@ -225,8 +225,8 @@ class SFTTrainer:
         records = self.eval_records or heldout_records(cfg.eval_size, cfg.seed)
         if self.pool is None and any(r.analysis is None for r in records):
 
-            self.pool = StockfishPool(path=cfg.stockfish_path, workers=cfg.stockfish_workers,
-                                      depth=cfg.stockfish_depth, cache_path=cfg.stockfish_cache)
+            self.pool = pool_for(Role.ANALYSIS, path=cfg.stockfish_path, workers=cfg.stockfish_workers,
+                                 depth=cfg.stockfish_depth, cache_path=cfg.stockfish_cache)
         m.update(training_metrics(self.run.policy, self.run.tokenizer, cfg, records, RewardScorer(self.pool),
                                   compile=self.run.compile))
         return m

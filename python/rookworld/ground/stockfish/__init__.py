@@ -19,7 +19,8 @@ futures, restarts and retries), `analysis` (the results).
 
 from rookworld.ground.stockfish.analysis import MATE_SCORE, Analysis, Candidate
 from rookworld.ground.stockfish.engine import StockfishError, StockfishNotFoundError, find_stockfish
-from rookworld.ground.stockfish.pool import LazyPool, StockfishPool, StockfishStats, default_timeout
+from rookworld.ground.stockfish.pool import (LazyPool, Role, StockfishPool, StockfishStats, default_timeout, pool_for,
+                                             pool_workers)
 
-__all__ = ["Analysis", "Candidate", "LazyPool", "MATE_SCORE", "StockfishError", "StockfishNotFoundError", "StockfishPool",
-           "StockfishStats", "default_timeout", "find_stockfish"]
+__all__ = ["Analysis", "Candidate", "LazyPool", "MATE_SCORE", "Role", "StockfishError", "StockfishNotFoundError",
+           "StockfishPool", "StockfishStats", "default_timeout", "find_stockfish", "pool_for", "pool_workers"]

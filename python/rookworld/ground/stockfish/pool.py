@@ -11,6 +11,7 @@ from a `MemoryCache` (and a `DiskCache`, when given) before any engine.
 
 from __future__ import annotations
 
+import enum
 import os
 import queue
 import sqlite3
@@ -476,13 +477,40 @@ def _done(value: Analysis) -> Future:
 
 
 
-class LazyPool:
-    """A `StockfishPool` started the first time it is asked for, once, whichever thread asks (a reward function
-    awaited in several threads, a server's sessions): what a user of the rewards that never needs an analysis never
-    starts. `close` ends it, and a later `get` starts none."""
+class Role(enum.Enum):
+    """What a pool analyses for, which decides how many engines it runs (`pool_workers`)."""
 
-    def __init__(self, **settings):
-        self._settings = settings
+    REWARDS = "rewards"  # a GRPO run's rewards
+    ANALYSIS = "analysis"  # evaluations, positions, served tasks, other trainers' rewards
+    GAME = "game"  # one game's analyses
+
+
+def pool_workers(role: Role, workers: int | None = None, *, cores: int | None = None, beside_gpu: bool = False) -> int:
+    """The engines a pool runs: as many as asked for; one for a game; otherwise one a core (`cores`: this
+    process's share), since they analyse while torch waits, not beside it, except a GRPO run's rewards beside a
+    GPU, which analyse the next step's prompts while it samples and leave the core that drives it."""
+    if workers:
+        return workers
+    if role is Role.GAME:
+        return 1
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores - 1) if role is Role.REWARDS and beside_gpu else cores
+
+
+def pool_for(role: Role, *, cores: int | None = None, beside_gpu: bool = False, **settings) -> StockfishPool:
+    """The one builder of a `StockfishPool` for a role: `settings` are the pool's (path, depth, nodes, workers,
+    cache_path, multipv), its workers decided by `pool_workers`."""
+    workers = pool_workers(role, settings.pop("workers", None), cores=cores, beside_gpu=beside_gpu)
+    return StockfishPool(workers=workers, **settings)
+
+
+class LazyPool:
+    """A `StockfishPool` for a role, started the first time it is asked for, once, whichever thread asks (a
+    reward function awaited in several threads, a server's sessions): what a user of the rewards that never needs
+    an analysis never starts. `close` ends it, and a later `get` starts none."""
+
+    def __init__(self, role: Role, **settings):
+        self._role, self._settings = role, settings
         self._pool: StockfishPool | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -496,7 +524,7 @@ class LazyPool:
             if self._closed:
                 raise StockfishError("the Stockfish pool is closed")
             if self._pool is None:
-                self._pool = StockfishPool(**self._settings)
+                self._pool = pool_for(self._role, **self._settings)
             return self._pool
 
     def close(self, cancel_pending: bool = False, *, final: bool = False) -> None:
