@@ -11,9 +11,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from rookworld.harness.distributed import unwrapped
+from rookworld.harness.distributed import data_parallel, unwrapped
 from rookworld.net.decoding import decodes_eagerly
 from rookworld.net.logprobs import LogProbs, PassOptions, token_logprobs, with_values
 from rookworld.net.memo import ProductMemo
@@ -87,8 +86,7 @@ class Models:
                                                                     placement.autocast)
         self.rows_per_prompt = options.rows_per_prompt
         self.logprobs: nn.Module = LogProbs(policy, options, value_head)
-        if placement.ddp:
-            self.logprobs = DDP(self.logprobs, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.logprobs = data_parallel(self.logprobs, self.device, placement.ddp)
 
     @property
     def options(self) -> PassOptions:

@@ -3,7 +3,6 @@ accumulated over micro-batches of similar length. The loss of each token is `mic
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -12,7 +11,7 @@ import torch
 from rookworld.grpo.models import MicroBatch, Models
 from rookworld.grpo.objective import Objective, Totals
 from rookworld.grpo.rollout import Rollout, seed_of
-from rookworld.harness.distributed import Comm
+from rookworld.harness.distributed import Comm, accumulating
 from rookworld.harness.run import step_if_finite
 from rookworld.net.logprobs import TokenLogProbs
 from rookworld.net.memo import Replay
@@ -57,9 +56,7 @@ def update(cfg, objective: Objective, models: Models, optimizer: torch.optim.Opt
             # Gradients add up over micro-batches, so their order and make-up within the minibatch are free.
             micro = rollout.micro_batches(mb.numpy(), cfg.micro_batch_size, models.rows_per_prompt)
             for j, b in enumerate(micro):
-                last = j == len(micro) - 1
-                no_sync = models.logprobs.no_sync() if comm.info.enabled and not last else contextlib.nullcontext()
-                with no_sync:
+                with accumulating(models.logprobs, last=j == len(micro) - 1):
                     micro_batch_loss(objective, models, rollout, b, acc, totals)
             rollout.memo = None  # sampling's products are the weights' before this optimizer step
             grads = [p for p in params if p.grad is not None]

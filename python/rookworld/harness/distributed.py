@@ -6,6 +6,7 @@ saying so when the wait lasts: a rank that never comes, or a rank 0 that is not 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -330,6 +331,19 @@ class Comm:
         releases the GIL."""
         if self.info.enabled and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def data_parallel(module: nn.Module, device: torch.device, ranks: bool) -> nn.Module:
+    """`module` wrapped in DDP when the run has ranks (`ranks`), which then averages its gradients; else itself."""
+    if not ranks:
+        return module
+    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def accumulating(module: nn.Module, last: bool):
+    """The context of a micro-batch's backward: gradients add up locally (DDP's no_sync) until the `last` micro-batch
+    of an optimizer step, whose backward averages them over the ranks."""
+    return module.no_sync() if isinstance(module, DDP) and not last else contextlib.nullcontext()
 
 
 def unwrapped(module: nn.Module) -> nn.Module:

@@ -8,7 +8,6 @@ directory also holds the latest model itself, so it is a `--model` for `rookworl
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -16,11 +15,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import Role, pool_for
-from rookworld.harness.distributed import unwrapped
+from rookworld.harness.distributed import accumulating, data_parallel, unwrapped
 from rookworld.harness.run import Run, step_if_finite
 from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
@@ -100,8 +98,7 @@ class SFTTrainer:
                     f"loss on {cfg.loss_on} tokens")
         # The hidden states kept for the legality loss, which reads the move slots' logits off them.
         self.logprobs = LogProbs(run.policy, PassOptions(compile=run.compile_logprobs, keep_hidden=not cfg.pack))
-        if run.dist.enabled:
-            self.logprobs = DDP(self.logprobs, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+        self.logprobs = data_parallel(self.logprobs, run.device, run.dist.enabled)
         run.build_optimizer()
         self.eval_docs = tokenize(laid_out(held_out.samples), run.tokenizer, cfg.loss_on) if held_out else None
         self.eval_records = positions(held_out.samples, cfg.eval_size) if held_out else None
@@ -170,9 +167,7 @@ class SFTTrainer:
         n_slots = run.comm.sum([float(sum(len(s) for s in slots if s is not None))])[0]
         legal_total = torch.zeros((), device=run.device)
         for j, (batch, batch_slots) in enumerate(zip(micro, slots)):
-            last = j == len(micro) - 1
-            no_sync = self.logprobs.no_sync() if run.dist.enabled and not last else contextlib.nullcontext()
-            with no_sync:
+            with accumulating(self.logprobs, last=j == len(micro) - 1):
                 nll, _, legal = self._loss(batch, max(tokens, 1.0) / run.dist.world, backward=True,
                                            slots=batch_slots, legal_normalizer=max(n_slots, 1.0) / run.dist.world)
             total += nll
