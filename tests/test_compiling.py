@@ -161,16 +161,15 @@ def test_a_compiling_run_says_each_graph_as_it_begins_and_after_its_step(monkeyp
 
     monkeypatch.setattr(compiling, "failed", {})
     monkeypatch.setattr(compiling.torch, "compile", functools.partial(torch.compile, backend="eager"))
-    monkeypatch.setattr(compile_log, "_descriptions", {})
+    monkeypatch.setattr(compile_log.ANNOUNCER, "descriptions", {})
     compile_log.describe(_double_relu, lambda x: f"the doubling of {x.shape[0]:,} rows")
     stream = io.StringIO()
     report = CompileReport(RunLog(tmp_path, 2, stream=stream, reporting=Reporting(report_to=())), tmp_path, main=True)
     try:
-        compiled: dict = {}
+        doubling = compiling.Compiled(_double_relu)
         rows = []
         for step, n in ((1, 1500), (2, 7), (3, 7)):
-            fn = compiling.maybe_compiled(_double_relu, compiled, "cpu", True, dynamic=False)
-            out, fn = compiling.run_or_fall_back(fn, _double_relu, "cpu", torch.randn(n, 3))
+            out = doubling("cpu", True, torch.randn(n, 3), dynamic=False)
             assert out.shape == (n, 3)
             m = {"step": step}
             report.after_step(m)

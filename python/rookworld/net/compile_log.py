@@ -4,6 +4,7 @@ the seconds, and dynamo's reason for compiling it again, from dynamo's own recor
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,48 +75,64 @@ def summary(graphs: list[Graph]) -> str:
     return f"{count} graph{'s' * (count != 1)}, {total:.1f} s: " + ", ".join(parts)
 
 
-#: Where a run says, while it waits, what dynamo has begun to compile (`announce_compiles`); None says nothing.
-_announce: Callable[[str], None] | None = None
-#: What each compiled function is, in words, given the arguments of its call (`describe`).
-_descriptions: dict[str, Callable[..., str]] = {}
-#: The compiled call under way (its eager function and arguments; `compiling.run_or_fall_back` sets it), for the
-#: announcement's words.
-calling: tuple[Callable, tuple] | None = None
-#: The words of each graph announced, by compile id: a backward compiled later is announced as its forward's.
-_announced: dict[str, str] = {}
+class _Announcer:
+    """What a run says, while it waits, of each graph dynamo begins to compile. One a process (`ANNOUNCER`), as
+    dynamo's callbacks are."""
+
+    def __init__(self):
+        #: Where it is said (`announce_compiles`); None says nothing.
+        self.say: Callable[[str], None] | None = None
+        #: What each compiled function is, in words, given the arguments of its call (`describe`).
+        self.descriptions: dict[str, Callable[..., str]] = {}
+        #: The compiled call under way (its eager function and arguments; `calling`), for the words.
+        self.call: tuple[Callable, tuple] | None = None
+        #: The words of each graph announced, by compile id: a backward compiled later is announced as its forward's.
+        self.announced: dict[str, str] = {}
+
+    def on_compile_start(self, *args: Any) -> None:
+        if self.say is None:
+            return
+        trigger = getattr(args[0], "callback_trigger", None) if args else None
+        kind = getattr(trigger, "name", "DYNAMO")
+        if kind not in ("DYNAMO", "LAZY_BACKWARD"):
+            return
+        compile_id = str(getattr(args[0], "compile_id", "")) if args else ""
+        if kind == "LAZY_BACKWARD":
+            what = "the backward of " + self.announced.get(compile_id, "a graph")
+        else:
+            what = "a graph"
+            if self.call is not None:
+                eager, call_args = self.call
+                words = self.descriptions.get(f"{eager.__module__}.{eager.__qualname__}")
+                what = words(*call_args) if words is not None else eager.__name__
+            self.announced[compile_id] = what
+        self.say(f"compiling {what} ... (from {time.strftime('%H:%M:%S')})")
+
+
+ANNOUNCER = _Announcer()
 
 
 def describe(fn: Callable, words: Callable[..., str]) -> None:
     """Registers what a call of `fn` (the eager function) compiles, in words, from its arguments: "the decode step
     for 1,648 rows x 128 positions"."""
-    _descriptions[f"{fn.__module__}.{fn.__qualname__}"] = words
+    ANNOUNCER.descriptions[f"{fn.__module__}.{fn.__qualname__}"] = words
+
+
+@contextlib.contextmanager
+def calling(eager: Callable, args: tuple):
+    """A compiled call of `eager` with `args` under way (`compiling.run_or_fall_back`): what its graphs are
+    announced as."""
+    ANNOUNCER.call = (eager, args)
+    try:
+        yield
+    finally:
+        ANNOUNCER.call = None
 
 
 def announce_compiles(say: Callable[[str], None] | None) -> None:
     """From now on, each graph dynamo begins to compile is announced through `say` ("compiling the decode step for
     1,648 rows x 128 positions ..."): a first step that compiles for minutes says why it waits. None: silent."""
-    global _announce
-    _announce = say
+    ANNOUNCER.say = say
     handler = getattr(torch._dynamo.callback, "callback_handler", None)
-    if handler is not None and _on_compile_start not in handler.start_callbacks:
-        handler.register_start_callback(_on_compile_start)
-
-
-def _on_compile_start(*args: Any) -> None:
-    if _announce is None:
-        return
-    trigger = getattr(args[0], "callback_trigger", None) if args else None
-    kind = getattr(trigger, "name", "DYNAMO")
-    if kind not in ("DYNAMO", "LAZY_BACKWARD"):
-        return
-    compile_id = str(getattr(args[0], "compile_id", "")) if args else ""
-    if kind == "LAZY_BACKWARD":
-        what = "the backward of " + _announced.get(compile_id, "a graph")
-    else:
-        what = "a graph"
-        if calling is not None:
-            eager, call_args = calling
-            words = _descriptions.get(f"{eager.__module__}.{eager.__qualname__}")
-            what = words(*call_args) if words is not None else eager.__name__
-        _announced[compile_id] = what
-    _announce(f"compiling {what} ... (from {time.strftime('%H:%M:%S')})")
+    if handler is not None and ANNOUNCER.on_compile_start not in handler.start_callbacks:
+        handler.register_start_callback(ANNOUNCER.on_compile_start)

@@ -87,14 +87,12 @@ def run_or_fall_back(fn: Callable, eager: Callable, device_type: str, *args: Any
     # an input is a tensor of its own over the same memory; no gradient flows through one that does not need it.
     args = tuple(a.detach() if isinstance(a, torch.Tensor) and a._is_view() and not a.requires_grad else a
                  for a in args)
-    compile_log.calling = (eager, args)
     try:
-        return run(fn), fn
+        with compile_log.calling(eager, args):
+            return run(fn), fn
     except _COMPILE_ERRORS as error:
         _give_up(eager, device_type, error)
         return run(eager), eager
-    finally:
-        compile_log.calling = None
 
 
 class Compiled:
