@@ -112,8 +112,9 @@ def mixed(model: GPT, device: torch.device, rows: int, args: argparse.Namespace,
     mask[:n_p, : width - p_len] = False
     mask[n_p:, : width - a_len] = False
     limits = torch.tensor([p_new] * n_p + [a_new] * (rows - n_p), device=device)
-    one = functools.partial(generate, model, ids, mask, max_new_tokens=limits, stop_at_eos=False, seed=0,
-                            compile=compiled, dtype=args.run_dtype)
+    one = functools.partial(generate, model, ids, mask, SamplingOptions(max_new_tokens=limits, stop_at_eos=False,
+                                                                          compile=compiled, dtype=args.run_dtype),
+                            seed=0)
 
     def per_task() -> None:
         g = torch.Generator(device=device).manual_seed(0)
@@ -243,10 +244,9 @@ def main() -> None:
             for compiled in compile_modes:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                run_generate = functools.partial(
-                    generate, model, prompts, mask, max_new_tokens=new, stop_at_eos=False, seed=0, compile=compiled,
-                    dtype=args.run_dtype,
-                )
+                options = SamplingOptions(max_new_tokens=new, stop_at_eos=False, compile=compiled,
+                                          dtype=args.run_dtype)
+                run_generate = functools.partial(generate, model, prompts, mask, options, seed=0)
                 try:
                     gen_s, out = _time(run_generate, device, warmup, args.repeats)
                 except torch.OutOfMemoryError:
