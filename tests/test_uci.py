@@ -29,6 +29,8 @@ STOCKFISH = shutil.which("stockfish") or "/usr/games/stockfish"
 POLYGLOT = shutil.which("polyglot") or "/usr/games/polyglot"
 needs_stockfish = pytest.mark.skipif(not os.access(STOCKFISH, os.X_OK), reason="Stockfish is not installed")
 SHIPPED = REPO / "models" / "chess-cpu-grpo"
+#: python-chess's wait for each engine command: its 10 s default timed out in CI on two loaded cores.
+ENGINE_TIMEOUT_S = 120
 AFTER_E4 = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
 OPTIONS = ["option name Protocol type combo default greedy var greedy var rookworld",
            "option name Seed type spin default 0 min 0 max 2147483647",
@@ -194,15 +196,38 @@ def test_transcript_of_uci_isready_position_go(tiny_dir):
     after 1. e4 with the info lines saying how it was chosen; a line that is not even text is ignored."""
     expected, _ = likeliest_by_transformers(tiny_dir, f"P: {AFTER_E4} B:",
                                             [m.uci() for m in pychess.Board(AFTER_E4).legal_moves])
-    session = b"uci\n\xff\xfe not UTF-8\nisready\nposition startpos moves e2e4\ngo movetime 100\nquit\n"
-    proc = subprocess.run(uci_argv(tiny_dir), input=session, capture_output=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr.decode()
-    assert proc.stdout.decode().splitlines() == [
+    session = b"uci\n\xff\xfe not UTF-8\nisready\nposition startpos moves e2e4\ngo movetime 100\n"
+    # quit once the bestmove is out, as a GUI does: piped in at once, it would give a search slowed by a loaded
+    # machine only QUIT_WAIT_S to answer.
+    lines, code, err = session_until_bestmove(uci_argv(tiny_dir), session)
+    assert code == 0, err
+    assert lines == [
         f"id name rookworld {tiny_dir}", "id author rookworld", *OPTIONS, "uciok", "readyok",
         f"info multipv 1 pv {expected}",
         "info string the model: its answer has no best move and it has no candidates; played the legal move it "
         f"finds most probable, {expected}; this game: B: move 0, candidate 0, likeliest legal move 1",
         f"bestmove {expected}"]
+
+
+def session_until_bestmove(argv: list[str], session: bytes) -> tuple[list[str], int, str]:
+    """(the engine's lines, its exit code, its stderr) for `session`, then `quit` once it said its bestmove; the
+    engine is killed after 300 s."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    timer = threading.Timer(300, proc.kill)
+    timer.start()
+    try:
+        proc.stdin.write(session)
+        proc.stdin.flush()
+        lines = []
+        while not lines or not lines[-1].startswith("bestmove"):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.decode().rstrip("\n"))
+        rest, err = proc.communicate(b"quit\n", timeout=300)
+    finally:
+        timer.cancel()
+    return lines + rest.decode().splitlines(), proc.returncode, err.decode()
 
 
 def test_bad_input_is_an_info_string_never_a_crash(tiny_dir):
@@ -320,7 +345,7 @@ def test_python_chess_reads_the_models_candidates_as_multipv_lines():
     board = pychess.Board(AFTER_E4)
     (answer,) = lm.policy([AFTER_E4])
     (chosen,) = choose_moves(lm, [AFTER_E4])
-    with chess.engine.SimpleEngine.popen_uci(uci_argv(SHIPPED), cwd=REPO) as engine:
+    with chess.engine.SimpleEngine.popen_uci(uci_argv(SHIPPED), cwd=REPO, timeout=ENGINE_TIMEOUT_S) as engine:
         infos = engine.analyse(board, chess.engine.Limit(time=0.1), multipv=5)
     legal = {m.uci() for m in board.legal_moves}
     evals = {}
@@ -349,7 +374,7 @@ def play_out(board: pychess.Board, white, black, limit, max_plies: int = 600) ->
 
 @needs_stockfish
 def test_python_chess_plays_a_whole_game_against_stockfish(tiny_dir):
-    with chess.engine.SimpleEngine.popen_uci(uci_argv(tiny_dir), cwd=REPO) as model, \
+    with chess.engine.SimpleEngine.popen_uci(uci_argv(tiny_dir), cwd=REPO, timeout=ENGINE_TIMEOUT_S) as model, \
             chess.engine.SimpleEngine.popen_uci(STOCKFISH) as stockfish:
         assert model.id["name"] == f"rookworld {tiny_dir}"
         stockfish.configure({"Threads": 1, "Hash": 16})
@@ -361,8 +386,9 @@ def test_python_chess_plays_a_whole_game_against_stockfish(tiny_dir):
 
 
 def test_two_rookworld_engines_play_a_whole_game(tiny_dir):
-    with chess.engine.SimpleEngine.popen_uci(uci_argv(tiny_dir), cwd=REPO) as white, \
-            chess.engine.SimpleEngine.popen_uci(uci_argv(tiny_dir, "--protocol", "rookworld"), cwd=REPO) as black:
+    with chess.engine.SimpleEngine.popen_uci(uci_argv(tiny_dir), cwd=REPO, timeout=ENGINE_TIMEOUT_S) as white, \
+            chess.engine.SimpleEngine.popen_uci(uci_argv(tiny_dir, "--protocol", "rookworld"), cwd=REPO,
+                                                 timeout=ENGINE_TIMEOUT_S) as black:
         board = pychess.Board()
         outcome = play_out(board, white, black, chess.engine.Limit(white_clock=60, black_clock=60, white_inc=1,
                                                                   black_inc=1))
