@@ -84,7 +84,6 @@ class Models:
         # compile: decoding (the decode step, the draw); options.compile: the log-prob passes (trunk, vocabulary).
         self.device, self.amp_dtype, self.compile, self.autocast = (placement.device, amp_dtype, placement.compile,
                                                                     placement.autocast)
-        self.rows_per_prompt = options.rows_per_prompt
         self.logprobs: nn.Module = LogProbs(policy, options, value_head)
         self.logprobs = data_parallel(self.logprobs, self.device, placement.ddp)
 
@@ -96,6 +95,10 @@ class Models:
     @property
     def compile_logprobs(self) -> bool:
         return self.options.compile
+
+    @property
+    def rows_per_prompt(self) -> int:
+        return self.options.rows_per_prompt
 
     def product_memo(self, prompts: int, prompt_width: int, rows: int, new_tokens: int,
                      prompt_left: int) -> ProductMemo | None:
@@ -159,7 +162,7 @@ class Sampler:
     """
 
     def __init__(self, models: Models, cfg, eos_id: int):
-        self.models, self.max_new_tokens = models, cfg.max_new_tokens
+        self.models = models
         self.memo: ProductMemo | None = None
         #: `generate`'s settings beside the prompts, the length and the generator (eos_id: the tokenizer's).
         #: `generate`'s options beside the prompts and the generator (eos_id: the tokenizer's).
@@ -184,7 +187,7 @@ class Sampler:
                 batch_ids, batch_mask = batch_ids.repeat_interleave(G, 0), batch_mask.repeat_interleave(G, 0)
                 batch_tasks = batch_tasks.repeat(G)
             # One batch of every prompt in order: its rows are the rollout's, and its products can be kept.
-            memo = self.models.product_memo(len(prompts), P - left, n, self.max_new_tokens, left) \
+            memo = self.models.product_memo(len(prompts), P - left, n, self.options.max_new_tokens, left) \
                 if together and model is self.models.policy else None
             out = self.generate(model, batch_ids, batch_mask, batch_tasks, generator, G if once else 1, memo)
             self.memo = memo
