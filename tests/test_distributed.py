@@ -82,10 +82,10 @@ def auto_batch_rank(out: str) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     real_update = trainer_module.update
 
-    def update(cfg, *args, **kwargs):
-        if rank == 1 and cfg.prompts_per_step >= OUT_OF_MEMORY_FROM:
+    def update(settings, objective, models, optimizer, comm, rollout, step):
+        if rank == 1 and len(rollout.prompts) * world >= OUT_OF_MEMORY_FROM:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected on rank 1)")
-        return real_update(cfg, *args, **kwargs)
+        return real_update(settings, objective, models, optimizer, comm, rollout, step)
 
     trainer_module.update = update
     trainer_module.peak_memory_share = lambda device: 0.25

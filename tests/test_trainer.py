@@ -733,7 +733,7 @@ def _update_grads(trainer, rollout):
     from rookworld.grpo.update import update
 
     frozen = torch.optim.SGD(trainer.models.policy.parameters(), lr=0.0)
-    update(trainer.cfg, trainer.objective, trainer.models, frozen, trainer.run.comm, rollout, 0)
+    update(trainer.update_settings, trainer.objective, trainer.models, frozen, trainer.run.comm, rollout, 0)
     return {name: p.grad.clone() for name, p in trainer.models.policy.named_parameters()}
 
 
@@ -756,7 +756,7 @@ def test_the_updates_first_pass_takes_samplings_products_and_gets_the_same_gradi
                       reward_fn=HashReward(), prompts=MixedPrompts(tok), stream=open(os.devnull, "w"))
     fixed_lengths(trainer, lengths)
     parts = RolloutParts(trainer.objective, trainer.models, trainer.sampler, trainer.reward_fn, tok, trainer.run.log)
-    rollout = collect_rollout(cfg, parts, trainer.run.comm, trainer.prompts.batch(0), 0)
+    rollout = collect_rollout(trainer.rollout_settings, parts, trainer.run.comm, trainer.prompts.batch(0), 0)
     memo = rollout.memo
     assert memo is not None and len(memo.prompts) == 4 * 2  # every Linear of both blocks
     assert len(memo.completions) == (0 if lengths["A"] == 1 else 4 * 2)

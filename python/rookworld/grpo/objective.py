@@ -17,6 +17,7 @@ import torch
 from rookworld.grpo import formulas as grpo
 from rookworld.harness.distributed import Comm
 from rookworld.net.fused_head import TokenTerms
+from rookworld.settings.base import Slice
 from rookworld.settings.objective import KL_DIRECTIONS
 
 _SAMPLED_KL = {"k1": grpo.kl_k1, "k2": grpo.kl_k2, "k3": grpo.kl_k3}
@@ -55,13 +56,44 @@ class Scored(Protocol):
     kl_scale: torch.Tensor | None
 
 
+@dataclass(frozen=True)
+class ObjectiveSettings(Slice):
+    """The settings the objective reads, and no other (`ObjectiveSettings.of(cfg)` from a `TrainConfig`)."""
+
+    beta: float
+    beta_warmup_steps: int
+    kl_estimator: str
+    kl_direction: str
+    kl_target: float | None
+    kl_horizon: int
+    a_beta_scale: float
+    advantage: str
+    baseline: str
+    std_scaling: str
+    ema_decay: float
+    gamma: float
+    gae_lambda: float
+    group_size: int
+    mask_truncated: bool
+    drop_zero_spread: bool
+    clip_low: float
+    clip_high: float
+    entropy_coef: float
+    value_clip: float
+    vf_coef: float
+    loss_aggregation: str
+    max_new_tokens: int
+    mu: int
+    minibatches: int
+
+
 class Objective:
-    """What a GRPO step optimises, from a `TrainConfig`. ``reference_given``: the caller brought a frozen
-    reference (otherwise one is loaded when beta > 0). Its state, beta and the EMA baselines, goes into every
-    checkpoint (`state()`)."""
+    """What a GRPO step optimises, from a `TrainConfig` (of which it keeps its `ObjectiveSettings`).
+    ``reference_given``: the caller brought a frozen reference (otherwise one is loaded when beta > 0). Its state,
+    beta and the EMA baselines, goes into every checkpoint (`state()`)."""
 
     def __init__(self, cfg, *, reference_given: bool = False):
-        self.cfg = cfg
+        self.cfg = cfg = ObjectiveSettings.of(cfg)
         #: A frozen reference is there, so the KL to it is measured (and, with beta > 0, penalised).
         self.measures_kl = reference_given or cfg.beta > 0
         #: The exact KL runs the reference inside the update's pass, over the whole vocabulary.

@@ -23,6 +23,7 @@ from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt
 from rookworld.harness.distributed import Comm
 from rookworld.net.memo import ProductMemo
+from rookworld.settings.base import Slice
 
 
 class RewardFn(Protocol):
@@ -147,7 +148,18 @@ class RolloutParts:
     log: Any
 
 
-def collect_rollout(cfg, parts: RolloutParts, comm: Comm, prompts: list[Prompt], step: int) -> Rollout:
+@dataclass(frozen=True)
+class RolloutSettings(Slice):
+    """The settings a rollout reads (`RolloutSettings.of(cfg)` from a `TrainConfig`)."""
+
+    group_size: int
+    seed: int
+    micro_batch_size: int
+    temperature: float
+
+
+def collect_rollout(cfg: RolloutSettings, parts: RolloutParts, comm: Comm, prompts: list[Prompt], step: int
+                    ) -> Rollout:
     objective, models, sampler, tokenizer = parts.objective, parts.models, parts.sampler, parts.tokenizer
     G, device = cfg.group_size, models.device
     objective.begin_step(step)

@@ -37,8 +37,8 @@ from rookworld.grpo.metrics import step_metrics
 from rookworld.grpo.models import Models, Placement, Sampler
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt, PromptSource
-from rookworld.grpo.rollout import RewardFn, Rollout, RolloutParts, RolloutReward, collect_rollout
-from rookworld.grpo.update import update
+from rookworld.grpo.rollout import RewardFn, Rollout, RolloutParts, RolloutReward, RolloutSettings, collect_rollout
+from rookworld.grpo.update import UpdateSettings, update
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm
 from rookworld.harness.run import Run
@@ -149,6 +149,7 @@ class Trainer:
             raise ConfigError(f"--data {cfg.data}: every position is among the held-out ones of --eval-data "
                               f"{cfg.eval_data}: train on other positions, or hold out others")
         self.objective = Objective(cfg, reference_given=reference is not None)
+        self.rollout_settings, self.update_settings = RolloutSettings.of(cfg), UpdateSettings.of(cfg)
         # Before the run starts: a resumed run whose reference is not its own is one line, and no header.
         reference_fingerprint = self._reference_fingerprint() if reference is None and self.objective.measures_kl \
             else None
@@ -261,13 +262,13 @@ class Trainer:
             if step + 1 < cfg.steps and run.device.type == "cuda":
                 self.reward_fn.prefetch(self.prompts.batch(step + 1))  # Stockfish works while the GPU samples
             parts = RolloutParts(self.objective, self.models, self.sampler, self.reward_fn, run.tokenizer, run.log)
-            rollout = collect_rollout(cfg, parts, run.comm, prompts, step)
+            rollout = collect_rollout(self.rollout_settings, parts, run.comm, prompts, step)
         except StockfishError as e:  # no weight has changed: the step is dropped, the one before saved
             self.engine_failure = e
             raise StepAbandoned from None
         t_update = time.perf_counter()
         with run.applying():  # from the first weight changed to the step's end, a step is done whole
-            sums = update(cfg, self.objective, self.models, run.optimizer, run.comm, rollout, step)
+            sums = update(self.update_settings, self.objective, self.models, run.optimizer, run.comm, rollout, step)
             lr = run.optimizer.param_groups[0]["lr"]
             run.scheduler.step()
             if run.device.type == "cuda":

@@ -15,6 +15,7 @@ from rookworld.harness.distributed import Comm, accumulating
 from rookworld.harness.run import step_if_finite
 from rookworld.net.logprobs import TokenLogProbs
 from rookworld.net.memo import Replay
+from rookworld.settings.base import Slice
 
 _SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss")
 
@@ -32,8 +33,19 @@ class UpdateSums:
     done: int = 0  # optimizer steps taken
 
 
-def update(cfg, objective: Objective, models: Models, optimizer: torch.optim.Optimizer, comm: Comm, rollout: Rollout,
-           step: int) -> UpdateSums:
+@dataclass(frozen=True)
+class UpdateSettings(Slice):
+    """The settings the update reads (`UpdateSettings.of(cfg)` from a `TrainConfig`)."""
+
+    mu: int
+    minibatches: int
+    micro_batch_size: int
+    max_grad_norm: float
+    seed: int
+
+
+def update(cfg: UpdateSettings, objective: Objective, models: Models, optimizer: torch.optim.Optimizer, comm: Comm,
+           rollout: Rollout, step: int) -> UpdateSums:
     G = rollout.group_size
     # Running sums stay on the device: a host sync per micro-batch would stall the GPU between them.
     acc = UpdateSums({k: torch.zeros((), dtype=torch.float64, device=models.device) for k in _SUMS})

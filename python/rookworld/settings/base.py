@@ -3,6 +3,7 @@ declares (each says what is wrong in the same words in every command that takes 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
@@ -11,6 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from rookworld.settings import shipped
+
+
+class Slice:
+    """The settings one part of a command reads, as a frozen dataclass whose fields are named as the settings
+    are: the part is given `Slice.of(cfg)`, so what it reads is its signature, and nothing it holds can change
+    under it (auto-batch rewrites the command's own settings, never a part's)."""
+
+    @classmethod
+    def of(cls, cfg: Any):
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 
 class ConfigError(ValueError):
