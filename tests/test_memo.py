@@ -50,7 +50,7 @@ def test_replayed_products_give_the_gradients_of_products_made_again(monkeypatch
     memo = ProductMemo(rows=len(PROMPTS) * G, new_tokens=NEW, rows_per_prompt=G, prompt_left=0)
     out = generate(model, ids, mask, SamplingOptions(max_new_tokens=NEW), rows_per_prompt=G, seed=3, memo=memo)
     assert len(memo.prompts) == 4 * 2 and len(memo.completions) == 4 * 2  # every Linear of both blocks
-    assert all(m.memo is None for m in model.modules() if hasattr(m, "memo"))  # detached after sampling
+    assert not any(hasattr(m, "memo") for m in model.modules())  # given to each pass, never set on a module
     P = ids.shape[1]
     full = torch.cat([ids.repeat_interleave(G, 0), out.tokens], 1)
     full_mask = torch.cat([mask.repeat_interleave(G, 0), out.mask], 1)
@@ -75,5 +75,6 @@ def test_only_a_cpu_model_without_dropout_takes_a_memo():
     for model in (elsewhere, dropping):
         assert not ProductMemo.fits(model)
         with pytest.raises(ValueError, match="CPU models without dropout"):
-            with memo.attached(model):
-                pass
+            memo.recording(model, ("prompt",))
+        with pytest.raises(ValueError, match="CPU models without dropout"):
+            Replay(memo, torch.arange(3), 0, 2).phase(model, "prompt")

@@ -425,3 +425,29 @@ def test_a_completions_without_kl_weight_feel_no_pull_to_the_reference(tmp_path,
     m = t.train_step()
     assert m["kl/mean"] > 0.1, "the KL is measured whatever its weight"
     assert (m["grad_norm"] == 0.0) == (scale == 0.0), m["grad_norm"]
+
+
+def test_each_part_of_a_step_holds_a_frozen_slice_of_the_settings_it_reads():
+    """The objective, the rollout and the update read their own settings, as given when they were made: the
+    command's settings changed afterwards (auto-batch sets --prompts-per-step) reach none of them, and a slice
+    cannot be changed in place."""
+    import dataclasses
+
+    from rookworld.grpo.rollout import RolloutSettings
+    from rookworld.grpo.update import UpdateSettings
+    from rookworld.grpo.objective import ObjectiveSettings
+
+    cfg = TrainConfig(group_size=4, beta=0.1, a_beta_scale=4.0, mu=2, seed=7).validate()
+    objective = Objective(cfg)
+    parts = {ObjectiveSettings: objective.cfg, RolloutSettings: RolloutSettings.of(cfg),
+             UpdateSettings: UpdateSettings.of(cfg)}
+    declared = {f.name for f in dataclasses.fields(TrainConfig)}
+    for kind, part in parts.items():
+        assert type(part) is kind
+        names = [f.name for f in dataclasses.fields(part)]
+        assert set(names) <= declared and "prompts_per_step" not in names
+        assert all(getattr(part, n) == getattr(cfg, n) for n in names)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(part, names[0], 0)
+    cfg.group_size = 8
+    assert objective.cfg.group_size == 4 and objective.cfg.a_beta_scale == 4.0 and parts[UpdateSettings].mu == 2

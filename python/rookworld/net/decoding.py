@@ -19,7 +19,7 @@ from rookworld.net.caches import GroupCache, KVCache
 from rookworld.net.compile_log import describe
 from rookworld.net.compiling import Compiled, has_failed, run_or_fall_back
 from rookworld.net.head import head_logits
-from rookworld.net.model import GPT
+from rookworld.net.model import GPT, Products
 
 # Round the cache length up to a multiple of this when compiling, so that prompts of slightly different widths
 # reuse one cache and one CUDA graph (each distinct shape is another recording).
@@ -41,10 +41,12 @@ def decode_step(
     write_pos: torch.Tensor,
     device_type: str,
     amp_dtype: torch.dtype | None,
+    products: Products | None = None,
 ) -> torch.Tensor:
-    """One token per row [B, 1] through the model against the cache; next-token logits [B, V] in float32."""
+    """One token per row [B, 1] through the model against the cache; next-token logits [B, V] in float32.
+    `products`: who makes the trunk's products (a memo's recording, eager only)."""
     with torch.autocast(device_type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
-        hidden = model.trunk(tokens, None, position_ids, cache, write_pos)
+        hidden = model.trunk(tokens, None, position_ids, cache, write_pos, products)
         return head_logits(hidden[:, -1], model.lm_head.weight)
 
 
@@ -117,14 +119,15 @@ class Decoder:
             max_len = -(-max_len // CACHE_LEN_BUCKET) * CACHE_LEN_BUCKET
             self.cache = _pooled_cache(model, batch_size, max_len, compute_dtype)
 
-    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, rows_per_prompt: int = 1) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, rows_per_prompt: int = 1,
+                products: Products | None = None) -> torch.Tensor:
         """Logits [B, V] after the prompts [B / rows_per_prompt, P] (mask: bool, False on left padding), each prompt
         computed once: kept once for its `rows_per_prompt` consecutive rows (eager), or its keys and values copied
         to each of them in the static cache, in place (a CUDA graph's addresses stay valid)."""
         P = input_ids.shape[1]
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
                             enabled=self.amp_dtype is not None):
-            hidden, kvs = self.model.prompt_trunk(input_ids, mask)
+            hidden, kvs = self.model.prompt_trunk(input_ids, mask, products)
             logits = head_logits(hidden[:, -1], self.model.lm_head.weight)
         self.rows_per_prompt = rows_per_prompt
         self.write_pos = torch.tensor([P], dtype=torch.long, device=self.device)
@@ -150,10 +153,10 @@ class Decoder:
         self.position_ids = self.position_ids[rows]
         return (~group_done).repeat_interleave(self.rows_per_prompt)
 
-    def step(self, token: torch.Tensor) -> torch.Tensor:
-        """Logits after appending `token` [B] to every row."""
+    def step(self, token: torch.Tensor, products: Products | None = None) -> torch.Tensor:
+        """Logits after appending `token` [B] to every row (`products`: as `decode_step`'s)."""
         args = (self.model, self.cache, token[:, None], self.position_ids, self.write_pos, self.device.type,
-                self.amp_dtype)
+                self.amp_dtype, products)
         if self.compile:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
         logits, self.step_fn = run_or_fall_back(self.step_fn, decode_step, self.device.type, *args)

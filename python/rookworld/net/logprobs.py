@@ -19,7 +19,6 @@ The logits are float32 under autocast too (`head_logits`).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -135,14 +134,13 @@ def _states(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
 
-    def phase(name: str):
-        return replay.phase(model, name) if replay is not None else contextlib.nullcontext()
+    def products(phase: str):
+        return replay.phase(model, phase) if replay is not None else None
 
     prompt_ids, prompt_mask = input_ids[::rows_per_prompt, :start], attention_mask[::rows_per_prompt, :start]
-    with phase("prompt"):
-        prompt, prefix = model.prompt_trunk(prompt_ids, prompt_mask)
-    with phase("completion"):
-        completions = model.continue_trunk(input_ids[:, start:], attention_mask[:, start:], prefix, prompt_mask)
+    prompt, prefix = model.prompt_trunk(prompt_ids, prompt_mask, products("prompt"))
+    completions = model.continue_trunk(input_ids[:, start:], attention_mask[:, start:], prefix, prompt_mask,
+                                       products("completion"))
     # The prompt's last state predicts the first completion token (prompts are left-padded: it is a real token).
     return torch.cat([prompt[:, -1:].repeat_interleave(rows_per_prompt, 0), completions[:, :-1]], dim=1)
 

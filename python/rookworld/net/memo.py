@@ -2,14 +2,13 @@
 with the same weights, takes them instead of making them again: with one minibatch and one epoch (the defaults), the
 update's forward then costs its LayerNorms, attention and GELUs, not its products. Its backward is the same.
 
-The memo reaches the model through one seam, `ProductMemo.attached`, which hands it to each trunk `Linear` for the
-duration of a sampling call or of a pass of the update; only a CPU model takes one (`ProductMemo.fits`), so no CUDA
-path and no compiled region ever sees it.
+The memo reaches the model as an argument of the pass (`GPT.trunk(..., products=)`, a `Products`): sampling gives
+each pass `memo.recording(model, where)`, the update's pass `Replay.phase(model, name)`. Only a CPU model takes one
+(`ProductMemo.fits`), so no CUDA path and no compiled region ever sees it.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -40,18 +39,17 @@ class ProductMemo:
     and `completions` [B, n, N] (column j: the product for completion token j, made when decoding fed that token;
     zero where decoding never fed it: a row's last token or a dropped group's, whose products no loss term reaches).
 
-    Recording: `generate(..., memo=memo)`; prefill and each decode step say where their products go (`at`).
-    Replaying: `Replay(memo, rows, left, width).phase(model, "prompt" | "completion")` around the update's
-    `GPT.prompt_trunk` and `GPT.continue_trunk` of the model that sampled.
+    Recording: `generate(..., memo=memo)`; the prefill and each decode step take `recording(model, where)`.
+    Replaying: `Replay(memo, rows, left, width).phase(model, "prompt" | "completion")`, the products of the
+    update's `GPT.prompt_trunk` and `GPT.continue_trunk` of the model that sampled.
     """
 
     def __init__(self, rows: int, new_tokens: int, rows_per_prompt: int, prompt_left: int):
         self.shape, self.rows_per_prompt, self.prompt_left = (rows, new_tokens), rows_per_prompt, prompt_left
         self.prompts: dict[str, torch.Tensor] = {}
         self.completions: dict[str, torch.Tensor] = {}
-        self._names: dict[nn.Module, str] = {}
-        self._at: tuple | None = None  # where a recorded product goes: ("prompt",) or ("column", rows, j)
-        self._replay: tuple | None = None  # what a replayed product is: (rows, left, width, phase)
+        self._names: dict[nn.Module, str] | None = None
+        self._model: GPT | None = None
 
     @staticmethod
     def fits(model: GPT) -> bool:
@@ -65,59 +63,33 @@ class ProductMemo:
         widths = config.n_layer * 9 * config.n_embd  # c_attn 3C, attn c_proj C, c_fc 4C, mlp c_proj C
         return 4 * widths * (prompts * prompt_width + rows * new_tokens)
 
-    @contextmanager
-    def attached(self, model: GPT, replay: tuple | None = None):
-        """Hands the memo to every trunk Linear of `model` (CPU only): each product recorded, or with `replay`,
-        taken from what was recorded."""
+    def recording(self, model: GPT, where: tuple) -> _Recording:
+        """The `Products` of one sampling pass of `model`: each made, and kept at `where`: ("prompt",) for the
+        prefill, ("column", rows [b] long, j) for decoding's step j."""
+        return _Recording(self, self._named(model), where)
+
+    def _named(self, model: GPT) -> dict[nn.Module, str]:
+        """Each trunk Linear of `model`, by module: its name, the key of its products."""
         if not self.fits(model):
             raise ValueError(f"a ProductMemo serves CPU models without dropout, not one on {model.device}")
-        linears = [(name, m) for name, m in model.transformer.named_modules() if isinstance(m, Linear)]
-        self._names, self._replay = {m: name for name, m in linears}, replay
-        for _, m in linears:
-            m.memo = self
-        try:
-            yield self
-        finally:
-            for _, m in linears:
-                del m.memo
-            self._names, self._replay, self._at = {}, None, None
+        if self._names is None or self._model is not model:
+            self._names = {m: name for name, m in model.transformer.named_modules() if isinstance(m, Linear)}
+            self._model = model
+        return self._names
 
-    @contextmanager
-    def at(self, where: tuple):
-        """Products made inside go to `where`: ("prompt",) or ("column", rows [b] long, j)."""
-        self._at = where
-        try:
-            yield
-        finally:
-            self._at = None
-
-    def product(self, module: Linear, x: torch.Tensor) -> torch.Tensor:
-        """`module`'s product of x: made and recorded, or replayed with the Linear's gradients."""
-        key = self._names[module]
-        if self._replay is None:
-            y = linear(x, module.weight, module.bias)
-            self._record(key, y)
-            return y
-        y = self._replayed(key, x.shape[:-1], module.out_features, x.device)
-        if wants_grad(x, module.weight, module.bias):
-            rows = x.reshape(-1, x.shape[-1]).contiguous()
-            y = _Replayed.apply(rows, module.weight, module.bias, y.reshape(rows.shape[0], -1))
-        return y.view(*x.shape[:-1], module.out_features)
-
-    def _record(self, key: str, y: torch.Tensor) -> None:
-        if self._at is None:
-            return
-        if self._at[0] == "prompt":
+    def _record(self, key: str, y: torch.Tensor, where: tuple) -> None:
+        if where[0] == "prompt":
             self.prompts[key] = y
             return
-        _, rows, j = self._at
+        _, rows, j = where
         buf = self.completions.get(key)
         if buf is None:
             buf = self.completions[key] = y.new_zeros(*self.shape, y.shape[-1])
         buf[rows, j] = y.reshape(len(rows), -1)
 
-    def _replayed(self, key: str, shape: torch.Size, features: int, device: torch.device) -> torch.Tensor:
-        rows, left, width, phase = self._replay
+    def _replayed(self, key: str, shape: torch.Size, features: int, device: torch.device, replay: Replay,
+                  phase: str) -> torch.Tensor:
+        rows, left, width = replay.rows, replay.left, replay.width
         if phase == "prompt":
             kept = self.prompts[key]
             y = kept[rows[:: self.rows_per_prompt] // self.rows_per_prompt, left - self.prompt_left:]
@@ -131,15 +103,46 @@ class ProductMemo:
 
 
 @dataclass(frozen=True)
+class _Recording:
+    """A sampling pass's `Products`: each made, and kept in the memo at `where`."""
+
+    memo: ProductMemo
+    names: dict[nn.Module, str]
+    where: tuple
+
+    def product(self, module: Linear, x: torch.Tensor) -> torch.Tensor:
+        y = linear(x, module.weight, module.bias)
+        self.memo._record(self.names[module], y, self.where)
+        return y
+
+
+@dataclass(frozen=True)
+class _Replaying:
+    """An update pass's `Products`: each taken from the memo, as `replay` says, with the Linear's gradients."""
+
+    replay: Replay
+    names: dict[nn.Module, str]
+    phase: str
+
+    def product(self, module: Linear, x: torch.Tensor) -> torch.Tensor:
+        y = self.replay.memo._replayed(self.names[module], x.shape[:-1], module.out_features, x.device, self.replay,
+                                       self.phase)
+        if wants_grad(x, module.weight, module.bias):
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            y = _Replayed.apply(rows, module.weight, module.bias, y.reshape(rows.shape[0], -1))
+        return y.view(*x.shape[:-1], module.out_features)
+
+
+@dataclass(frozen=True)
 class Replay:
     """Which of a memo's products a log-prob pass over rollout rows `rows` (whole groups, in order; prompt columns
-    from `left` on, `width` completion columns) takes: `phase(model, "prompt")` around its prompt trunk,
-    `phase(model, "completion")` around the rest."""
+    from `left` on, `width` completion columns) takes: `phase(model, "prompt")` is its prompt trunk's `Products`,
+    `phase(model, "completion")` the rest's."""
 
     memo: ProductMemo
     rows: torch.Tensor
     left: int
     width: int
 
-    def phase(self, model: GPT, name: str):
-        return self.memo.attached(model, (self.rows, self.left, self.width, name))
+    def phase(self, model: GPT, name: str) -> _Replaying:
+        return _Replaying(self, self.memo._named(model), name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path
 
 import torch
@@ -155,15 +156,19 @@ def _cgroup_room() -> int | None:
     return None
 
 
+class Products(Protocol):
+    """Who makes a trunk Linear's product in one pass, when the pass is given one (`rookworld.net.memo`, CPU
+    only): it records the product, or gives back the one it recorded."""
+
+    def product(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor: ...
+
+
 class Linear(nn.Linear):
-    """nn.Linear by `onednn.linear`; while a `ProductMemo` is attached (`ProductMemo.attached`, CPU only), the memo
-    makes the product: it records it, or gives back the one it recorded."""
+    """nn.Linear by `onednn.linear`, or by the pass's `products` when it has them."""
 
-    memo = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.memo is not None:
-            return self.memo.product(self, x)
+    def forward(self, x: torch.Tensor, products: Products | None = None) -> torch.Tensor:
+        if products is not None:
+            return products.product(self, x)
         return linear(x, self.weight, self.bias)
 
 
@@ -183,17 +188,18 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = Linear(config.n_embd, config.n_embd)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, attend: Attention) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(self, x: torch.Tensor, attend: Attention, products: Products | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The attention's output [B, T, C], and this call's own keys and values [B, nh, T, hd] (a prompt's, which
         its completions then attend to)."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = self.c_attn(x, products).split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # [B, nh, T, hd]
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         y = attend(self.layer_idx, q, k, v, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y)), (k, v)
+        return self.resid_dropout(self.c_proj(y, products)), (k, v)
 
 
 class MLP(nn.Module):
@@ -203,9 +209,9 @@ class MLP(nn.Module):
         self.c_proj = Linear(4 * config.n_embd, config.n_embd)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, products: Products | None = None) -> torch.Tensor:
         # GPT-2 was trained with the tanh approximation (HF "gelu_new"); exact GELU shifts the logits.
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x, products), approximate="tanh"), products))
 
 
 class Block(nn.Module):
@@ -216,11 +222,12 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, attend: Attention) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(self, x: torch.Tensor, attend: Attention, products: Products | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The block's output, and its attention's own keys and values."""
-        a, kv = self.attn(self.ln_1(x), attend)
+        a, kv = self.attn(self.ln_1(x), attend, products)
         x = x + a
-        return x + self.mlp(self.ln_2(x)), kv
+        return x + self.mlp(self.ln_2(x), products), kv
 
 
 #: The device types whose continuations read their group's prompt through `GroupedPrompts`: on the CPU the copies
@@ -272,8 +279,9 @@ class GPT(nn.Module):
 
     def trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
               position_ids: torch.Tensor | None = None, kv_cache=None,
-              write_pos: torch.Tensor | None = None) -> torch.Tensor:
-        """Final hidden states [B, T, n_embd] (after ln_f), before the lm_head.
+              write_pos: torch.Tensor | None = None, products: Products | None = None) -> torch.Tensor:
+        """Final hidden states [B, T, n_embd] (after ln_f), before the lm_head; `products`: who makes the trunk
+        Linears' products in this pass (`Products`), else they are made here.
 
         attention_mask [B, T] (1/True = real token) marks padding; position ids default to its cumulative sum.
         With `kv_cache` (`rookworld.net.caches`), the T new tokens are written to cache slots `write_pos` [T] (long)
@@ -294,18 +302,19 @@ class GPT(nn.Module):
             attend: Attention = Cached(kv_cache, write_pos, kv_cache.begin(write_pos, new_valid))
         else:
             attend = Causal(None if attention_mask is None else padded_causal(attention_mask).unsqueeze(1))
-        return self._layers(input_ids, position_ids, attend)[0]
+        return self._layers(input_ids, position_ids, attend, products=products)[0]
 
-    def prompt_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    def prompt_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, products: Products | None = None
                      ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """`trunk` of left-padded prompts [g, P], and every layer's keys and values [g, nh, P, hd]: the `prefix` of
         `continue_trunk`, so that a group's completions share one pass over their prompt."""
         attention_mask = attention_mask.to(torch.bool)
         attend = Causal(padded_causal(attention_mask).unsqueeze(1))
-        return self._layers(input_ids, positions_from_mask(attention_mask), attend, keep=True)
+        return self._layers(input_ids, positions_from_mask(attention_mask), attend, keep=True, products=products)
 
     def continue_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       prefix: list[tuple[torch.Tensor, torch.Tensor]], prefix_mask: torch.Tensor) -> torch.Tensor:
+                       prefix: list[tuple[torch.Tensor, torch.Tensor]], prefix_mask: torch.Tensor,
+                       products: Products | None = None) -> torch.Tensor:
         """Final hidden states [B, T, n_embd] of right-padded continuations [B, T] of g prompts (`prompt_trunk`'s
         `prefix` and mask [g, P]), each prompt's B / g continuations consecutive: they attend to their prompt's
         real tokens, then causally to their own, at the positions that follow the prompt's. The same states as
@@ -320,16 +329,16 @@ class GPT(nn.Module):
         else:
             seen = row_prompt_mask.unsqueeze(1).expand(B, T, P)
             attend = AfterPrompts(prefix, torch.cat([seen, padded_causal(attention_mask)], dim=2).unsqueeze(1))
-        return self._layers(input_ids, position_ids, attend)[0]
+        return self._layers(input_ids, position_ids, attend, products=products)[0]
 
-    def _layers(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attention, keep: bool = False
-                ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def _layers(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attention, keep: bool = False,
+                products: Products | None = None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Embeddings, blocks and ln_f: the hidden states, and each layer's own keys and values if `keep`."""
         x = self.transformer.wte(input_ids) + self.transformer.wpe(position_ids)  # [B, T, C]
         x = self.transformer.drop(x)
         kept = []
         for block in self.transformer.h:
-            x, kv = block(x, attend)
+            x, kv = block(x, attend, products)
             if keep:
                 kept.append(kv)
         return self.transformer.ln_f(x), kept

@@ -14,7 +14,6 @@ rounding.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -247,10 +246,8 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
             return _decode(decoder, logits, limits, N, options, generator)
         if decoder.compile:
             raise ValueError("a ProductMemo keeps the products of eager decoding; this decoding is compiled")
-        with memo.attached(model):
-            with memo.at(("prompt",)):
-                logits = decoder.prefill(input_ids, mask, rows_per_prompt)
-            return _decode(decoder, logits, limits, N, options, generator, memo)
+        logits = decoder.prefill(input_ids, mask, rows_per_prompt, memo.recording(model, ("prompt",)))
+        return _decode(decoder, logits, limits, N, options, generator, memo)
     finally:
         model.train(was_training)
 
@@ -271,7 +268,7 @@ def _row_limits(max_new_tokens: int | torch.Tensor, B: int, device: torch.device
 def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int, options: SamplingOptions,
             generator: torch.Generator | None, memo: ProductMemo | None = None) -> GenerationOutput:
     """Up to N tokens per row (at most `limits`), each drawn from the decoder's logits, from the prompts' on;
-    `memo` (attached) keeps each step's products in the column of the token it fed."""
+    `memo` keeps each step's products in the column of the token it fed."""
     B, device = limits.shape[0], limits.device
     temperature, top_k, top_p, eos_id = options.temperature, options.top_k, options.top_p, options.eos_id
     tokens = torch.full((B, N), eos_id, dtype=torch.long, device=device)
@@ -305,8 +302,7 @@ def _decode(decoder: Decoder, logits: torch.Tensor, limits: torch.Tensor, N: int
             rows, token = rows[kept], token[kept]
             if not rows.numel():  # every group done between two of CUDA's checks: no row left to decode
                 break
-        with memo.at(("column", rows, step)) if memo is not None else contextlib.nullcontext():
-            logits = decoder.step(token)
+        logits = decoder.step(token, None if memo is None else memo.recording(decoder.model, ("column", rows, step)))
     lengths = out_mask.sum(1)
     width = int(lengths.max()) if B else 0  # one sync at the end: drop columns that no row reached
     return GenerationOutput(tokens=tokens[:, :width], mask=out_mask[:, :width], logprobs=logprobs[:, :width],
