@@ -1,5 +1,6 @@
-"""What every settings module shares: the error a bad setting raises, a setting's flag, and the checks a setting
-declares (each says what is wrong in the same words in every command that takes the setting)."""
+"""What every settings module shares: the error a bad setting raises, a setting's flag, the checks a setting
+declares (each says what is wrong in the same words in every command that takes the setting), and `Slice`, the
+frozen part of a command's settings that one part of it reads."""
 
 from __future__ import annotations
 
