@@ -113,8 +113,8 @@ def mm_peak_gflops(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.f
 def rehearse_cuda(trainer: Trainer) -> None:
     """The CUDA paths on the CPU: the draw in blocks, continuations through `AfterPrompts`, and every function a
     CUDA run compiles compiled (decoding without CUDA graphs, which need a GPU)."""
-    sampling.DRAWS["cpu"] = sampling._draw_in_blocks
-    model_module.GROUPED_PROMPTS_ON.discard("cpu")
+    sampling.DRAWS = {**sampling.DRAWS, "cpu": sampling._draw_in_blocks}
+    model_module.GROUPED_PROMPTS_ON = model_module.GROUPED_PROMPTS_ON - {"cpu"}
     trainer.run.compile = trainer.models.compile = True
     trainer.run.compile_logprobs = trainer.cfg.compile_logprobs
     passes = trainer.models.logprobs

@@ -55,7 +55,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if args.draw != "device":
-        sampling.DRAWS[device.type] = sampling._draw if args.draw == "whole" else sampling._draw_in_blocks
+        chosen = sampling._draw if args.draw == "whole" else sampling._draw_in_blocks
+        sampling.DRAWS = {**sampling.DRAWS, device.type: chosen}
     draw_fn = sampling.device_draw(device.type).__name__
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"

@@ -331,7 +331,7 @@ def test_the_draw_in_blocks_is_the_whole_row_draw(kw, monkeypatch):
     log-probs to float32's rounding."""
     logits = torch.randn(4096, V, generator=torch.Generator().manual_seed(5)) * 6
     whole = sample_next(logits, generator=torch.Generator().manual_seed(6), **kw)
-    monkeypatch.setitem(sampling.DRAWS, "cpu", sampling._draw_in_blocks)
+    monkeypatch.setattr(sampling, "DRAWS", {**sampling.DRAWS, "cpu": sampling._draw_in_blocks})
     blocks = sample_next(logits, generator=torch.Generator().manual_seed(6), **kw)
     assert torch.equal(whole[0], blocks[0]), kw
     torch.testing.assert_close(blocks[1], whole[1], rtol=0, atol=1e-5)
@@ -383,7 +383,7 @@ def test_the_compiled_draw_is_the_eager_one(monkeypatch, in_blocks):
     draw = sampling.COMPILED_DRAWS[sampling._draw_in_blocks if in_blocks else sampling._draw]
     monkeypatch.setattr(draw, "by_device", {})
     if in_blocks:
-        monkeypatch.setitem(sampling.DRAWS, "cpu", sampling._draw_in_blocks)
+        monkeypatch.setattr(sampling, "DRAWS", {**sampling.DRAWS, "cpu": sampling._draw_in_blocks})
     logits = torch.randn(64, V, generator=torch.Generator().manual_seed(2)) * 3
     for kw in ({}, {"temperature": 0.7}, {"top_k": 50, "top_p": 0.9}):
         eager = sample_next(logits, generator=torch.Generator().manual_seed(9), **kw)

@@ -30,8 +30,6 @@ CACHE_LEN_BUCKET = 64
 # every eviction re-records a CUDA graph. `release_caches(model)` frees them.
 MAX_CACHED_SHAPES = 4
 
-_cache_pool: weakref.WeakKeyDictionary[GPT, OrderedDict[tuple, KVCache]] = weakref.WeakKeyDictionary()
-
 
 def decode_step(
     model: GPT,
@@ -55,31 +53,46 @@ describe(decode_step, lambda model, cache, tokens, *_: f"the decode step for {to
 _DECODE_STEP = Compiled(decode_step)
 
 
-def _pooled_cache(model: GPT, batch_size: int, max_len: int, dtype: torch.dtype) -> KVCache:
-    """A KV cache reused across calls: CUDA graphs replay against fixed addresses, so the cache must persist."""
-    pool = _cache_pool.setdefault(model, OrderedDict())
-    key = (batch_size, max_len, dtype, model.device)
-    if key in pool:
-        pool.move_to_end(key)
-        cache = pool[key]
-        cache.reset()
+class CachePool:
+    """The KV caches compiled decoding keeps between calls, by model: CUDA graphs replay against fixed addresses,
+    so a cache must outlive the call that made it. At most MAX_CACHED_SHAPES a model, least recently used evicted;
+    a model's go with it."""
+
+    def __init__(self):
+        self._by_model: weakref.WeakKeyDictionary[GPT, OrderedDict[tuple, KVCache]] = weakref.WeakKeyDictionary()
+
+    def cache(self, model: GPT, batch_size: int, max_len: int, dtype: torch.dtype) -> KVCache:
+        """The cache of this shape, reset, made the first time."""
+        pool = self._by_model.setdefault(model, OrderedDict())
+        key = (batch_size, max_len, dtype, model.device)
+        if key in pool:
+            pool.move_to_end(key)
+            cache = pool[key]
+            cache.reset()
+            return cache
+        while len(pool) >= MAX_CACHED_SHAPES:
+            pool.popitem(last=False)
+        cache = KVCache(model.config, batch_size, max_len, model.device, dtype)
+        # Tells dynamo/cudagraphs these inputs keep their address, so mutating them in the graph is allowed.
+        torch._dynamo.mark_static_address(cache.kv)
+        torch._dynamo.mark_static_address(cache.valid)
+        pool[key] = cache
         return cache
-    while len(pool) >= MAX_CACHED_SHAPES:
-        pool.popitem(last=False)
-    cache = KVCache(model.config, batch_size, max_len, model.device, dtype)
-    # Tells dynamo/cudagraphs these inputs keep their address, so mutating them in the graph is allowed.
-    torch._dynamo.mark_static_address(cache.kv)
-    torch._dynamo.mark_static_address(cache.valid)
-    pool[key] = cache
-    return cache
+
+    def release(self, model: GPT | None = None) -> None:
+        """Frees the caches of one model, or of all."""
+        if model is None:
+            self._by_model.clear()
+        else:
+            self._by_model.pop(model, None)
+
+
+_CACHES = CachePool()
 
 
 def release_caches(model: GPT | None = None) -> None:
     """Free the KV caches that compiled decoding keeps (for one model, or all)."""
-    if model is None:
-        _cache_pool.clear()
-    else:
-        _cache_pool.pop(model, None)
+    _CACHES.release(model)
 
 
 def decodes_eagerly(device: torch.device, compile: bool | None) -> bool:
@@ -117,7 +130,7 @@ class Decoder:
         self.cache: KVCache | GroupCache | None = None
         if self.compile:
             max_len = -(-max_len // CACHE_LEN_BUCKET) * CACHE_LEN_BUCKET
-            self.cache = _pooled_cache(model, batch_size, max_len, compute_dtype)
+            self.cache = _CACHES.cache(model, batch_size, max_len, compute_dtype)
 
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, rows_per_prompt: int = 1,
                 products: Products | None = None) -> torch.Tensor:

@@ -232,7 +232,7 @@ class Block(nn.Module):
 
 #: The device types whose continuations read their group's prompt through `GroupedPrompts`: on the CPU the copies
 #: of `AfterPrompts` cost more than the attention (BENCHMARKS.md, issue 33); a GPU's fused SDPA is worth them.
-GROUPED_PROMPTS_ON = {"cpu"}
+GROUPED_PROMPTS_ON = frozenset({"cpu"})
 
 
 class GPT(nn.Module):

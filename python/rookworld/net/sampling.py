@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
@@ -109,7 +110,7 @@ def _draw_in_blocks(scaled: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.
 
 #: The draw each device type runs: on the CPU the whole row's sum is one scan, the cheapest there (BENCHMARKS.md,
 #: "The draw in blocks").
-DRAWS = {"cuda": _draw_in_blocks}
+DRAWS = MappingProxyType({"cuda": _draw_in_blocks})
 
 
 def device_draw(device_type: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
