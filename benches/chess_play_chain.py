@@ -45,6 +45,10 @@ ROWS = [
     ("vs Skill Level 0: Elo difference", "games", "vs-stockfish", "vs-stockfish", "elo_difference", "elo"),
     ("vs Skill Level 0: Elo, 95% interval low", "games", "vs-stockfish", "vs-stockfish", "elo_low", "elo"),
     ("vs Skill Level 0: Elo, 95% interval high", "games", "vs-stockfish", "vs-stockfish", "elo_high", "elo"),
+    # Against UCI_Elo 1350 the difference is an Elo on Stockfish's own UCI_Elo scale: 1350 plus it.
+    ("vs UCI_Elo 1350: Elo difference", "elo1350", "vs-stockfish", "vs-stockfish", "elo_difference", "elo"),
+    ("vs UCI_Elo 1350: Elo, 95% interval low", "elo1350", "vs-stockfish", "vs-stockfish", "elo_low", "elo"),
+    ("vs UCI_Elo 1350: Elo, 95% interval high", "elo1350", "vs-stockfish", "vs-stockfish", "elo_high", "elo"),
 ]
 HISTORY_BANDS = {"0": range(0, 1), "1-3": range(1, 4), "4-9": range(4, 10)}
 
