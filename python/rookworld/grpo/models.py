@@ -164,7 +164,6 @@ class Sampler:
     def __init__(self, models: Models, cfg, eos_id: int):
         self.models = models
         self.memo: ProductMemo | None = None
-        #: `generate`'s settings beside the prompts, the length and the generator (eos_id: the tokenizer's).
         #: `generate`'s options beside the prompts and the generator (eos_id: the tokenizer's).
         self.options = SamplingOptions(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                        top_k=cfg.top_k or None, top_p=cfg.top_p if cfg.top_p < 1.0 else None,
