@@ -27,7 +27,7 @@ FENS = ["3r1r2/ppb4k/8/2R5/5P2/8/1P4PP/2K3R1 w - - 1 27", "8/8/8/8/8/8/8/K6k w -
 def test_past_the_recompile_limit_decoding_falls_back_to_eager(monkeypatch):
     """Each batch size is a new entry of the compiled decode step; past the limit, fullgraph=True raises an error
     that is not a TorchDynamoException. It is a warning, and eager decoding gives the same tokens."""
-    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
     monkeypatch.setattr(decoding._DECODE_STEP, "by_device", {"cpu": torch.compile(decoding.decode_step, backend="eager",
                                                                                   fullgraph=True, dynamic=False)})
     monkeypatch.setattr(compiling, "RECOMPILE_LIMIT", 2)
@@ -53,7 +53,7 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     from rookworld.net.model import GPT, GPTConfig
     from rookworld.settings.config import TrainConfig
 
-    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
     monkeypatch.setattr(compiling.torch, "compile", functools.partial(torch.compile, backend="eager"))
     monkeypatch.setattr(decoding._DECODE_STEP, "by_device", {})
     torch._dynamo.reset()
@@ -74,7 +74,7 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     finally:
         t.close()
     graphs = compiling.graphs_compiled() - before
-    assert not compiling.failed, compiling.failed
+    assert not compiling.FALLBACKS, compiling.FALLBACKS
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list as entries
     from rookworld.net import logprobs, sampling, vocab_grad
     counts = {f.__name__: len(entries(f.__code__)) for f in (decoding.decode_step, sampling._draw, logprobs._states,
@@ -110,7 +110,7 @@ def test_a_124m_shaped_step_compiles_at_most_six_graphs_then_none(monkeypatch, t
     from rookworld.settings.config import TrainConfig
 
     bench = _grpo_step_bench()
-    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
     monkeypatch.setattr(compiling.torch, "compile", functools.partial(torch.compile, backend="eager"))
     monkeypatch.setattr(compiling, "DYNAMIC_OPTIONS", {})  # inductor's settings
     for module, names in ((sampling, ["DRAWS"]), (model_module, ["GROUPED_PROMPTS_ON"])):
@@ -139,7 +139,7 @@ def test_a_124m_shaped_step_compiles_at_most_six_graphs_then_none(monkeypatch, t
             per_step.append(log.new())
     finally:
         t.close()
-    assert not compiling.failed, compiling.failed
+    assert not compiling.FALLBACKS, compiling.FALLBACKS
     print("graphs a step:", [compile_log.summary(g) for g in per_step], "A: prompts a step:", a_prompts)
     assert len(set(a_prompts)) > 1, a_prompts  # the batches did move
     assert 0 < sum(not g.backward for g in per_step[0]) <= 6, compile_log.summary(per_step[0])
@@ -159,7 +159,7 @@ def test_a_compiling_run_says_each_graph_as_it_begins_and_after_its_step(monkeyp
     from rookworld.harness.compiles import CompileReport
     from rookworld.harness.runlog import Reporting, RunLog
 
-    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
     monkeypatch.setattr(compiling.torch, "compile", functools.partial(torch.compile, backend="eager"))
     monkeypatch.setattr(compile_log.ANNOUNCER, "descriptions", {})
     compile_log.describe(_double_relu, lambda x: f"the doubling of {x.shape[0]:,} rows")

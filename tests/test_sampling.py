@@ -379,7 +379,7 @@ def test_the_compiled_draw_is_the_eager_one(monkeypatch, in_blocks):
     """sample_next(compile=True) fuses the draw; given the same uniforms it picks the same tokens, with the same
     log-probs, with and without top-k / top-p, and it follows the right distribution. Also CUDA's draw in blocks,
     compiled here on the CPU."""
-    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
     draw = sampling.COMPILED_DRAWS[sampling._draw_in_blocks if in_blocks else sampling._draw]
     monkeypatch.setattr(draw, "by_device", {})
     if in_blocks:
@@ -390,7 +390,7 @@ def test_the_compiled_draw_is_the_eager_one(monkeypatch, in_blocks):
         compiled = sample_next(logits, generator=torch.Generator().manual_seed(9), compile=True, **kw)
         assert torch.equal(eager[0], compiled[0]), kw
         torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-4)
-    assert "cpu" in draw.by_device and not compiling.failed
+    assert "cpu" in draw.by_device and not compiling.FALLBACKS
     small = _peaked_logits()[:64].expand(20000, 64)
     tokens, logp = sample_next(small, generator=torch.Generator().manual_seed(5), compile=True)
     freq = torch.stack([(tokens == t).float().mean() for t in (11, 22, 33, 44)])
@@ -639,17 +639,17 @@ def test_a_compiler_failure_falls_back_to_eager_decoding(monkeypatch):
     model = tiny_gpt(scale=4.0)
     ids, mask = _prompts()
     eager = generate(model, ids, mask, SamplingOptions(max_new_tokens=12, compile=False), seed=1)
-    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
     monkeypatch.setattr(decoding._DECODE_STEP, "by_device",
                         {"cpu": torch.compile(decoding.decode_step, backend=broken_backend, fullgraph=True)})
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found.*runs without compiling"):
         fallen_back = generate(model, ids, mask, SamplingOptions(max_new_tokens=12, compile=True), seed=1)
     assert torch.equal(fallen_back.tokens, eager.tokens) and torch.equal(fallen_back.mask, eager.mask)
     assert torch.allclose(fallen_back.logprobs, eager.logprobs)
-    assert compiling.has_failed(decoding.decode_step, "cpu") and len(compiling.failed) == 1
+    assert compiling.has_failed(decoding.decode_step, "cpu") and len(compiling.FALLBACKS) == 1
     # The record names the line that raised: a bare AssertionError deep in the compiler says nothing else.
     line = broken_backend.__code__.co_firstlineno + 1
-    assert compiling.failed[("cpu", compiling.name(decoding.decode_step))].endswith(f"test_sampling.py:{line}")
+    assert compiling.FALLBACKS.why(decoding.decode_step, "cpu").endswith(f"test_sampling.py:{line}")
     # Later calls do not try again (and do not warn again).
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -669,7 +669,7 @@ def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch
     eager.logprobs.sum().backward()
     grad = model.transformer.h[0].attn.c_attn.weight.grad.clone()
     model.zero_grad(set_to_none=True)
-    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
     monkeypatch.setattr(logprobs._STATES, "by_device",
                         {"cpu": torch.compile(logprobs._states, backend=broken_backend, fullgraph=True)})
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
@@ -679,14 +679,14 @@ def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch
     # Only the trunk fell back: the vocabulary pass stayed compiled, so the values are eager's to its rounding.
     torch.testing.assert_close(fallen_back.logprobs, eager.logprobs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(model.transformer.h[0].attn.c_attn.weight.grad, grad, rtol=1e-4, atol=1e-6)
-    assert compiling.has_failed(logprobs._states, "cpu") and len(compiling.failed) == 1
+    assert compiling.has_failed(logprobs._states, "cpu") and len(compiling.FALLBACKS) == 1
     assert "cpu" in logprobs._CHUNK.by_device
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
 def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
-    monkeypatch.setattr(compiling, "failed", {})
+    monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
     model = tiny_gpt(scale=3.0)
     reference = tiny_gpt(seed=5, scale=3.0).requires_grad_(False)  # with the exact KL in the same pass
     ids, mask = _prompts(B=5, T=14, seed=4)
@@ -703,7 +703,7 @@ def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
         (s.logprobs.sum() + 0.1 * s.entropy.sum() + s.kl.sum()).backward()
         results.append((s.logprobs.detach(), s.entropy.detach(), s.kl.detach(), model.lm_head.weight.grad.clone(),
                         model.transformer.h[0].attn.c_attn.weight.grad.clone()))
-    assert "cpu" in logprobs._CHUNK.by_device and not compiling.failed
+    assert "cpu" in logprobs._CHUNK.by_device and not compiling.FALLBACKS
     for eager, compiled in ((0, 1), (2, 3), (4, 5), (0, 6)):
         for a, b in zip(results[eager], results[compiled]):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
@@ -723,4 +723,4 @@ def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
                         model.transformer.wpe.weight.grad.clone()))
         for a, b in zip(*got):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    assert not compiling.failed
+    assert not compiling.FALLBACKS

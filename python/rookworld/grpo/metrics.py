@@ -39,7 +39,7 @@ def step_metrics(comm: Comm, rollout: Rollout, sums: UpdateSums, objective: Obje
               "time/step": step_time, "time/update": update_time, **{f"time/{k}": v for k, v in rollout.times.items()},
               "peak_memory_gb": peak_memory_gb(rollout.ids.device),
               # In this process so far: a count that keeps growing means recompiles; a failure means eager code.
-              "compile/graphs": compiling.graphs_compiled(), "compile/failed": len(compiling.failed)})
+              "compile/graphs": compiling.graphs_compiled(), "compile/failed": len(compiling.FALLBACKS)})
     return m
 
 

@@ -20,8 +20,29 @@ from torch.utils.checkpoint import checkpoint
 
 from rookworld.net import compile_log
 
-#: (device type, function) pairs whose compilation failed, and why: those run eagerly for the rest of the process.
-failed: dict[tuple[str, str], str] = {}
+
+class Fallbacks:
+    """The process's record of the compiled functions that failed to compile, and why: each runs eagerly on that
+    device type from then on. One record for every `Compiled` function, since a run's metrics count them all."""
+
+    def __init__(self):
+        self._why: dict[tuple[str, str], str] = {}
+
+    def record(self, fn: Callable, device_type: str, why: str) -> None:
+        self._why[(device_type, name(fn))] = why
+
+    def why(self, fn: Callable, device_type: str) -> str | None:
+        """Why compiling `fn` (the eager function) failed on `device_type`; None if it has not."""
+        return self._why.get((device_type, name(fn)))
+
+    def __len__(self) -> int:
+        return len(self._why)
+
+    def __repr__(self) -> str:
+        return f"Fallbacks({self._why!r})"
+
+
+FALLBACKS = Fallbacks()
 
 #: What the warning says of a function whose compilation failed: a run's log is checked for it.
 FELL_BACK = "runs without compiling from now on"
@@ -50,7 +71,7 @@ def name(fn: Callable) -> str:
 
 def has_failed(fn: Callable, device_type: str) -> bool:
     """Whether compiling `fn` (the eager function) failed on `device_type` in this process."""
-    return (device_type, name(fn)) in failed
+    return FALLBACKS.why(fn, device_type) is not None
 
 
 def graphs_compiled() -> int:
@@ -133,6 +154,7 @@ def _raised_at(error: BaseException) -> str:
 def _give_up(eager: Callable, device_type: str, error: Exception) -> None:
     cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the backend's own error
     first_line = (str(cause).strip().splitlines() or [""])[0][:300]
-    why = failed[(device_type, name(eager))] = f"{type(cause).__name__}: {first_line}{_raised_at(cause)}"
+    why = f"{type(cause).__name__}: {first_line}{_raised_at(cause)}"
+    FALLBACKS.record(eager, device_type, why)
     warnings.warn(f"torch.compile of {eager.__qualname__} failed on {device_type} ({why}); it {FELL_BACK}, which "
                   "is slower. --no-compile skips the attempt.", RuntimeWarning, stacklevel=4)
