@@ -59,23 +59,35 @@ def _refuse_directories(paths: list[str], flag: str) -> None:
                            f"{os.path.join(path, 'FILE')}")
 
 
-def read_from(path: str) -> str:
-    """The file a reader opens for an input the user named `path`: its copy, when it was a pipe, a FIFO or a
-    device, else `path` itself."""
-    copy = _copies.get(path)
-    return _stand_in(copy) if copy else path
+class StreamCopies:
+    """What was read from each input that can be read only once (a pipe, a FIFO, a device), by the name the user
+    gave it: the process reads such an input once, and every reader after reads the copy."""
+
+    def __init__(self):
+        self._copies: dict[str, BinaryIO] = {}
+
+    def keep(self, path: str, copy: BinaryIO) -> str:
+        """`copy` as what `path` gave; the name a reader opens it by."""
+        self._copies[path] = copy
+        return _stand_in(copy)
+
+    def read_from(self, path: str) -> str:
+        """The file a reader opens for an input the user named `path`: its copy, when it was a pipe, a FIFO or a
+        device, else `path` itself."""
+        copy = self._copies.get(path)
+        return _stand_in(copy) if copy else path
+
+    def as_given(self, text: str, paths: list[str]) -> str:
+        """`text` (a message, a record's source) with the name of each copy `read_from` gave put back to the
+        user's."""
+        for path in paths:
+            if path in self._copies:
+                text = text.replace(_stand_in(self._copies[path]), path)
+        return text
 
 
-def as_given(text: str, paths: list[str]) -> str:
-    """`text` (a message, a record's source) with the name of each copy `read_from` gave put back to the user's."""
-    for path in paths:
-        if path in _copies:
-            text = text.replace(_stand_in(_copies[path]), path)
-    return text
-
-
-#: What was read from each input that can be read only once (a pipe, a FIFO), by the name it was given.
-_copies: dict[str, BinaryIO] = {}
+STREAMS = StreamCopies()
+read_from, as_given = STREAMS.read_from, STREAMS.as_given
 
 
 def _is_stream(path: str) -> bool:
@@ -103,8 +115,7 @@ def _copy_stream(path: str, flag: str) -> str:
         copy.close()
         raise
     copy.flush()
-    _copies[path] = copy
-    return _stand_in(copy)
+    return STREAMS.keep(path, copy)
 
 
 def _stand_in(copy: BinaryIO) -> str:
@@ -208,16 +219,15 @@ def write_failed(flag: str, out: str, e: OSError) -> CliError:
 
 def read_positions(path: str, skip_bad: bool) -> list[data.Record]:
     """A positions file's records that have a legal move; bad lines and finished games are said on stderr."""
-    copy = _copies.get(path)
     try:
-        records, skipped = data.read_records(_stand_in(copy) if copy else path, skip_bad=skip_bad)
+        records, skipped = data.read_records(read_from(path), skip_bad=skip_bad)
     except data.DataError as e:
-        message = str(e).replace(_stand_in(copy), path) if copy else str(e)
+        message = as_given(str(e), [path])
         if isinstance(e, data.PgnGiven):
             message += f": read its games with --pgn {path}"
         raise CliError(message) from None
-    if copy:  # the lines named by the pipe or FIFO read, not by the copy's descriptor
-        records = [replace(r, source=r.source.replace(_stand_in(copy), path, 1)) if r.source else r for r in records]
+    if read_from(path) != path:  # the lines named by the pipe or FIFO read, not by the copy's descriptor
+        records = [replace(r, source=as_given(r.source, [path])) if r.source else r for r in records]
     if skipped:
         print(f"skipped {skipped} bad lines of {path}", file=sys.stderr)
     kept, finished = data.playable(records)
