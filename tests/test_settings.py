@@ -13,7 +13,8 @@ import pytest
 from rookworld import cli
 from rookworld.settings.commands import COMMANDS
 from rookworld.settings.base import ConfigError
-from rookworld.settings.declare import DECLARED, declared_fields, group, option, setting
+from rookworld.settings.declare import composed, declared_fields, declaring_group, group, groups, option, setting
+from rookworld.settings.groups import SeedSettings
 
 #: Option strings that are no setting: argparse's own, and --config (read by train and sft before the settings).
 NOT_SETTINGS = {"-h", "--help", "--config"}
@@ -25,10 +26,22 @@ def subparsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_no_flag_is_declared_twice():
-    with pytest.raises(TypeError, match="declared twice"):
-        @group
-        class Again:
-            seed: int = setting(1, "a second seed", "run")
+    @group
+    class Again:
+        seed: int = setting(1, "a second seed", "run")
+
+    with pytest.raises(TypeError, match="'seed' is declared twice: in SeedSettings and Again"):
+        @composed()
+        class Both(SeedSettings, Again):
+            pass
+
+    # And across commands: one name, one declaration, whichever commands compose it.
+    declared: dict[str, set[type]] = {}
+    for command in COMMANDS:
+        for g in groups(command.settings):
+            for name in g.__declares__:
+                declared.setdefault(name, set()).add(g)
+    assert {name: owners for name, owners in declared.items() if len(owners) > 1} == {}
 
     parsers = subparsers()
     assert set(parsers) == {c.name for c in COMMANDS}
@@ -43,7 +56,7 @@ def test_no_flag_is_declared_twice():
             # A flag (or positional argument) of a declared setting, from the group that declares it, spelt and
             # checked as it is declared (its help may be the command's own meaning of it: test_help.py).
             f = fields[action.dest]
-            owner = DECLARED[f.name]
+            owner = declaring_group(command.settings, f.name)
             assert f.metadata["check"] is owner.__dataclass_fields__[f.name].metadata["check"]
             if action.option_strings:
                 spellings = [option(f), *(f"--{a}" for a in f.metadata["aliases"])]
@@ -54,12 +67,16 @@ def test_no_flag_is_declared_twice():
         assert seen == set(fields), f"{command.name}: settings without a flag: {set(fields) - seen}"
 
 
+#: Every setting of every command -> the group that declares it.
+DECLARED_BY = {name: g for command in COMMANDS for g in groups(command.settings) for name in g.__declares__}
+
+
 def help_texts() -> dict[str, dict[str, str]]:
     """setting -> command -> its help text with the command's default left out."""
     out: dict[str, dict[str, str]] = {}
     for name, p in subparsers().items():
         for action in p._actions:
-            if action.help and action.help != argparse.SUPPRESS and action.dest in DECLARED:
+            if action.help and action.help != argparse.SUPPRESS and action.dest in DECLARED_BY:
                 out.setdefault(action.dest, {})[name] = re.sub(r" \(default: [^()]*\)$", "", action.help)
     return out
 
@@ -69,7 +86,7 @@ def test_a_shared_setting_says_the_same_in_every_command_that_means_the_same_by_
     shared = {name: by for name, by in texts.items() if len(by) > 1}
     assert {"seed", "model", "device", "stockfish_depth", "out", "max_plies", "data"} <= set(shared)
     for name in ("model", "device", "revision", "stockfish_depth", "stockfish_path", "protocol", "max_new_tokens"):
-        declared = re.sub(r" \(default: [^()]*\)$", "", DECLARED[name].__dataclass_fields__[name].metadata["help"])
+        declared = re.sub(r" \(default: [^()]*\)$", "", DECLARED_BY[name].__dataclass_fields__[name].metadata["help"])
         assert set(shared[name].values()) == {declared}, (name, shared[name])
     # ask, play and uci draw nothing but --protocol rookworld's tokens: one meaning of --seed, theirs; positions,
     # eval, train and sft each draw other things.

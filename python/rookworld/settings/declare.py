@@ -29,10 +29,6 @@ RUNS = "the runs"
 SECTIONS = [MODEL, RUN, RUNS, SERVER, DATA, POSITIONS, SUITES_, OPPONENT, GAME, SAMPLING, DECODING, REWARDS, STOCKFISH,
             ADVANTAGES, KL, LOSS, CRITIC, OPTIM, LOGGING, OUTPUT]
 
-#: Every declared setting: its name -> the group that declares it. A second declaration of a name is an error.
-DECLARED: dict[str, type] = {}
-
-
 def setting(default: Any, help: str, section: str, *, check: Callable[[str, Any], str | None] | None = None,
             choices: tuple | None = None, main: bool = False, flag: str | None = None, aliases: tuple = (),
             was: tuple = (), metavar: str | None = None, nargs: str | None = None, most: int = MAX_INT) -> Any:
@@ -52,15 +48,21 @@ def _field(default: Any, metadata: Any) -> Any:
 
 
 def group(cls: type) -> type:
-    """A small group of settings, each declared here and nowhere else."""
+    """A small group of settings, each declared here and nowhere else: a dataclass that names its own settings in
+    `__declares__` (a command composed of two groups that declare one name is refused: `composed`)."""
     cls = dataclass(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in vars(cls).get("__annotations__", {}):
-            if f.name in DECLARED:
-                raise TypeError(f"setting {f.name!r} is declared twice: in {DECLARED[f.name].__name__} and "
-                                f"{cls.__name__}")
-            DECLARED[f.name] = cls
+    cls.__declares__ = tuple(name for name in vars(cls).get("__annotations__", {}) if name in cls.__dataclass_fields__)
     return cls
+
+
+def groups(cls: type) -> list[type]:
+    """The setting groups a command's settings are composed of, in the order they are listed."""
+    return [c for c in cls.__mro__ if "__declares__" in vars(c)]
+
+
+def declaring_group(cls: type, name: str) -> type:
+    """The group of `cls`'s settings that declares setting `name`."""
+    return next(g for g in groups(cls) if name in g.__declares__)
 
 
 #: A `Meaning`'s default when it keeps the declared one (None is a default of its own).
@@ -81,14 +83,16 @@ class Meaning:
 
 
 def composed(**defaults: Any) -> Callable[[type], type]:
-    """A command's settings, composed of the groups it inherits; `defaults` are its own defaults where they differ
-    from the declarations, or its own `Meaning` of a setting (the check stays the declared one)."""
+    """A command's settings, composed of the groups it inherits: a dataclass whose own fields are the command's
+    defaults where they differ from the declarations, or its own `Meaning` of a setting (the check stays the
+    declared one). Two groups that declare one name are refused."""
 
     def wrap(cls: type) -> type:
+        _check_declared_once(cls)
         inherited: dict[str, dataclasses.Field] = {}
         for base in reversed(cls.__mro__[1:]):
             inherited.update(getattr(base, "__dataclass_fields__", {}))
-        annotations = dict(vars(cls).get("__annotations__", {}))
+        own = []
         for name, value in defaults.items():
             base = inherited[name]  # a KeyError: only a declared setting takes a command's default
             metadata = dict(base.metadata)
@@ -97,12 +101,22 @@ def composed(**defaults: Any) -> Callable[[type], type]:
                                  if getattr(value, key) is not None})
                 value = _default(base) if value.default is SAME_DEFAULT else value.default
             # A list default (sft's --data) makes the flag repeatable in that command.
-            annotations[name] = "list" if isinstance(value, list) else base.type
-            setattr(cls, name, _field(value, metadata))
-        cls.__annotations__ = annotations
-        return dataclass(cls)
+            own.append((name, "list" if isinstance(value, list) else base.type, _field(value, metadata)))
+        made = dataclasses.make_dataclass(cls.__name__, own, bases=(cls,),
+                                          namespace={"__module__": cls.__module__, "__doc__": cls.__doc__})
+        made.__qualname__ = cls.__qualname__
+        return made
 
     return wrap
+
+
+def _check_declared_once(cls: type) -> None:
+    seen: dict[str, type] = {}
+    for g in groups(cls):
+        for name in g.__declares__:
+            if name in seen:
+                raise TypeError(f"setting {name!r} is declared twice: in {seen[name].__name__} and {g.__name__}")
+            seen[name] = g
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -113,9 +127,7 @@ def declared_fields(cls: type) -> list[dataclasses.Field]:
     """A command's settings in the order its groups are listed (not dataclasses' order, which puts the last base's
     first): `--help` shows them so, and `validate` checks them so."""
     own = {f.name: f for f in dataclasses.fields(cls)}
-    order = [name for c in cls.__mro__ for name in vars(c).get("__annotations__", {})
-             if name in own and DECLARED.get(name) is c]
-    return [own[name] for name in order]
+    return [own[name] for g in groups(cls) for name in g.__declares__ if name in own]
 
 
 def option(f: dataclasses.Field) -> str:
