@@ -115,8 +115,9 @@ def rehearse_cuda(trainer: Trainer) -> None:
     CUDA run compiles compiled (decoding without CUDA graphs, which need a GPU)."""
     sampling.DRAWS = {**sampling.DRAWS, "cpu": sampling._draw_in_blocks}
     model_module.GROUPED_PROMPTS_ON = model_module.GROUPED_PROMPTS_ON - {"cpu"}
-    trainer.run.compile = trainer.models.compile = True
-    trainer.run.compile_logprobs = trainer.cfg.compile_logprobs
+    trainer.run.context = dataclasses.replace(trainer.run.context, compile=True,
+                                              compile_logprobs=trainer.cfg.compile_logprobs)
+    trainer.models.compile = True
     passes = trainer.models.logprobs
     passes.options = dataclasses.replace(passes.options, compile=trainer.cfg.compile_logprobs)
     trainer.sampler.options = dataclasses.replace(trainer.sampler.options, compile=True)

@@ -65,7 +65,8 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     t = Trainer(cfg, policy=policy, reference=copy.deepcopy(policy), tokenizer=get_tokenizer(),
                 stream=open(os.devnull, "w"))
     # A run compiles on CUDA alone; here every switch a CUDA run sets is set by hand.
-    t.run.compile = t.models.compile = True
+    t.run.context = dataclasses.replace(t.run.context, compile=True)
+    t.models.compile = True
     t.models.logprobs.options = dataclasses.replace(t.models.logprobs.options, compile=True)
     t.sampler.options = dataclasses.replace(t.sampler.options, compile=True)
     before = compiling.graphs_compiled()

@@ -299,7 +299,10 @@ def test_auto_batch_keeps_the_largest_batch_under_the_target_and_a_trial_step_re
     assert not t.run.optimizer.state, "AdamW's moments are as before the step"
     for k, v in policy.state_dict().items():
         assert torch.equal(v, before[k]), f"the trial step changed {k}"
-    assert t.cfg.prompts_per_step == 8 and len(t.prompts.batch(0)) == 8
+    assert round(m["samples_per_s"] * m["time/step"]) == 8 * 2, "the trial sampled 8 prompts x 2"
+    # Its parts were its own: the run's prompts, collectives and DDP-less module are as they were.
+    assert t.cfg.prompts_per_step == 2 and len(t.prompts.batch(0)) == 2
+    assert t.models.logprobs is t.models.trained and t.run.comm.info.world == 1
 
 
 def test_auto_batch_needs_cuda(tmp_path):

@@ -5,6 +5,7 @@ live here; the update's differentiable pass goes through `LogProbs`, which DDP w
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -122,6 +123,14 @@ class Models:
     def trained(self) -> nn.Module:
         """Every trained parameter (policy and value head), as one module."""
         return unwrapped(self.logprobs)
+
+    def alone(self) -> Models:
+        """These networks as one rank alone runs them (auto-batch's trial steps): the trained module without the DDP
+        wrapper, whose gradient all-reduce is a collective. A new object over the same modules; this one keeps
+        its wrapper."""
+        fresh = copy.copy(self)
+        fresh.logprobs = self.trained
+        return fresh
 
     def close(self) -> None:
         """The DDP wrapper let go, before the process group goes (`Comm.close`)."""

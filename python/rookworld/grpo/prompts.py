@@ -3,6 +3,7 @@ one would have seen."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +58,12 @@ class PromptSource:
         self.left_out = len(records) - len(self.records) if records else 0
         self._order: list[int] = []
         self._order_epoch = -1
+
+    def resized(self, prompts_per_step: int) -> PromptSource:
+        """The same stream of prompts at another batch size (auto-batch's trials and its choice): a new source; this
+        one is unchanged."""
+        cfg = dataclasses.replace(self.cfg, prompts_per_step=prompts_per_step)
+        return PromptSource(cfg, self.records, self.rank, self.world, self.held_out)
 
     def _record(self, index: int) -> Record:
         """Record `index` of the stream: pass k over the file is its own seeded permutation."""

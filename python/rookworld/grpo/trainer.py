@@ -17,7 +17,6 @@ and only rank 0 writes files.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import gc
@@ -251,24 +250,28 @@ class Trainer:
     # -- one GRPO step ------------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, Any]:
+        return self._step(self.run.comm, self.models, self.prompts)
+
+    def _step(self, comm: Comm, models: Models, source) -> dict[str, Any]:
+        """One GRPO step with these collectives, networks and prompts (the run's, or a trial's own)."""
         cfg, run, step = self.cfg, self.run, self.run.step
         t0 = time.perf_counter()
         if run.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(run.device)
-        prompts = self.prompts.batch(step)
+        prompts = source.batch(step)
         try:
             if self.pool is not None and self.pool.failure is not None:  # given up on during an evaluation
                 raise self.pool.failure
             if step + 1 < cfg.steps and run.device.type == "cuda":
-                self.reward_fn.prefetch(self.prompts.batch(step + 1))  # Stockfish works while the GPU samples
-            parts = RolloutParts(self.objective, self.models, self.sampler, self.reward_fn, run.tokenizer, run.log)
-            rollout = collect_rollout(self.rollout_settings, parts, run.comm, prompts, step)
+                self.reward_fn.prefetch(source.batch(step + 1))  # Stockfish works while the GPU samples
+            parts = RolloutParts(self.objective, models, self.sampler, self.reward_fn, run.tokenizer, run.log)
+            rollout = collect_rollout(self.rollout_settings, parts, comm, prompts, step)
         except StockfishError as e:  # no weight has changed: the step is dropped, the one before saved
             self.engine_failure = e
             raise StepAbandoned from None
         t_update = time.perf_counter()
         with run.applying():  # from the first weight changed to the step's end, a step is done whole
-            sums = update(self.update_settings, self.objective, self.models, run.optimizer, run.comm, rollout, step)
+            sums = update(self.update_settings, self.objective, models, run.optimizer, comm, rollout, step)
             lr = run.optimizer.param_groups[0]["lr"]
             run.scheduler.step()
             if run.device.type == "cuda":
@@ -278,7 +281,7 @@ class Trainer:
                 run.log.warn("skipped", step + 1, f"{sums.skipped} of {cfg.mu * cfg.minibatches} minibatch(es) had "
                                                   "no usable token (no reward spread, truncated or unscored): no "
                                                   "optimizer step for them")
-            m = {"step": step + 1, "lr": lr, **step_metrics(run.comm, rollout, sums, self.objective,
+            m = {"step": step + 1, "lr": lr, **step_metrics(comm, rollout, sums, self.objective,
                                                              step_time=t_end - t0, update_time=t_end - t_update)}
             # What the step moves on: the counter, the best reward and (toward --kl-target) beta.
             run.step += 1
@@ -315,7 +318,9 @@ class Trainer:
 
     def trial_step(self, prompts_per_step: int) -> dict[str, Any]:
         """One real step at `prompts_per_step` on this rank alone, after which the weights, the optimizer, the
-        schedule and every counter are as they were (the batch size stays `prompts_per_step`).
+        schedule and every counter are as they were. The trial's parts are its own, and the run's are untouched:
+        prompts at that size, and this rank as a world of one (its rank kept: the seeds depend on it) whose
+        trained module has no DDP wrapper.
 
         Alone: a step's reductions and DDP's gradient all-reduce are collectives, and a rank that runs out of
         memory halfway would leave the others waiting in one it never joins. Memory is the same alone: DDP's
@@ -325,28 +330,16 @@ class Trainer:
         weights = {k: v.detach().to("cpu", copy=True) for k, v in self.models.trained.state_dict().items()}
         optimizer, scheduler = copy.deepcopy(run.optimizer.state_dict()), run.scheduler.state_dict()
         counters = (run.step, self.best_reward, self.objective.state(), self._last_rollout)
-        self.cfg.prompts_per_step, self.prompts.per_rank = prompts_per_step, prompts_per_step // run.dist.world
+        alone = Comm(dataclasses.replace(run.dist, world=1), run.device)
         self._free_caches()
         try:
-            with self._alone():
-                return self.train_step()
+            return self._step(alone, self.models.alone(), self.prompts.resized(prompts_per_step))
         finally:
             self.models.trained.load_state_dict(weights)
             run.optimizer.load_state_dict(optimizer)
             run.scheduler.load_state_dict(scheduler)
             run.step, self.best_reward, state, self._last_rollout = counters
             self.objective.load_state(state)
-
-    @contextlib.contextmanager
-    def _alone(self):
-        """This rank as a world of one (its rank kept: the seeds depend on it), the trained module without DDP."""
-        run, models = self.run, self.models
-        comm, logprobs = run.comm, models.logprobs
-        run.comm, models.logprobs = Comm(dataclasses.replace(run.dist, world=1), run.device), models.trained
-        try:
-            yield
-        finally:
-            run.comm, models.logprobs = comm, logprobs
 
     def probe(self, prompts_per_step: int) -> tuple[float, float]:
         """A trial step at `prompts_per_step` on every rank: (the largest share of GPU memory any rank held at its
@@ -383,7 +376,9 @@ class Trainer:
         if chosen is None:
             raise ConfigError(f"--auto-batch: even {start} prompts per step exceed --memory-target "
                               f"{cfg.memory_target}; lower --prompts-per-step, --group-size or --micro-batch-size")
-        cfg.prompts_per_step, self.prompts.per_rank = chosen, chosen // run.dist.world
+        # The one setting the search decides: the run's checkpoints save it, and a resumed run keeps it.
+        self.cfg = run.cfg = dataclasses.replace(cfg, prompts_per_step=chosen)
+        self.prompts = self.prompts.resized(chosen)
         run.log.say(f"auto-batch: training with {chosen} prompts per step ({chosen * G} completions)")
         return chosen
 

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch import nn
 
 from rookworld.harness import checkpoint
 from rookworld.harness.compiles import CompileReport
-from rookworld.harness.distributed import Comm, init_distributed
+from rookworld.harness.distributed import Comm, DistInfo, init_distributed
 from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
 from rookworld.harness.runlog import Reporting, RunLog, Summary
 from rookworld.harness.stop import Doing, EvaluationStopped, StepAbandoned, Stop
@@ -82,39 +83,120 @@ def complete_message(command: str, cfg: RunConfig, step: int) -> str:
             f"--resume {cfg.output_dir} --steps N with N > {step}")
 
 
+@dataclass(frozen=True)
+class Context:
+    """Where a command runs, settled when it starts and the same to its end (`start`): its ranks and the
+    collectives between them, its device, how it computes (the autocast dtype, what compiles), the checkpoint it
+    resumes, the model directory it loads, and its output directory's lock, log and compile report."""
+
+    dist: DistInfo
+    comm: Comm
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    compile: bool  # decoding (the decode step and the draw)
+    compile_logprobs: bool  # the log-prob passes
+    resume_from: Path | None
+    model_dir: Path | None  # None when the command brought its own policy
+    log: RunLog
+    lock: RunDirectoryLock | None
+    compiles: CompileReport | None  # what compiling costs, said where the user sees it; None when nothing compiles
+
+    @property
+    def cores(self) -> int:
+        """This rank's share of the machine's cores."""
+        return cores_of(self.dist)
+
+
+def cores_of(dist: DistInfo) -> int:
+    return max(1, (os.cpu_count() or 1) // dist.local_world)
+
+
+def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summary: Summary | None = None) -> Context:
+    """A command started: its ranks, device and precision placed, the checkpoint it resumes and the model it loads
+    found, its output directory locked and made ready, its log opened, and its header said. Everything a user can
+    get wrong is checked before the slow parts (models, engines) and before the header: a model that cannot be
+    found (a typo, a hub out of reach) is one line and no run directory."""
+    kind = resolve_device(cfg.device).type
+    dist = init_distributed(kind)
+    cfg.check_world(dist.world)
+    device = resolve_device(cfg.device, dist.local_rank)
+    use_every_core(device, dist)
+    if kind == "cuda":
+        # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
+        # newer ones map to their own fp32_precision settings.
+        torch.set_float32_matmul_precision("high")
+    bf16, why = compute_dtype(cfg.dtype, kind)
+    torch.manual_seed(cfg.seed)
+    resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
+    if resume_from is not None:
+        checkpoint.check_weights(resume_from)
+    model_dir = None
+    if loads_model:
+        model_dir = model_directory(resume_from or cfg.model, revision=None if resume_from else cfg.revision)
+    lock, log = _open_output_dir(cfg, command, resume_from, dist.main, stream, summary)
+    compile = cfg.compile and kind == "cuda"
+    compiles = CompileReport(log, cfg.output_dir, dist.main) if compile else None
+    if compiles is not None and resume_from is not None:
+        compiles.load_cache()
+    ranks = f", {dist.world} ranks" if dist.enabled else ""
+    steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
+    log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {device} "
+            f"({'bf16 autocast' if bf16 else 'fp32'}{why}{', compiled' if compile else ''}{ranks})")
+    return Context(dist, Comm(dist, device), device, torch.bfloat16 if bf16 else None, compile,
+                   compile and cfg.compile_logprobs, resume_from, model_dir, log, lock, compiles)
+
+
+def _open_output_dir(cfg: RunConfig, command: str, resume_from: Path | None, main: bool, stream,
+                     summary: Summary | None) -> tuple[RunDirectoryLock | None, RunLog]:
+    """The output directory locked and made ready (a resumed run's kept), what a cut-short save left removed,
+    and the run's log opened there."""
+    lock = RunDirectoryLock(Path(cfg.output_dir), command) if main else None
+    try:
+        prepare_output_dir(cfg, resume_from, main, command)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    leftovers = checkpoint.remove_leftovers(cfg.output_dir) if main else []
+    reporting = Reporting(cfg.reporters, cfg.wandb_project, cfg.to_dict(), command)
+    log = RunLog(cfg.output_dir, cfg.steps, enabled=main, stream=stream, summary=summary, reporting=reporting)
+    if leftovers:
+        log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
+    return lock, log
+
+
+def use_every_core(device: torch.device, dist: DistInfo) -> None:
+    """On the CPU, torch takes every core of this rank's share for every phase (an explicit OMP_NUM_THREADS
+    is obeyed). Nothing else computes while it does: Stockfish analyses while torch waits (the reward phase,
+    an evaluation's scoring), so no core is kept for it; kept, it idled through generation and the update
+    for the second or so an engine works in a step. Freed memory is kept for reuse (`keep_freed_memory`)."""
+    if device.type != "cpu":
+        return
+    keep_freed_memory()
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(cores_of(dist))
+
+
 class Run:
+    """A training command's run: its `Context`, its policy and tokenizer, and what moves as it trains (the step,
+    the optimizer and its schedule, a stop asked for); `loop` calls the command's step until the end."""
+
     def __init__(self, cfg: RunConfig, *, command: str, policy: nn.Module | None = None, tokenizer=None,
                  stream=None, summary: Summary | None = None, label: str | None = None):
         """``label`` names a `policy` given fresh, for the header. Every checkpoint also writes the model into the
         output directory itself, which then loads as a model (``--model``, ``rookworld eval``, transformers)."""
         self.cfg, self.command = cfg, command
-        bf16, why = self._place(cfg)
-        torch.manual_seed(cfg.seed)
-
-        # Everything a user can get wrong is checked before the slow parts (models, engines) start, and before
-        # the header: a model that cannot be found (a typo, a hub out of reach) is one line and no run directory.
-
-        self.resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
-        if self.resume_from is not None:
-            checkpoint.check_weights(self.resume_from)
+        self.context = context = start(cfg, command, loads_model=policy is None, stream=stream, summary=summary)
         #: The fingerprints of what the run started from besides its policy (GRPO's reference), saved with each
         #: checkpoint.
         self.fingerprints: dict[str, str | None] = {}
-        source, directory = self.resume_from or cfg.model or label, None
-        if policy is None:
-            directory = model_directory(source, revision=None if self.resume_from else cfg.revision)
         self._closed = False
-        self._open_output_dir(stream, summary)
-        ranks = f", {self.dist.world} ranks" if self.dist.enabled else ""
-        steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
-        self.log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {self.device} "
-                     f"({'bf16 autocast' if bf16 else 'fp32'}{why}{', compiled' if self.compile else ''}{ranks})")
-
+        source = context.resume_from or cfg.model or label
         if policy is None:
-            policy = from_pretrained(directory, device=self.device, training=True)
+            policy = from_pretrained(context.model_dir, device=self.device, training=True)
         self.policy = policy.to(self.device).eval()  # eval(): dropout stays off
         # The vocabulary of the model's own directory when it has one (a download, a checkpoint of ours).
-        self.tokenizer = tokenizer or get_tokenizer(directory)
+        self.tokenizer = tokenizer or get_tokenizer(context.model_dir)
         n_params = sum(p.numel() for p in self.policy.parameters())
         self.log.say(f"model: {source} ({n_params / 1e6:.1f}M parameters)")
         if self.resume_from is None:
@@ -126,45 +208,17 @@ class Run:
         self.interrupted = False  # set when a run stopped early on Ctrl-C or SIGTERM (after saving)
         self.stop = Stop(self.log.say, lambda: self.step, alone=not self.dist.enabled)
 
-    def _place(self, cfg: RunConfig) -> tuple[bool, str]:
-        """The ranks, the device, the compute dtype and what compiles; returns (bf16, why) for the header."""
-        kind = resolve_device(cfg.device).type
-        self.dist = init_distributed(kind)
-        cfg.check_world(self.dist.world)
-        self.device = resolve_device(cfg.device, self.dist.local_rank)
-        self.comm = Comm(self.dist, self.device)
-        self.use_every_core()
-        if kind == "cuda":
-            # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
-            # newer ones map to their own fp32_precision settings.
-            torch.set_float32_matmul_precision("high")
-        bf16, why = compute_dtype(cfg.dtype, kind)
-        self.amp_dtype = torch.bfloat16 if bf16 else None
-        self.compile = cfg.compile and kind == "cuda"  # decoding (the decode step and the draw)
-        self.compile_logprobs = self.compile and cfg.compile_logprobs  # the log-prob passes
-        return bf16, why
-
-    def _open_output_dir(self, stream, summary: Summary | None) -> None:
-        """The output directory locked and made ready (a resumed run's kept), what a cut-short save left removed,
-        and the run's log and compile report opened there."""
-        cfg, command = self.cfg, self.command
-        self.lock = RunDirectoryLock(Path(cfg.output_dir), command) if self.dist.main else None
-        try:
-            prepare_output_dir(cfg, self.resume_from, self.dist.main, command)
-        except BaseException:
-            if self.lock is not None:
-                self.lock.release()
-            raise
-        leftovers = checkpoint.remove_leftovers(cfg.output_dir) if self.dist.main else []
-        reporting = Reporting(cfg.reporters, cfg.wandb_project, cfg.to_dict(), command)
-        self.log = RunLog(cfg.output_dir, cfg.steps, enabled=self.dist.main, stream=stream, summary=summary,
-                          reporting=reporting)
-        if leftovers:
-            self.log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
-        #: What compiling costs, said where the user sees it (None when nothing compiles).
-        self.compiles = CompileReport(self.log, cfg.output_dir, self.dist.main) if self.compile else None
-        if self.compiles is not None and self.resume_from is not None:
-            self.compiles.load_cache()
+    # What the run's context settled, read as the run's own (and, as the context's, never changed).
+    dist = property(lambda self: self.context.dist)
+    comm = property(lambda self: self.context.comm)
+    device = property(lambda self: self.context.device)
+    amp_dtype = property(lambda self: self.context.amp_dtype)
+    compile = property(lambda self: self.context.compile)
+    compile_logprobs = property(lambda self: self.context.compile_logprobs)
+    resume_from = property(lambda self: self.context.resume_from)
+    log = property(lambda self: self.context.log)
+    compiles = property(lambda self: self.context.compiles)
+    cores = property(lambda self: self.context.cores)
 
     def build_optimizer(self, extra_groups: Sequence[dict] = ()) -> dict[str, Any]:
         """AdamW over the policy (and `extra_groups`), warm-up + cosine; on resume, their saved state and the
@@ -374,21 +428,5 @@ class Run:
             return
         self._closed = True
         self.log.close()
-        if self.lock is not None:
-            self.lock.release()
-
-    @property
-    def cores(self) -> int:
-        """This rank's share of the machine's cores."""
-        return max(1, (os.cpu_count() or 1) // self.dist.local_world)
-
-    def use_every_core(self) -> None:
-        """On the CPU, torch takes every core of this rank's share for every phase (an explicit OMP_NUM_THREADS
-        is obeyed). Nothing else computes while it does: Stockfish analyses while torch waits (the reward phase,
-        an evaluation's scoring), so no core is kept for it; kept, it idled through generation and the update
-        for the second or so an engine works in a step. Freed memory is kept for reuse (`keep_freed_memory`)."""
-        if self.device.type != "cpu":
-            return
-        keep_freed_memory()
-        if "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(self.cores)
+        if self.context.lock is not None:
+            self.context.lock.release()
