@@ -21,8 +21,9 @@ from pathlib import Path
 # What `rookworld.cli` sets on import, set before torch first calls MKL (it is read then): the CLI's runs in this
 # process are then as reproducible bit for bit as in a fresh `rookworld` process (resume tests compare weights).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
-# One thread a test process, through the setting a user has: runs take every core (`harness.run.use_every_core`) unless
-# OMP_NUM_THREADS says otherwise, and beside pytest-xdist's other workers every core is oversubscription.
+# One thread a test process, through the setting a user has: runs take every core
+# (`harness.run.use_every_core`) unless OMP_NUM_THREADS says otherwise, and beside pytest-xdist's other workers
+# every core is oversubscription.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
