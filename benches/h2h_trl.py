@@ -65,12 +65,11 @@ def trl_worker(data: Path, seed: int, run_dir: Path) -> None:
     import transformers
     import trl
 
-    from rookworld.integrations.trl import chess_dataset, reward_funcs
+    from rookworld.integrations.trl import GRPOTrainer, chess_dataset, load_tokenizer, reward_funcs
 
     torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel.from_pretrained(MODEL, dtype=torch.float32)
-    tokenizer = transformers.GPT2TokenizerFast.from_pretrained(MODEL)
-    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "left"
+    tokenizer = load_tokenizer(MODEL)
     dataset = chess_dataset(str(data), seed=seed, task_mix=0.8)
     config = trl.GRPOConfig(
         output_dir=str(run_dir), max_steps=100_000, per_device_train_batch_size=PROMPTS * GROUP,
@@ -79,8 +78,11 @@ def trl_worker(data: Path, seed: int, run_dir: Path) -> None:
         weight_decay=0.0, max_grad_norm=1.0, beta=BETA, epsilon=0.2, epsilon_high=0.28, loss_type="dapo",
         num_iterations=1, use_cpu=True, bf16=False, gradient_checkpointing=False, logging_steps=1,
         report_to="none", save_strategy="steps", save_steps=1, save_only_model=True, seed=seed)
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_funcs("mixed"), args=config, train_dataset=dataset,
-                              processing_class=tokenizer)
+    # rookworld's GRPOTrainer is TRL's with policy and reference scoring the positions generate sampled at: with
+    # TRL's own, a left-padded P: prompt was trained k positions off where it was sampled, and its KL ran away
+    # (issue 60; the runs in BENCHMARKS.md before it).
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs("mixed"), args=config, train_dataset=dataset,
+                          processing_class=tokenizer)
     trainer.train()
 
 

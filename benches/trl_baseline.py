@@ -32,16 +32,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 def hf_tokenizer(model_dir: Path):
-    """transformers' GPT-2 tokenizer from the vocab.json and merges.txt rookworld writes beside a model."""
-    from transformers import GPT2TokenizerFast
-
+    """transformers' GPT-2 tokenizer from the vocab.json and merges.txt rookworld writes beside a model (left
+    padding, `<|endoftext|>` as the pad token)."""
+    from rookworld.integrations.trl import load_tokenizer
     from rookworld.net.tokenizer import get_tokenizer
 
     get_tokenizer().save_pretrained(model_dir)
-    tok = GPT2TokenizerFast.from_pretrained(model_dir)
-    tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    return tok
+    return load_tokenizer(model_dir)
 
 
 def main() -> int:
@@ -61,7 +58,10 @@ def main() -> int:
 
     import transformers
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
+
+    # TRL's GRPOTrainer with its log-prob passes at the positions generate sampled at (GPT-2's are absolute: issue 60)
+    from rookworld.integrations.trl import GRPOTrainer
 
     from rookworld.ground.chess import generate_positions
     from rookworld.net.model import GPT, GPTConfig

@@ -1,24 +1,40 @@
-"""rookworld's chess for TRL's GRPOTrainer (`pip install 'rookworld[trl]'`): its rewards as reward functions and
-its positions as a dataset.
+"""rookworld's chess for TRL's GRPOTrainer (`pip install 'rookworld[trl]'`): its rewards as reward functions, its
+positions as a dataset, and TRL's trainer made to score a GPT-2 where it sampled it.
 
-    from trl import GRPOConfig, GRPOTrainer
-    from rookworld.integrations.trl import chess_dataset, reward_funcs
+    from rookworld.integrations.trl import GRPOTrainer, chess_dataset, load_tokenizer, reward_funcs
 
     trainer = GRPOTrainer(model="models/chess-cpu-sft", reward_funcs=reward_funcs(),
-                          train_dataset=chess_dataset(count=10_000), args=GRPOConfig(...))
+                          processing_class=load_tokenizer("models/chess-cpu-sft"),
+                          train_dataset=chess_dataset(count=10_000), args=GRPOConfig(output_dir=..., ...))
 
 The reward functions are coroutines, so TRL awaits them beside its other reward functions; they score each batch
 at once in Rust, P: prompts against the dataset's own analyses or a Stockfish pool (close them after training).
+
+Why a GRPOTrainer of our own (issue 60): GPT-2 adds a learned embedding of each token's absolute position. TRL
+left-pads a batch's prompts; transformers' `generate` gives each row's first real token position 0 (position ids
+from the attention mask), but TRL's log-prob forwards (the policy's and the reference's) pass no position ids, and
+transformers' GPT-2 then numbers every column from 0, pads included. A prompt padded by k tokens was sampled at
+positions 0, 1, ... and scored and trained at k, k+1, ...: on the shipped chess model, with P: prompts padded by up
+to 66 tokens beside A: prompts, the sampled tokens' log-probs came out up to 22 nats off those they were sampled
+with (2.2 lower on average), and TRL's KL ran away within a few steps. Models with rotary positions
+(Llama, Qwen) do not see the shift; GPT-2's do.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
+from pathlib import Path
 
+import torch
+import transformers
+import trl
 from datasets import Dataset
 
 from rookworld.ground.data import Record, read_records
 from rookworld.integrations.rewards import AsyncChessReward, chess_rows
+
+__all__ = ["GRPOTrainer", "chess_dataset", "load_tokenizer", "mask_positions", "reward_funcs"]
 
 
 def reward_funcs(task: str = "mixed", **stockfish) -> list[AsyncChessReward]:
@@ -35,3 +51,57 @@ def chess_dataset(source: str | Sequence[Record] | None = None, *, count: int | 
     records = read_records(source)[0] if isinstance(source, str) else source
     rows = chess_rows(records, count=count, seed=seed, task_mix=task_mix, document_start=document_start)
     return Dataset.from_list(rows)
+
+
+def load_tokenizer(model: str | Path) -> transformers.GPT2TokenizerFast:
+    """transformers' tokenizer of a rookworld model directory (its vocab.json and merges.txt), as TRL needs it:
+    prompts padded on the left, with `<|endoftext|>` as the pad token. The vocabulary has no other token to spare,
+    and none is needed: TRL builds its attention masks from the prompts' and completions' lengths, not from the pad
+    id, so the `<|endoftext|>` that begins every prompt is kept (and `mask_positions` numbers positions from those
+    masks)."""
+    tokenizer = transformers.GPT2TokenizerFast.from_pretrained(model)
+    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "left"
+    return tokenizer
+
+
+def mask_positions(model: torch.nn.Module) -> torch.nn.Module:
+    """Makes every transformers GPT-2 trunk inside `model` (a GPT2LMHeadModel, or a wrapper or PEFT model around
+    one) number its positions from the attention mask when it is called without position ids, as `generate` does:
+    each row's first real token at 0, whatever padding precedes it. Calls that pass position ids, or no attention
+    mask, are unchanged, and so is a batch without left padding. Idempotent (a deep copy keeps it, for its own
+    weights); returns `model`."""
+    for module in model.modules():
+        if isinstance(module, transformers.GPT2Model) and "_rookworld_unmasked_forward" not in vars(module):
+            module._rookworld_unmasked_forward = module.forward
+            module.forward = types.MethodType(_forward_with_mask_positions, module)
+    return model
+
+
+def _forward_with_mask_positions(self, *args, **kwargs):
+    # transformers' GPT2LMHeadModel passes the input ids by position and the rest by name; TRL's fused head passes
+    # all by name. A call that passes more by position is left as it is.
+    tokens = args[0] if args else kwargs.get("input_ids")
+    if tokens is None:
+        tokens = kwargs.get("inputs_embeds")
+    mask = kwargs.get("attention_mask")
+    if len(args) <= 1 and kwargs.get("position_ids") is None and tokens is not None and mask is not None \
+            and mask.dim() == 2:
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+        if mask.shape[1] == past + tokens.shape[1]:  # the mask covers the cached tokens and these
+            mask = mask.long()
+            positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # generate's own formula
+            kwargs["position_ids"] = positions[:, past:]
+    return self._rookworld_unmasked_forward(*args, **kwargs)
+
+
+class GRPOTrainer(trl.GRPOTrainer):
+    """TRL's GRPOTrainer (same arguments) with `mask_positions` applied to its policy and its reference model, so
+    that both score each completion at the positions `generate` sampled it at. Without it, a GPT-2 policy is
+    trained on log-probs of other positions than it sampled, whenever a batch's prompts differ in length."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        mask_positions(self.model)
+        if getattr(self, "ref_model", None) is not None:
+            mask_positions(self.ref_model)
