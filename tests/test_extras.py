@@ -18,7 +18,8 @@ PACKAGE = REPO / "python" / "rookworld"
 #: Each trainer's package, the extra that installs it, and the modules allowed to import it.
 FRAMEWORKS = {
     "trl": ("trl", {"rookworld.integrations.trl"}),
-    "verifiers": ("verifiers", {"rookworld.integrations.verifiers"}),
+    "verifiers": ("verifiers", {"rookworld.integrations.verifiers", "rookworld.integrations.verifiers_v1"}),
+    "verifiers-v1": ("verifiers", {"rookworld.integrations.verifiers", "rookworld.integrations.verifiers_v1"}),
     "openenv": ("openenv", {"rookworld.integrations.openenv"}),
 }
 

@@ -27,28 +27,32 @@ the end adds `RESULT` (win 1, draw 0, loss -1; 0 for a game stopped unfinished b
 from __future__ import annotations
 
 import asyncio
-import math
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import verifiers as vf
-from datasets import Dataset
 
-from rookworld.ground import chess
-from rookworld.ground.data import Record, read_records
-from rookworld.ground.rewards import GroundTruth, RewardScorer, policy_prompt, policy_targets, task_of
-from rookworld.ground.stockfish import LazyPool, Role, StockfishError, StockfishPool, find_stockfish
-from rookworld.integrations.game import MAX_PLIES, RESULT, ChessGame, GameStep
-from rookworld.integrations.rewards import DOCUMENT_START, ChessReward, chess_rows, given_truths, message_text
-from rookworld.lm.answers import MAX_NEW_TOKENS
+if not hasattr(vf, "SingleTurnEnv"):  # verifiers 0.4 took the classic API away
+    raise ImportError(f"rookworld.integrations.verifiers is written for verifiers' classic API (0.1.11 to 0.3.x), and "
+                      f"verifiers {getattr(vf, '__version__', '?')} is installed: use "
+                      f"rookworld.integrations.verifiers_v1 (pip install 'rookworld[verifiers-v1]')")
 
+from datasets import Dataset  # noqa: E402
+
+from rookworld.ground import chess  # noqa: E402
+from rookworld.ground.rewards import policy_prompt, task_of  # noqa: E402
+from rookworld.ground.stockfish import StockfishError, find_stockfish  # noqa: E402
+from rookworld.integrations.game import MAX_PLIES, ChessGame, GameStep  # noqa: E402
+from rookworld.integrations.rewards import DOCUMENT_START, chess_rows, message_text  # noqa: E402
+from rookworld.integrations.tasks import (PARTS, Grading, LiveGame, answers, new_record, record_step,  # noqa: E402
+                                          records, unfinished)
+from rookworld.lm.answers import MAX_NEW_TOKENS  # noqa: E402
+
+#: What `load_environment` serves (`tasks.KINDS`).
 TASKS = ("policy", "env", "mixed", "game")
 #: verifiers 0.2 and later take their own message objects; 0.1 takes OpenAI's dicts.
 _user_message = getattr(vf, "UserMessage", dict)
-#: The reward's parts shown as metrics, by task (docs/rewards.md).
-PARTS = {"P": ("best_legal", "best", "candidates", "evals"), "A": ("fen_exact", "fen_similarity")}
 
 
 def load_environment(task: str = "mixed", *, num_examples: int | None = 1000, seed: int = 0,
@@ -99,53 +103,22 @@ def load_environment(task: str = "mixed", *, num_examples: int | None = 1000, se
 # ---- rows -----------------------------------------------------------------------------------------------------
 
 
-def _records(source: str | None, num_examples: int | None, seed: int) -> list[Record]:
-    """The positions with a move to make (a finished game is no question) of `source`, or generated ones."""
-    if source is None:
-        if num_examples is None:
-            raise ValueError("give a positions file as source, or a number of positions to generate")
-        records = [Record.from_position(p) for p in chess.generate_positions(num_examples, seed)]
-    else:
-        records = read_records(source)[0]
-    records = [r for r, moves in zip(records, chess.legal_moves_batch([r.fen for r in records])) if moves]
-    return records if num_examples is None else records[:num_examples]
-
-
 def _task_rows(task: str, source: str | None, num_examples: int | None, seed: int, task_mix: float,
                document_start: bool) -> list[dict[str, Any]]:
     """verifiers' columns for `chess_rows`: question, answer, info. verifiers reads a `task` column (and
     `info["task"]`) as a task payload of its own, so the row's task is left to its prompt."""
     mix = {"policy": 1.0, "env": 0.0}.get(task, task_mix)
-    rows = chess_rows(_records(source, num_examples, seed), seed=seed, task_mix=mix, document_start=document_start)
+    rows = chess_rows(records(source, num_examples, seed), seed=seed, task_mix=mix, document_start=document_start)
     if task == "env":  # the positions without an A: move stay P: rows
         rows = [r for r in rows if r["task"] == "A"]
-    answers = _answers(rows)
     return [{"question": r["prompt"], "answer": a,
              "info": {"fen": r["fen"], "truth_moves": r["truth_moves"], "truth_evals": r["truth_evals"]}}
-            for r, a in zip(rows, answers)]
-
-
-def _answers(rows: list[dict[str, Any]]) -> list[str]:
-    """A completion that scores 1.0 for each row: RookWorld's P: target where the row has an analysis, the A:
-    target (the rules' next state); "" for a P: row without an analysis."""
-    answers = [""] * len(rows)
-    policy = [i for i, r in enumerate(rows) if r["task"] == "P" and r["truth_moves"]]
-    env = [i for i, r in enumerate(rows) if r["task"] == "A"]
-    if policy:
-        targets = policy_targets([rows[i]["fen"] for i in policy], [rows[i]["truth_moves"] for i in policy],
-                                 [rows[i]["truth_evals"] for i in policy], [rows[i]["truth_moves"][0] for i in policy])
-        for i, t in zip(policy, targets):
-            answers[i] = t
-    if env:
-        targets = chess.env_targets([rows[i]["prompt"].removeprefix(DOCUMENT_START) for i in env])
-        for i, t in zip(env, targets):
-            answers[i] = t
-    return answers
+            for r, a in zip(rows, answers(rows))]
 
 
 def _game_rows(source: str | None, num_examples: int | None, seed: int,
                document_start: bool) -> list[dict[str, Any]]:
-    fens = [chess.START_FEN] if source == "start" else [r.fen for r in _records(source, num_examples, seed)]
+    fens = [chess.START_FEN] if source == "start" else [r.fen for r in records(source, num_examples, seed)]
     start = DOCUMENT_START if document_start else ""
     return [{"question": start + policy_prompt(f), "answer": "", "info": {"fen": f}} for f in fens]
 
@@ -162,55 +135,22 @@ def _text(what: str, messages: Any, role: str) -> str:
         raise TypeError(f"{what}: {e}") from None
 
 
-class _Grading:
-    """What scores the rollouts of one environment: rookworld's reward (`ChessReward`), and one Stockfish pool,
-    started when a position first needs it, for the rows that carry no analysis and for the games' moves."""
-
-    def __init__(self, *, path: str | None, depth: int, workers: int | None, shaping: str):
-        self._settings = dict(path=path, depth=depth, workers=workers)
-        self.reward = ChessReward("mixed", stockfish_path=path, stockfish_depth=depth, stockfish_workers=workers,
-                                  shaping=shaping)
-        self._parts = RewardScorer(None, shaping)
-        self._pool = LazyPool(Role.ANALYSIS, **self._settings)  # rollouts ask for the pool from several threads at once
-
-    def pool(self) -> StockfishPool:
-        return self._pool.get()
-
-    def score(self, prompt: str, completion: str, info: dict) -> dict[str, float]:
-        """One completion's reward as `ChessReward` gives it, and the reward's parts (0 where one does not
-        apply). Stockfish analyses a P: position once, for both: the reward is given the analysis."""
-        truth: GroundTruth | None = None
-        if task_of(prompt) == "P":
-            (truth,) = given_truths([prompt], [info.get("truth_moves")], [info.get("truth_evals")], ["the row's info"])
-            if truth is None:
-                truth = RewardScorer(self.pool()).ground_truth([prompt])[0]
-        moves, evals = truth or ([], [])
-        reward = self.reward([prompt], [completion], truth_moves=[moves], truth_evals=[evals])[0]
-        parts = self._parts.score_batch([prompt], [completion], [truth]).breakdown(0)
-        scored = {name: _finite(parts.get(name)) for name in ("well_formed", *PARTS["P"], *PARTS["A"])}
-        return scored | {"reward": float(reward)}
+class _Grading(Grading):
+    """`Grading`, with the reward function a classic environment calls."""
 
     def reward_func(self) -> Callable:
         grading = self
 
         async def rookworld(prompt, completion, info, state) -> float:
-            prompt_text = _text("prompt", prompt, "user").removeprefix(DOCUMENT_START)
+            prompt_text = _text("prompt", prompt, "user")
             completion_text = _text("completion", completion, "assistant")
-            scored = await asyncio.to_thread(grading.score, prompt_text, completion_text, info or {})
+            info = info or {}
+            scored = await asyncio.to_thread(grading.score, prompt_text, completion_text, info.get("truth_moves"),
+                                             info.get("truth_evals"))
             state["rookworld"] = scored  # the parts' metrics read it, after this function (verifiers' order)
             return scored["reward"]
 
         return rookworld
-
-    def close(self) -> None:
-        self.reward.close()
-        self._pool.close()
-
-
-def _finite(value) -> float:
-    """A part as a metric: verifiers weighs every metric by 0 into the reward, so NaN must not reach it."""
-    value = float(value or 0.0)
-    return value if math.isfinite(value) else 0.0
 
 
 def _part(name: str) -> Callable:
@@ -274,36 +214,6 @@ async def _off_loop(call: Callable, *args):
         raise vf.InfraError(str(e)) from e
 
 
-class _LiveGame:
-    """A rollout's game and its place among the games running at once (`slots`). Its calls run one at a time: a
-    rollout cancelled mid-move (verifiers' timeout) closes its game only once that move's thread is done with it."""
-
-    def __init__(self, game: ChessGame, slots: asyncio.Semaphore):
-        self.game, self.slots, self._lock = game, slots, threading.Lock()
-
-    @classmethod
-    async def start(cls, new_game: Callable[[], ChessGame], slots: asyncio.Semaphore) -> _LiveGame:
-        await slots.acquire()
-        try:
-            return cls(await _off_loop(new_game), slots)
-        except BaseException:
-            slots.release()
-            raise
-
-    async def call(self, method: str, *args):
-        return await _off_loop(self._locked, getattr(self.game, method), *args)
-
-    def _locked(self, call: Callable, *args):
-        with self._lock:
-            return call(*args)
-
-    async def close(self) -> None:
-        try:
-            await asyncio.to_thread(self._locked, self.game.close)
-        finally:
-            self.slots.release()
-
-
 class ChessGameEnv(_Engines, vf.MultiTurnEnv):
     """Games against Stockfish, one a rollout (module docstring). The model's move is played as soon as verifiers
     records it (`add_trajectory_step`), so that every move is scored whatever stops the rollout next; env_response
@@ -327,10 +237,9 @@ class ChessGameEnv(_Engines, vf.MultiTurnEnv):
                          stockfish_path=o["path"])
 
     async def setup_state(self, state):
-        live = state["chess_game"] = await _LiveGame.start(self._new_game, self._game_slots())  # ended by end_game
+        live = state["chess_game"] = await LiveGame.start(self._new_game, self._game_slots(), _off_loop)  # ended by end_game
         first = await live.call("reset", state["info"]["fen"])
-        state["chess"] = {"start_fen": state["info"]["fen"], "moves": list(first.moves), "move_rewards": [],
-                          "legal_moves": 0, "result_reward": 0.0, "outcome": None, "reason": None}
+        state["chess"] = new_record(state["info"]["fen"], first)
         return state
 
     async def add_trajectory_step(self, state, trajectory_step) -> None:
@@ -339,13 +248,9 @@ class ChessGameEnv(_Engines, vf.MultiTurnEnv):
         if record["outcome"] is not None:
             return
         step = await state["chess_game"].call("step", _text("completion", trajectory_step["completion"], "assistant"))
-        record["moves"] = list(step.moves)
-        record["move_rewards"].append(step.move_reward)
-        record["legal_moves"] += step.legal
-        if step.done:
-            record.update(result_reward=step.result_reward, outcome=step.outcome, reason=step.reason)
-        elif len(state["trajectory"]) >= self.max_turns:
-            record.update(result_reward=RESULT["unfinished"], outcome="unfinished", reason="turn limit")
+        record_step(record, step)
+        if not step.done and len(state["trajectory"]) >= self.max_turns:
+            unfinished(record, "turn limit")
         reply = [_user_message(role="user", content=_reply(step, record))]
         state["chess_reply"] = reply
         if record["outcome"] is not None:
@@ -357,9 +262,8 @@ class ChessGameEnv(_Engines, vf.MultiTurnEnv):
     @vf.cleanup
     async def end_game(self, state) -> None:
         record = state.get("chess")
-        if record is not None and record["outcome"] is None:  # stopped by an error or a budget, not the game
-            record.update(result_reward=RESULT["unfinished"], outcome="unfinished",
-                          reason=state.get("stop_condition") or "stopped")
+        if record is not None:  # stopped by an error or a budget, not the game
+            unfinished(record, state.get("stop_condition") or "stopped")
         live = state.pop("chess_game", None)
         if live is not None:
             await live.close()
