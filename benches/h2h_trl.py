@@ -1,6 +1,13 @@
-"""Learning per hour: the chess-cpu SFT model trained by TRL's GRPOTrainer with rookworld's reward functions, and by
+"""Learning per hour: a shipped SFT model trained by TRL's GRPOTrainer with rookworld's reward functions, and by
 `rookworld train`, on the same positions, group size, reward, learning rate and wall-clock budget; both evaluated
-afterwards on the same held-out positions at the same wall-clock marks (issue 46).
+afterwards on the same held-out positions at the same wall-clock marks (issue 46; issue 60: TRL's trainer scoring
+where it sampled, `rookworld.integrations.trl.GRPOTrainer`, and the chess-play chain).
+
+`--chain chess-cpu` (the default) trains models/chess-cpu-sft on 4,000 generated positions it annotates itself and
+evaluates on data/chess-cpu-held-out.jsonl; `--chain chess-play` trains models/chess-play-sft on the shipped
+data/chess-play-prompts.jsonl (annotated at depth 6) and evaluates on data/chess-play-held-out.jsonl. The trainer
+`rookworld-a4` is `rookworld train` with A: completions held to the reference at 4 x beta (`--a-beta-scale 4`,
+the chess-play preset's), which TRL has no counterpart of.
 
 Both trainers get the settings of the chess-cpu preset's [train]: 8 prompts of 8 completions a step (80/20 P:/A:),
 temperature 0.7, up to 144 new tokens, lr 1e-4 after 5 warm-up steps and constant (so that neither depends on a
@@ -11,6 +18,7 @@ process is launched (imports, loading and start-up count); a checkpoint's time i
 evaluated during training: every checkpoint at or before each mark is evaluated afterwards with `rookworld eval`.
 
     python benches/h2h_trl.py --budget 360 --seeds 0 1 --out h2h      # about 40 minutes on 2 cores
+    python benches/h2h_trl.py --chain chess-play --budget 360 --marks 180 360 --seeds 0 1 2 --out h2h-play
     python benches/h2h_trl.py --budget 20 --seeds 0 --marks 20 --eval-size 8 --out /tmp/h2h   # smoke
 
 Needs `pip install 'rookworld[trl]'` and Stockfish.
@@ -25,15 +33,28 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = REPO / "models" / "chess-cpu-sft"
-HELD_OUT = REPO / "data" / "chess-cpu-held-out.jsonl"
+
+
+@dataclass(frozen=True)
+class Chain:
+    model: Path
+    held_out: Path
+    preset: str
+    prompts: Path | None  # annotated training positions that ship; None: generated and annotated here
+
+
+CHAINS = {"chess-cpu": Chain(REPO / "models" / "chess-cpu-sft", REPO / "data" / "chess-cpu-held-out.jsonl",
+                             "chess-cpu", None),
+          "chess-play": Chain(REPO / "models" / "chess-play-sft", REPO / "data" / "chess-play-held-out.jsonl",
+                              "chess-play", REPO / "data" / "chess-play-prompts.jsonl")}
 
 # The chess-cpu preset's [train], spelled for both trainers.
 PROMPTS, GROUP, LR, WARMUP, BETA, TEMPERATURE, MAX_NEW_TOKENS = 8, 8, 1e-4, 5, 0.04, 0.7, 144
-TRAINERS = ("rookworld", "trl")
+TRAINERS = ("rookworld", "trl", "rookworld-a4")
 
 
 def run(cmd: list[str], **kw) -> None:
@@ -41,25 +62,29 @@ def run(cmd: list[str], **kw) -> None:
     subprocess.run(cmd, check=True, **kw)
 
 
-def positions(out: Path, count: int) -> Path:
+def positions(chain: Chain, out: Path, count: int) -> Path:
+    if chain.prompts is not None:
+        return chain.prompts
     path = out / "train.jsonl"
     if not path.exists():
         run([sys.executable, "-m", "rookworld", "positions", "--count", str(count), "--seed", "7", "--annotate",
-             "--stockfish-depth", "6", "--layout", "compact", "--a-history", "full", "--exclude", str(HELD_OUT),
+             "--stockfish-depth", "6", "--layout", "compact", "--a-history", "full", "--exclude", str(chain.held_out),
              "--out", str(path)])
     return path
 
 
-def rookworld_command(data: Path, seed: int, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "rookworld", "train", "--config", "chess-cpu", "--model", str(MODEL),
+def rookworld_command(chain: Chain, data: Path, seed: int, run_dir: Path, a_beta_scale: float) -> list[str]:
+    # The preset's other settings (model shape, vocabulary, Stockfish depth) stand; what both trainers share is set.
+    return [sys.executable, "-m", "rookworld", "train", "--config", chain.preset, "--model", str(chain.model),
             "--data", str(data), "--seed", str(seed), "--output-dir", str(run_dir), "--steps", "100000",
             "--prompts-per-step", str(PROMPTS), "--group-size", str(GROUP), "--lr", str(LR),
             "--warmup-steps", str(WARMUP), "--min-lr-ratio", "1", "--beta", str(BETA),
             "--temperature", str(TEMPERATURE), "--max-new-tokens", str(MAX_NEW_TOKENS), "--dtype", "fp32",
-            "--eval-every", "0", "--save-every", "5", "--keep-checkpoints", "100000", "--log-every", "10"]
+            "--eval-every", "0", "--save-every", "5", "--keep-checkpoints", "100000", "--log-every", "10",
+            "--task-mix", "0.8", "--a-beta-scale", str(a_beta_scale)]
 
 
-def trl_worker(data: Path, seed: int, run_dir: Path) -> None:
+def trl_worker(chain: Chain, data: Path, seed: int, run_dir: Path) -> None:
     """TRL's GRPOTrainer, in this process, until its launcher stops it."""
     import torch
     import transformers
@@ -68,8 +93,8 @@ def trl_worker(data: Path, seed: int, run_dir: Path) -> None:
     from rookworld.integrations.trl import GRPOTrainer, chess_dataset, load_tokenizer, reward_funcs
 
     torch.manual_seed(seed)
-    model = transformers.GPT2LMHeadModel.from_pretrained(MODEL, dtype=torch.float32)
-    tokenizer = load_tokenizer(MODEL)
+    model = transformers.GPT2LMHeadModel.from_pretrained(chain.model, dtype=torch.float32)
+    tokenizer = load_tokenizer(chain.model)
     dataset = chess_dataset(str(data), seed=seed, task_mix=0.8)
     config = trl.GRPOConfig(
         output_dir=str(run_dir), max_steps=100_000, per_device_train_batch_size=PROMPTS * GROUP,
@@ -86,13 +111,13 @@ def trl_worker(data: Path, seed: int, run_dir: Path) -> None:
     trainer.train()
 
 
-def train(trainer: str, data: Path, seed: int, budget: float, run_dir: Path) -> float:
+def train(chain_name: str, trainer: str, data: Path, seed: int, budget: float, run_dir: Path) -> float:
     """Runs one trainer for `budget` seconds from launch; returns the launch time."""
-    if trainer == "rookworld":
-        cmd = rookworld_command(data, seed, run_dir)
+    if trainer.startswith("rookworld"):
+        cmd = rookworld_command(CHAINS[chain_name], data, seed, run_dir, 4.0 if trainer == "rookworld-a4" else 1.0)
     else:
-        cmd = [sys.executable, __file__, "--trl-worker", "--seed", str(seed), "--data", str(data),
-               "--run-dir", str(run_dir)]
+        cmd = [sys.executable, __file__, "--trl-worker", "--chain", chain_name, "--seed", str(seed), "--data",
+               str(data), "--run-dir", str(run_dir)]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = open(run_dir.parent / f"{run_dir.name}.log", "w")
     print("+", " ".join(cmd), flush=True)
@@ -109,7 +134,7 @@ def train(trainer: str, data: Path, seed: int, budget: float, run_dir: Path) -> 
 
 def checkpoints(trainer: str, run_dir: Path, start: float) -> list[tuple[float, int, Path]]:
     """(seconds from launch, step, directory) of every complete checkpoint, oldest first."""
-    if trainer == "rookworld":
+    if trainer.startswith("rookworld"):
         found = [(int(d.name.split("-")[1]), d) for d in (run_dir / "checkpoints").glob("step-*")]
     else:
         found = [(int(d.name.split("-")[1]), d) for d in run_dir.glob("checkpoint-*")]
@@ -121,12 +146,12 @@ def checkpoints(trainer: str, run_dir: Path, start: float) -> list[tuple[float, 
     return sorted(out)
 
 
-def evaluate(model: Path, eval_size: int, out: Path) -> dict:
+def evaluate(chain: Chain, model: Path, eval_size: int, out: Path) -> dict:
     if not out.exists():
         for name in ("vocab.json", "merges.txt"):  # TRL's checkpoints hold the tokenizer as tokenizer.json
             if not (model / name).exists():
-                (model / name).write_bytes((MODEL / name).read_bytes())
-        run([sys.executable, "-m", "rookworld", "eval", "--model", str(model), "--data", str(HELD_OUT),
+                (model / name).write_bytes((chain.model / name).read_bytes())
+        run([sys.executable, "-m", "rookworld", "eval", "--model", str(model), "--data", str(chain.held_out),
              "--eval-size", str(eval_size), "--suite", "best-move", "--out", str(out)],
             stdout=subprocess.DEVNULL)
     sections = json.loads(out.read_text())["suites"]["best-move"]["sections"]
@@ -137,6 +162,7 @@ def evaluate(model: Path, eval_size: int, out: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chain", choices=sorted(CHAINS), default="chess-cpu", help="the SFT model and its positions")
     ap.add_argument("--budget", type=float, default=360, help="seconds of wall clock per run")
     ap.add_argument("--marks", type=float, nargs="*", default=None, help="seconds at which to evaluate "
                     "(default: thirds of the budget)")
@@ -151,23 +177,24 @@ def main() -> int:
     ap.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_worker:
-        trl_worker(args.data, args.seed, args.run_dir)
+        trl_worker(CHAINS[args.chain], args.data, args.seed, args.run_dir)
         return 0
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     marks = args.marks or [args.budget * k / 3 for k in (1, 2, 3)]
-    data = positions(out, args.positions)
+    chain = CHAINS[args.chain]
+    data = positions(chain, out, args.positions)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {"runs": {}}
     results |= {"budget_s": args.budget, "marks_s": marks, "eval_size": args.eval_size,
-                "base": evaluate(MODEL, args.eval_size, out / "eval-base.json")}
+                "base": evaluate(chain, chain.model, args.eval_size, out / "eval-base.json"), "chain": args.chain}
     for seed in args.seeds:
         for trainer in args.trainers:
             name = f"{trainer}-s{seed}"
             run_dir = out / name
             if name not in results["runs"]:
-                start = train(trainer, data, seed, args.budget, run_dir)
+                start = train(args.chain, trainer, data, seed, args.budget, run_dir)
                 found = checkpoints(trainer, run_dir, start)
                 results["runs"][name] = {"trainer": trainer, "seed": seed, "checkpoints":
                                          [[round(t, 1), step, str(d)] for t, step, d in found]}
@@ -180,7 +207,7 @@ def main() -> int:
                     entry["marks"].append({"mark_s": mark, "step": 0, **results["base"]})
                     continue
                 t, step, d = done[-1]
-                figures = evaluate(Path(d), args.eval_size, out / f"eval-{name}-{step}.json")
+                figures = evaluate(chain, Path(d), args.eval_size, out / f"eval-{name}-{step}.json")
                 entry["marks"].append({"mark_s": mark, "time_s": t, "step": step, **figures})
             results_path.write_text(json.dumps(results, indent=1))
             print(name, json.dumps(entry["marks"]), flush=True)
@@ -198,15 +225,15 @@ def plot(results: dict, path: Path) -> None:
 
     keys = [("legal_best_move", "legal best move"), ("top5", "Stockfish's five"), ("next_state_exact", "next state exact")]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), constrained_layout=True)
-    colours = {"rookworld": "tab:blue", "trl": "tab:orange"}
+    colours = {"rookworld": "tab:blue", "trl": "tab:orange", "rookworld-a4": "tab:green"}
+    labels = {"rookworld": "rookworld train", "trl": "TRL GRPOTrainer", "rookworld-a4": "rookworld, A: beta x 4"}
     for ax, (key, label) in zip(axes, keys):
         for name, entry in sorted(results["runs"].items()):
             xs = [0.0] + [m["mark_s"] for m in entry["marks"]]
             ys = [results["base"][key]] + [m[key] for m in entry["marks"]]
             ax.plot(xs, ys, marker="o", color=colours[entry["trainer"]],
-                    linestyle="-" if entry["trainer"] == "rookworld" else "--",
-                    label=f"{'rookworld train' if entry['trainer'] == 'rookworld' else 'TRL GRPOTrainer'}, seed "
-                          f"{entry['seed']}")
+                    linestyle="--" if entry["trainer"] == "trl" else "-",
+                    label=f"{labels[entry['trainer']]}, seed {entry['seed']}")
         ax.set_title(label)
         ax.set_xlabel("wall clock from launch (s)")
         ax.set_ylim(0, 1)
