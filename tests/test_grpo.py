@@ -377,3 +377,22 @@ def test_gae_advantages_take_the_k1_penalty_as_a_per_token_reward():
     assert torch.allclose(adv, torch.tensor([[a0_0, a0_1, a0_2], [a1_0, a1_1, 0.0]]), atol=1e-6)
     assert torch.allclose(ret, torch.tensor([[a0_0 + 0.2, a0_1 + 0.4, a0_2 + 0.6], [a1_0 + 0.1, a1_1 + 0.3, 0.0]]),
                           atol=1e-6)
+
+
+def test_each_tasks_mean_advantage_size_is_over_its_own_usable_tokens():
+    """`advantage/abs/P` and `advantage/abs/A`: the mean |advantage| of each task's usable tokens, computed by hand
+    in float64 on a rollout of two P: groups and one A: group whose rows have different lengths."""
+    from rookworld.grpo.metrics import advantage_metrics
+    from rookworld.harness.distributed import Comm, DistInfo
+
+    g = torch.Generator().manual_seed(3)
+    advantages = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    loss_mask = torch.rand(6, 5, generator=g) < 0.7
+    loss_mask[5] = False  # a row with no usable token counts in neither
+    env = torch.tensor([False, False, True, True, False, False])
+    rollout = SimpleNamespace(advantages=advantages, loss_mask=loss_mask, is_env=env)
+    got = advantage_metrics(Comm(DistInfo(), torch.device("cpu")), rollout)
+    for task, rows in (("P", [0, 1, 4, 5]), ("A", [2, 3])):
+        values = [abs(float(advantages[i, j])) for i in rows for j in range(5) if loss_mask[i, j]]
+        assert got[f"advantage/abs/{task}"] == pytest.approx(sum(values) / len(values), rel=1e-12)
+    assert advantage_metrics(Comm(DistInfo(), torch.device("cpu")), SimpleNamespace(advantages=None)) == {}

@@ -139,6 +139,10 @@ def test_train_end_to_end_three_steps(tiny_dir, tmp_path):
         assert -0.3 <= r["reward/mean"] <= 1.0
         assert r["samples_per_s"] > 0 and r["time/generate"] > 0
         assert r["kl/mean"] is not None and r["lr"] > 0
+        # Each task's KL per token, of which the step's is the mean weighted by their tokens.
+        per_task = [r[k] for k in ("kl/P", "kl/A") if r[k] is not None]
+        assert per_task and min(per_task) - 1e-9 <= r["kl/mean"] <= max(per_task) + 1e-9, r
+        assert all(r[f"advantage/abs/{t}"] is None or r[f"advantage/abs/{t}"] >= 0 for t in ("P", "A"))
     assert "eval/P/best_move_accuracy" in rows[-1] and "eval/A/next_state_exact" in rows[-1]
     assert "step 3/3 | reward" in proc.stderr
     assert (out / "samples.jsonl").read_text().count('"completion"') >= 3

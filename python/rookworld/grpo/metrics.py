@@ -85,9 +85,9 @@ def _chess_part(scores, part: str) -> np.ndarray | None:
 def update_metrics(comm: Comm, rollout: Rollout, acc: UpdateSums, measured_kl: bool) -> dict[str, Any]:
     """KL, clipping, entropy, loss, gradient norm and padding of the update."""
     totals = dict(zip(acc.sums, torch.stack(list(acc.sums.values())).tolist()))  # the update's one host sync
-    kl_sum, clipped, ent, tokens, v_loss, slots, real = comm.sum(
+    kl_sum, clipped, ent, tokens, v_loss, slots, real, kl_a, tokens_a = comm.sum(
         [totals["kl"], totals["clipped"], totals["entropy"], totals["tokens"], totals["value_loss"],
-         float(acc.slots), float(acc.real)])
+         float(acc.slots), float(acc.real), totals["kl_A"], totals["tokens_A"]])
     measured_kl = measured_kl and tokens > 0
     kl_p95 = None
     if measured_kl:
@@ -100,11 +100,29 @@ def update_metrics(comm: Comm, rollout: Rollout, acc: UpdateSums, measured_kl: b
          "grad_norm": comm.mean([float(torch.stack(acc.grad_norms).float().mean())])[0] if acc.done else None,
          "updates/skipped": acc.skipped,
          # Share of the update's token slots that were padding (see `micro_batches`).
-         "padding": 1.0 - real / max(slots, 1.0)}
+         "padding": 1.0 - real / max(slots, 1.0),
+         # Each task's KL per token: what the leash costs each of them (with --a-beta-scale, A:'s weighs more).
+         "kl/P": (kl_sum - kl_a) / (tokens - tokens_a) if measured_kl and tokens > tokens_a else None,
+         "kl/A": kl_a / tokens_a if measured_kl and tokens_a else None,
+         **advantage_metrics(comm, rollout)}
     if rollout.returns is not None:
         m["value/loss"] = v_loss / tokens if tokens else None
         m.update(value_metrics(comm, rollout.old_values, rollout.returns, rollout.loss_mask))
     return m
+
+
+def advantage_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
+    """Each task's mean |advantage| over its usable tokens, over every rank: how hard the update pushes each task's
+    tokens (a task whose rewards spread more in a group is pushed harder)."""
+    if rollout.advantages is None:
+        return {}
+    size = (rollout.advantages.abs() * rollout.loss_mask).sum(1)
+    count = rollout.loss_mask.sum(1).to(size.dtype)
+    env = rollout.is_env
+    sums = comm.sum([float(size[~env].sum()), float(count[~env].sum()), float(size[env].sum()),
+                     float(count[env].sum())])
+    return {f"advantage/abs/{task}": total / n if n else None
+            for task, total, n in (("P", sums[0], sums[1]), ("A", sums[2], sums[3]))}
 
 
 def value_metrics(comm: Comm, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:

@@ -96,6 +96,11 @@ class Rollout:
     def tasks(self) -> np.ndarray:
         return np.repeat([p.task for p in self.prompts], self.group_size)
 
+    @cached_property
+    def is_env(self) -> torch.Tensor:
+        """[n] bool, on the model's device: the row answers an A: prompt (the metrics' per-task KL and advantages)."""
+        return torch.from_numpy(self.tasks == "A").to(self.ids.device)
+
     @property
     def completion_mask(self) -> torch.Tensor:
         return self.mask[:, self.prompt_width:]

@@ -17,7 +17,7 @@ from rookworld.net.logprobs import TokenLogProbs
 from rookworld.net.memo import Replay
 from rookworld.settings.base import Slice
 
-_SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss")
+_SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss", "kl_A", "tokens_A")
 
 
 @dataclass
@@ -97,7 +97,7 @@ def micro_batch_loss(objective: Objective, models: Models, r: Rollout, b: MicroB
         v_term, v_loss = objective.value_loss(out.values.float(), cut["old_values"], cut["returns"])
         loss = loss + (v_term * weights).sum()
     loss.backward()
-    _count(acc, out, m, loss.detach(), v_loss)
+    _count(acc, out, m, m & r.is_env[rows, None], loss.detach(), v_loss)
     # Token slots the passes computed: each micro-batch's prompts (once a group when shared), and its completions.
     prompts = b.rows[:: models.rows_per_prompt]
     acc.slots += len(prompts) * (P - b.left) + len(b.rows) * W
@@ -105,16 +105,18 @@ def micro_batch_loss(objective: Objective, models: Models, r: Rollout, b: MicroB
 
 
 @torch.no_grad()
-def _count(acc: UpdateSums, out: TokenLogProbs, m: torch.Tensor, loss: torch.Tensor,
+def _count(acc: UpdateSums, out: TokenLogProbs, m: torch.Tensor, env: torch.Tensor, loss: torch.Tensor,
            v_loss: torch.Tensor | None) -> None:
-    """What the metrics add up of a micro-batch's usable tokens `m`, from its pass `out`."""
+    """What the metrics add up of a micro-batch's usable tokens `m` (`env`: those of A: rows), from its pass `out`."""
     mf, s, kl = m.float(), acc.sums, out.metrics.get("kl")
+    s["tokens_A"] += env.sum()
     s["loss"] += loss
     s["tokens"] += mf.sum()
     s["clipped"] += (out.metrics["clipped"].float() * mf).sum()
     s["entropy"] += (out.entropy * mf).sum()
     if kl is not None:
         s["kl"] += (kl * mf).sum()
+        s["kl_A"] += (kl * env).sum()
         acc.kl_parts.append((kl, m))
     if v_loss is not None:
         s["value_loss"] += (v_loss.detach() * mf).sum()
