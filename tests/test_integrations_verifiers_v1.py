@@ -438,7 +438,9 @@ def test_vf_eval_runs_the_taskset_by_its_id(server, tmp_path):
         "from rookworld.integrations.verifiers_v1 import __all__  # noqa: F401\n")
     rows = verifiers_v1.task_rows("mixed", source=HELD_OUT, num_examples=3, seed=5, task_mix=0.5)
     server.answers = {r["prompt"]: r["answer"] for r in rows}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(package), str(REPO / "python")]),
+    # rookworld as this process found it (installed, or on the caller's PYTHONPATH): the source tree alone has no
+    # built extension.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(package), os.environ.get("PYTHONPATH")])),
                ROOKWORLD_TEST_KEY="local")
     cli = [sys.executable, "-c", "from verifiers.v1.cli.eval.main import main; main()", "rookworld-chess-v1",
            "--env.taskset.kind", "mixed", "--env.taskset.source", HELD_OUT, "--env.taskset.num-examples", "3",
