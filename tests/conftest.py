@@ -98,6 +98,19 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def stockfish_children() -> int:
+    """Stockfish processes this test process has running."""
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == os.getpid() and "stockfish" in (status.parent / "cmdline").read_text():
+                count += 1
+        except (OSError, IndexError, ValueError):  # a process that ended while being read
+            continue
+    return count
+
+
 def one_line_error(result, *parts: str) -> str:
     """The stderr of a refused command: exit 2, one line, no traceback, holding each of `parts`."""
     err = result.stderr.strip()

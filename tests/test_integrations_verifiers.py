@@ -8,12 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import re
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -33,7 +31,7 @@ from rookworld.integrations.verifiers import ChessGameEnv, load_environment  # n
 from rookworld.lm.answers import RookWorldLM  # noqa: E402
 from rookworld.lm.moves import BEST, choose_moves  # noqa: E402
 
-from conftest import REPO  # noqa: E402
+from conftest import REPO, stockfish_children  # noqa: E402
 
 MODEL = REPO / "models" / "chess-cpu-sft"
 HELD_OUT = str(REPO / "data" / "chess-cpu-held-out.jsonl")
@@ -103,19 +101,6 @@ def server():
 def client(base_url: str):
     return vf.OpenAICompletionsClient(openai.AsyncOpenAI(base_url=base_url, api_key="local", timeout=120.0,
                                                          max_retries=0))
-
-
-def stockfish_children() -> int:
-    """Stockfish processes this test process has running."""
-    count = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == os.getpid() and "stockfish" in (stat.parent / "cmdline").read_text():
-                count += 1
-        except (OSError, IndexError, ValueError):  # a process that ended while being read
-            continue
-    return count
 
 
 # ---- loading --------------------------------------------------------------------------------------------------

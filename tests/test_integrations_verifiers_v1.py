@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -32,7 +31,7 @@ from rookworld.integrations.game import ILLEGAL, RESULT  # noqa: E402
 from rookworld.integrations.rewards import DOCUMENT_START  # noqa: E402
 from rookworld.lm.answers import MAX_NEW_TOKENS  # noqa: E402
 
-from conftest import REPO  # noqa: E402
+from conftest import REPO, stockfish_children  # noqa: E402
 
 HELD_OUT = str(REPO / "data" / "chess-cpu-held-out.jsonl")
 DEPTH = 4
@@ -383,19 +382,6 @@ def test_a_garbage_answer_loses_the_game_at_once(server):
     assert record["outcome"] == "loss" and "by white" in record["reason"]
     assert tr.reward == ILLEGAL + RESULT["loss"] == -2.0 and tr.num_turns == 1
     assert tr.last_reply == GARBAGE.strip()
-
-
-def stockfish_children() -> int:
-    """Stockfish processes this test process has running."""
-    count = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == os.getpid() and "stockfish" in (stat.parent / "cmdline").read_text():
-                count += 1
-        except (OSError, IndexError, ValueError):  # a process that ended while being read
-            continue
-    return count
 
 
 @needs_v1
