@@ -243,9 +243,10 @@ def _cuda_tests(s: Suite, select: list[str], cap: float) -> tuple[str, dict, str
     # One process (not pyproject's -n auto): the CUDA tests share one GPU, and pytest-xdist may not be installed here.
     # -v names each test's outcome as it ends, so that a run stopped by its limit still says which passed; without
     # the logging plugin a failure's report is its traceback, not thousands of captured torch.compile DEBUG lines.
-    cmd = python() + ["-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "tests/test_distributed.py", *select, "-v",
-                      "-rfEs", "--tb=short", "-p", "no:logging", "-p", "no:cacheprovider", "-p", "no:xdist", "-o",
-                      "addopts=", "--durations=0", "--durations-min=5"]
+    # --tier all: a CUDA test of the slow tier runs here too.
+    cmd = python() + ["-m", "pytest", "-m", "cuda", "--tier", "all", "tests/test_cuda.py", "tests/test_distributed.py",
+                      *select, "-v", "-rfEs", "--tb=short", "-p", "no:logging", "-p", "no:cacheprovider", "-p",
+                      "no:xdist", "-o", "addopts=", "--durations=0", "--durations-min=5"]
     try:
         code, text = s.run(cmd, cap=cap)
         cut = None

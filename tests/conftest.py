@@ -94,6 +94,37 @@ def fixed_lengths(trainer, lengths: dict[str, int]):
     return trainer
 
 
+#: The suite's two tiers: `python -m pytest` runs the fast one (every test without the `slow` marker), `--tier slow`
+#: the slow one (compile, the 124M-shaped graph test, training and SFT as processes, real servers and games),
+#: `--tier all` both (the floor leg of .ci/run runs its files so).
+TIERS = ("fast", "slow", "all")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=TIERS, default="fast",
+                     help="fast: the tests without the slow marker (the default); slow: only those; all: both")
+
+
+def pytest_collection_modifyitems(config, items):
+    tier = config.getoption("--tier")
+    if tier == "all":
+        return
+    wanted = tier == "slow"
+    kept, dropped = [], []
+    for item in items:
+        (kept if (item.get_closest_marker("slow") is not None) == wanted else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def pytest_report_header(config):
+    tier = config.getoption("--tier")
+    other = {"fast": "--tier slow runs the slow tests, --tier all both", "slow": "--tier fast (the default) runs "
+             "the others", "all": "both tiers"}[tier]
+    return f"rookworld tier: {tier} ({other})"
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 

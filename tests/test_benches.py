@@ -22,6 +22,7 @@ def run_bench(script: str, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", [[], ["--kl-estimator", "full", "--advantage", "gae"]], ids=["k3", "full-gae"])
 def test_grpo_step_benchmark_smoke(tmp_path, objective):
     out = tmp_path / "figures.json"
@@ -42,6 +43,7 @@ def test_grpo_step_benchmark_smoke(tmp_path, objective):
     assert figures["dtype"] in ("fp32", "bf16") and f"in {figures['dtype']}, the run's compute dtype" in proc.stdout
 
 
+@pytest.mark.slow
 def test_sft_dtype_benchmark_smoke(tmp_path):
     """bf16 against float32 SFT, the steps alternated: the CPU, mm per dtype, tokens/s, the ratio, both losses."""
     out = tmp_path / "figures.json"
@@ -58,6 +60,7 @@ def test_sft_dtype_benchmark_smoke(tmp_path):
     assert "CPU: " in proc.stdout and "bf16 / fp32:" in proc.stdout and f"% of bf16 mm {bf16_size}^3" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [[], ["--mixed"], ["--weights", "copy", "--dtype", "bfloat16", "--backward"]])
 def test_generate_benchmark_smoke(mode):
     proc = run_bench("generate.py", "--device", "cpu", *mode, "--batch-sizes", "3", "--prompt-len", "3", "5",
@@ -72,6 +75,7 @@ def test_generate_benchmark_smoke(mode):
         assert [r[:4] for r in rows] == [["P", "3", "3", "2"], ["A", "3", "5", "4"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draw, name", [("device", "_draw"), ("blocks", "_draw_in_blocks")])
 def test_sampler_benchmark_smoke(tmp_path, draw, name):
     out = tmp_path / "sampler.json"
@@ -83,6 +87,7 @@ def test_sampler_benchmark_smoke(tmp_path, draw, name):
     assert "speed-up" in proc.stdout and result["draw"] == name and name in proc.stdout
 
 
+@pytest.mark.slow
 def test_decode_cache_benchmark_smoke(tmp_path):
     """Times the decode step at the live, exact and bucketed cache lengths the docstring names, and counts the
     keys and values the bucketed cache reads beyond the live ones (12 layers x 768 wide, fp32 on the CPU)."""
@@ -98,6 +103,7 @@ def test_decode_cache_benchmark_smoke(tmp_path):
     assert "bucket-live ms" in proc.stdout
 
 
+@pytest.mark.slow
 def test_trl_baseline_smoke(tmp_path):
     pytest.importorskip("trl", reason="TRL is only needed for the side-by-side benchmark")
     pytest.importorskip("datasets")
@@ -108,6 +114,7 @@ def test_trl_baseline_smoke(tmp_path):
     assert figures["samples_per_s"] > 0 and len(figures["step_times"]) == 2
 
 
+@pytest.mark.slow
 def test_learning_chain_smoke(tmp_path):
     """Every stage of benches/learning.py at a tiny size (the chess vocabulary, unpadded P: text): the files each
     one writes, and the table."""
@@ -144,6 +151,7 @@ def test_learning_chain_smoke(tmp_path):
     assert kept["config"] == made["config"]
 
 
+@pytest.mark.slow
 def test_gpu_suite_smoke(tmp_path):
     """The lent GPU's commands, every call at toy sizes on the CPU: every stage runs or says why not, suite.json
     holds the figures of each, and the table and the verdict come last (the device tool returns only the end of
@@ -256,6 +264,7 @@ def _gpu_suite_with_fake_grpo_step(tmp_path, monkeypatch):
     return suite
 
 
+@pytest.mark.slow
 def test_gpu_suite_keeps_the_steps_of_a_grpo_step_the_budget_cut_off(tmp_path, monkeypatch, capsys):
     """The compiled step, last in the first call, may be cut off by the budget in its first steps: suite.json holds
     its steps while it runs and after, the stage is "partial" (no failure), and the table names the graphs
@@ -281,6 +290,7 @@ def test_gpu_suite_keeps_the_steps_of_a_grpo_step_the_budget_cut_off(tmp_path, m
     assert lines[-2].endswith("--stages grpo-step") and lines[-1] == "gpu suite: passed (1 ok, 1 partial)"
 
 
+@pytest.mark.slow
 def test_gpu_suite_keeps_the_steps_of_a_grpo_step_past_its_own_limit(tmp_path, monkeypatch):
     """Past its own limit, a GRPO step has failed ("timed out"), and still keeps the steps it measured."""
     suite = _gpu_suite_with_fake_grpo_step(tmp_path, monkeypatch)
@@ -293,6 +303,7 @@ def test_gpu_suite_keeps_the_steps_of_a_grpo_step_past_its_own_limit(tmp_path, m
     assert summary.startswith("2 steps of 40, 20 s; last: step 2")
 
 
+@pytest.mark.slow
 def test_gpu_suite_exits_non_zero_when_a_stage_fails(tmp_path):
     """A stage whose command really fails (here grpo_step.py, given a Stockfish that is not there) fails the suite:
     exit status 1, the stage's status and the verdict name it, and the stages after it still run."""
@@ -412,6 +423,7 @@ def test_gpu_suite_stops_at_its_budget(tmp_path):
     assert f"{len(left)} not run" in verdict
 
 
+@pytest.mark.slow
 def test_gpu_suite_tells_a_stage_past_its_limit_from_one_cut_by_the_budget(tmp_path):
     """A command stopped at its own time limit has failed ("timed out"); one stopped earlier because the call's
     --budget ran out is "not run", to run in the next call. Real processes, stopped for real."""

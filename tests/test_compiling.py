@@ -24,6 +24,7 @@ FENS = ["3r1r2/ppb4k/8/2R5/5P2/8/1P4PP/2K3R1 w - - 1 27", "8/8/8/8/8/8/8/K6k w -
         "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", "r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1"]
 
 
+@pytest.mark.slow
 def test_past_the_recompile_limit_decoding_falls_back_to_eager(monkeypatch):
     """Each batch size is a new entry of the compiled decode step; past the limit, fullgraph=True raises an error
     that is not a TorchDynamoException. It is a warning, and eager decoding gives the same tokens."""
@@ -204,7 +205,6 @@ print("hits", torch._dynamo.utils.counters["inductor"]["fxgraph_cache_hit"])
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~40 s)")
 def test_the_compile_cache_travels_with_the_run_directory(tmp_path):
     """A compiling run saves torch.compiler's cache artifacts in its run directory after the step that compiled; a
     process that resumes it loads them and takes its graph from them: each process has an inductor cache directory

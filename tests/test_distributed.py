@@ -125,6 +125,7 @@ for _ in range(int(sys.argv[1])):
 """
 
 
+@pytest.mark.slow
 def test_a_reduction_just_before_the_process_group_goes_never_hangs_the_teardown():
     try:
         proc = subprocess.run([sys.executable, "-c", DEADLOCK_ROUNDS, "500"], capture_output=True, text=True,
@@ -134,6 +135,7 @@ def test_a_reduction_just_before_the_process_group_goes_never_hangs_the_teardown
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_auto_batch_agrees_when_one_rank_runs_out_of_memory(tmp_path):
     env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",

@@ -67,6 +67,7 @@ def test_training_state_round_trips_without_the_full_unpickler_and_old_checkpoin
         assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected, name
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_directory_in_use_is_refused_naming_the_first(tiny_dir, tmp_path):
     """Two runs together into one --output-dir: the second is refused (before writing anything) with the first's
     process named; once the first has ended, however it ended, the directory is free again."""
@@ -298,6 +299,7 @@ def test_a_disk_without_room_for_one_checkpoint_is_refused_before_the_first_step
     assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""
 
 
+@pytest.mark.slow
 def test_what_a_save_killed_midway_left_is_removed_by_the_next_run(tiny_dir, tmp_path):
     out = tmp_path / "run"
     for _ in range(5):  # a save of the tiny model takes a fraction of a second: the kill may miss it

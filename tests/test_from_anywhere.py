@@ -41,6 +41,7 @@ def test_this_checkout_is_the_clone_the_package_runs_from():
     assert shipped.repository() == REPO and SFT_MODEL.is_dir() and HELD_OUT.is_file()
 
 
+@pytest.mark.slow
 def test_a_preset_trains_from_another_directory_on_the_clone_s_model_and_writes_here(tmp_path):
     """It asked for data/chess-cpu-held-out.jsonl, then sent models/chess-cpu-sft to the hub."""
     proc = rookworld_process("train", "--config", "chess-cpu", "--steps", "1", "--prompts-per-step", "2",
@@ -100,6 +101,7 @@ def test_a_local_path_is_never_taken_for_a_hub_repo_id(tmp_path, monkeypatch):
                          f"has {REPO / 'models' / 'chess-cpu-grpo'})")
 
 
+@pytest.mark.slow
 def test_ask_answers_offline_from_any_directory_with_the_shipped_model(tmp_path):
     """`rookworld ask "FEN"` went to the hub for jrahn/RookWorld-LM-124M, and failed offline."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
@@ -129,6 +131,7 @@ def without_the_clone(tmp_path):
     return work, env
 
 
+@pytest.mark.slow
 def test_without_the_clone_a_preset_says_where_its_files_are_and_what_to_pass(without_the_clone):
     work, env = without_the_clone
     line = one_line(rookworld_process("train", "--config", "chess-cpu", cwd=work, env=env, timeout=300))
@@ -143,6 +146,7 @@ def test_without_the_clone_a_preset_says_where_its_files_are_and_what_to_pass(wi
     assert held_out < train, line
 
 
+@pytest.mark.slow
 def test_without_the_clone_ask_offline_says_first_what_to_pass(without_the_clone):
     work, env = without_the_clone
     line = one_line(rookworld_process("ask", FEN, cwd=work, env=env, timeout=300))

@@ -199,6 +199,7 @@ def test_the_opponent_s_move_is_bounded_in_time_whatever_its_node_limit(pool):
         replayed(step, chess.START_FEN)
 
 
+@pytest.mark.slow
 def test_an_opponent_that_talks_on_without_a_move_is_cut_off_and_the_game_stopped(pool, tmp_path):
     with ChessGame(stockfish_path=fake_engine(tmp_path, TALKS_ON), analysis=pool, opponent_move_s=1) as game:
         started = time.monotonic()

@@ -367,6 +367,7 @@ def test_no_http_request_makes_or_reaches_a_session_so_websocket_clients_always_
         server.stop()
 
 
+@pytest.mark.slow
 def test_an_idle_websocket_is_closed_and_its_place_given_to_the_next():
     server = Server(max_sessions=1, idle_s=1.5)
     try:
@@ -429,6 +430,7 @@ def test_only_the_serve_command_imports_the_openenv_module():
     assert importers == {"rookworld.commands.serve"}
 
 
+@pytest.mark.slow
 def test_rookworld_serve_starts_answers_and_stops_on_sigterm_with_its_engines():
     proc, url, lines = start_serve("--stockfish-depth", "4", "--stockfish-workers", "1", "--opponent-skill", "0",
                                    "--opponent-nodes", "200", "--max-sessions", "2")
@@ -506,6 +508,7 @@ def vanish_mid_step(ws: str) -> None:
     conn.socket.close()
 
 
+@pytest.mark.slow
 def test_clients_that_vanish_mid_step_and_a_step_stuck_at_shutdown_are_one_line_each(tmp_path):
     vanishing = 10
     proc, url, lines = start_serve("--stockfish-path", fake_engine(tmp_path, SLOW), "--stockfish-workers", "2",

@@ -155,6 +155,7 @@ def _truth(row):
     return (row["info"]["truth_moves"], row["info"]["truth_evals"]) if row["info"]["truth_moves"] else None
 
 
+@pytest.mark.slow
 def test_the_rubric_scores_real_completions_as_rookworld_does(server):
     env = load_environment("mixed", source=HELD_OUT, num_examples=12, seed=3, task_mix=0.5, stockfish_depth=DEPTH)
     rows = env.get_dataset().to_list()

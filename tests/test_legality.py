@@ -97,6 +97,7 @@ def test_legal_weight_needs_one_document_a_row(tmp_path):
         SFTConfig(init="tiny", data=[data], pack=True, legal_weight=0.5).validate()
 
 
+@pytest.mark.slow
 def test_an_sft_step_adds_the_weighted_slot_mean_of_the_legality_loss(tmp_path):
     """Micro-batches of one document a row: the step's loss is the token mean NLL, and its gradient that of
     NLL + w x (the mean legality loss over the step's move slots), both from the full logits in float64."""

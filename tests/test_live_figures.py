@@ -44,6 +44,7 @@ def grpo_run(tmp_path_factory) -> tuple[Path, list[str]]:
 
 # -- the lines of a run ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_run_shows_its_chess_from_step_0_to_its_end(grpo_run):
     out, lines = grpo_run
     rows = rows_of(out)
@@ -98,6 +99,7 @@ def test_the_closing_eval_measures_what_the_run_measured(grpo_run, tmp_path):
     assert compared >= 12
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_evaluation_at_step_0_stops_at_once_and_the_same_command_starts_again(tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, "-m", "rookworld", "train", *RUN_ARGS, "--eval-every", "1", "--eval-size", "2000",
@@ -178,6 +180,7 @@ def test_a_bar_measures_its_rate_after_start_up_and_says_nothing_before():
     assert games.eta() is None and "<" not in games.line()
 
 
+@pytest.mark.slow
 def test_a_real_best_move_suite_estimates_from_the_work_done():
     """The bar starts before the model loads (as `rookworld eval`'s): the load and the first batch are start-up, and
     every time left it shows after them comes from the batches since."""

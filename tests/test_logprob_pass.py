@@ -5,7 +5,6 @@ gradients in its forward; and the head's float32 logits under bf16 autocast."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -187,7 +186,6 @@ def test_under_bf16_autocast_the_head_sums_in_float32():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~60 s)")
 def test_the_compiled_fused_pass_and_shared_trunk_give_what_eager_gives(monkeypatch):
     """compile=True: the trunks of the shared prompt and its completions, and the passes over the vocabulary on
     each side of the loss, compiled (on the CUDA machine, where it pays), give eager's loss, log-probs and

@@ -60,6 +60,7 @@ class Scripted:
 
 # -- DDP: the same batch on 1 and on 2 ranks gives the same gradient --------------------------------------------
 
+@pytest.mark.slow
 def test_the_gradient_of_a_step_does_not_depend_on_the_number_of_ranks(tmp_path):
     """Token aggregation is the global token mean and `--std-scaling batch` uses every rank's rewards, so two gloo
     ranks holding very different numbers of tokens (3-token P: completions on one, 9-token A: on the other) give
@@ -298,6 +299,7 @@ def test_gae_critic_learns_the_value_of_each_prompt(tmp_path):
     assert np.mean([r["value/loss"] for r in rows[-5:]]) < 0.5 * rows[0]["value/loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [
     ["--advantage", "gae", "--kl-estimator", "full", "--value-lr", "1e-2"],
     ["--baseline", "ema", "--kl-estimator", "k1"],

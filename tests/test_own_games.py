@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import chess as pychess
+import pytest
 
 from conftest import cli
 from rookworld.ground import data
@@ -19,6 +20,7 @@ from rookworld.lm.own_games import game_records
 MODEL = str(Path(__file__).resolve().parents[1] / "models" / "chess-play-grpo")
 
 
+@pytest.mark.slow
 def test_game_records_replay_and_keep_the_failures():
     """Six greedy games of the shipped model with its fall-back, 16 plies: each record's position is its game's after
     its history, its move is the one played, and the failures are exactly the moves its B: move did not give."""
@@ -47,6 +49,7 @@ def test_game_records_replay_and_keep_the_failures():
         assert game.sources[ply] != BEST and game.moves[ply] == r.move
 
 
+@pytest.mark.slow
 def test_the_positions_command_writes_the_model_s_failures(tmp_path):
     out = tmp_path / "own.jsonl"
     result = cli("positions", "--from-model", MODEL, "--count", "12", "--max-plies", "10", "--annotate",

@@ -110,6 +110,7 @@ def offline_runs(out: Path, run_id: str) -> list[Path]:
     return sorted((out / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
 
 
+@pytest.mark.slow
 def test_wandb_offline_logs_every_step_the_config_and_samples_and_resume_continues_the_run(tiny_dir, tmp_path):
     pytest.importorskip("wandb", reason="W&B reporting is optional (pip install 'rookworld[wandb]')")
     home = tmp_path / "wandb-home"  # W&B's own settings, cache and staged artifacts stay in the test's directory

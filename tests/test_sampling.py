@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import warnings
 
 import numpy as np
@@ -324,6 +323,7 @@ def test_the_running_sum_in_blocks_follows_the_sequential_one(K):
     assert (whole[:, K:] == ends[:, -1:]).all() and torch.equal(whole[:, K - 1], ends[:, -1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [{}, {"temperature": 0.7}, {"top_k": 50, "top_p": 0.9}, {"top_p": 0.95}])
 def test_the_draw_in_blocks_is_the_whole_row_draw(kw, monkeypatch):
     """CUDA's draw (`_draw_in_blocks`) against the CPU's (`_draw`) on the same uniforms: the same tokens, 4,096
@@ -373,7 +373,6 @@ def test_the_draw_is_reproducible_under_a_seed_and_one_uniform_a_row():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
 @pytest.mark.parametrize("in_blocks", [False, True])
 def test_the_compiled_draw_is_the_eager_one(monkeypatch, in_blocks):
     """sample_next(compile=True) fuses the draw; given the same uniforms it picks the same tokens, with the same
@@ -617,7 +616,6 @@ def test_the_logprob_pass_over_generated_completions_reproduces_the_sampling_log
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
 def test_compiled_decode_matches_eager():
     model = tiny_gpt(scale=4.0)
     ids, mask = _prompts()
@@ -684,7 +682,6 @@ def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")
 def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
     monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
     model = tiny_gpt(scale=3.0)

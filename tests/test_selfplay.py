@@ -94,6 +94,7 @@ def test_histories_of_every_length_end_where_the_game_was(games):
         data.cut_histories(records, 0, "some")
 
 
+@pytest.mark.slow
 def test_the_positions_command_writes_new_self_play_positions(tmp_path):
     out, held_out = tmp_path / "train.jsonl", tmp_path / "held_out.jsonl"
     common = ["--selfplay", "--annotate", "--stockfish-depth", "2", "--per-game", "15", "--quiet"]

@@ -226,6 +226,7 @@ def test_step_flops_counts_the_lm_head_only_on_the_scored_tokens():
     assert step_flops(model, tokens, counted, ctx) == pytest.approx(want, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_a_tiny_model_learns_its_samples(tmp_path):
     data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE, FIRST)
     out = tmp_path / "out"
@@ -382,6 +383,7 @@ def test_a_run_extended_with_more_steps_follows_the_longer_schedule_from_its_fir
     assert metrics(short)[2]["lr"] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 2 / 4))))
 
 
+@pytest.mark.slow
 def test_sft_under_torchrun_gives_the_gradient_of_one_process(tmp_path):
     """Rows of very different numbers of counted tokens on the two ranks (the token mean is global)."""
     data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST, P_LINE, A_LINE, FIRST, A_LINE, P_LINE)
@@ -501,6 +503,7 @@ def test_plot_draws_a_run_started_from_another_s_model_after_it(tmp_path, monkey
     plt.close(fig)
 
 
+@pytest.mark.slow
 def test_periodic_evaluation_says_it_is_running_on_a_terminal(tmp_path):
     import pty
 

@@ -175,6 +175,7 @@ def chess_texts(n: int, seed: int) -> list[str]:
     return texts
 
 
+@pytest.mark.slow
 def test_the_chess_vocabulary_splits_p_and_a_text_into_gpt2_s_tokens():
     """120,000 texts of both layouts and both tasks, and the real samples: the same token strings as GPT-2's."""
     import numpy as np

@@ -168,6 +168,7 @@ def final_weights(out):
     return from_pretrained(resolve_checkpoint(out)).state_dict()
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_weights_as_an_unbroken_run(tiny_dir, tmp_path):
     # The entropy bonus makes every step change the weights (the random model's rewards have no spread).
     common = ["--save-every", "2", "--mu", "2", "--minibatches", "2", "--micro-batch-size", "4", "--lr", "1e-3",
@@ -210,6 +211,7 @@ def test_each_prompt_once_trains_as_computing_every_row_s_prompt_does(tiny_dir, 
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_on_gloo(tiny_dir, tmp_path):
     out = tmp_path / "ddp"
     proc = torchrun(REPO / "tests" / "ddp_train.py", tmp_path / "digest",
@@ -318,6 +320,7 @@ def test_auto_batch_needs_cuda(tmp_path):
                 prompts=FixedPrompts("x", 2))
 
 
+@pytest.mark.slow
 def test_ctrl_c_finishes_the_step_saves_and_exits(tiny_dir, tmp_path):
     import signal
     import time
@@ -581,8 +584,7 @@ def test_a_prompts_come_at_an_exact_rate(mix):
         assert counts <= {math.floor(n * (1 - mix) + 1e-9), math.ceil(n * (1 - mix) - 1e-9)}, (n, counts)
 
 
-@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=[pytest.mark.slow, pytest.mark.skipif(
-    not os.environ.get("ROOKWORLD_TEST_COMPILE"), reason="set ROOKWORLD_TEST_COMPILE=1 (~30 s)")])])
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_tasks_are_sampled_together_when_decoding_eagerly_and_apart_when_compiled(tmp_path, monkeypatch, compile):
     """Eager decoding drops finished groups, so every task goes in one batch, each row with its task's length;
     compiled decoding (static shapes) samples each task in its own batch, so that P: rows are neither padded to

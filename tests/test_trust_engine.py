@@ -80,6 +80,7 @@ def one_line_error(proc) -> str:
 
 # -- an engine that stops answering: given up on, in a bounded time ----------------------------------------------
 
+@pytest.mark.slow
 def test_positions_against_an_engine_that_never_answers_go_stops_in_seconds(tmp_path):
     """It took 724 s: four tries of 30 s for each of six positions."""
     out = tmp_path / "out.jsonl"
@@ -94,6 +95,7 @@ def test_positions_against_an_engine_that_never_answers_go_stops_in_seconds(tmp_
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_eval_against_an_engine_that_never_answers_go_stops_in_seconds(tiny_dir, tmp_path):
     """It took 488 s."""
     started = time.monotonic()
@@ -103,6 +105,7 @@ def test_eval_against_an_engine_that_never_answers_go_stops_in_seconds(tiny_dir,
     assert time.monotonic() - started < 40
 
 
+@pytest.mark.slow
 def test_self_play_against_an_engine_that_never_answers_go_stops_in_seconds(tmp_path):
     """Self-play asks about one position at a time: its tries are the bound (it was a traceback after 4 x 30 s)."""
     out = tmp_path / "out.jsonl"
@@ -114,6 +117,7 @@ def test_self_play_against_an_engine_that_never_answers_go_stops_in_seconds(tmp_
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_train_against_an_engine_that_never_answers_go_stops_in_seconds(tiny_dir, tmp_path):
     """It went on at 242 s a step, its P: prompts left out."""
     out = tmp_path / "run"
@@ -125,6 +129,7 @@ def test_train_against_an_engine_that_never_answers_go_stops_in_seconds(tiny_dir
     assert not (out / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_train_whose_engine_stops_answering_keeps_its_steps_and_says_how_to_go_on(tiny_dir, tmp_path):
     """The engine answers the first step's positions, then nothing: the step done is saved, the next dropped."""
     out = tmp_path / "run"
@@ -140,6 +145,7 @@ def test_train_whose_engine_stops_answering_keeps_its_steps_and_says_how_to_go_o
     assert (out / "checkpoints" / "step-000001").is_dir()
 
 
+@pytest.mark.slow
 def test_sigterm_while_train_waits_on_an_engine_ends_it_in_seconds(tiny_dir, tmp_path):
     """It took 115 s to exit after SIGTERM."""
     out = tmp_path / "run"
@@ -163,6 +169,7 @@ def test_sigterm_while_train_waits_on_an_engine_ends_it_in_seconds(tiny_dir, tmp
     assert "cannot analyse" not in stderr  # the stop ended it, not the engine's give-up
 
 
+@pytest.mark.slow
 def test_sigterm_while_positions_waits_on_an_engine_ends_it_in_seconds(tmp_path):
     out = tmp_path / "out.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "rookworld", "positions", "--count", "6", "--annotate",
@@ -180,6 +187,7 @@ def test_sigterm_while_positions_waits_on_an_engine_ends_it_in_seconds(tmp_path)
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_sigterm_while_eval_waits_on_an_engine_ends_it_in_seconds(tiny_dir, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "rookworld", "eval", "--model", str(tiny_dir), "--device", "cpu",
                              "--suite", "best-move", "--eval-size", "8", "--max-new-tokens", "8",
@@ -200,6 +208,7 @@ def test_sigterm_while_eval_waits_on_an_engine_ends_it_in_seconds(tiny_dir, tmp_
     assert proc.returncode == 143 and "terminated" in stderr and "Traceback" not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_an_engine_silent_at_the_handshake_is_given_up_in_seconds(tmp_path):
     started = time.monotonic()
     with pytest.raises(StockfishError, match="gave no `uciok` to `uci` within 10 s"):
@@ -217,6 +226,7 @@ def test_closing_a_pool_that_waits_on_a_silent_engine_is_prompt(tmp_path):
     assert futures[0].done()
 
 
+@pytest.mark.slow
 def test_an_opponent_that_never_answers_is_given_up_in_seconds(tmp_path):
     player = StockfishPlayer(fake_engine(tmp_path, SILENT), retries=0)
     try:

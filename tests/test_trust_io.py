@@ -130,6 +130,7 @@ def uci_args(model, tokens: int = LONG_GENERATION) -> list:
     return ["uci", "--model", model, "--device", "cpu", "--max-new-tokens", str(tokens)]
 
 
+@pytest.mark.slow
 def test_quit_mid_search_ends_the_engine_at_once(long_context_dir):
     engine = process(uci_args(long_context_dir), env={"OMP_NUM_THREADS": "1"}, bufsize=1)
     try:
@@ -221,6 +222,7 @@ def test_an_environment_that_names_no_rank_is_one_line(tiny_dir, tmp_path, monke
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_comes_is_named_within_the_start_up_timeout(tiny_dir, tmp_path):
     """Rank 0 alone, and rank 1 alone (no rank 0 listening): each says what it waits for, then gives up within
     ROOKWORLD_DIST_TIMEOUT with one line, and no C++ log of the store's retries."""
@@ -246,6 +248,7 @@ def test_a_rank_that_never_comes_is_named_within_the_start_up_timeout(tiny_dir, 
     assert "nothing listens at 127.0.0.1:" in results[1][1] and "rank 0 did not start" in results[1][1]
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_other_with_one_line_and_the_resume_command(tmp_path):
     data = tmp_path / "train.txt"
     data.write_text((P_LINE + "\n") * 8)

@@ -136,6 +136,7 @@ def capped(*commands: list, cwd: Path, timeout: float = 120) -> list[subprocess.
 
 # -- item 5: sizes are measured before memory is taken ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_config_far_larger_than_its_weights_is_refused_from_the_header_before_anything_is_built(tiny_dir, tmp_path):
     """config.json said n_layer=100000 beside a 2-layer model's weights: `ask` printed nothing for 300 s while it
     grew past 4 GB, building the model before its weights were compared."""
@@ -325,6 +326,7 @@ def one_infinity(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+@pytest.mark.slow
 def test_weights_that_are_not_finite_or_not_floats_are_one_line_naming_the_tensor(tiny_dir, tmp_path):
     """All-NaN weights loaded and answered `+++...` without a word; int8 weights of the right shapes were a
     RuntimeError traceback from load_state_dict in `ask`."""
@@ -383,6 +385,7 @@ def test_config_values_no_model_can_have_are_one_line_naming_the_key(tiny_dir, t
     assert len(proc.stderr) < 400, proc.stderr  # a value is quoted short, whatever its length
 
 
+@pytest.mark.slow
 def test_a_negative_layer_norm_epsilon_is_refused_at_once_not_answered_forever(tmp_path):
     """layer_norm_epsilon -1 in the chess model's config.json: `ask` gave no answer in 205 s."""
     negative = with_config(model_dir(tmp_path, "negative", CHESS_MODEL), layer_norm_epsilon=-1)

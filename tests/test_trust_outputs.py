@@ -264,6 +264,7 @@ def test_a_run_s_files_that_are_not_regular_files_are_refused_on_resume(tiny_dir
 
 # -- 9. the output directory deleted while a run writes to it ---------------------------------------------------
 
+@pytest.mark.slow
 def test_an_output_directory_deleted_mid_run_is_made_again_and_the_run_saves_into_it(tiny_dir, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "rookworld", *train_args(tiny_dir, out, "--steps", "500")],

@@ -140,6 +140,7 @@ def test_a_checkpoint_outside_a_run_directory_needs_an_output_dir(run, tmp_path)
     assert steps(tmp_path / "new") == [3]
 
 
+@pytest.mark.slow
 def test_a_cache_outside_the_run_is_not_written_on_its_settings_word(run, tmp_path):
     """The cache sets a file that is not sqlite aside (renames it): a saved path could rename any file."""
     victim = tmp_path / "thesis.tex"

@@ -268,6 +268,7 @@ def test_bad_input_is_an_info_string_never_a_crash(tiny_dir):
     assert pychess.Move.from_uci(best[5]) in after_nf3.legal_moves
 
 
+@pytest.mark.slow
 def test_go_infinite_waits_for_stop_and_reads_meanwhile(tiny_dir):
     engine = Engine(uci_argv(tiny_dir))
     try:
@@ -296,6 +297,7 @@ def test_go_infinite_waits_for_stop_and_reads_meanwhile(tiny_dir):
         engine.close()
 
 
+@pytest.mark.slow
 def test_options_are_set_and_their_defaults_come_from_the_flags(tmp_path):
     """The shipped model writes real answers: MultiPV cuts the lines; a seed gives the same sampled answer again;
     a device that is not here is refused and the model stays where it is."""
@@ -337,6 +339,7 @@ def test_a_device_that_is_not_here_is_said_and_the_model_runs_on_the_commands(ti
     assert out[1] == "readyok" and pychess.Move.from_uci(out[-1].split()[1]) in pychess.Board().legal_moves
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHIPPED.is_dir(), reason="the shipped model is not in this checkout")
 def test_python_chess_reads_the_models_candidates_as_multipv_lines():
     """The shipped model's P: answer, as python-chess's analysis of the engine shows it: one PV per legal candidate,
@@ -372,6 +375,7 @@ def play_out(board: pychess.Board, white, black, limit, max_plies: int = 600) ->
     return outcome
 
 
+@pytest.mark.slow
 @needs_stockfish
 def test_python_chess_plays_a_whole_game_against_stockfish(tiny_dir):
     with chess.engine.SimpleEngine.popen_uci(uci_argv(tiny_dir), cwd=REPO, timeout=ENGINE_TIMEOUT_S) as model, \
@@ -385,6 +389,7 @@ def test_python_chess_plays_a_whole_game_against_stockfish(tiny_dir):
             assert outcome.termination == pychess.Termination.CHECKMATE and outcome.winner == (not model_white)
 
 
+@pytest.mark.slow
 def test_two_rookworld_engines_play_a_whole_game(tiny_dir):
     with chess.engine.SimpleEngine.popen_uci(uci_argv(tiny_dir), cwd=REPO, timeout=ENGINE_TIMEOUT_S) as white, \
             chess.engine.SimpleEngine.popen_uci(uci_argv(tiny_dir, "--protocol", "rookworld"), cwd=REPO,

@@ -195,6 +195,7 @@ def test_a_cuda_device_without_a_gpu_is_one_line_for_every_command(tiny_dir, tmp
         assert "CUDA is not available" in proc.stderr and len(lines_of(proc.stderr)) == 1, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(tmp_path):
     (tmp_path / "runs").mkdir()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -319,6 +320,7 @@ def offline_env(tmp_path) -> dict:
     return env
 
 
+@pytest.mark.slow
 def test_a_checkpoint_carries_its_vocabulary_and_loads_offline(tiny_dir, tmp_path):
     out = tmp_path / "run"
     assert run_cli(train_args(tiny_dir, out, "--steps", "1")).returncode == 0
@@ -364,6 +366,7 @@ def test_vocabulary_files_that_are_not_gpt2s_are_refused(tmp_path):
 
 # -- the README -------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_every_python_snippet_of_the_documents_runs_as_written(tiny_dir, tmp_path, monkeypatch):
     documents = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     snippets = [(doc.name, s) for doc in documents for s in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)]
