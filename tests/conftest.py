@@ -7,11 +7,13 @@ import contextlib
 import dataclasses
 import io
 import os
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import traceback
@@ -26,8 +28,23 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 # every core is oversubscription.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# What the tests, the libraries they load and the processes they start write to the system's temp folder (pytest's
+# own folders, torch.compile's cache, torchrun's logs, W&B's staging, the benches' run directories) goes into one
+# folder of the run's, made by its first process before anything is imported (pytest-xdist's workers inherit it)
+# and removed when the run passes: the suite leaves nothing behind.
+OWN_TEMP_DIR = None
+if "ROOKWORLD_TEST_TMPDIR" not in os.environ:
+    OWN_TEMP_DIR = tempfile.mkdtemp(prefix="rookworld-tests-")
+    os.environ["ROOKWORLD_TEST_TMPDIR"] = os.environ["TMPDIR"] = OWN_TEMP_DIR
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+with contextlib.suppress(ImportError):  # hypothesis's cache, else .hypothesis/ in the working directory
+    from hypothesis import configuration
+
+    configuration.set_hypothesis_home_dir(Path(os.environ["ROOKWORLD_TEST_TMPDIR"], "hypothesis"))
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,6 +140,17 @@ def pytest_report_header(config):
     other = {"fast": "--tier slow runs the slow tests, --tier all both", "slow": "--tier fast (the default) runs "
              "the others", "all": "both tiers"}[tier]
     return f"rookworld tier: {tier} ({other})"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    if OWN_TEMP_DIR is not None and exitstatus == 0:  # a failed run keeps its failed tests' folders there
+        shutil.rmtree(OWN_TEMP_DIR, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus):
+    if OWN_TEMP_DIR is not None and os.path.isdir(OWN_TEMP_DIR):
+        terminalreporter.write_line(f"the failed tests' files are kept in {OWN_TEMP_DIR}")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
