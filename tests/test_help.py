@@ -55,7 +55,7 @@ def test_ask_play_and_uci_say_their_seed_seeds_their_sampling(helps):
 def test_plot_says_what_it_writes_and_shows_no_default_for_its_runs(helps):
     text = helps["plot"]
     section, out = entry(text, "--out")
-    assert out.startswith("FILE the PNG file") and out.endswith("(default: curves.png)"), out
+    assert out.startswith("FILE the PNG file") and out.endswith("(default: curves.png in the first RUN_DIR)"), out
     for other in ("JSONL", "eval", "positions", "suite"):
         assert other not in out
     section, runs = entry(text, "RUN_DIR")

@@ -73,20 +73,20 @@ def test_a_run_shows_its_chess_from_step_0_to_its_end(grpo_run):
                f"{row['reward/A/mean']:.2f}, next state exact {exact:.0%} | kl " in line, line
     # The closing lines: where it started, where it ended, and the eval that measures the same positions.
     tail = lines[-5:]
-    assert tail[0] == f"held-out at step 0 | {figures(start)}"
-    assert tail[1] == f"held-out at step 2 | {figures(rows[2])}"
+    assert tail[0] == f"held-out at step 0 (6 positions) | {figures(start)}"
+    assert tail[1] == f"held-out at step 2 (6 positions) | {figures(rows[2])}"
     assert tail[3] == (f"evaluate it on its held-out positions: rookworld eval --model {out} --data {HELD_OUT} "
-                       f"--seed 3 --stockfish-depth 4 --max-new-tokens 96")
+                       f"--eval-size 6 --seed 3 --stockfish-depth 4 --max-new-tokens 96")
 
 
 def test_the_closing_eval_measures_what_the_run_measured(grpo_run, tmp_path):
-    """The hint's eval, on the run's first --eval-size positions, gives the run's own last figures; without
-    --eval-size it takes the whole file, as the README's figures do."""
+    """The hint's eval, as printed, measures the run's first --eval-size positions of its file and gives the run's
+    own last figures (eval alone takes the whole file, as the README's figures do)."""
     out, lines = grpo_run
     hint = next(line for line in lines if line.startswith("evaluate it on its held-out positions: "))
     args = shlex.split(hint.split(": ", 1)[1])[1:]
     result = tmp_path / "eval.json"
-    proc = cli(*args, "--eval-size", "6", "--device", "cpu", "--out", str(result))
+    proc = cli(*args, "--device", "cpu", "--out", str(result))
     assert proc.returncode == 0, proc.stderr
     sections = json.loads(result.read_text())["suites"]["best-move"]["sections"]
     last = rows_of(out)[-1]

@@ -18,7 +18,7 @@ from rookworld.ground.data import DataError
 from rookworld.net.tokenizer import EOS_ID, get_tokenizer
 from rookworld.sft.samples import Rows, eval_rows, positions, read_samples, relayout, tokenize
 
-from conftest import torchrun
+from conftest import cli, torchrun
 from test_trainer import metrics, run_cli
 
 HERE = Path(__file__).resolve().parent
@@ -432,6 +432,12 @@ def test_plot_draws_several_runs_and_says_what_is_missing(tmp_path):
     proc = run_cli(["plot", *runs, "--out", str(bare)])
     assert bare.read_bytes()[:4] == b"\x89PNG" and not bare.with_suffix(".png").exists()
     assert f"wrote {bare} (" in proc.stderr
+    # Without --out: beside the first run's own files, not in the directory the command was typed in.
+    typed_in = tmp_path / "elsewhere"
+    typed_in.mkdir()
+    proc = cli("plot", *runs, cwd=typed_in)
+    assert proc.returncode == 0 and f"wrote {runs[0]}/curves.png (" in proc.stderr, proc.stderr
+    assert (Path(runs[0]) / "curves.png").read_bytes()[:4] == b"\x89PNG" and not any(typed_in.iterdir())
 
 
 def test_plot_tells_runs_and_tasks_apart_and_keeps_losses_apart(tmp_path):

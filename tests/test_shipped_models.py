@@ -5,6 +5,7 @@ LEARNING.md's figures can be checked."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,17 @@ def test_eval_ask_and_play_run_on_the_shipped_grpo_model():
     assert ask.returncode == 0 and "completion" in ask.stdout, ask.stderr
     play = cli("play", "--model", str(d), "--device", "cpu", input="e4\nd4\nNf3\n")
     assert play.returncode == 0 and "your move (white): e4" in play.stdout, play.stderr
+
+
+def test_the_readme_s_a_example_is_one_the_shipped_model_answers_right():
+    """The README's `ask FEN MOVE` line shows an A: answer the shipped model gets exactly right (and its text names
+    one it gets wrong, after 1.e4, which stays wrong)."""
+    readme = (MODELS.parent / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("rookworld ask ") and "A: answer" in line)
+    fen, move = shlex.split(line.split("#")[0])[2:]
+    shown = cli("ask", fen, move, "--device", "cpu", "--stockfish-depth", "4")
+    assert shown.returncode == 0 and "next state exact; reward 1.000" in shown.stdout, shown.stdout + shown.stderr
+    assert "after 1.e4 from the initial position" in readme
+    start = cli("ask", "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", "e4", "--device", "cpu",
+                "--stockfish-depth", "4")
+    assert "- 0r+" in start.stdout and "next state wrong" in start.stdout, start.stdout

@@ -108,9 +108,10 @@ def test_train_ends_with_a_summary_and_keeps_its_model_at_the_top(tiny_dir, tmp_
     assert proc.returncode == 0, proc.stderr
     tail = lines_of(proc.stderr)[-6:]
     assert tail[0].startswith("rookworld train: done, step 2/2 in "), tail
-    # Where the run started (its evaluation at step 0) and where it ended, the chess first.
-    assert tail[1].startswith("held-out at step 0 | P: legal best move ") and "| A: next state exact " in tail[1]
-    assert tail[2].startswith("held-out at step 2 | P: legal best move ") and "| A: next state exact " in tail[2]
+    # Where the run started (its evaluation at step 0) and where it ended, the chess first, of how many positions.
+    for line, step in ((tail[1], 0), (tail[2], 2)):
+        assert line.startswith(f"held-out at step {step} (2 positions) | P: legal best move "), line
+        assert "| A: next state exact " in line, line
     # The eval that measures the run's own held-out positions: as many, of its seed, with its depth and length.
     assert tail[3:] == [f"model: {out} (step 2; its checkpoints in {out / 'checkpoints'})",
                         f"evaluate it on its held-out positions: rookworld eval --model {out} --eval-size 2 --seed 3 "
@@ -212,6 +213,9 @@ def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(t
     env.update(HF_HUB_CACHE=str(tmp_path / "hub"))
     proc = rookworld_process("train", "--output-dir", "runs/hub", "--device", "cpu", cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "hub cannot be reached" in proc.stderr and len(lines_of(proc.stderr)) == 1
+    # What trains without the hub, first.
+    assert proc.stderr.startswith("rookworld train: error: offline, `rookworld train --config chess-play` trains the "
+                                  "small model that ships with rookworld; or pass --model DIR"), proc.stderr
     assert proc.stdout == "" and not (tmp_path / "runs" / "hub").exists()
 
 

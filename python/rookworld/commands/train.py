@@ -17,9 +17,10 @@ from rookworld.harness import checkpoint
 from rookworld.harness.distributed import DistributedError, lost_rank, rerun
 from rookworld.harness.run import Diverged, complete_message
 from rookworld.harness.rundir import check_resume, run_directory
-from rookworld.net.pretrained import ModelNotAvailableError
+from rookworld.net.pretrained import ModelFileError, ModelNotAvailableError
 from rookworld.net.tokenizer import TokenizerUnavailableError
 from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig, from_args
+from rookworld.settings.hub import is_local_path
 from rookworld.sft.trainer import SFTTrainer
 
 
@@ -42,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         trainer = trainer_class(cfg)
-    except (ConfigError, DataError, ModelNotAvailableError, TokenizerUnavailableError, StockfishError,
+    except ModelNotAvailableError as e:
+        raise CliError(_model_not_available(command, cfg, e)) from None
+    except (ConfigError, DataError, TokenizerUnavailableError, StockfishError,
             checkpoint.CheckpointError, FileNotFoundError, NotADirectoryError) as e:
         raise CliError(str(e)) from None
     except RuntimeError as e:  # a rank that never came, or was lost at the start
@@ -165,6 +168,14 @@ def _place(path: Any) -> Path | None:
         return Path(path).expanduser().resolve()
     except (TypeError, OSError, RuntimeError):  # not a path; a loop of links
         return None
+
+
+def _model_not_available(command: str, cfg, e: ModelNotAvailableError) -> str:
+    """A model that cannot be had; a hub model out of reach is said by what trains offline instead, first."""
+    if command != "train" or is_local_path(cfg.model) or isinstance(e, ModelFileError):
+        return str(e)
+    return (f"offline, `rookworld train --config chess-play` trains the small model that ships with rookworld; or "
+            f"pass --model DIR, a model directory: {e}")
 
 
 def _within(path: Any, directory: str) -> bool:

@@ -67,16 +67,16 @@ def eval_figures(m: dict[str, Any]) -> list[str]:
 
 
 def eval_command(model: str | Path, config: dict[str, Any] | None) -> str:
-    """The `rookworld eval` of a run's model on the positions of the run's own evaluations, with their Stockfish
-    depth, completion length and suites where they are not eval's defaults: its figures then compare with the
-    run's (all of --eval-data's positions, where the run took its first --eval-size)."""
+    """The `rookworld eval` of a run's model on the positions of the run's own evaluations (the first --eval-size
+    of --eval-data, or as many generated), with their Stockfish depth, completion length and suites where they are
+    not eval's defaults: its figures are the run's closing ones."""
     parts = ["rookworld eval --model", shlex.quote(str(model))]
     if not config:
         return " ".join(parts)
     defaults = {f.name: f.default for f in dataclasses.fields(EvalSettings)}
     if config.get("eval_data") and _positions_file(config["eval_data"]):
         parts += ["--data", shlex.quote(str(config["eval_data"]))]
-    elif config.get("eval_size") is not None:  # generated held-out positions: as many
+    if config.get("eval_size") is not None:  # eval alone would take the whole file
         parts += ["--eval-size", str(config["eval_size"])]
     # The seed draws the generated positions and the A: moves of positions that have none.
     for key in ("seed", "stockfish_depth", "stockfish_nodes", "max_new_tokens"):
@@ -88,6 +88,12 @@ def eval_command(model: str | Path, config: dict[str, Any] | None) -> str:
         if any(name in suites for name in ("selfplay", "vs-stockfish")) and config.get("eval_games") is not None:
             parts += ["--games", str(config["eval_games"])]
     return " ".join(parts)
+
+
+def _positions(m: dict[str, Any]) -> str:
+    """How many held-out positions an evaluation's figures are of, as the closing lines say it."""
+    n = max((m[key] for key in ("eval/P/n", "eval/A/n") if isinstance(m.get(key), int)), default=None)
+    return "" if n is None else f" ({n} positions)"
 
 
 def _positions_file(path: str) -> bool:
@@ -356,7 +362,7 @@ class RunLog:
             first = self._first_eval(last_eval["step"])
             width = len(str(last_eval["step"]))
             for m in (first, last_eval) if first else (last_eval,):
-                self.say(" | ".join([f"held-out at step {m['step']:>{width}}", *eval_figures(m)]))
+                self.say(" | ".join([f"held-out at step {m['step']:>{width}}{_positions(m)}", *eval_figures(m)]))
         self.say(f"model: {self.dir} (step {step}; its checkpoints in {self.dir / 'checkpoints'})")
         self.say(f"evaluate it on its held-out positions: {eval_command(self.dir, self.config)}")
         if command == "sft":

@@ -204,7 +204,7 @@ class PlotOnly:
     title: str | None = setting(None, "a title above the panels", OUTPUT)
 
 
-@composed(out=Meaning("the PNG file to draw the curves into", default="curves.png"))
+@composed(out=Meaning("the PNG file to draw the curves into", shown="curves.png in the first RUN_DIR"))
 class PlotSettings(PlotOnly, OutputSettings, Settings):
     pass
 
