@@ -17,9 +17,15 @@ def load_lm(s, **kwargs) -> RookWorldLM:
     try:
         return RookWorldLM.load(s.model, revision=s.revision, device=s.device, **kwargs)
     except ModelNotAvailableError as e:
-        if is_local_path(s.model) or isinstance(e, ModelFileError):
-            raise CliError(str(e)) from None
-        raise CliError(f"pass --model DIR, a model directory ({shipped.MODEL} of a clone of rookworld's repository "
-                       f"runs offline): {e}") from None
+        raise CliError(not_available(s.model, e, f"pass --model DIR, a model directory ({shipped.MODEL} of a clone "
+                                                 "of rookworld's repository runs offline)")) from None
     except (FileNotFoundError, NotADirectoryError, ValueError, TokenizerUnavailableError) as e:
         raise CliError(str(e)) from None
+
+
+def not_available(model: str, e: ModelNotAvailableError, offline: str) -> str:
+    """A model that cannot be had, in one line; a hub model out of reach is said by what runs offline instead
+    (`offline`), first."""
+    if is_local_path(model) or isinstance(e, ModelFileError):
+        return str(e)
+    return f"{offline}: {e}"

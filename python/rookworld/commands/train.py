@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rookworld.commands.common import CliError
+from rookworld.commands.model import not_available
 from rookworld.ground.data import DataError
 from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
 from rookworld.grpo.trainer import Trainer
@@ -17,10 +18,9 @@ from rookworld.harness import checkpoint
 from rookworld.harness.distributed import DistributedError, lost_rank, rerun
 from rookworld.harness.run import Diverged, complete_message
 from rookworld.harness.rundir import check_resume, run_directory
-from rookworld.net.pretrained import ModelFileError, ModelNotAvailableError
+from rookworld.net.pretrained import ModelNotAvailableError
 from rookworld.net.tokenizer import TokenizerUnavailableError
 from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig, from_args
-from rookworld.settings.hub import is_local_path
 from rookworld.sft.trainer import SFTTrainer
 
 
@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         trainer = trainer_class(cfg)
-    except ModelNotAvailableError as e:
-        raise CliError(_model_not_available(command, cfg, e)) from None
+    except ModelNotAvailableError as e:  # sft's default is a fresh model: no offline preset stands in for its hub one
+        raise CliError(str(e) if command != "train" else not_available(
+            cfg.model, e, "offline, `rookworld train --config chess-play` trains the small model that ships with "
+                          "rookworld; or pass --model DIR, a model directory")) from None
     except (ConfigError, DataError, TokenizerUnavailableError, StockfishError,
             checkpoint.CheckpointError, FileNotFoundError, NotADirectoryError) as e:
         raise CliError(str(e)) from None
@@ -168,14 +170,6 @@ def _place(path: Any) -> Path | None:
         return Path(path).expanduser().resolve()
     except (TypeError, OSError, RuntimeError):  # not a path; a loop of links
         return None
-
-
-def _model_not_available(command: str, cfg, e: ModelNotAvailableError) -> str:
-    """A model that cannot be had; a hub model out of reach is said by what trains offline instead, first."""
-    if command != "train" or is_local_path(cfg.model) or isinstance(e, ModelFileError):
-        return str(e)
-    return (f"offline, `rookworld train --config chess-play` trains the small model that ships with rookworld; or "
-            f"pass --model DIR, a model directory: {e}")
 
 
 def _within(path: Any, directory: str) -> bool:
