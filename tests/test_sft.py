@@ -136,20 +136,72 @@ def test_p_text_in_the_compact_layout_when_written_or_read(tmp_path):
     assert len(tok.encode(compact[0].target)) < len(tok.encode(samples[0].target)) - 25
 
 
+def test_ranked_candidates_are_written_best_first_with_their_evals(tmp_path):
+    """--candidate-order ranked: the M: moves sorted by their E: evals, best first, each eval beside its move, the
+    B: move as the data gives it (this line's B: is RookWorld's known Black-to-move label), in either layout."""
+    samples = read_samples([str(text_file(tmp_path, "rw.txt", P_LINE, A_LINE))]).samples
+    ranked = relayout(samples, "compact", ranked=True)
+    assert ranked[0].target == " M: h7f8 c8f5 a4a3 h7g5 h7f6 E: -2.3 -2.82 -3.06 -3.16 -3.21 B: h7f6"
+    assert ranked[1] == samples[1]
+    padded = relayout(samples, "rookworld", ranked=True)[0]
+    assert padded.target.split() == ranked[0].target.split()
+    assert relayout(samples, "compact")[0].target.split()[1:6] == ["a4a3", "c8f5", "h7f6", "h7g5", "h7f8"]
+
+
+@pytest.mark.parametrize("vocabulary", ["gpt2", "chess"])
+def test_each_target_token_weighs_its_fields_weight(tmp_path, vocabulary):
+    """Each token of a target is in the field its first character is in: M: up to the whitespace before E:, E: up
+    to the whitespace before B:, B: to the end; an A: target's state up to its first '+', then the reward and its
+    flags. Cut by hand from the text here, and compared with the tokens of each weight."""
+    from rookworld.net.tokenizer import vocabulary as load_vocabulary
+
+    tok = load_vocabulary(vocabulary)
+    samples = read_samples([str(text_file(tmp_path, "rw.txt", P_LINE, A_LINE))]).samples
+    samples = samples + relayout(samples[:1], "compact")
+    weights = {"M": 2.0, "E": 0.5, "B": 3.0, "state": 4.0, "reward": 5.0}
+    docs = tokenize(samples, tok, "target", weights)
+    for s, ids, w in zip(samples, docs.ids, docs.weights):
+        if s.task == "P":
+            e, b = s.target.index("E:"), s.target.index("B:")
+            e, b = len(s.target[:e].rstrip()), len(s.target[:b].rstrip())
+            parts = {"M": s.target[:e], "E": s.target[e:b], "B": s.target[b:]}
+        else:
+            plus = s.target.index("+")
+            parts = {"state": s.target[:plus], "reward": s.target[plus:]}
+        for name, text in parts.items():
+            assert tok.encoding.decode(ids[w == weights[name]].tolist()) == text, (vocabulary, name)
+        assert (w[: 1 + len(tok.encode(s.prompt))] == [1.0] + [0.0] * len(tok.encode(s.prompt))).all()
+
+
+@pytest.mark.parametrize("text, problem", [("X=1", "not FIELD=WEIGHT"), ("B=-1", "0 or more"), ("E=nan", "0 or more"),
+                                           ("B", "not FIELD=WEIGHT"), ("M=0,E=0,B=0,state=0,reward=0", "count nothing"),
+                                           ("B=two", "must be a number")])
+def test_bad_field_weights_are_refused_before_any_work(tmp_path, text, problem):
+    from rookworld.settings.config import ConfigError, SFTConfig
+
+    data = [str(text_file(tmp_path, "rw.txt", P_LINE))]
+    with pytest.raises(ConfigError, match=problem):
+        SFTConfig(init="tiny", data=data, field_weights=text).validate()
+    with pytest.raises(ConfigError, match="--layout"):
+        SFTConfig(init="tiny", data=data, candidate_order="ranked").validate()
+
+
 # -- documents and rows -----------------------------------------------------------------------------------------
 
 def test_documents_and_the_target_loss_mask(tmp_path):
     tok = get_tokenizer()
     path_samples = read_samples([str(text_file(tmp_path, "rw.txt", P_LINE, A_LINE))]).samples
     docs = tokenize(path_samples, tok, "target")
-    for s, ids, mask in zip(path_samples, docs.ids, docs.loss):
+    for s, ids, weights in zip(path_samples, docs.ids, docs.weights):
+        mask = weights > 0
         assert ids[0] == EOS_ID and tok.decode(ids[1:]) == s.prompt + s.target
         n_prompt = len(tok.encode(s.prompt))
         assert tok.decode(ids[1 : 1 + n_prompt]) == s.prompt  # tokenized apart, as the sampler sees the prompt
         assert mask[0] and not mask[1 : 1 + n_prompt].any() and mask[1 + n_prompt :].all()
         assert tok.decode(ids[mask][1:]) == s.target
+        assert set(weights[mask].tolist()) == {1.0}, "no --field-weights: every counted token weighs 1"
     everything = tokenize(path_samples, tok, "all")
-    assert all(m.all() for m in everything.loss)
+    assert all((w == 1).all() for w in everything.weights)
 
 
 def test_rows_are_a_pure_function_of_seed_and_index_and_each_pass_covers_every_token():
@@ -157,7 +209,8 @@ def test_rows_are_a_pure_function_of_seed_and_index_and_each_pass_covers_every_t
     lengths = rng.integers(5, 40, 30)
     from rookworld.sft.samples import Documents
 
-    docs = Documents([rng.integers(0, 50000, n) for n in lengths], [rng.random(n) < 0.7 for n in lengths], EOS_ID)
+    docs = Documents([rng.integers(0, 50000, n) for n in lengths],
+                     [(rng.random(n) < 0.7).astype(np.float32) for n in lengths], EOS_ID)
     rows = Rows(docs, seq_len=16, pack=True, seed=3)
     assert rows.per_pass == int(lengths.sum()) // 16
     everything = np.sort(np.concatenate(docs.ids))
@@ -179,11 +232,13 @@ def test_rows_are_a_pure_function_of_seed_and_index_and_each_pass_covers_every_t
 
 # -- the loss of a step against a direct computation ----------------------------------------------------------------
 
-@pytest.mark.parametrize("pack, seq_len", [(True, 48), (False, 256)])
-def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, seq_len):
-    """Micro-batches, packing or right-padded rows of a document each, and the loss mask together: the step's loss
-    and gradient equal the mean NLL of the counted tokens of its rows, computed from the full logits in float64
-    with the pads masked out."""
+@pytest.mark.parametrize("pack, seq_len, field_weights", [(True, 48, ""), (False, 256, ""),
+                                                          (False, 256, "M=0.5,E=0,B=3,state=2,reward=0.25")])
+def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, seq_len, field_weights):
+    """Micro-batches, packing or right-padded rows of a document each, and the loss weights together: the step's
+    loss and gradient equal the weighted mean NLL of the counted tokens of its rows (each token's weight its
+    field's, `test_each_target_token_weighs_its_fields_weight`), computed from the full logits in float64 with the
+    pads masked out."""
     from rookworld.settings.config import SFTConfig
     from rookworld.sft.samples import collate
     from rookworld.sft.trainer import SFTTrainer
@@ -192,7 +247,7 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
     cfg = SFTConfig(init="tiny", n_embd=32, n_head=2, data=[str(data)], output_dir=str(tmp_path / "out"), steps=1,
                     seq_len=seq_len, pack=pack, rows_per_step=5, micro_batch_size=2, loss_on="target",
                     max_grad_norm=0.0, eval_every=0, warmup_steps=0, compile=False, device="cpu",
-                    dtype="fp32").validate()  # float32's numerics against float64 (auto may be bf16 on the CPU)
+                    dtype="fp32", field_weights=field_weights).validate()  # float32's numerics against float64
     t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
     import copy
 
@@ -202,7 +257,8 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
     ids, loss = (torch.from_numpy(a) for a in collate(rows, EOS_ID))
     attn = torch.arange(ids.shape[1]) < torch.tensor([len(i) for i, _ in rows])[:, None]  # the pads masked out
     logp = model(ids, attn).log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
-    counted = loss[:, 1:]
+    counted = loss[:, 1:].double()
+    assert set(counted.unique().tolist()) == ({0.0, 1.0} if not field_weights else {0.0, 0.25, 0.5, 1.0, 2.0, 3.0})
     want = -(logp * counted).sum() / counted.sum()
     assert m["loss"] == pytest.approx(float(want.detach()), rel=1e-5)
     want.backward()

@@ -11,6 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from rookworld.ground.fields import parse_weights
 from rookworld.ground.quote import quoted
 from rookworld.ground.rewards import P_REWARDS, SHAPINGS
 from rookworld.settings import objective
@@ -42,6 +43,14 @@ def reporters(option: str, value: Any) -> str | None:
     # Found, not imported: wandb is slow to import, and parsing flags must stay quick.
     if "wandb" in names and importlib.util.find_spec("wandb") is None:
         return f"{option} wandb: wandb is not installed: pip install 'rookworld[wandb]'"
+    return None
+
+
+def field_weights(option: str, value: Any) -> str | None:
+    try:
+        parse_weights(value)
+    except ValueError as e:
+        return f"{option}: {e}"
     return None
 
 
@@ -318,6 +327,13 @@ class RowSettings:
     legal_weight: float = setting(0.0, "weight of the legality loss added to SFT's: at every token of the moves a P: "
                                        "target writes, -log of the probability on tokens that continue a legal move "
                                        "(0: none; needs one document a row)", DATA, check=non_negative)
+    field_weights: str = setting("", "weights of the target's fields in the loss, e.g. M=1,E=0.25,B=4 (fields: "
+                                     "M, E and B of P:, state and reward of A:; one not named weighs 1): the loss is "
+                                     "the weighted token mean", DATA, check=field_weights, metavar="FIELD=W,...")
+    candidate_order: str = setting("as-written", "order of a P: target's M: candidates (and their E: evals): as the "
+                                                 "data writes them (RookWorld's are shuffled), or ranked by "
+                                                 "Stockfish's eval, best first (needs --layout, which rewrites the "
+                                                 "targets)", DATA, choices=("as-written", "ranked"))
 
     def check_together(self, need) -> None:
         need(not (self.pack and self.legal_weight > 0), "--legal-weight reads each row's P: target: it needs one "
@@ -348,6 +364,8 @@ class SFTConfig(RunConfig, FreshModelSettings, DataSettings, BadLinesSettings, L
         need(self.model is not None or self.init is not None, "give --model DIR (continue a checkpoint) or --init "
                                                               "tiny|mini|small (a fresh GPT-2)")
         need(len(self.data) >= 1, "give training samples with --data FILE (repeat for several files)")
+        need(self.candidate_order == "as-written" or self.layout is not None,
+             "--candidate-order ranked rewrites each P: target: give the --layout to write it in")
 
     def check_world(self, world: int) -> None:
         need(self.rows_per_step % world == 0, f"--rows-per-step ({self.rows_per_step}) must divide over {world} ranks")

@@ -27,6 +27,7 @@ import numpy as np
 
 from rookworld.ground import chess
 from rookworld.ground.data import DataError, Record, json_value, read_lines
+from rookworld.ground.fields import FIELDS, OTHER, field_starts
 from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import policy_targets
 from rookworld.net.tokenizer import OutsideVocabularyError
@@ -136,14 +137,17 @@ def read_samples(paths: Sequence[str], skip_bad: bool = False) -> SampleSet:
     return SampleSet(kept, skipped, disagree, bad_history)
 
 
-def relayout(samples: Sequence[Sample], layout: str) -> list[Sample]:
+def relayout(samples: Sequence[Sample], layout: str, ranked: bool = False) -> list[Sample]:
     """The samples with each P: target rewritten in `layout` (`policy_targets`: rookworld or compact), its moves,
-    evals and best move unchanged; A: samples as they are."""
+    evals and best move unchanged, the moves in the data's order or `ranked` by eval, best first (ties keep the
+    data's order); A: samples as they are."""
     policy = [i for i, s in enumerate(samples) if s.task == "P"]
     parsed = [_P_TARGET.match(samples[i].target) for i in policy]  # every P: sample was checked on reading
-    targets = policy_targets([samples[i].prompt[3:] for i in policy], [m.group(1).split() for m in parsed],
-                             [[float(e) for e in m.group(2).split()] for m in parsed], [m.group(3) for m in parsed],
-                             layout)
+    candidates = [list(zip(m.group(1).split(), map(float, m.group(2).split()))) for m in parsed]
+    if ranked:
+        candidates = [sorted(c, key=lambda move_eval: -move_eval[1]) for c in candidates]
+    targets = policy_targets([samples[i].prompt[3:] for i in policy], [[m for m, _ in c] for c in candidates],
+                             [[e for _, e in c] for c in candidates], [m.group(3) for m in parsed], layout)
     out = list(samples)
     for i, target in zip(policy, targets):
         out[i] = dataclasses.replace(samples[i], target=target)
@@ -211,20 +215,47 @@ def positions(samples: Sequence[Sample], limit: int | None = None) -> list[Recor
 @dataclass
 class Documents:
     ids: list[np.ndarray]  # [EOS] + prompt + target, int64
-    loss: list[np.ndarray]  # bool per token: whether the loss counts predicting it
+    #: float32 per token: the weight of predicting it in the loss (0: the loss does not count it)
+    weights: list[np.ndarray]
     eos_id: int  # the tokenizer's <|endoftext|>: each document's first token, and the pad
     #: per document: a P: sample's (FEN, index of its target's first token), for the legality loss; None for A:
     policy: list[tuple[str, int] | None] = dataclasses.field(default_factory=list)
+    #: uint8 per token: its field (1 + the index in `FIELDS`), or `OTHER` (the prompt, the EOS)
+    fields: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     def row(self, d: int) -> tuple[np.ndarray, np.ndarray]:
-        """Document `d` as a row of its own, closed by an EOS the loss counts."""
-        return np.append(self.ids[d], self.eos_id), np.append(self.loss[d], True)
+        """Document `d` as a row of its own, closed by an EOS the loss counts at weight 1."""
+        return np.append(self.ids[d], self.eos_id), np.append(self.weights[d], np.float32(1.0))
 
 
-def tokenize(samples: Sequence[Sample], tokenizer, loss_on: str = "all") -> Documents:
+def token_sizes(tokenizer) -> np.ndarray:
+    """Every token's length in bytes (the EOS 0): where each token of a text begins."""
+    decode = tokenizer.encoding.decode_single_token_bytes
+    return np.array([0 if t == tokenizer.eos_id else len(decode(t)) for t in range(tokenizer.vocab_size)])
+
+
+def token_fields(sizes: np.ndarray, task: str, target: str, tokens: Sequence[int]) -> np.ndarray:
+    """Each target token's field (1 + its index in `FIELDS`): the field its first character lies in. `sizes`:
+    `token_sizes` of the vocabulary that spelled `tokens`."""
+    size = sizes[np.asarray(tokens, dtype=np.int64)]
+    begins = np.cumsum(size) - size  # the chess text is ASCII: a byte a character
+    starts = field_starts(task, target)
+    at = np.searchsorted(np.array([o for o, _ in starts]), begins, side="right") - 1
+    numbers = np.array([f for _, f in starts], dtype=np.uint8)
+    return np.where(at >= 0, numbers[np.maximum(at, 0)], OTHER).astype(np.uint8)
+
+
+def field_table(weights: dict[str, float] | None = None) -> np.ndarray:
+    """Weight by field number, `OTHER` first (always 1): the table `tokenize` reads (None: every field 1)."""
+    return np.array([1.0] + [1.0 if weights is None else weights[f] for f in FIELDS], dtype=np.float32)
+
+
+def tokenize(samples: Sequence[Sample], tokenizer, loss_on: str = "all",
+             field_weights: dict[str, float] | None = None) -> Documents:
     """With ``loss_on="target"`` the loss counts the target and the EOS that opens a document (which the
-    previous document's last token predicts: the end of its completion), not the prompt. A sample with text the
-    vocabulary cannot spell is an error naming its file and line."""
+    previous document's last token predicts: the end of its completion), not the prompt. Each counted target token
+    weighs its field's `field_weights` (`rookworld.ground.fields`; None: all 1); the prompt and EOS weigh 1. A
+    sample with text the vocabulary cannot spell is an error naming its file and line."""
     for s in samples:
         try:
             tokenizer.check(s.prompt + s.target)
@@ -232,15 +263,18 @@ def tokenize(samples: Sequence[Sample], tokenizer, loss_on: str = "all") -> Docu
             raise DataError(f"{s.source}: {e}") from None
     prompts = tokenizer.encoding.encode_ordinary_batch([s.prompt for s in samples])
     targets = tokenizer.encoding.encode_ordinary_batch([s.target for s in samples])
-    ids, loss, policy = [], [], []
+    table, sizes = field_table(field_weights), token_sizes(tokenizer)
+    ids, weights, policy, fields = [], [], [], []
     for s, p, t in zip(samples, prompts, targets):
         ids.append(np.array([tokenizer.eos_id, *p, *t], dtype=np.int64))
-        mask = np.ones(len(p) + len(t) + 1, dtype=bool)
+        field = np.concatenate([np.full(1 + len(p), OTHER, np.uint8), token_fields(sizes, s.task, s.target, t)])
+        weight = table[field]
         if loss_on == "target":
-            mask[1 : 1 + len(p)] = False
-        loss.append(mask)
+            weight[1 : 1 + len(p)] = 0.0
+        fields.append(field)
+        weights.append(weight)
         policy.append((s.prompt[3:].strip(), 1 + len(p)) if s.task == "P" else None)
-    return Documents(ids, loss, tokenizer.eos_id, policy)
+    return Documents(ids, weights, tokenizer.eos_id, policy, fields)
 
 
 class Rows:
@@ -260,7 +294,7 @@ class Rows:
                 raise DataError(f"a document of {longest} tokens does not fit --seq-len {seq_len} (one document a row; "
                                 "raise --seq-len, or --pack documents into rows)")
         self._pass = -1
-        self._ids = self._loss = None
+        self._ids = self._weights = None
         self._order: list[int] = []
 
     def _load(self, k: int) -> None:
@@ -271,7 +305,7 @@ class Rows:
         self._order, self._pass = order, k
         if self.pack:
             self._ids = np.concatenate([self.docs.ids[i] for i in order])
-            self._loss = np.concatenate([self.docs.loss[i] for i in order])
+            self._weights = np.concatenate([self.docs.weights[i] for i in order])
 
     def document(self, index: int) -> int | None:
         """The document row `index` holds whole (one document a row), else None."""
@@ -281,12 +315,12 @@ class Rows:
         return self._order[index % self.per_pass]
 
     def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids, loss mask) of row `index`."""
+        """(token ids, loss weights) of row `index`."""
         self._load(index // self.per_pass)
         i = index % self.per_pass
         if self.pack:
             span = slice(i * self.seq_len, (i + 1) * self.seq_len)
-            return self._ids[span], self._loss[span]
+            return self._ids[span], self._weights[span]
         return self.docs.row(self._order[i])
 
 
@@ -295,17 +329,17 @@ def eval_rows(docs: Documents, seq_len: int, pack: bool) -> list[tuple[np.ndarra
     row's first token is context only), or one document a row."""
     if not pack:
         return [docs.row(d) for d in range(len(docs.ids))]
-    ids, loss = np.concatenate(docs.ids), np.concatenate(docs.loss)
+    ids, weights = np.concatenate(docs.ids), np.concatenate(docs.weights)
     stride = seq_len - 1
-    return [(ids[s : s + seq_len], loss[s : s + seq_len]) for s in range(0, len(ids) - 1, stride)]
+    return [(ids[s : s + seq_len], weights[s : s + seq_len]) for s in range(0, len(ids) - 1, stride)]
 
 
 def collate(rows: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows right-padded to the longest with `pad_id`: (ids [B, T], loss mask [B, T]); the loss never counts a
-    pad."""
+    """Rows right-padded to the longest with `pad_id`: (ids [B, T], loss weights [B, T] float32); the loss never
+    counts a pad."""
     width = max(len(i) for i, _ in rows)
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    loss = np.zeros((len(rows), width), dtype=bool)
-    for r, (i, m) in enumerate(rows):
-        ids[r, : len(i)], loss[r, : len(i)] = i, m
-    return ids, loss
+    weights = np.zeros((len(rows), width), dtype=np.float32)
+    for r, (i, w) in enumerate(rows):
+        ids[r, : len(i)], weights[r, : len(i)] = i, w
+    return ids, weights

@@ -13,9 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from rookworld.ground.fields import FIELDS, parse_weights
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import Role, pool_for
 from rookworld.harness.distributed import accumulating, data_parallel, unwrapped
@@ -57,12 +59,24 @@ def step_flops(model: nn.Module, tokens: float, counted: float, context: float) 
 
 @dataclass(frozen=True)
 class NLL:
-    """SFT's `TokenLoss`: each counted token's negative log-likelihood over the step's `normalizer`."""
+    """SFT's `TokenLoss`: each counted token's negative log-likelihood times its weight (`weights`, flat over the
+    micro-batch's [B * N] positions) over the step's `normalizer` (the sum of its weights)."""
 
     normalizer: float
+    weights: torch.Tensor
 
     def __call__(self, logprobs, entropy, kl, positions) -> TokenTerms:
-        return TokenTerms(-logprobs / self.normalizer)
+        return TokenTerms(-logprobs * self.weights[positions] / self.normalizer)
+
+
+@dataclass(frozen=True)
+class MicroBatchLoss:
+    """What `SFTTrainer._loss` gives of one micro-batch."""
+
+    nll: torch.Tensor  # the weighted NLL's sum over the normalizer, detached
+    weight: float  # the sum of its tokens' weights
+    legal: torch.Tensor | None  # the summed legality loss of its move slots (None without slots)
+    logprobs: torch.Tensor  # [B, T - 1] each token's log-prob (0 where not counted), detached
 
 
 class SFTTrainer:
@@ -87,8 +101,10 @@ class SFTTrainer:
             for line in held_out.report():
                 run.log.say(f"warning: --eval-data: {line}")
         # P: text in each file's own layout, or rewritten in --layout's.
-        laid_out = (lambda samples: samples) if cfg.layout is None else (lambda samples: relayout(samples, cfg.layout))
-        self.docs = tokenize(laid_out(data.samples), run.tokenizer, cfg.loss_on)
+        ranked = cfg.candidate_order == "ranked"
+        laid_out = (lambda samples: samples) if cfg.layout is None else (
+            lambda samples: relayout(samples, cfg.layout, ranked))
+        self.docs = tokenize(laid_out(data.samples), run.tokenizer, cfg.loss_on, parse_weights(cfg.field_weights))
         self.rows = Rows(self.docs, cfg.seq_len, cfg.pack, cfg.seed)
         n_tokens = sum(len(d) for d in self.docs.ids)
         tasks = [s.task for s in data.samples]
@@ -117,24 +133,24 @@ class SFTTrainer:
                                 self.run.device)
 
     def _loss(self, batch, normalizer: float, backward: bool, slots: MoveSlots | None = None,
-              legal_normalizer: float = 1.0) -> tuple[torch.Tensor, float, torch.Tensor | None]:
-        """Summed NLL / normalizer of one micro-batch of rows, how many tokens it counted, and the summed legality
-        loss of its move slots (None without slots). With --legal-weight, the backward takes weight x legal /
-        legal_normalizer too."""
+              legal_normalizer: float = 1.0) -> MicroBatchLoss:
+        """One micro-batch of rows: its weighted NLL over normalizer, and the legality loss of its move slots. With
+        backward and --legal-weight, the backward takes weight x legal / legal_normalizer too."""
         dev = self.run.device
-        ids, loss = (torch.from_numpy(a).to(dev) for a in collate(batch, self.run.tokenizer.pad_id))
-        counted = loss[:, 1:]
+        ids, weights = (torch.from_numpy(a).to(dev) for a in collate(batch, self.run.tokenizer.pad_id))
+        weights = weights[:, 1:]
+        counted = weights > 0
         # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
         # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
         keep = slots is not None and len(slots) > 0
         options = PassOptions(compile=self.run.compile_logprobs, keep_hidden=keep)
         with self.run.autocast():
             if backward:  # the NLL's gradients made in the same pass over the vocabulary
-                out = self.logprobs(ids, None, 1, wanted=counted, loss=NLL(normalizer))
+                out = self.logprobs(ids, None, 1, wanted=counted, loss=NLL(normalizer, weights.reshape(-1)))
                 nll = out.loss
             else:
                 out = token_logprobs(self.run.policy, ids, None, options, wanted=counted)
-                nll = -(out.logprobs.float() * counted).sum() / normalizer
+                nll = -(out.logprobs.float() * weights).sum() / normalizer
             legal = None
             if keep:
                 # out.hidden[:, j - 1] predicts token j
@@ -144,7 +160,8 @@ class SFTTrainer:
             weighted = self.cfg.legal_weight * legal / legal_normalizer if legal is not None and \
                 self.cfg.legal_weight > 0 else 0.0
             (nll + weighted).backward()
-        return nll.detach(), float(counted.sum()), None if legal is None else legal.detach()
+        return MicroBatchLoss(nll.detach(), float(weights.sum()), None if legal is None else legal.detach(),
+                              out.logprobs.detach())
 
     def train_step(self) -> dict[str, Any]:
         cfg, run = self.cfg, self.run
@@ -155,8 +172,9 @@ class SFTTrainer:
         first = run.step * cfg.rows_per_step + run.dist.rank * per_rank
         rows = [self.rows.row(first + i) for i in range(per_rank)]
         docs = [self.rows.document(first + i) for i in range(per_rank)]
-        # The token mean is over every rank's tokens: DDP averages the ranks' gradients.
-        tokens = run.comm.sum([float(sum(m[1:].sum() for _, m in rows))])[0]
+        # The weighted token mean is over every rank's tokens: DDP averages the ranks' gradients.
+        weight, counted = run.comm.sum([float(sum(w[1:].sum() for _, w in rows)),
+                                        float(sum((w[1:] > 0).sum() for _, w in rows))])
         run.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=run.device)
         cuts = range(0, len(rows), cfg.micro_batch_size)
@@ -168,11 +186,11 @@ class SFTTrainer:
         legal_total = torch.zeros((), device=run.device)
         for j, (batch, batch_slots) in enumerate(zip(micro, slots)):
             with accumulating(self.logprobs, last=j == len(micro) - 1):
-                nll, _, legal = self._loss(batch, max(tokens, 1.0) / run.dist.world, backward=True,
-                                           slots=batch_slots, legal_normalizer=max(n_slots, 1.0) / run.dist.world)
-            total += nll
-            if legal is not None:
-                legal_total += legal
+                part = self._loss(batch, max(weight, 1e-12) / run.dist.world, backward=True, slots=batch_slots,
+                                  legal_normalizer=max(n_slots, 1.0) / run.dist.world)
+            total += part.nll
+            if part.legal is not None:
+                legal_total += part.legal
         params = [p for g in run.optimizer.param_groups for p in g["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
         with run.applying():  # from the first weight changed to the counter, a step is done whole
@@ -193,8 +211,39 @@ class SFTTrainer:
         if cfg.legal_weight > 0:
             m["legal_loss"] = run.comm.sum([float(legal_total)])[0] / max(n_slots, 1.0)
         if self.peak_tflops is not None:
-            flops = step_flops(self.run.policy, all_tokens, tokens, context)
+            flops = step_flops(self.run.policy, all_tokens, counted, context)
             m["mfu"] = flops / step_time / (run.dist.world * self.peak_tflops * 1e12)
+        return m
+
+    def _heldout_loss(self) -> dict[str, float]:
+        """The token mean NLL on --eval-data's samples (every target token weighs 1, whatever --field-weights
+        says, so that runs compare), the legal mass of their move slots, and with one document a row each field's
+        own mean NLL (`rookworld.ground.fields`)."""
+        cfg, docs = self.cfg, self.eval_docs
+        rows = eval_rows(docs, cfg.seq_len, cfg.pack)
+        total = counted = legal = 0.0
+        n_slots = 0
+        by_field = np.zeros((2, len(FIELDS) + 1))  # [summed NLL, tokens] per field number
+        for i in range(0, len(rows), cfg.micro_batch_size):
+            batch = rows[i : i + cfg.micro_batch_size]
+            slots = self._slots(batch, list(range(i, i + len(batch))), docs)  # row d is document d
+            part = self._loss(batch, 1.0, backward=False, slots=slots)
+            total, counted = total + float(part.nll), counted + part.weight
+            if part.legal is not None:
+                legal, n_slots = legal + float(part.legal), n_slots + len(slots)
+            if not cfg.pack:
+                nll = -part.logprobs.float().cpu().numpy()
+                for r, (_, weights) in enumerate(batch):
+                    fields, keep = docs.fields[i + r][1:], weights[1:-1] > 0  # token j's NLL is nll[r, j - 1]
+                    np.add.at(by_field[0], fields[keep], nll[r, : len(fields)][keep])
+                    np.add.at(by_field[1], fields[keep], 1.0)
+        m = {"eval/loss": total / max(counted, 1.0)}
+        if n_slots:
+            # exp(-mean legality loss): the geometric mean of the probability a move token gives to legal moves
+            m["eval/legal_mass"] = math.exp(-legal / n_slots)
+        for f, name in enumerate(FIELDS, 1):
+            if by_field[1, f]:
+                m[f"eval/field_loss/{name}"] = by_field[0, f] / by_field[1, f]
         return m
 
     @torch.no_grad()
@@ -203,20 +252,7 @@ class SFTTrainer:
         ones)."""
         cfg, m = self.cfg, {}
         if self.eval_docs is not None:
-            rows = eval_rows(self.eval_docs, cfg.seq_len, cfg.pack)
-            total = counted = legal = 0.0
-            n_slots = 0
-            for i in range(0, len(rows), cfg.micro_batch_size):
-                batch = rows[i : i + cfg.micro_batch_size]
-                slots = self._slots(batch, list(range(i, i + len(batch))), self.eval_docs)  # row d is document d
-                nll, n, batch_legal = self._loss(batch, 1.0, backward=False, slots=slots)
-                total, counted = total + float(nll), counted + n
-                if batch_legal is not None:
-                    legal, n_slots = legal + float(batch_legal), n_slots + len(slots)
-            m["eval/loss"] = total / max(counted, 1.0)
-            if n_slots:
-                # exp(-mean legality loss): the geometric mean of the probability a move token gives to legal moves
-                m["eval/legal_mass"] = math.exp(-legal / n_slots)
+            m.update(self._heldout_loss())
         records = self.eval_records or heldout_records(cfg.eval_size, cfg.seed)
         if self.pool is None and any(r.analysis is None for r in records):
 
