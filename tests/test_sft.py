@@ -3,6 +3,7 @@ command end to end (resume, DDP, a model rookworld train and transformers load),
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -267,6 +268,44 @@ def test_an_sft_step_gives_the_token_mean_nll_and_its_gradient(tmp_path, pack, s
     t.close()
 
 
+def test_the_held_out_loss_of_each_field_against_a_direct_computation(tmp_path):
+    """eval/field_loss/F is the mean NLL of field F's tokens of the held-out targets, and eval/loss the mean over
+    every counted token, each token at weight 1 whatever --field-weights trains with: from the full logits in
+    float64, the fields cut from the text by hand (`test_each_target_token_weighs_its_fields_weight`)."""
+    from rookworld.settings.config import SFTConfig
+    from rookworld.sft.trainer import SFTTrainer
+
+    data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE)
+    held_out = text_file(tmp_path, "held.txt", P_LINE.replace("h7f6", "h7g5"), FIRST, A_LINE)
+    cfg = SFTConfig(init="tiny", n_embd=32, n_head=2, data=[str(data)], eval_data=str(held_out),
+                    output_dir=str(tmp_path / "out"), steps=1, seq_len=256, micro_batch_size=2, loss_on="target",
+                    compile=False, device="cpu", dtype="fp32", field_weights="E=0,B=9").validate()
+    t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
+    with torch.no_grad():
+        got = t._heldout_loss()
+    model, tok = copy.deepcopy(t.run.policy).double(), t.run.tokenizer
+    sums: dict[str, list[float]] = {}
+    for s in read_samples([str(held_out)]).samples:
+        if s.task == "P":  # where each field begins: at the whitespace before its label
+            e, b = (len(s.target[: s.target.index(label)].rstrip()) for label in ("E:", "B:"))
+            starts = [(0, "M"), (e, "E"), (b, "B")]
+        else:
+            starts = [(0, "state"), (s.target.index("+"), "reward")]
+        prompt, target = tok.encode(s.prompt), tok.encoding.encode_ordinary(s.target)
+        row = torch.tensor([[EOS_ID, *prompt, *target, EOS_ID]])
+        logp = model(row).log_softmax(-1)[0, :-1].gather(-1, row[0, 1:, None]).squeeze(-1).tolist()
+        at = 0
+        for k, token in enumerate(target):  # logp[j - 1] is token j's; the target's k-th is token 1 + |prompt| + k
+            name = [n for begin, n in starts if begin <= at][-1]
+            sums.setdefault(name, []).append(-logp[len(prompt) + k])
+            at += len(tok.encoding.decode([token]))
+        sums.setdefault("all", []).extend(-x for x in logp[len(prompt):])  # the target and its closing EOS
+    for name in ("M", "E", "B", "state", "reward"):
+        assert got[f"eval/field_loss/{name}"] == pytest.approx(np.mean(sums[name]), rel=1e-5), name
+    assert got["eval/loss"] == pytest.approx(np.mean(sums["all"]), rel=1e-5)
+    t.close()
+
+
 def test_step_flops_counts_the_lm_head_only_on_the_scored_tokens():
     """nanoGPT's 6N + 12·L·d·T per token, with the GPT-2 parameter count worked out from the config by hand, and
     the tied lm_head (V·d) charged only for the tokens that go through it."""
@@ -437,6 +476,24 @@ def test_a_run_extended_with_more_steps_follows_the_longer_schedule_from_its_fir
     # cosine to 0.1 x peak: 2 steps end at 1e-4, 4 steps pass through 5.5e-4 at their third
     assert [r["lr"] for r in metrics(short)][2:] == pytest.approx([r["lr"] for r in metrics(long)][2:], rel=1e-12)
     assert metrics(short)[2]["lr"] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 2 / 4))))
+
+
+def test_warm_up_stable_cooldown_rates_by_hand_and_an_extended_run_keeps_its_stable_phase():
+    """--cooldown-steps 4 of 10 with 2 of warm-up and min ratio 0.1: 1/3, 2/3, the peak four times, then a linear
+    cooldown ending at 0.1 on the last step. Extended to 20 steps, every rate before the new cooldown is the
+    peak's: what a shorter run took of its stable phase is what the longer one takes."""
+    from rookworld.harness.run import lr_factor
+    from rookworld.settings.config import ConfigError, SFTConfig
+
+    def factors(steps):
+        cfg = SFTConfig(init="tiny", data=[], steps=steps, warmup_steps=2, cooldown_steps=4, min_lr_ratio=0.1)
+        return [lr_factor(s, cfg) for s in range(steps)]
+
+    assert factors(10) == pytest.approx([1 / 3, 2 / 3, 1, 1, 1, 1, 0.775, 0.55, 0.325, 0.1], rel=1e-12)
+    assert factors(20)[:16] == pytest.approx([1 / 3, 2 / 3] + [1.0] * 14, rel=1e-12)
+    assert factors(20)[16:] == pytest.approx(factors(10)[6:], rel=1e-12)
+    with pytest.raises(ConfigError, match="--cooldown-steps"):
+        SFTConfig(init="tiny", data=[__file__], steps=5, warmup_steps=2, cooldown_steps=4).validate()
 
 
 @pytest.mark.slow

@@ -33,9 +33,14 @@ from rookworld.settings.presets import schedule_warnings
 
 
 def lr_factor(step: int, cfg: RunConfig) -> float:
-    """Linear warm-up to the peak, then cosine decay to min_lr_ratio x peak at the last step."""
+    """Linear warm-up to the peak; then cosine decay to min_lr_ratio x peak at the last step, or with
+    cooldown_steps the peak held until a linear cooldown to min_lr_ratio x peak over the last cooldown_steps (warm-up,
+    stable, decay: a longer run shares every rate of a shorter one's stable phase)."""
     if step < cfg.warmup_steps:
         return (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.cooldown_steps:
+        into = step - (cfg.steps - cfg.cooldown_steps) + 1  # steps into the cooldown, this one included
+        return 1.0 - (1.0 - cfg.min_lr_ratio) * min(1.0, max(0.0, into / cfg.cooldown_steps))
     span = max(1, cfg.steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))

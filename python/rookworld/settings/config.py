@@ -86,8 +86,12 @@ class OptimizerSettings:
                                     OPTIM, check=positive)
     lr: float = setting(3e-6, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM, main=True,
                         check=above_zero)
-    min_lr_ratio: float = setting(0.1, "cosine decay ends at lr x this", OPTIM, check=share)
+    min_lr_ratio: float = setting(0.1, "the decay (cosine, or the cooldown) ends at lr x this", OPTIM, check=share)
     warmup_steps: int = setting(10, "linear learning-rate warm-up steps", OPTIM, check=non_negative)
+    cooldown_steps: int = setting(0, "0: cosine decay from the warm-up to the last step; N: the peak rate held "
+                                     "constant, then a linear cooldown to lr x --min-lr-ratio over the last N steps "
+                                     "(a run extended with --resume --steps keeps its rate until the new cooldown)",
+                                  OPTIM, check=non_negative)
     weight_decay: float = setting(0.0, "AdamW weight decay (of weight matrices only)", OPTIM, check=non_negative)
     max_grad_norm: float = setting(1.0, "gradient clipping norm (0: off)", OPTIM, check=non_negative)
 
@@ -128,6 +132,9 @@ class RunConfig(ModelSettings, RunSettings, SeedSettings, OptimizerSettings, Log
     """What every training command shares."""
 
     def check_together(self, need) -> None:
+        need(self.cooldown_steps == 0 or self.warmup_steps + self.cooldown_steps <= self.steps,
+             f"--warmup-steps ({self.warmup_steps}) and --cooldown-steps ({self.cooldown_steps}) together must fit "
+             f"in --steps ({self.steps})")
         # Training starts from a model directory itself, not a run directory (eval and ask take those).
         if self.model is not None and is_local_path(self.model) and Path(self.model).expanduser().is_dir():
             need((Path(self.model).expanduser() / "config.json").is_file(),
