@@ -337,6 +337,13 @@ class RowSettings:
     field_weights: str = setting("", "weights of the target's fields in the loss, e.g. M=1,E=0.25,B=4 (fields: "
                                      "M, E and B of P:, state and reward of A:; one not named weighs 1): the loss is "
                                      "the weighted token mean", DATA, check=field_weights, metavar="FIELD=W,...")
+    soft_best_weight: float = setting(0.0, "weight of the soft best move loss added to SFT's: at the B: move's "
+                                           "tokens, the cross-entropy against softmax(Stockfish's eval of every "
+                                           "legal move / --soft-best-temperature), analysed at --stockfish-depth "
+                                           "before the first step (0: none; needs one document a row)", DATA,
+                                      check=non_negative)
+    soft_best_temperature: float = setting(0.5, "temperature in pawns of the soft best move's softmax: lower puts "
+                                                "more of the target on the best move", DATA, check=above_zero)
     candidate_order: str = setting("as-written", "order of a P: target's M: candidates (and their E: evals): as the "
                                                  "data writes them (RookWorld's are shuffled), or ranked by "
                                                  "Stockfish's eval, best first (needs --layout, which rewrites the "
@@ -345,6 +352,8 @@ class RowSettings:
     def check_together(self, need) -> None:
         need(not (self.pack and self.legal_weight > 0), "--legal-weight reads each row's P: target: it needs one "
                                                         "document a row, not --pack")
+        need(not (self.pack and self.soft_best_weight > 0), "--soft-best-weight reads each row's P: target: it "
+                                                            "needs one document a row, not --pack")
 
 
 @composed(model=None, output_dir="runs/sft", micro_batch_size=16, decode_batch_size=16, lr=3e-4, warmup_steps=50,

@@ -9,6 +9,13 @@ cannot (a UCI move is `' ' + file`, rank, file, rank and perhaps a piece, a toke
 
 so it pushes probability off the tokens no legal move can take, and leaves the choice among legal moves to the
 cross-entropy. `--legal-weight w` adds `w x legal` to SFT's token mean.
+
+The soft best move goes further at the B: move's tokens: Stockfish's eval of every legal move (in pawns, the side
+to move's view) makes a distribution q(m) = softmax(eval(m) / T) over the legal moves (Ruoss et al. 2024: a value
+for every move beats copying the best one). At each token of the B: move, given its tokens before, the target of
+the next token t is the q-mass of the legal moves spelled with the prefix and then t, over the q-mass of those
+with the prefix; the loss is the cross-entropy -sum_t target(t) log p(t | context), and `--soft-best-weight w` adds
+w x its mean over the B: tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +36,22 @@ _BEST = re.compile(r"B:\s*(\S+)")
 _UCI = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?")
 
 
+def soft_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy -sum_t target(t) log p(t) per row: logits [n, V], target [n, V] (each row sums to 1), in float32
+    or above."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return -(target * logits.log_softmax(-1)).sum(-1)
+
+
+def move_shares(evals: Sequence[tuple[str, float]], temperature: float) -> dict[str, float]:
+    """q(m) = softmax(eval / temperature) over every legal move's (move, eval in pawns)."""
+    top = max(e for _, e in evals)
+    weights = {m: float(np.exp((e - top) / temperature)) for m, e in evals}
+    total = sum(weights.values())
+    return {m: w / total for m, w in weights.items()}
+
+
 def legal_loss(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """-log of the probability on `allowed` tokens, per row: logits [n, V], allowed bool [n, V] (each row has
     one allowed token at least), in float32 or above."""
@@ -36,6 +59,19 @@ def legal_loss(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         logits = logits.float()
     inside = logits.masked_fill(~allowed, float("-inf")).logsumexp(-1)
     return logits.logsumexp(-1) - inside
+
+
+@dataclass(frozen=True)
+class SoftSlots:
+    """A batch's B: move tokens: `rows`, `columns` (as `MoveSlots`) and `target` [n, V] (each row's distribution
+    over the next token)."""
+
+    rows: torch.Tensor
+    columns: torch.Tensor
+    target: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
 @dataclass(frozen=True)
@@ -88,6 +124,56 @@ class LegalTokens:
                     break
                 out.append((first + k, allowed))
         return out
+
+    def best_slots(self, target: Sequence[int], shares: dict[str, float]) -> list[tuple[int, dict[int, float]]]:
+        """(index in `target` of a token of its B: move, {next token: its share of the target}) for every token of
+        the B: move while its tokens so far begin a legal move; `shares`: q over the legal moves (`move_shares`)."""
+        pieces = [self.decode(t) for t in target]
+        text = b"".join(pieces).decode("utf-8", "replace")
+        starts = np.cumsum([0] + [len(p) for p in pieces])
+        words = _move_words(text)
+        best = _BEST.search(text)
+        if best is None or not words or words[-1][0] != best.start(1) or not _UCI.fullmatch(best.group(1)):
+            return []
+        begin = best.start(1)
+        first = int(np.searchsorted(starts, begin - 1, side="right")) - 1
+        if first < 0 or starts[first] != begin - 1:
+            return []
+        spelled = tuple(target[first : first + len(self.spell(best.group(1)))])
+        legal = [(self.spell(m), q) for m, q in shares.items()]
+        out = []
+        for k in range(len(spelled)):
+            mass: dict[int, float] = {}
+            for s, q in legal:
+                if len(s) > k and s[:k] == spelled[:k]:
+                    mass[s[k]] = mass.get(s[k], 0.0) + q
+            total = sum(mass.values())
+            if total <= 0:
+                break
+            out.append((first + k, {t: m / total for t, m in mass.items()}))
+        return out
+
+    def soft_batch(self, docs: Sequence[tuple[int, np.ndarray, dict[str, float]] | None],
+                   device: torch.device) -> SoftSlots:
+        """The B: move slots of a batch's rows: each (the index of its target's first token in the row, the row's
+        ids, q over its position's legal moves), or None for a row without them."""
+        rows, columns, targets = [], [], []
+        for r, doc in enumerate(docs):
+            if doc is None:
+                continue
+            offset, ids, shares = doc
+            target = ids[offset:].tolist()
+            if self.eos_id in target:
+                target = target[: target.index(self.eos_id)]
+            for index, dist in self.best_slots(target, shares):
+                rows.append(r)
+                columns.append(offset + index)
+                targets.append(dist)
+        dense = torch.zeros(len(targets), self.vocab_size, dtype=torch.float32)
+        for i, dist in enumerate(targets):
+            dense[i, list(dist)] = torch.tensor(list(dist.values()), dtype=torch.float32)
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return SoftSlots(as_long(rows), as_long(columns), dense.to(device))
 
     def batch(self, docs: Sequence[tuple[str, int, np.ndarray] | None], device: torch.device) -> MoveSlots:
         """The move slots of a batch's rows: each (FEN, the index of its target's first token in the row, the row's

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rookworld.ground.fields import FIELDS, parse_weights
-from rookworld.ground.rewards import RewardScorer
+from rookworld.ground.rewards import EVERY_MOVE, RewardScorer
 from rookworld.ground.stockfish import Role, pool_for
 from rookworld.harness.distributed import accumulating, data_parallel, unwrapped
 from rookworld.harness.run import Run, step_if_finite
@@ -31,7 +31,7 @@ from rookworld.net.logprobs import LogProbs, PassOptions, token_logprobs
 from rookworld.net.model import GPTConfig, fresh_gpt
 from rookworld.net.tokenizer import vocabulary
 from rookworld.settings.config import SFTConfig
-from rookworld.sft.legality import LegalTokens, MoveSlots, legal_loss
+from rookworld.sft.legality import LegalTokens, MoveSlots, SoftSlots, legal_loss, move_shares, soft_loss
 from rookworld.sft.samples import Rows, collate, eval_rows, positions, read_samples, relayout, tokenize
 
 
@@ -77,6 +77,22 @@ class MicroBatchLoss:
     weight: float  # the sum of its tokens' weights
     legal: torch.Tensor | None  # the summed legality loss of its move slots (None without slots)
     logprobs: torch.Tensor  # [B, T - 1] each token's log-prob (0 where not counted), detached
+    soft: torch.Tensor | None = None  # the summed soft best move loss of its B: slots (None without them)
+
+
+def every_move_shares(cfg: SFTConfig, fens: list[str], say) -> dict[str, dict[str, float]]:
+    """For --soft-best-weight: q over each position's legal moves (`move_shares`) from Stockfish's analysis of every
+    legal move at --stockfish-depth (in --stockfish-cache when given), by FEN as the P: prompts write it."""
+    unique = list(dict.fromkeys(fens))
+    say(f"soft best move: Stockfish's eval of every legal move of {len(unique):,} positions (depth "
+        f"{cfg.stockfish_depth}{', cached in ' + cfg.stockfish_cache if cfg.stockfish_cache else ''}) ...")
+    t0 = time.perf_counter()
+    with pool_for(Role.ANALYSIS, path=cfg.stockfish_path, workers=cfg.stockfish_workers, depth=cfg.stockfish_depth,
+                  cache_path=cfg.stockfish_cache, multipv=EVERY_MOVE) as pool:
+        analyses = pool.analyse(unique)
+    say(f"soft best move: analysed in {time.perf_counter() - t0:.0f} s")
+    return {fen: move_shares(list(zip(a.moves, a.evals)), cfg.soft_best_temperature)
+            for fen, a in zip(unique, analyses) if a.candidates}
 
 
 class SFTTrainer:
@@ -121,6 +137,8 @@ class SFTTrainer:
         self.pool = None
         # Also measured (held-out) when it is not trained on, so runs with and without it compare.
         self.legal = LegalTokens(run.tokenizer) if not cfg.pack else None
+        self.shares = every_move_shares(cfg, [p[0] for p in self.docs.policy if p is not None], run.log.say) \
+            if cfg.soft_best_weight > 0 else {}
         # The card's dense bf16 peak, for MFU: None off CUDA or for a card whose peak is not known.
         self.peak_tflops = peak_tflops(torch.cuda.get_device_name(run.device)) if run.device.type == "cuda" else None
 
@@ -132,17 +150,26 @@ class SFTTrainer:
         return self.legal.batch([None if p is None else (*p, ids) for p, (ids, _) in zip(policy, batch)],
                                 self.run.device)
 
+    def _soft_slots(self, batch, docs: list[int | None]) -> SoftSlots | None:
+        """The B: move slots of a micro-batch's training rows with their soft targets (--soft-best-weight)."""
+        if not self.shares:
+            return None
+        policy = [None if d is None else self.docs.policy[d] for d in docs]
+        return self.legal.soft_batch([None if p is None or p[0] not in self.shares else (p[1], ids, self.shares[p[0]])
+                                      for p, (ids, _) in zip(policy, batch)], self.run.device)
+
     def _loss(self, batch, normalizer: float, backward: bool, slots: MoveSlots | None = None,
-              legal_normalizer: float = 1.0) -> MicroBatchLoss:
-        """One micro-batch of rows: its weighted NLL over normalizer, and the legality loss of its move slots. With
-        backward and --legal-weight, the backward takes weight x legal / legal_normalizer too."""
+              soft: SoftSlots | None = None, aux_normalizers: tuple[float, float] = (1.0, 1.0)) -> MicroBatchLoss:
+        """One micro-batch of rows: its weighted NLL over normalizer, the legality loss of its move slots and the soft
+        best move's of its B: slots. With backward, it takes --legal-weight x legal and --soft-best-weight x soft
+        over their `aux_normalizers` too."""
         dev = self.run.device
         ids, weights = (torch.from_numpy(a).to(dev) for a in collate(batch, self.run.tokenizer.pad_id))
         weights = weights[:, 1:]
         counted = weights > 0
         # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
         # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
-        keep = slots is not None and len(slots) > 0
+        keep = (slots is not None and len(slots) > 0) or (soft is not None and len(soft) > 0)
         options = PassOptions(compile=self.run.compile_logprobs, keep_hidden=keep)
         with self.run.autocast():
             if backward:  # the NLL's gradients made in the same pass over the vocabulary
@@ -151,17 +178,19 @@ class SFTTrainer:
             else:
                 out = token_logprobs(self.run.policy, ids, None, options, wanted=counted)
                 nll = -(out.logprobs.float() * weights).sum() / normalizer
-            legal = None
-            if keep:
-                # out.hidden[:, j - 1] predicts token j
-                logits = self.run.policy.lm_head(out.hidden[slots.rows, slots.columns - 1])
-                legal = legal_loss(logits, slots.allowed).sum()
+            # out.hidden[:, j - 1] predicts token j
+            head = lambda at: self.run.policy.lm_head(out.hidden[at.rows, at.columns - 1])  # noqa: E731
+            legal = legal_loss(head(slots), slots.allowed).sum() if slots is not None and len(slots) else None
+            soft_sum = soft_loss(head(soft), soft.target).sum() if soft is not None and len(soft) else None
         if backward:
-            weighted = self.cfg.legal_weight * legal / legal_normalizer if legal is not None and \
-                self.cfg.legal_weight > 0 else 0.0
-            (nll + weighted).backward()
+            total = nll
+            for term, w, n in ((legal, self.cfg.legal_weight, aux_normalizers[0]),
+                               (soft_sum, self.cfg.soft_best_weight, aux_normalizers[1])):
+                if term is not None and w > 0:
+                    total = total + w * term / n
+            total.backward()
         return MicroBatchLoss(nll.detach(), float(weights.sum()), None if legal is None else legal.detach(),
-                              out.logprobs.detach())
+                              out.logprobs.detach(), None if soft_sum is None else soft_sum.detach())
 
     def train_step(self) -> dict[str, Any]:
         cfg, run = self.cfg, self.run
@@ -181,16 +210,21 @@ class SFTTrainer:
         micro = [rows[i : i + cfg.micro_batch_size] for i in cuts]
         slots = [self._slots(batch, docs[i : i + cfg.micro_batch_size], self.docs) if cfg.legal_weight > 0 else None
                  for i, batch in zip(cuts, micro)]
-        # The legality loss is a mean over every rank's move slots, as the NLL is over their tokens.
-        n_slots = run.comm.sum([float(sum(len(s) for s in slots if s is not None))])[0]
-        legal_total = torch.zeros((), device=run.device)
-        for j, (batch, batch_slots) in enumerate(zip(micro, slots)):
+        soft = [self._soft_slots(batch, docs[i : i + cfg.micro_batch_size]) for i, batch in zip(cuts, micro)]
+        # The legality and soft losses are means over every rank's slots, as the NLL is over their tokens.
+        n_slots, n_soft = run.comm.sum([float(sum(len(s) for s in slots if s is not None)),
+                                        float(sum(len(s) for s in soft if s is not None))])
+        aux = (max(n_slots, 1.0) / run.dist.world, max(n_soft, 1.0) / run.dist.world)
+        legal_total, soft_total = torch.zeros((), device=run.device), torch.zeros((), device=run.device)
+        for j, (batch, batch_slots, batch_soft) in enumerate(zip(micro, slots, soft)):
             with accumulating(self.logprobs, last=j == len(micro) - 1):
                 part = self._loss(batch, max(weight, 1e-12) / run.dist.world, backward=True, slots=batch_slots,
-                                  legal_normalizer=max(n_slots, 1.0) / run.dist.world)
+                                  soft=batch_soft, aux_normalizers=aux)
             total += part.nll
             if part.legal is not None:
                 legal_total += part.legal
+            if part.soft is not None:
+                soft_total += part.soft
         params = [p for g in run.optimizer.param_groups for p in g["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
         with run.applying():  # from the first weight changed to the counter, a step is done whole
@@ -210,6 +244,8 @@ class SFTTrainer:
              "time/step": step_time, "peak_memory_gb": peak_memory_gb(run.device)}
         if cfg.legal_weight > 0:
             m["legal_loss"] = run.comm.sum([float(legal_total)])[0] / max(n_slots, 1.0)
+        if cfg.soft_best_weight > 0:
+            m["soft_best_loss"] = run.comm.sum([float(soft_total)])[0] / max(n_soft, 1.0)
         if self.peak_tflops is not None:
             flops = step_flops(self.run.policy, all_tokens, counted, context)
             m["mfu"] = flops / step_time / (run.dist.world * self.peak_tflops * 1e12)
