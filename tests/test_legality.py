@@ -64,6 +64,13 @@ def test_best_slots_chain_to_the_best_moves_share_over_python_chess_legal_moves(
     chain = np.prod([dist[t] for (_, dist), t in zip(slots, spelled)])
     assert chain == pytest.approx(shares[best], rel=1e-9)
     assert all(sum(dist.values()) == pytest.approx(1.0) for _, dist in slots)
+    # the first M: move instead (where a ranked target chooses): the same chain, at its own tokens
+    first_move = line["p_target"].split("M: ")[1].split()[0]
+    first = legal.best_slots(target, shares, at="first")
+    at = len(tok.encoding.encode_ordinary(line["p_target"].split(" " + first_move)[0]))
+    assert [i for i, _ in first] == list(range(at, at + len(tok.encoding.encode_ordinary(" " + first_move))))
+    chain = np.prod([dist[t] for (_, dist), t in zip(first, tok.encoding.encode_ordinary(" " + first_move))])
+    assert chain == pytest.approx(shares[first_move], rel=1e-9)
 
 
 def test_legal_loss_and_its_gradient_by_hand():
@@ -188,7 +195,8 @@ def test_an_sft_step_adds_the_weighted_slot_mean_of_the_legality_loss(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_sft_step_adds_the_soft_best_moves_weighted_slot_mean(tmp_path):
+@pytest.mark.parametrize("order", ["as-written", "ranked"])
+def test_an_sft_step_adds_the_soft_best_moves_weighted_slot_mean(tmp_path, order):
     """With --soft-best-weight (Stockfish, depth 3, every legal move of each P: position): the step's gradient is
     that of NLL + w_legal x legal + w_soft x (the mean soft cross-entropy over the B: moves' tokens), from the full
     logits in float64, and soft_best_loss is that mean."""
@@ -201,8 +209,8 @@ def test_an_sft_step_adds_the_soft_best_moves_weighted_slot_mean(tmp_path):
     cfg = SFTConfig(init="tiny", n_embd=32, n_head=2, data=[str(data)], output_dir=str(tmp_path / "out"), steps=1,
                     seq_len=256, rows_per_step=4, micro_batch_size=3, loss_on="target", max_grad_norm=0.0,
                     eval_every=0, warmup_steps=0, compile=False, device="cpu", dtype="fp32", legal_weight=0.7,
-                    soft_best_weight=0.5, soft_best_temperature=0.3, stockfish_depth=3,
-                    stockfish_workers=1).validate()
+                    soft_best_weight=0.5, soft_best_temperature=0.3, stockfish_depth=3, stockfish_workers=1,
+                    candidate_order=order, layout="compact" if order == "ranked" else None).validate()
     t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
     fen = P_LINE[3:].split("  ")[0].strip()
     board = chess.Board(fen)
@@ -227,7 +235,11 @@ def test_an_sft_step_adds_the_soft_best_moves_weighted_slot_mean(tmp_path):
         for index, allowed in t.legal.slots(fen, target):
             logit = logits[r, offset + index - 1]
             legal_terms.append(logit.logsumexp(-1) - logit[allowed].logsumexp(-1))
-        for index, dist in t.legal.best_slots(target, t.shares[fen]):
+        chosen = t.legal.best_slots(target, t.shares[fen], t.cfg.choice_slot)
+        text = t.run.tokenizer.encoding.decode(target)
+        move = text.split("M: ")[1].split()[0] if order == "ranked" else text.split("B: ")[1].split()[0]
+        assert t.run.tokenizer.encoding.decode([target[i] for i, _ in chosen]) == " " + move
+        for index, dist in chosen:
             lp = logits[r, offset + index - 1].log_softmax(-1)
             soft_terms.append(-sum(q * lp[token] for token, q in dist.items()))
     assert len(soft_terms) >= 3 * 2  # three P: rows, their B: move's tokens

@@ -337,17 +337,24 @@ class RowSettings:
     field_weights: str = setting("", "weights of the target's fields in the loss, e.g. M=1,E=0.25,B=4 (fields: "
                                      "M, E and B of P:, state and reward of A:; one not named weighs 1): the loss is "
                                      "the weighted token mean", DATA, check=field_weights, metavar="FIELD=W,...")
-    soft_best_weight: float = setting(0.0, "weight of the soft best move loss added to SFT's: at the B: move's "
-                                           "tokens, the cross-entropy against softmax(Stockfish's eval of every "
-                                           "legal move / --soft-best-temperature), analysed at --stockfish-depth "
-                                           "before the first step (0: none; needs one document a row)", DATA,
-                                      check=non_negative)
+    soft_best_weight: float = setting(0.0, "weight of the soft best move loss added to SFT's: at the tokens of the "
+                                           "move where a P: target chooses (B:, or with --candidate-order ranked the "
+                                           "first M: move), the cross-entropy against softmax(Stockfish's eval of "
+                                           "every legal move / --soft-best-temperature), analysed at "
+                                           "--stockfish-depth before the first step (0: none; needs one document a "
+                                           "row)", DATA, check=non_negative)
     soft_best_temperature: float = setting(0.5, "temperature in pawns of the soft best move's softmax: lower puts "
                                                 "more of the target on the best move", DATA, check=above_zero)
     candidate_order: str = setting("as-written", "order of a P: target's M: candidates (and their E: evals): as the "
                                                  "data writes them (RookWorld's are shuffled), or ranked by "
                                                  "Stockfish's eval, best first (needs --layout, which rewrites the "
                                                  "targets)", DATA, choices=("as-written", "ranked"))
+
+    @property
+    def choice_slot(self) -> str:
+        """Where a P: target chooses its move, for the soft best move: the first M: move when the candidates are
+        ranked best first (B: then copies it), else B:."""
+        return "first" if self.candidate_order == "ranked" else "B"
 
     def check_together(self, need) -> None:
         need(not (self.pack and self.legal_weight > 0), "--legal-weight reads each row's P: target: it needs one "

@@ -10,12 +10,13 @@ cannot (a UCI move is `' ' + file`, rank, file, rank and perhaps a piece, a toke
 so it pushes probability off the tokens no legal move can take, and leaves the choice among legal moves to the
 cross-entropy. `--legal-weight w` adds `w x legal` to SFT's token mean.
 
-The soft best move goes further at the B: move's tokens: Stockfish's eval of every legal move (in pawns, the side
+The soft best move goes further at the tokens of the move where the target chooses (B:, or the first M: move when
+the candidates are ranked best first): Stockfish's eval of every legal move (in pawns, the side
 to move's view) makes a distribution q(m) = softmax(eval(m) / T) over the legal moves (Ruoss et al. 2024: a value
-for every move beats copying the best one). At each token of the B: move, given its tokens before, the target of
+for every move beats copying the best one). At each token of that move, given its tokens before, the target of
 the next token t is the q-mass of the legal moves spelled with the prefix and then t, over the q-mass of those
 with the prefix; the loss is the cross-entropy -sum_t target(t) log p(t | context), and `--soft-best-weight w` adds
-w x its mean over the B: tokens.
+w x its mean over those tokens.
 """
 
 from __future__ import annotations
@@ -125,21 +126,28 @@ class LegalTokens:
                 out.append((first + k, allowed))
         return out
 
-    def best_slots(self, target: Sequence[int], shares: dict[str, float]) -> list[tuple[int, dict[int, float]]]:
-        """(index in `target` of a token of its B: move, {next token: its share of the target}) for every token of
-        the B: move while its tokens so far begin a legal move; `shares`: q over the legal moves (`move_shares`)."""
+    def best_slots(self, target: Sequence[int], shares: dict[str, float], at: str = "B"
+                   ) -> list[tuple[int, dict[int, float]]]:
+        """(index in `target` of a token of its chosen move, {next token: its share of the target}) for every token
+        of that move while its tokens so far begin a legal move; `shares`: q over the legal moves (`move_shares`).
+        The chosen move is the B: move (`at="B"`), or the first M: move (`at="first"`: where a target whose
+        candidates are ranked best first makes its choice)."""
         pieces = [self.decode(t) for t in target]
         text = b"".join(pieces).decode("utf-8", "replace")
         starts = np.cumsum([0] + [len(p) for p in pieces])
         words = _move_words(text)
         best = _BEST.search(text)
-        if best is None or not words or words[-1][0] != best.start(1) or not _UCI.fullmatch(best.group(1)):
+        if at == "B":  # the last word, when it is B:'s
+            words = words[-1:] if best is not None and words and words[-1][0] == best.start(1) else []
+        elif _MOVES.search(text) is None:
+            words = []
+        if not words or not _UCI.fullmatch(words[0][1]):
             return []
-        begin = best.start(1)
+        begin, word = words[0]
         first = int(np.searchsorted(starts, begin - 1, side="right")) - 1
         if first < 0 or starts[first] != begin - 1:
             return []
-        spelled = tuple(target[first : first + len(self.spell(best.group(1)))])
+        spelled = tuple(target[first : first + len(self.spell(word))])
         legal = [(self.spell(m), q) for m, q in shares.items()]
         out = []
         for k in range(len(spelled)):
@@ -154,7 +162,7 @@ class LegalTokens:
         return out
 
     def soft_batch(self, docs: Sequence[tuple[int, np.ndarray, dict[str, float]] | None],
-                   device: torch.device) -> SoftSlots:
+                   device: torch.device, at: str = "B") -> SoftSlots:
         """The B: move slots of a batch's rows: each (the index of its target's first token in the row, the row's
         ids, q over its position's legal moves), or None for a row without them."""
         rows, columns, targets = [], [], []
@@ -165,7 +173,7 @@ class LegalTokens:
             target = ids[offset:].tolist()
             if self.eos_id in target:
                 target = target[: target.index(self.eos_id)]
-            for index, dist in self.best_slots(target, shares):
+            for index, dist in self.best_slots(target, shares, at):
                 rows.append(r)
                 columns.append(offset + index)
                 targets.append(dist)

@@ -151,12 +151,13 @@ class SFTTrainer:
                                 self.run.device)
 
     def _soft_slots(self, batch, docs: list[int | None]) -> SoftSlots | None:
-        """The B: move slots of a micro-batch's training rows with their soft targets (--soft-best-weight)."""
+        """The chosen move's slots of a micro-batch's training rows with their soft targets (--soft-best-weight)."""
         if not self.shares:
             return None
         policy = [None if d is None else self.docs.policy[d] for d in docs]
         return self.legal.soft_batch([None if p is None or p[0] not in self.shares else (p[1], ids, self.shares[p[0]])
-                                      for p, (ids, _) in zip(policy, batch)], self.run.device)
+                                      for p, (ids, _) in zip(policy, batch)], self.run.device,
+                                     self.cfg.choice_slot)
 
     def _loss(self, batch, normalizer: float, backward: bool, slots: MoveSlots | None = None,
               soft: SoftSlots | None = None, aux_normalizers: tuple[float, float] = (1.0, 1.0)) -> MicroBatchLoss:
