@@ -150,56 +150,13 @@ def test_legal_weight_needs_one_document_a_row(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_sft_step_adds_the_weighted_slot_mean_of_the_legality_loss(tmp_path):
+@pytest.mark.parametrize("soft, order", [(0.0, "as-written"), (0.5, "as-written"), (0.5, "ranked")])
+def test_an_sft_step_adds_the_weighted_slot_means_of_the_legality_and_soft_best_losses(tmp_path, soft, order):
     """Micro-batches of one document a row: the step's loss is the token mean NLL, and its gradient that of
-    NLL + w x (the mean legality loss over the step's move slots), both from the full logits in float64."""
-    from rookworld.settings.config import SFTConfig
-    from rookworld.sft.samples import collate
-    from rookworld.sft.trainer import SFTTrainer
-
-    other = P_LINE.replace("B: h7f6", "B: h7g5")
-    data = text_file(tmp_path, "rw.txt", P_LINE, A_LINE, other, P_LINE.replace("a4a3", "a4b3"))
-    cfg = SFTConfig(init="tiny", n_embd=32, n_head=2, data=[str(data)], output_dir=str(tmp_path / "out"), steps=1,
-                    seq_len=256, rows_per_step=4, micro_batch_size=3, loss_on="target", max_grad_norm=0.0,
-                    eval_every=0, warmup_steps=0, compile=False, device="cpu", dtype="fp32",
-                    legal_weight=0.7).validate()
-    t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
-    model = copy.deepcopy(t.run.policy).double()
-    rows = [t.rows.row(i) for i in range(4)]
-    docs = [t.rows.document(i) for i in range(4)]
-    m = t.train_step()
-    ids, loss = (torch.from_numpy(a) for a in collate(rows, EOS_ID))
-    attn = torch.arange(ids.shape[1]) < torch.tensor([len(i) for i, _ in rows])[:, None]
-    logits = model(ids, attn)
-    logp = logits.log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
-    counted = loss[:, 1:]
-    nll = -(logp * counted).sum() / counted.sum()
-    terms = []
-    for r, d in enumerate(docs):
-        if t.docs.policy[d] is None:
-            continue
-        fen, offset = t.docs.policy[d]
-        target = rows[r][0][offset:].tolist()
-        target = target[: target.index(EOS_ID)]
-        for index, allowed in t.legal.slots(fen, target):
-            logit = logits[r, offset + index - 1]
-            terms.append(logit.logsumexp(-1) - logit[allowed].logsumexp(-1))
-    assert len(terms) >= 3 * 6 * 3  # three P: rows, six moves each, most of their tokens
-    legal = torch.stack(terms).mean()
-    assert m["loss"] == pytest.approx(float(nll.detach()), rel=1e-5)
-    assert m["legal_loss"] == pytest.approx(float(legal.detach()), rel=1e-5)
-    (nll + 0.7 * legal).backward()
-    for (name, p), (_, q) in zip(t.run.policy.named_parameters(), model.named_parameters()):
-        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-7, msg=name)
-    t.close()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("order", ["as-written", "ranked"])
-def test_an_sft_step_adds_the_soft_best_moves_weighted_slot_mean(tmp_path, order):
-    """With --soft-best-weight (Stockfish, depth 3, every legal move of each P: position): the step's gradient is
-    that of NLL + w_legal x legal + w_soft x (the mean soft cross-entropy over the B: moves' tokens), from the full
-    logits in float64, and soft_best_loss is that mean."""
+    NLL + w_legal x (the mean legality loss over the step's move slots) + w_soft x (the mean soft cross-entropy over
+    the chosen moves' tokens: B:'s, or the first M: move's when ranked), all from the full logits in float64. With
+    --soft-best-weight, Stockfish (depth 3) analyses every legal move of each P: position, and soft_best_loss is that
+    mean."""
     from rookworld.settings.config import SFTConfig
     from rookworld.sft.samples import collate
     from rookworld.sft.trainer import SFTTrainer
@@ -209,12 +166,13 @@ def test_an_sft_step_adds_the_soft_best_moves_weighted_slot_mean(tmp_path, order
     cfg = SFTConfig(init="tiny", n_embd=32, n_head=2, data=[str(data)], output_dir=str(tmp_path / "out"), steps=1,
                     seq_len=256, rows_per_step=4, micro_batch_size=3, loss_on="target", max_grad_norm=0.0,
                     eval_every=0, warmup_steps=0, compile=False, device="cpu", dtype="fp32", legal_weight=0.7,
-                    soft_best_weight=0.5, soft_best_temperature=0.3, stockfish_depth=3, stockfish_workers=1,
+                    soft_best_weight=soft, soft_best_temperature=0.3, stockfish_depth=3, stockfish_workers=1,
                     candidate_order=order, layout="compact" if order == "ranked" else None).validate()
     t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
-    fen = P_LINE[3:].split("  ")[0].strip()
-    board = chess.Board(fen)
-    assert sorted(t.shares[fen]) == sorted(m.uci() for m in board.legal_moves)  # every legal move, from Stockfish
+    if soft:
+        fen = P_LINE[3:].split("  ")[0].strip()
+        board = chess.Board(fen)
+        assert sorted(t.shares[fen]) == sorted(m.uci() for m in board.legal_moves)  # every legal move, from Stockfish
     model = copy.deepcopy(t.run.policy).double()
     rows = [t.rows.row(i) for i in range(4)]
     docs = [t.rows.document(i) for i in range(4)]
@@ -235,6 +193,8 @@ def test_an_sft_step_adds_the_soft_best_moves_weighted_slot_mean(tmp_path, order
         for index, allowed in t.legal.slots(fen, target):
             logit = logits[r, offset + index - 1]
             legal_terms.append(logit.logsumexp(-1) - logit[allowed].logsumexp(-1))
+        if not soft:
+            continue
         chosen = t.legal.best_slots(target, t.shares[fen], t.cfg.choice_slot)
         text = t.run.tokenizer.encoding.decode(target)
         move = text.split("M: ")[1].split()[0] if order == "ranked" else text.split("B: ")[1].split()[0]
@@ -242,11 +202,19 @@ def test_an_sft_step_adds_the_soft_best_moves_weighted_slot_mean(tmp_path, order
         for index, dist in chosen:
             lp = logits[r, offset + index - 1].log_softmax(-1)
             soft_terms.append(-sum(q * lp[token] for token, q in dist.items()))
-    assert len(soft_terms) >= 3 * 2  # three P: rows, their B: move's tokens
-    legal, soft = torch.stack(legal_terms).mean(), torch.stack(soft_terms).mean()
-    assert m["soft_best_loss"] == pytest.approx(float(soft.detach()), rel=1e-5)
+    assert len(legal_terms) >= 3 * 6 * 3  # three P: rows, six moves each, most of their tokens
+    legal = torch.stack(legal_terms).mean()
+    assert m["loss"] == pytest.approx(float(nll.detach()), rel=1e-5)
     assert m["legal_loss"] == pytest.approx(float(legal.detach()), rel=1e-5)
-    (nll + 0.7 * legal + 0.5 * soft).backward()
+    total = nll + 0.7 * legal
+    if soft:
+        assert len(soft_terms) >= 3 * 2  # three P: rows, their chosen move's tokens
+        mean_soft = torch.stack(soft_terms).mean()
+        assert m["soft_best_loss"] == pytest.approx(float(mean_soft.detach()), rel=1e-5)
+        total = total + soft * mean_soft
+    else:
+        assert "soft_best_loss" not in m and t.shares == {}  # no Stockfish started for it
+    total.backward()
     for (name, p), (_, q) in zip(t.run.policy.named_parameters(), model.named_parameters()):
         torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-7, msg=name)
     t.close()

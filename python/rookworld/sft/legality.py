@@ -64,8 +64,8 @@ def legal_loss(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SoftSlots:
-    """A batch's B: move tokens: `rows`, `columns` (as `MoveSlots`) and `target` [n, V] (each row's distribution
-    over the next token)."""
+    """A batch's chosen move tokens (`LegalTokens.best_slots`): `rows`, `columns` (as `MoveSlots`) and `target`
+    [n, V] (each row's distribution over the next token)."""
 
     rows: torch.Tensor
     columns: torch.Tensor
@@ -104,21 +104,28 @@ class LegalTokens:
             found = self._spelled[move] = tuple(self.encode(" " + move))
         return found
 
-    def slots(self, fen: str, target: Sequence[int]) -> list[tuple[int, list[int]]]:
-        """(index in `target` of a move token, the token ids that continue a legal move there), for every token of
-        every move the target writes, while its tokens so far begin some legal move."""
+    def _written(self, target: Sequence[int]) -> tuple[str, dict[int, tuple[int, tuple[int, ...]]]]:
+        """The target's text, and for each UCI move it writes (its M: words and its B: word) spelled with its own
+        space, by the move's character offset: (the index of its first token, its tokens in the target)."""
         pieces = [self.decode(t) for t in target]
         text = b"".join(pieces).decode("utf-8", "replace")
         starts = np.cumsum([0] + [len(p) for p in pieces])  # byte offsets: the chess text is ASCII
-        legal = [self.spell(m) for m in chess.legal_moves(fen)]
-        out = []
+        found = {}
         for begin, word in _move_words(text):
             if not _UCI.fullmatch(word):
                 continue
             first = int(np.searchsorted(starts, begin - 1, side="right")) - 1  # the token holding the space before
             if first < 0 or starts[first] != begin - 1:
                 continue  # not spelled with its own space (a layout this does not read): no slot
-            spelled = tuple(target[first : first + len(self.spell(word))])
+            found[begin] = (first, tuple(target[first : first + len(self.spell(word))]))
+        return text, found
+
+    def slots(self, fen: str, target: Sequence[int]) -> list[tuple[int, list[int]]]:
+        """(index in `target` of a move token, the token ids that continue a legal move there), for every token of
+        every move the target writes, while its tokens so far begin some legal move."""
+        legal = [self.spell(m) for m in chess.legal_moves(fen)]
+        out = []
+        for first, spelled in self._written(target)[1].values():
             for k in range(len(spelled)):
                 allowed = sorted({s[k] for s in legal if len(s) > k and s[:k] == spelled[:k]})
                 if not allowed:
@@ -132,22 +139,16 @@ class LegalTokens:
         of that move while its tokens so far begin a legal move; `shares`: q over the legal moves (`move_shares`).
         The chosen move is the B: move (`at="B"`), or the first M: move (`at="first"`: where a target whose
         candidates are ranked best first makes its choice)."""
-        pieces = [self.decode(t) for t in target]
-        text = b"".join(pieces).decode("utf-8", "replace")
-        starts = np.cumsum([0] + [len(p) for p in pieces])
+        text, written = self._written(target)
         words = _move_words(text)
         best = _BEST.search(text)
         if at == "B":  # the last word, when it is B:'s
             words = words[-1:] if best is not None and words and words[-1][0] == best.start(1) else []
         elif _MOVES.search(text) is None:
             words = []
-        if not words or not _UCI.fullmatch(words[0][1]):
+        if not words or words[0][0] not in written:
             return []
-        begin, word = words[0]
-        first = int(np.searchsorted(starts, begin - 1, side="right")) - 1
-        if first < 0 or starts[first] != begin - 1:
-            return []
-        spelled = tuple(target[first : first + len(self.spell(word))])
+        first, spelled = written[words[0][0]]
         legal = [(self.spell(m), q) for m, q in shares.items()]
         out = []
         for k in range(len(spelled)):
@@ -161,48 +162,43 @@ class LegalTokens:
             out.append((first + k, {t: m / total for t, m in mass.items()}))
         return out
 
-    def soft_batch(self, docs: Sequence[tuple[int, np.ndarray, dict[str, float]] | None],
-                   device: torch.device, at: str = "B") -> SoftSlots:
-        """The B: move slots of a batch's rows: each (the index of its target's first token in the row, the row's
-        ids, q over its position's legal moves), or None for a row without them."""
-        rows, columns, targets = [], [], []
+    def _gather(self, docs: Sequence[tuple[object, int, np.ndarray] | None], slots_of, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """(rows, columns, what each slot holds) of a batch's rows: each (what `slots_of` reads besides the target,
+        the index of its target's first token in the row, the row's ids), or None for a row without one."""
+        rows, columns, held = [], [], []
         for r, doc in enumerate(docs):
             if doc is None:
                 continue
-            offset, ids, shares = doc
+            key, offset, ids = doc
             target = ids[offset:].tolist()
-            if self.eos_id in target:
+            if self.eos_id in target:  # a row ends with the EOS that closes its document
                 target = target[: target.index(self.eos_id)]
-            for index, dist in self.best_slots(target, shares, at):
+            for index, value in slots_of(key, target):
                 rows.append(r)
                 columns.append(offset + index)
-                targets.append(dist)
+                held.append(value)
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return as_long(rows), as_long(columns), held
+
+    def soft_batch(self, docs: Sequence[tuple[dict[str, float], int, np.ndarray] | None], device: torch.device,
+                   at: str = "B") -> SoftSlots:
+        """The chosen move's slots of a batch's rows (`best_slots`): each (q over its position's legal moves, the
+        index of its target's first token in the row, the row's ids), or None for a row without them."""
+        rows, columns, targets = self._gather(docs, lambda shares, target: self.best_slots(target, shares, at), device)
         dense = torch.zeros(len(targets), self.vocab_size, dtype=torch.float32)
         for i, dist in enumerate(targets):
             dense[i, list(dist)] = torch.tensor(list(dist.values()), dtype=torch.float32)
-        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-        return SoftSlots(as_long(rows), as_long(columns), dense.to(device))
+        return SoftSlots(rows, columns, dense.to(device))
 
     def batch(self, docs: Sequence[tuple[str, int, np.ndarray] | None], device: torch.device) -> MoveSlots:
         """The move slots of a batch's rows: each (FEN, the index of its target's first token in the row, the row's
         ids), or None for a row without a P: target."""
-        rows, columns, allowed = [], [], []
-        for r, doc in enumerate(docs):
-            if doc is None:
-                continue
-            fen, offset, ids = doc
-            target = ids[offset:].tolist()
-            if self.eos_id in target:  # a row ends with the EOS that closes its document
-                target = target[: target.index(self.eos_id)]
-            for index, tokens in self.slots(fen, target):
-                rows.append(r)
-                columns.append(offset + index)
-                allowed.append(tokens)
+        rows, columns, allowed = self._gather(docs, lambda fen, target: self.slots(fen, target), device)
         mask = torch.zeros(len(allowed), self.vocab_size, dtype=torch.bool)
         for i, tokens in enumerate(allowed):
             mask[i, tokens] = True
-        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-        return MoveSlots(as_long(rows), as_long(columns), mask.to(device))
+        return MoveSlots(rows, columns, mask.to(device))
 
 
 def _move_words(text: str) -> list[tuple[int, str]]:

@@ -77,7 +77,7 @@ class MicroBatchLoss:
     weight: float  # the sum of its tokens' weights
     legal: torch.Tensor | None  # the summed legality loss of its move slots (None without slots)
     logprobs: torch.Tensor  # [B, T - 1] each token's log-prob (0 where not counted), detached
-    soft: torch.Tensor | None = None  # the summed soft best move loss of its B: slots (None without them)
+    soft: torch.Tensor | None = None  # the summed soft best move loss of its chosen move's slots (None: none)
 
 
 def every_move_shares(cfg: SFTConfig, fens: list[str], say) -> dict[str, dict[str, float]]:
@@ -155,14 +155,14 @@ class SFTTrainer:
         if not self.shares:
             return None
         policy = [None if d is None else self.docs.policy[d] for d in docs]
-        return self.legal.soft_batch([None if p is None or p[0] not in self.shares else (p[1], ids, self.shares[p[0]])
+        return self.legal.soft_batch([None if p is None or p[0] not in self.shares else (self.shares[p[0]], p[1], ids)
                                       for p, (ids, _) in zip(policy, batch)], self.run.device,
                                      self.cfg.choice_slot)
 
     def _loss(self, batch, normalizer: float, backward: bool, slots: MoveSlots | None = None,
               soft: SoftSlots | None = None, aux_normalizers: tuple[float, float] = (1.0, 1.0)) -> MicroBatchLoss:
         """One micro-batch of rows: its weighted NLL over normalizer, the legality loss of its move slots and the soft
-        best move's of its B: slots. With backward, it takes --legal-weight x legal and --soft-best-weight x soft
+        best move's of its chosen move's slots. With backward, it takes --legal-weight x legal and --soft-best-weight x soft
         over their `aux_normalizers` too."""
         dev = self.run.device
         ids, weights = (torch.from_numpy(a).to(dev) for a in collate(batch, self.run.tokenizer.pad_id))
