@@ -54,7 +54,7 @@ def test_the_bf16_flags_are_read_from_every_processors_flags_line():
 
 @pytest.mark.parametrize("flag, want, why", [
     ("amx_bf16", True, ": --dtype auto and the CPU has AMX (amx_bf16)"),
-    ("avx512_bf16", False, ": --dtype auto; the CPU's avx512_bf16 measured no faster than fp32 end to end"),
+    ("avx512_bf16", False, ": --dtype auto; the CPU's avx512_bf16 measured 0.9-1.3x fp32 by shape, --dtype bf16 takes it"),
     (None, False, ": --dtype auto and the CPU has no amx_bf16 or avx512_bf16"),
 ])
 def test_auto_takes_bf16_on_cuda_and_on_a_cpu_with_amx(monkeypatch, flag, want, why):

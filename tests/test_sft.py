@@ -448,11 +448,12 @@ def test_an_sft_run_of_a_preset_points_on_to_the_preset_s_grpo(tmp_path, monkeyp
         assert f"train it with GRPO: {hint}\n" in proc.stderr
 
 
-def test_sft_resume_gives_the_same_weights_as_an_unbroken_run(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_sft_resume_gives_the_same_weights_as_an_unbroken_run(tmp_path, optimizer):
     data = text_file(tmp_path, "train.txt", P_LINE, A_LINE, FIRST, P_LINE, A_LINE)
     held_out = text_file(tmp_path, "held_out.txt", FIRST)
     straight, broken = tmp_path / "straight", tmp_path / "broken"
-    common = ["--eval-every", "0", "--save-every", "2", "--lr", "1e-3"]
+    common = ["--eval-every", "0", "--save-every", "2", "--lr", "1e-3", "--optimizer", optimizer]
     assert run_cli(sft_args(data, held_out, straight, "--steps", "4", *common)).returncode == 0
     assert run_cli(sft_args(data, held_out, broken, "--steps", "2", *common)).returncode == 0
     second = run_cli(["sft", "--resume", str(broken), "--steps", "4"])
@@ -462,6 +463,9 @@ def test_sft_resume_gives_the_same_weights_as_an_unbroken_run(tmp_path):
     a, b = load_file(str(straight / "model.safetensors")), load_file(str(broken / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r["loss"] for r in metrics(straight)] == [r["loss"] for r in metrics(broken)]
+    other = "adamw" if optimizer == "muon" else "muon"  # its state has another shape: refused, saying why
+    refused = run_cli(["sft", "--resume", str(broken), "--steps", "6", "--optimizer", other])
+    assert refused.returncode == 2 and f"it was trained with --optimizer {optimizer}," in refused.stderr
 
 
 def test_a_run_extended_with_more_steps_follows_the_longer_schedule_from_its_first_resumed_step(tmp_path):

@@ -26,6 +26,7 @@ from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
 from rookworld.harness.runlog import Reporting, RunLog, Summary
 from rookworld.harness.stop import Doing, EvaluationStopped, StepAbandoned, Stop
 from rookworld.net.device import BF16_FLAGS, cpu_bf16, keep_freed_memory, resolve_device
+from rookworld.net.muon import Muon
 from rookworld.net.pretrained import from_pretrained, model_directory, save_pretrained
 from rookworld.net.tokenizer import get_tokenizer
 from rookworld.settings.config import RunConfig
@@ -65,10 +66,11 @@ def step_if_finite(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor, lo
 def compute_dtype(dtype: str, kind: str) -> tuple[bool, str]:
     """Whether a run on a `kind` device computes under bf16 autocast, and why, for the run's header (empty when
     --dtype said so). --dtype auto takes bf16 where the hardware multiplies bf16 several times faster than float32:
-    on CUDA, and on a CPU with AMX (`cpu_bf16`). AVX-512 BF16 only doubles the products' rate, which a step did
-    not turn into speed (BENCHMARKS.md, issue 44: SFT 1.00x on the chess-cpu shape, 1.22x on GPT-2 small; GRPO
-    0.8-0.9x on GPT-2 small, whose update cannot reuse sampling's products under autocast), so there and elsewhere
-    it keeps float32."""
+    on CUDA, and on a CPU with AMX (`cpu_bf16`). AVX-512 BF16 only doubles the products' rate, which a step turned
+    into 0.9-1.3x by command and shape (BENCHMARKS.md, issues 44 and 68: SFT 1.00x on the chess-cpu shape, 1.28x
+    on the chess-play shape, 1.22x on GPT-2 small; GRPO 0.8-0.9x on GPT-2 small, whose update cannot reuse
+    sampling's products under autocast), so there and elsewhere it keeps float32, which is also what reproduces
+    the shipped models bit for bit; --dtype bf16 takes the gain where there is one."""
     if dtype != "auto":
         return dtype == "bf16", ""
     if kind == "cuda":
@@ -77,7 +79,7 @@ def compute_dtype(dtype: str, kind: str) -> tuple[bool, str]:
     if flag == "amx_bf16":
         return True, ": --dtype auto and the CPU has AMX (amx_bf16)"
     if flag is not None:
-        return False, f": --dtype auto; the CPU's {flag} measured no faster than fp32 end to end"
+        return False, f": --dtype auto; the CPU's {flag} measured 0.9-1.3x fp32 by shape, --dtype bf16 takes it"
     if kind == "cpu":
         return False, f": --dtype auto and the CPU has no {' or '.join(BF16_FLAGS)}"
     return False, f": --dtype auto on {kind}"
@@ -182,6 +184,33 @@ def use_every_core(device: torch.device, dist: DistInfo) -> None:
         torch.set_num_threads(cores_of(dist))
 
 
+def optimizer_for(policy: nn.Module, cfg: RunConfig, extra_groups: Sequence[dict] = ()) -> torch.optim.Optimizer:
+    """AdamW over the policy and `extra_groups`, weight decay on the matrices; or with --optimizer muon, `Muon` over
+    the blocks' matrices (not the embeddings: a row is looked up, not multiplied) and AdamW over the rest."""
+    embeddings = {id(m.weight) for m in policy.modules() if isinstance(m, nn.Embedding)}
+    decay = [p for p in policy.parameters() if p.dim() >= 2]
+    no_decay = [p for p in policy.parameters() if p.dim() < 2]
+    if cfg.optimizer == "muon":
+        matrices = [p for p in decay if id(p) not in embeddings]
+        groups = [{"params": matrices, "weight_decay": cfg.weight_decay, "use_muon": True},
+                  {"params": [p for p in decay if id(p) in embeddings], "weight_decay": cfg.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}, *extra_groups]
+        return Muon(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0},
+              *extra_groups]
+    # Fused on the CPU too: one pass over each parameter's state, where foreach made a temporary per term
+    # (GPT-2 small: 0.06 s a step against 0.6 s here).
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=next(policy.parameters()).device.type in ("cuda", "cpu"))
+
+
+def saved_optimizer(state: dict[str, Any]) -> str | None:
+    """The --optimizer a saved trainer state was made by (None: a state of no known shape, left to `_restore`)."""
+    groups = state.get("optimizer", {}).get("param_groups") if isinstance(state.get("optimizer"), dict) else None
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        return None
+    return "muon" if any(g.get("use_muon") for g in groups) else "adamw"
+
+
 class Run:
     """A training command's run: its `Context`, its policy and tokenizer, and what moves as it trains (the step,
     the optimizer and its schedule, a stop asked for); `loop` calls the command's step until the end."""
@@ -226,21 +255,20 @@ class Run:
     cores = property(lambda self: self.context.cores)
 
     def build_optimizer(self, extra_groups: Sequence[dict] = ()) -> dict[str, Any]:
-        """AdamW over the policy (and `extra_groups`), warm-up + cosine; on resume, their saved state and the
-        RNG. Returns the command's own saved state (empty for a new run)."""
+        """--optimizer over the policy and `extra_groups` (`optimizer_for`) and its schedule (`lr_factor`); on resume,
+        their saved state and the RNG. Returns the command's own saved state (empty for a new run)."""
         cfg = self.cfg
-        decay = [p for p in self.policy.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.policy.parameters() if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0},
-                  *extra_groups]
-        # Fused on the CPU too: one pass over each parameter's state, where foreach made a temporary per term
-        # (GPT-2 small: 0.06 s a step against 0.6 s here).
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95),
-                                           fused=self.device.type in ("cuda", "cpu"))
+        self.optimizer = optimizer_for(self.policy, cfg, extra_groups)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, cfg))
         state: dict[str, Any] = {}
         if self.resume_from is not None:
             state = checkpoint.load_state(self.resume_from)
+            saved = saved_optimizer(state)
+            if saved not in (None, cfg.optimizer):
+                raise checkpoint.CheckpointError(
+                    f"cannot resume from {self.resume_from} with --optimizer {cfg.optimizer}: it was trained with "
+                    f"--optimizer {saved}, whose state the other cannot take; resume with --optimizer {saved}, or "
+                    f"train its model as a new run with --model {self.resume_from} --output-dir NEW_DIR")
             try:
                 self._restore(state)
             except (KeyError, TypeError, ValueError, RuntimeError) as e:  # not a state saved for these weights

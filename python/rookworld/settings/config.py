@@ -93,6 +93,10 @@ class OptimizerSettings:
                                      "(a run extended with --resume --steps keeps its rate until the new cooldown)",
                                   OPTIM, check=non_negative)
     weight_decay: float = setting(0.0, "AdamW weight decay (of weight matrices only)", OPTIM, check=non_negative)
+    optimizer: str = setting("adamw", "adamw, or muon: the blocks' weight matrices by Muon (their momentum "
+                                      "orthogonalised, scaled to AdamW's update size so that --lr and "
+                                      "--weight-decay mean the same), the embeddings, biases and norms by AdamW",
+                             OPTIM, choices=("adamw", "muon"))
     max_grad_norm: float = setting(1.0, "gradient clipping norm (0: off)", OPTIM, check=non_negative)
 
 
