@@ -14,7 +14,8 @@ largest difference.
 
 Shapes: `chess-cpu` is models/chess-cpu-sft's (12 layers, 4 heads, 128 wide, the chess vocabulary: 3.1M
 parameters) at the chess-cpu preset's SFT settings (16 rows a step of up to 256 tokens, compact layout, the loss
-on the targets); `small` is GPT-2 small (12 layers, 12 heads, 768 wide, GPT-2's vocabulary: 124M), fewer rows
+on the targets); `chess-play` is models/chess-play-sft's (4 layers, 4 heads, 256 wide, the chess vocabulary: 4.5M)
+at the same settings (issue 68; not in the default run); `small` is GPT-2 small (12 layers, 12 heads, 768 wide, GPT-2's vocabulary: 124M), fewer rows
 and steps. The rows are data/chess-cpu-held-out.jsonl's samples (it ships with rookworld), in the order the
 trainer draws them.
 
@@ -53,6 +54,7 @@ from rookworld.sft.trainer import SFTTrainer  # noqa: E402
 #: name: SFTConfig settings of the shape
 SHAPES = {
     "chess-cpu": dict(init="tiny", n_layer=12, n_head=4, vocabulary="chess", layout="compact", seq_len=256),
+    "chess-play": dict(init="mini", vocabulary="chess", layout="compact", seq_len=256),
     "small": dict(init="small", vocabulary="gpt2", seq_len=256),
 }
 

@@ -61,6 +61,21 @@ def test_sft_dtype_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.slow
+def test_sft_step_benchmark_smoke(tmp_path):
+    """Today's SFT step against bf16, compiled and Muon, alternated: each arm's speed against fp32 and its losses;
+    the compiled fp32 arm computes what the eager one does."""
+    out = tmp_path / "figures.json"
+    proc = run_bench("sft_step.py", "--arms", "fp32,compiled,muon", "--steps", "1", "--warmup", "1", "--rows", "2",
+                     "--json", str(out))
+    figures = json.loads(out.read_text())
+    assert figures["fp32"]["speed_vs_fp32"] == 1.0 and figures["muon"]["speed_vs_fp32"] > 0
+    assert len(figures["compiled"]["losses"]) == 2 and figures["compiled"]["max_rel_loss_diff_vs_fp32"] < 1e-3
+    # Muon moves the weights otherwise from the first step on: the second step's loss differs
+    assert figures["muon"]["losses"][0] == figures["fp32"]["losses"][0] != figures["muon"]["losses"][1]
+    assert "CPU: " in proc.stdout and re.search(r"muon: median step [\d.]+ s, [\d.]+x fp32", proc.stdout)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [[], ["--mixed"], ["--weights", "copy", "--dtype", "bfloat16", "--backward"]])
 def test_generate_benchmark_smoke(mode):
     proc = run_bench("generate.py", "--device", "cpu", *mode, "--batch-sizes", "3", "--prompt-len", "3", "5",
