@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.net.logprobs import full_kl
+from rookworld.net.vocab_grad import vocab_forward
 from rookworld.grpo.formulas import (clipped_surrogate, constant_mean, ema, gae, group_advantages, group_has_spread,
                                   group_std, kl_k1, kl_k2, kl_k3, penalty_to_go, sequence_mean, token_mean, value_loss)
 
@@ -231,22 +231,23 @@ def test_k2_and_k3_loss_terms_have_the_gradients_of_forward_and_reverse_kl():
         assert float((logp.exp() * estimate(logp, refs)).sum()) == pytest.approx(float(forward(logp)))
 
 
-def test_full_kl_values_and_gradients_for_each_weighting():
+def test_the_vocabulary_pass_kl_values_and_gradients_for_each_weighting():
+    """The exact KL of `vocab_forward` (the one definition the log-prob passes share), its logits theta (an
+    identity head), against the sums written out in float64."""
     theta, ref = _categoricals(1)
     p, q = theta.softmax(-1), ref.exp()
     forward = sum(p[i] * torch.log(p[i] / q[i]) for i in range(V))  # KL(policy || reference)
     reverse = sum(q[i] * torch.log(q[i] / p[i]) for i in range(V))  # KL(reference || policy)
+    head = torch.eye(V, dtype=torch.float64)
+    target = torch.zeros(1, dtype=torch.long)
 
     # Forward, reverse, symmetric (their mean), and an uneven mix.
     for weights in ((1.0, 0.0), (0.0, 1.0), (0.5, 0.5), (0.25, 2.0)):
-        got = full_kl(theta.log_softmax(-1)[None], ref[None], weights)
+        _, _, got, _ = vocab_forward(theta[None], target, head, 1.0, False, ref[None], head, weights)
         want = weights[0] * forward + weights[1] * reverse
         assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-12)
         torch.testing.assert_close(torch.autograd.grad(got.sum(), theta)[0],
                                    torch.autograd.grad(want, theta, retain_graph=True)[0])
-    for weights in ((0.0, 0.0), (-1.0, 1.0)):
-        with pytest.raises(ValueError):
-            full_kl(theta.log_softmax(-1)[None], ref[None], weights)
 
 
 def test_k1_in_the_advantages_gives_the_gradient_of_the_sequence_kl():

@@ -24,6 +24,19 @@ from rookworld.grpo.prompts import Prompt
 from rookworld.ground.rewards import Scores
 from rookworld.grpo.trainer import Trainer
 from rookworld.harness.distributed import Comm, DistInfo
+from rookworld.grpo.loss import Experience, GRPOLoss
+
+
+def token_loss(objective, lp, entropy=None, kl=None, *, advantages, old_logprobs=None, ref_logprobs=None,
+               kl_scale=None):
+    """Each token's loss at weight 1, its clipped flags and its KL (None where not measured), shaped as `lp`: the
+    step's `GRPOLoss` as the log-prob pass calls it, on every position of the rows flattened."""
+    flat = lambda x: None if x is None else x.reshape(-1)  # noqa: E731
+    experience = Experience(flat(advantages), torch.ones(lp.numel(), dtype=lp.dtype), flat(old_logprobs),
+                            flat(ref_logprobs), flat(kl_scale))
+    terms = GRPOLoss.of(objective, experience)(flat(lp), flat(entropy), flat(kl), torch.arange(lp.numel()))
+    kl = terms.metrics.get("kl")
+    return terms.loss.view(lp.shape), terms.metrics["clipped"].view(lp.shape), None if kl is None else kl.view(lp.shape)
 
 from conftest import constant_gpt, tiny_gpt, torchrun
 from test_trainer import FixedPrompts, Lines, metrics, run_cli, train_args
@@ -192,7 +205,7 @@ def test_the_ratio_is_to_the_same_pass_unless_the_policy_moves_within_a_step():
         # k1 makes the rollout run the sampling policy's pass even with --mu 1.
         objective = Objective(TrainConfig(mu=mu, kl_estimator="k1", beta=0.1).validate())
         assert objective.sampler_pass and objective.policy_moves == (mu > 1)
-        per_token, clipped, _ = objective.token_loss(lp, torch.zeros_like(lp), None, advantages=adv,
+        per_token, clipped, _ = token_loss(objective, lp, torch.zeros_like(lp), None, advantages=adv,
                                                      old_logprobs=rollout_pass, ref_logprobs=None)
         grad = torch.autograd.grad(per_token.sum(), lp)[0]
         if mu == 1:
@@ -350,7 +363,7 @@ def test_the_objective_owns_each_steps_beta_through_warm_up():
     lp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0, -0.5]], dtype=torch.float64)
     adv = torch.tensor([[1.0, -1.0, 0.5]], dtype=torch.float64)
-    per_token, _, kl = objective.token_loss(lp, None, None, advantages=adv, old_logprobs=None, ref_logprobs=ref)
+    per_token, _, kl = token_loss(objective, lp, None, None, advantages=adv, old_logprobs=None, ref_logprobs=ref)
     d = (ref - lp).detach()
     k3 = torch.exp(d) - d - 1.0
     # mu 1: the ratio is 1 and its gradient is the advantage's; k3's gradient in lp is 1 - exp(ref - lp).
@@ -376,7 +389,7 @@ def test_a_completions_kl_weight_by_hand():
     lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.5]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.4, -2.0, -1.0]], dtype=torch.float64)
     adv = torch.tensor([[1.0, -1.0, 0.5], [-0.5, 0.25, 2.0]], dtype=torch.float64)
-    per_token, _, kl = objective.token_loss(lp, None, None, advantages=adv, old_logprobs=None, ref_logprobs=ref,
+    per_token, _, kl = token_loss(objective, lp, None, None, advantages=adv, old_logprobs=None, ref_logprobs=ref,
                                             kl_scale=scale)
     d = (ref - lp).detach()
     k3 = torch.exp(d) - d - 1.0

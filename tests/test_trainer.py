@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -494,7 +495,7 @@ class ByteSum:
 
 
 def test_micro_batches_cover_every_row_once_and_cut_only_padding():
-    from rookworld.grpo.models import micro_batches
+    from rookworld.grpo.rollout import micro_batches
 
     rng = np.random.default_rng(0)
     n, P = 203, 110
@@ -551,7 +552,7 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
     """Groups of 3 completions of 6 prompts of both tasks (different widths), cut into micro-batches of whole
     groups, each prompt computed once: the log-probs of one padded pass over every row."""
     from rookworld.net.logprobs import PassOptions, token_logprobs
-    from rookworld.grpo.models import micro_batches
+    from rookworld.grpo.rollout import micro_batches, rollout_logprobs
 
     _, _, t = _cut_step(tmp_path, 4, tiny_gpt(seed=3))
     assert t.models.rows_per_prompt == 3
@@ -567,7 +568,8 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
         for size in (1, 3, 6, 18):
             batches = micro_batches(np.arange(len(ids)), pmask.sum(1).numpy(), comp_lens.numpy(), P, size, 3)
             assert all(len(b.rows) == max(3, size // 3 * 3) or b is batches[-1] for b in batches)
-            got = t.models.rollout_logprobs(t.run.policy, full_ids, full_mask, P, batches, t.cfg.temperature)[0]
+            rows = SimpleNamespace(ids=full_ids, mask=full_mask, prompt_width=P)  # what it reads of a rollout
+            got = rollout_logprobs(t.models, t.run.policy, rows, batches, t.cfg.temperature)[0]
             torch.testing.assert_close(got * cmask, expected, rtol=1e-5, atol=1e-5)  # the loss masks the rest
 
 
@@ -634,8 +636,8 @@ def test_tasks_are_sampled_together_when_decoding_eagerly_and_apart_when_compile
 def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_copies(tmp_path):
     """`--dtype bf16`: sampling reads a bf16 copy of the policy, refreshed after each update, and the reference pass
     a bf16 copy of the reference; both give exactly what the fp32 models give under autocast."""
-    from rookworld.grpo.models import micro_batches
     from rookworld.grpo.prompts import PromptSource
+    from rookworld.grpo.rollout import micro_batches, rollout_logprobs
 
     cfg = TrainConfig(steps=2, prompts_per_step=4, group_size=2, max_new_tokens=8, lr=1e-2, beta=0.1, dtype="bf16",
                       warmup_steps=0, eval_every=0, save_every=0, sample_every=0, output_dir=str(tmp_path),
@@ -660,8 +662,9 @@ def test_under_bf16_autocast_the_trainer_samples_and_scores_through_autocast_cop
     full_ids, full_mask = torch.cat([ids, sampled.tokens], 1), torch.cat([mask, sampled.mask], 1)
     P, n = ids.shape[1], len(ids)
     batches = micro_batches(np.arange(n), mask.sum(1).numpy(), np.full(n, 8), P, 3, 2)
-    got, _ = t.models.rollout_logprobs(t.models.reference, full_ids, full_mask, P, batches, 1.0)
-    want, _ = t.models.rollout_logprobs(reference, full_ids, full_mask, P, batches, 1.0)
+    rows = SimpleNamespace(ids=full_ids, mask=full_mask, prompt_width=P)  # what it reads of a rollout
+    got, _ = rollout_logprobs(t.models, t.models.reference, rows, batches, 1.0)
+    want, _ = rollout_logprobs(t.models, reference, rows, batches, 1.0)
     assert torch.equal(got, want)
 
 

@@ -15,7 +15,7 @@ the rollout (`--mu 2`, `num_iterations=2`, with the rollout's log-probs as TRL's
 
 Both sides run in float64 except TRL's fused lm_head, whose log-probs are float32: the measured differences are
 about 1e-7. rookworld's side is its own log-prob pass (`token_logprobs`, the fused vocabulary pass with the loss's
-gradients) with `Objective.micro_batch_loss` and `Objective.weights`, as `grpo.update` calls them.
+gradients) with `GRPOLoss.of` and `Objective.weights`, as `grpo.update` calls them.
 
 Where the two differ by design, a test below says which and why (docs/training.md, "The same objective as TRL's"):
 - TRL 1.16's default `use_bias_correction_kl=True` multiplies k3 by the importance ratio; the oracle sets it False.
@@ -45,6 +45,7 @@ transformers = pytest.importorskip("transformers")
 from datasets import Dataset  # noqa: E402
 
 from rookworld.grpo.formulas import group_advantages, group_std  # noqa: E402
+from rookworld.grpo.loss import Experience, GRPOLoss  # noqa: E402
 from rookworld.grpo.objective import Objective, Totals  # noqa: E402
 from rookworld.net.logprobs import PassOptions, token_logprobs  # noqa: E402
 from rookworld.net.pretrained import save_pretrained  # noqa: E402
@@ -202,10 +203,10 @@ def rookworld_loss(world, *, aggregation: str, moved: bool, beta: float = 0.04, 
     for k in range(micro_batches):
         b = whole.rows(slice(k * rows, (k + 1) * rows))
         m = b.completion_mask.bool()
-        columns = {"advantages": b.advantages[:, None] * b.completion_mask, "old_logprobs": b.old,
-                   "ref_logprobs": b.ref, "kl_scale": None}
+        experience = Experience((b.advantages[:, None] * b.completion_mask).reshape(-1),
+                                objective.weights(m, totals).reshape(-1), b.old.reshape(-1), b.ref.reshape(-1))
         out = token_logprobs(gpt, b.ids, b.attention_mask, options, wanted=m,
-                             loss=objective.micro_batch_loss(columns, objective.weights(m, totals)))
+                             loss=GRPOLoss.of(objective, experience))
         out.loss.backward()
         total += float(out.loss.detach())
     return total, {n: p.grad.t() if n.endswith(CONV1D) else p.grad for n, p in gpt.named_parameters()}

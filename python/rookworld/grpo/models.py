@@ -1,13 +1,13 @@
 """The networks of a GRPO run and how they are run: the policy (with its value head, for GAE), the frozen
-reference, the device, autocast and compilation. Sampling (`Sampler`) and the no-grad log-prob passes of a rollout
-live here; the update's differentiable pass goes through `LogProbs`, which DDP wraps."""
+reference, the device, autocast and compilation. Sampling (`Sampler`) lives here; the rollout's no-grad log-prob
+passes are `rollout`'s, and the update's differentiable pass goes through `LogProbs`, which DDP wraps."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -15,39 +15,10 @@ from torch import nn
 
 from rookworld.harness.distributed import data_parallel, unwrapped
 from rookworld.net.decoding import decodes_eagerly
-from rookworld.net.logprobs import LogProbs, PassOptions, token_logprobs, with_values
+from rookworld.net.logprobs import LogProbs, PassOptions
 from rookworld.net.memo import ProductMemo
 from rookworld.net.precision import autocast_copy, refresh_copy
 from rookworld.net.sampling import GenerationOutput, SamplingOptions, generate
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """Rows of a rollout that go through the model together, cut to the columns some row of them uses."""
-
-    rows: np.ndarray  # indices into the rollout
-    left: int  # leading columns that are padding in every row (prompts are left-padded), skipped
-    width: int  # completion columns kept: up to the end of the longest completion among the rows
-
-
-def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np.ndarray, prompt_width: int,
-                  size: int, rows_per_prompt: int = 1) -> list[MicroBatch]:
-    """Splits `rows` into micro-batches of about `size` rows of similar length, whole groups of `rows_per_prompt`
-    consecutive rows each (rows that share a prompt computed once: at least one group a micro-batch).
-
-    Every log-prob pass costs rows x columns of the block it is given, and an A: row (long prompt, long
-    completion) is about twice as long as a P: row: padding all of them to the longest would make about 40% of
-    the work padding. Sorting by length and cutting each micro-batch to its own columns keeps that near zero.
-    Exact: positions come from the attention mask, and the cut columns are padding to every row kept."""
-    groups = np.asarray(rows).reshape(-1, rows_per_prompt)
-    length = prompt_lens[groups[:, 0]] + completion_lens[groups].max(1)
-    order = groups[np.argsort(length, kind="stable")]
-    out, per = [], max(1, size // rows_per_prompt)
-    for i in range(0, len(order), per):
-        chunk = order[i : i + per].reshape(-1)
-        out.append(MicroBatch(chunk, prompt_width - int(prompt_lens[chunk].max()),
-                              max(1, int(completion_lens[chunk].max()))))
-    return out
 
 
 #: The most memory a rollout's `ProductMemo` may hold (GPT-2 small keeps 330 KB a token: 64 rows of 32 tokens and
@@ -85,8 +56,8 @@ class Models:
         # compile: decoding (the decode step, the draw); options.compile: the log-prob passes (trunk, vocabulary).
         self.device, self.amp_dtype, self.compile, self.autocast = (placement.device, amp_dtype, placement.compile,
                                                                     placement.autocast)
-        self.logprobs: nn.Module = LogProbs(policy, options, value_head)
-        self.logprobs = data_parallel(self.logprobs, self.device, placement.ddp)
+        #: The update's pass (DDP's wrapper of it under torchrun, which is called alike).
+        self.logprobs: LogProbs = data_parallel(LogProbs(policy, options, value_head), self.device, placement.ddp)
 
     @property
     def options(self) -> PassOptions:
@@ -135,26 +106,6 @@ class Models:
     def close(self) -> None:
         """The DDP wrapper let go, before the process group goes (`Comm.close`)."""
         self.logprobs = self.trained
-
-    @torch.no_grad()
-    def rollout_logprobs(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, prompt_width: int,
-                         batches: list[MicroBatch], temperature: float, values: bool = False
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Completion log-probs [n, N] of every row under `model` and, with `values`, the value head's values
-        [n, N], without gradients (0 past each micro-batch's width)."""
-        lp = torch.zeros(ids.shape[0], ids.shape[1] - prompt_width, device=ids.device)
-        vals = torch.zeros_like(lp) if values else None
-        for b in batches:
-            rows, cols = torch.from_numpy(b.rows).to(ids.device), slice(b.left, prompt_width + b.width)
-            options = replace(self.options, start=prompt_width - b.left, temperature=temperature, entropy=False,
-                              keep_hidden=values)
-            with self.autocast():
-                s = with_values(token_logprobs(model, ids[rows, cols], mask[rows, cols], options),
-                                self.value_head if values else None)
-            lp[rows, : b.width] = s.logprobs.float()
-            if vals is not None:
-                vals[rows, : b.width] = s.values.float()
-        return lp, vals
 
 
 class Sampler:

@@ -1,6 +1,6 @@
 """The GRPO objective, decided once from the config: which log-prob passes a rollout runs, how advantages are
-formed, which terms each token's loss has, and beta. `collect_rollout` and `update` ask it rather than the config;
-the formulas themselves are `grpo`'s pure functions.
+formed, which terms each token's loss has (read by `grpo.loss.GRPOLoss.of`), how tokens are weighed, and beta.
+`collect_rollout` and `update` ask it rather than the config; the formulas themselves are `grpo`'s pure functions.
 
 The option names a user gives and the checks of how they combine are `rookworld.settings.objective`'s.
 """
@@ -16,12 +16,8 @@ import torch
 
 from rookworld.grpo import formulas as grpo
 from rookworld.harness.distributed import Comm
-from rookworld.net.fused_head import TokenTerms
 from rookworld.settings.base import Slice
 from rookworld.settings.objective import KL_DIRECTIONS
-
-_SAMPLED_KL = {"k1": grpo.kl_k1, "k2": grpo.kl_k2, "k3": grpo.kl_k3}
-
 
 @dataclass(frozen=True)
 class Totals:
@@ -240,34 +236,7 @@ class Objective:
             per_token = (per_token - mean) / (math.sqrt(var) + 1e-6) * cm
         return per_token, returns
 
-    # -- the loss ------------------------------------------------------------------------------------------------
-
-    def token_loss(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, kl: torch.Tensor | None, *,
-                   advantages: torch.Tensor, old_logprobs: torch.Tensor | None,
-                   ref_logprobs: torch.Tensor | None, kl_scale: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The policy's loss of each completion token (any shape, all alike), from the update's pass (log-probs,
-        entropy, the exact KL if it ran) and the rollout's; with what the metrics count of it: (loss, clipped,
-        KL). `kl_scale`: each token's multiple of beta (`kl_scale`), None for 1 everywhere; the KL reported is
-        unweighted."""
-        cfg = self.cfg
-        old = old_logprobs if self.policy_moves else logprobs.detach()
-        per_token, clipped = grpo.clipped_surrogate(logprobs, old, advantages, cfg.clip_low, cfg.clip_high)
-        if ref_logprobs is not None:
-            kl = _SAMPLED_KL[cfg.kl_estimator](logprobs, ref_logprobs)
-        if kl is not None:
-            kl = kl.float()
-            if self.step_beta > 0 and self.kl_in_loss:
-                per_token = per_token + self.step_beta * (kl if kl_scale is None else kl * kl_scale)
-        if cfg.entropy_coef > 0:
-            per_token = per_token - cfg.entropy_coef * entropy
-        return per_token, clipped, kl
-
-    def micro_batch_loss(self, columns: dict[str, torch.Tensor | None], weights: torch.Tensor) -> PolicyLoss:
-        """The `TokenLoss` of a micro-batch: `columns`, the rollout's (`Rollout.rows`), and `weights` [b, W], each
-        token's weight in its minibatch's loss (`weights`)."""
-        flat = {k: None if columns[k] is None else columns[k].reshape(-1) for k in PolicyLoss.READS}
-        return PolicyLoss(self, flat, weights.reshape(-1))
+    # -- the loss (its tokens' terms: `grpo.loss.GRPOLoss`) ---------------------------------------------------
 
     def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -285,22 +254,3 @@ class Objective:
             return grpo.sequence_weights(mask, totals.sequences)
         return grpo.constant_weights(mask, self.cfg.max_new_tokens, totals.rows)
 
-
-@dataclass(frozen=True)
-class PolicyLoss:
-    """A micro-batch's policy loss as the log-prob pass takes it (a `TokenLoss`): each token's `token_loss` times
-    its weight, with what the metrics count of it (clipped, and the KL where measured). The rollout's columns are
-    flat [b * W], as the pass gives a chunk's positions."""
-
-    READS = ("advantages", "old_logprobs", "ref_logprobs", "kl_scale")
-
-    objective: Objective
-    columns: dict[str, torch.Tensor | None]
-    weights: torch.Tensor
-
-    def __call__(self, logprobs: torch.Tensor, entropy: torch.Tensor | None, kl: torch.Tensor | None,
-                 positions: torch.Tensor) -> TokenTerms:
-        at = {k: None if v is None else v[positions] for k, v in self.columns.items()}
-        loss, clipped, kl = self.objective.token_loss(logprobs, entropy, kl, **at)
-        metrics = {"clipped": clipped} if kl is None else {"clipped": clipped, "kl": kl}
-        return TokenTerms(loss * self.weights[positions], metrics)

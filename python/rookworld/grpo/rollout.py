@@ -1,7 +1,8 @@
 """A GRPO rollout: G completions per prompt, their rewards and advantages, and the log-probs the update needs.
 
 `collect_rollout` is steps 1-3 of a GRPO step: sample, score, then run the frozen reference (and, when the
-objective needs it, the sampling policy) over the completions once and form the advantages.
+objective needs it, the sampling policy) over the completions once (`rollout_logprobs`) and form the advantages.
+Rows go through a model in micro-batches of similar length (`micro_batches`), here and in the update.
 """
 
 from __future__ import annotations
@@ -10,18 +11,21 @@ import dataclasses
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
 from rookworld.ground.rewards import Scores
-from rookworld.grpo.models import Models, Sampler, micro_batches
+from rookworld.grpo.loss import Experience
+from rookworld.grpo.models import Models, Sampler
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt
 from rookworld.harness.distributed import Comm
+from rookworld.net.logprobs import token_logprobs, with_values
 from rookworld.net.memo import ProductMemo
 from rookworld.settings.base import Slice
 
@@ -66,6 +70,35 @@ class RolloutReward:
             parts[name][keep] = values
         return Scores(rewards=rewards, tasks=np.array([p.task for p in prompts]), well_formed=well_formed,
                       valid=valid, parts=parts)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows of a rollout that go through the model together, cut to the columns some row of them uses."""
+
+    rows: np.ndarray  # indices into the rollout
+    left: int  # leading columns that are padding in every row (prompts are left-padded), skipped
+    width: int  # completion columns kept: up to the end of the longest completion among the rows
+
+
+def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np.ndarray, prompt_width: int,
+                  size: int, rows_per_prompt: int = 1) -> list[MicroBatch]:
+    """Splits `rows` into micro-batches of about `size` rows of similar length, whole groups of `rows_per_prompt`
+    consecutive rows each (rows that share a prompt computed once: at least one group a micro-batch).
+
+    Every log-prob pass costs rows x columns of the block it is given, and an A: row (long prompt, long
+    completion) is about twice as long as a P: row: padding all of them to the longest would make about 40% of
+    the work padding. Sorting by length and cutting each micro-batch to its own columns keeps that near zero.
+    Exact: positions come from the attention mask, and the cut columns are padding to every row kept."""
+    groups = np.asarray(rows).reshape(-1, rows_per_prompt)
+    length = prompt_lens[groups[:, 0]] + completion_lens[groups].max(1)
+    order = groups[np.argsort(length, kind="stable")]
+    out, per = [], max(1, size // rows_per_prompt)
+    for i in range(0, len(order), per):
+        chunk = order[i : i + per].reshape(-1)
+        out.append(MicroBatch(chunk, prompt_width - int(prompt_lens[chunk].max()),
+                              max(1, int(completion_lens[chunk].max()))))
+    return out
 
 
 @dataclass
@@ -125,15 +158,36 @@ class Rollout:
         """[n] bool, on the model's device: the row's prompt had ground truth."""
         return torch.from_numpy(np.asarray(self.scores.valid, dtype=bool)).to(self.ids.device)
 
-    def rows(self, rows: torch.Tensor, width: int) -> dict[str, torch.Tensor | None]:
-        """What the loss reads of rows `rows`, their first `width` completion columns (None where not made)."""
-        cut = lambda x: None if x is None else x[rows, :width]  # noqa: E731
-        return {"advantages": cut(self.advantages), "old_logprobs": cut(self.old_logprobs),
-                "ref_logprobs": cut(self.ref_logprobs), "old_values": cut(self.old_values),
-                "returns": cut(self.returns), "kl_scale": cut(self.kl_scale)}
+    def experience(self, rows: torch.Tensor, width: int, weights: torch.Tensor) -> Experience:
+        """What the loss reads of rows `rows`, their first `width` completion columns, flat; `weights` [b, width]:
+        each token's weight in its minibatch's loss."""
+        flat = lambda x: None if x is None else x[rows, :width].reshape(-1)  # noqa: E731
+        return Experience(flat(self.advantages), weights.reshape(-1), flat(self.old_logprobs),
+                          flat(self.ref_logprobs), flat(self.kl_scale))
 
-    def micro_batches(self, rows: np.ndarray, size: int, rows_per_prompt: int):
+    def micro_batches(self, rows: np.ndarray, size: int, rows_per_prompt: int) -> list[MicroBatch]:
         return micro_batches(rows, self.prompt_lens, self.completion_lens, self.prompt_width, size, rows_per_prompt)
+
+
+@torch.no_grad()
+def rollout_logprobs(models: Models, model: nn.Module, r: Rollout, batches: list[MicroBatch], temperature: float,
+                     values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Completion log-probs [n, N] of every row of `r` under `model` (the reference, or the sampling policy) and,
+    with `values`, the value head's values [n, N], without gradients (0 past each micro-batch's width)."""
+    P = r.prompt_width
+    lp = torch.zeros(r.ids.shape[0], r.ids.shape[1] - P, device=r.ids.device)
+    vals = torch.zeros_like(lp) if values else None
+    for b in batches:
+        rows, cols = torch.from_numpy(b.rows).to(r.ids.device), slice(b.left, P + b.width)
+        options = replace(models.options, start=P - b.left, temperature=temperature, entropy=False,
+                          keep_hidden=values)
+        with models.autocast():
+            s = with_values(token_logprobs(model, r.ids[rows, cols], r.mask[rows, cols], options),
+                            models.value_head if values else None)
+        lp[rows, : b.width] = s.logprobs.float()
+        if vals is not None:
+            vals[rows, : b.width] = s.values.float()
+    return lp, vals
 
 
 def seed_of(*parts: int) -> int:
@@ -192,11 +246,10 @@ def collect_rollout(cfg: RolloutSettings, parts: RolloutParts, comm: Comm, promp
     # 3. The reference's (and the sampling policy's) log-probs, once per rollout; then the advantages.
     batches = r.micro_batches(np.arange(len(completions)), cfg.micro_batch_size, models.rows_per_prompt)
     if objective.reference_pass:
-        r.ref_logprobs, _ = models.rollout_logprobs(models.reference, r.ids, r.mask, r.prompt_width, batches,
-                                                    cfg.temperature)
+        r.ref_logprobs, _ = rollout_logprobs(models, models.reference, r, batches, cfg.temperature)
     if objective.sampler_pass:
-        r.old_logprobs, r.old_values = models.rollout_logprobs(models.policy, r.ids, r.mask, r.prompt_width, batches,
-                                                               cfg.temperature, values=objective.critic)
+        r.old_logprobs, r.old_values = rollout_logprobs(models, models.policy, r, batches, cfg.temperature,
+                                                        values=objective.critic)
     with torch.no_grad():
         r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
         r.kl_scale = objective.kl_scale(r.tasks, r.completion_mask.shape[1], device)

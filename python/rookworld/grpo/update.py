@@ -1,5 +1,6 @@
 """Step 4 of a GRPO step: `mu` epochs over the rollout, each split into `minibatches` optimizer steps, each
-accumulated over micro-batches of similar length. The loss of each token is `micro_batch_loss`."""
+accumulated over micro-batches of similar length. A micro-batch's loss is `micro_batch_loss`: each token's
+`grpo.loss.GRPOLoss`, made in the log-prob pass with its gradient."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rookworld.grpo.models import MicroBatch, Models
+from rookworld.grpo.loss import GRPOLoss
+from rookworld.grpo.models import Models
 from rookworld.grpo.objective import Objective, Totals
-from rookworld.grpo.rollout import Rollout, seed_of
+from rookworld.grpo.rollout import MicroBatch, Rollout, seed_of
 from rookworld.harness.distributed import Comm, accumulating
 from rookworld.harness.run import step_if_finite
 from rookworld.net.logprobs import TokenLogProbs
@@ -86,15 +88,15 @@ def micro_batch_loss(objective: Objective, models: Models, r: Rollout, b: MicroB
     P, W = r.prompt_width, b.width
     rows, cols = torch.from_numpy(b.rows).to(models.device), slice(b.left, P + W)
     m = r.loss_mask[rows, :W]  # the usable tokens [b, W]: the only positions the lm_head runs on
-    weights, cut = objective.weights(m, totals), r.rows(rows, W)
+    weights = objective.weights(m, totals)
     replay = None if r.memo is None else Replay(r.memo, rows, b.left, W)
     with models.autocast():
         out = models.logprobs(r.ids[rows, cols], r.mask[rows, cols], P - b.left, wanted=m,
-                              loss=objective.micro_batch_loss(cut, weights), replay=replay,
+                              loss=GRPOLoss.of(objective, r.experience(rows, W, weights)), replay=replay,
                               reference=models.reference if objective.exact_kl else None)
     loss, v_loss = out.loss, None
     if out.values is not None:
-        v_term, v_loss = objective.value_loss(out.values.float(), cut["old_values"], cut["returns"])
+        v_term, v_loss = objective.value_loss(out.values.float(), r.old_values[rows, :W], r.returns[rows, :W])
         loss = loss + (v_term * weights).sum()
     loss.backward()
     _count(acc, out, m, m & r.is_env[rows, None], loss.detach(), v_loss)

@@ -27,12 +27,11 @@ from torch import nn
 from rookworld.net.compile_log import describe
 from rookworld.net.compiling import Compiled
 from rookworld.net.fused_head import Columns, FusedHead, TokenLoss, TokenTerms, Vocab
-from rookworld.net.head import head_logits
 from rookworld.net.memo import Replay
 from rookworld.net.model import GPT
+from rookworld.net.vocab_grad import tempered_logits, vocab_forward
 
-__all__ = ["LogProbs", "PassOptions", "TokenLogProbs", "TokenLoss", "TokenTerms", "chunk_rows", "full_kl",
-           "token_logprobs"]
+__all__ = ["LogProbs", "PassOptions", "TokenLogProbs", "TokenLoss", "TokenTerms", "chunk_rows", "token_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class PassOptions:
     temperature: of the distribution scored (the entropy and the KL are that distribution's too).
     entropy: also each position's entropy.
     compile: the trunk and the passes over the vocabulary through torch.compile (a warning and eager if it fails).
-    kl_weights: (forward, reverse) weights of the exact KL to a reference, when one is given (`full_kl`).
+    kl_weights: (forward, reverse) weights of the exact KL to a reference, when one is given (`vocab_forward`).
     rows_per_prompt: rows come in groups of this many that share their prompt columns, computed once a group.
     chunk_size: positions a chunk of the vocabulary pass (default `chunk_rows`).
     keep_hidden: also return the hidden states (`.hidden`), for a loss or a head of the caller's own.
@@ -72,22 +71,6 @@ class TokenLogProbs:
     hidden: torch.Tensor | None = None
 
 
-def full_kl(logp: torch.Tensor, ref_logp: torch.Tensor, weights: tuple[float, float] = (1.0, 0.0)) -> torch.Tensor:
-    """Exact KL per row between two log-softmaxed distributions over the vocabulary [n, V] -> [n]:
-    w_forward KL(policy || reference) + w_reverse KL(reference || policy) for weights = (w_forward, w_reverse).
-    A term of weight 0 is not computed: each is a pass over [n, V]."""
-    w_forward, w_reverse = weights
-    if w_forward < 0 or w_reverse < 0 or w_forward + w_reverse <= 0:
-        raise ValueError(f"KL weights must be >= 0 and not both 0, got {weights}")
-    kl = None
-    if w_forward:
-        kl = w_forward * (logp.exp() * (logp - ref_logp)).sum(-1)
-    if w_reverse:
-        reverse = w_reverse * (ref_logp.exp() * (ref_logp - logp)).sum(-1)
-        kl = reverse if kl is None else kl + reverse
-    return kl
-
-
 def chunk_rows(device: torch.device, vocab_size: int) -> int:
     """Positions per chunk of the vocabulary pass: each [chunk, vocab] float32 tensor about 24 MiB on the CPU,
     under glibc's 32 MiB threshold, so the allocator reuses its memory instead of mapping and page-faulting fresh
@@ -101,22 +84,13 @@ def chunk_rows(device: torch.device, vocab_size: int) -> int:
 def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, temperature: float,
                     with_entropy: bool, ref_hidden: torch.Tensor | None = None, ref_weight: torch.Tensor | None = None,
                     kl_weights: tuple[float, float] = (1.0, 0.0)) -> tuple[torch.Tensor, ...]:
-    """(log-prob, [entropy], [KL to the reference]) of each position of one chunk."""
-    logits = head_logits(hidden, weight)
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_z = logits.logsumexp(-1)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
-    out = [logp]
-    if with_entropy:
-        probs = (logits - log_z.unsqueeze(-1)).exp()
-        out.append(log_z - (probs * logits).sum(-1))
-    if ref_hidden is not None:
-        ref_logits = head_logits(ref_hidden, ref_weight)
-        if temperature != 1.0:
-            ref_logits = ref_logits / temperature
-        out.append(full_kl(logits - log_z.unsqueeze(-1), ref_logits.log_softmax(-1), kl_weights))
-    return tuple(out)
+    """(log-prob, [entropy], [KL to the reference]) of each position of one chunk (`vocab_forward`'s)."""
+    if not with_entropy and ref_hidden is None:  # the log-prob alone: a logsumexp and a gather, no [chunk, V] more
+        z = tempered_logits(hidden, weight, temperature)
+        return ((z.gather(-1, targets.unsqueeze(-1)) - z.logsumexp(-1, keepdim=True)).squeeze(-1),)
+    lp, entropy, kl, _ = vocab_forward(hidden, targets, weight, temperature, with_entropy, ref_hidden, ref_weight,
+                                       kl_weights)
+    return tuple(x for x in (lp, entropy, kl) if x is not None)
 
 
 # Eager, each step of _chunk_logprobs after the matmul (fp32 copy, logsumexp, gather, exp, entropy) is a pass over
@@ -167,7 +141,7 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
     wanted: bool [B, T - start], the positions wanted; the lm_head runs on those alone and every other position
     reads 0.
     reference: also the exact KL to this (frozen) model's tempered distribution at each position, summed over the
-    vocabulary: `full_kl` with `options.kl_weights`.
+    vocabulary: `vocab_forward`'s with `options.kl_weights`.
     loss: a `TokenLoss`; `.loss` is then its sum over the wanted positions, with gradients made in the same pass
     (see the module docstring), `.metrics` its metrics, and the log-probs, entropy and KL are detached.
     replay: `model`'s trunk products, kept when it sampled these tokens (`ProductMemo`), instead of made again.

@@ -32,20 +32,26 @@ class Derivatives(NamedTuple):
     kl: torch.Tensor | None
 
 
-def vocab_forward(hidden, targets, weight, temperature, with_entropy, ref_hidden, ref_weight, kl_weights):
-    """A chunk's log-prob, entropy and KL [chunk] (None where not asked), and its `VocabState`."""
-    w_f, w_r = kl_weights
+def tempered_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The lm_head's logits over the temperature, float32 (`head_logits`)."""
     z = head_logits(hidden, weight)
-    if temperature != 1.0:
-        z = z / temperature
+    return z / temperature if temperature != 1.0 else z
+
+
+def vocab_forward(hidden, targets, weight, temperature, with_entropy, ref_hidden, ref_weight, kl_weights):
+    """A chunk's log-prob, entropy and KL [chunk] (None where not asked), and its `VocabState`. The one definition
+    of the entropy and the KL: the pass without a loss takes them from here too (`logprobs._chunk_logprobs`).
+    KL = w_f KL(policy || reference) + w_r KL(reference || policy) for `kl_weights` (w_f, w_r); a term of weight 0
+    is not computed."""
+    w_f, w_r = kl_weights
+    z = tempered_logits(hidden, weight, temperature)
     logp = z - z.logsumexp(-1, keepdim=True)
     p = logp.exp()
     lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = -(p * logp).sum(-1) if with_entropy else None
     kl = logq = q = kl_f = None
     if ref_hidden is not None:
-        ref_z = head_logits(ref_hidden, ref_weight)
-        logq = (ref_z / temperature if temperature != 1.0 else ref_z).log_softmax(-1)
+        logq = tempered_logits(ref_hidden, ref_weight, temperature).log_softmax(-1)
         kl = torch.zeros_like(lp)
         if w_f:
             kl_f = (p * (logp - logq)).sum(-1)
