@@ -171,7 +171,7 @@ def main() -> int:
     args = ap.parse_args()
 
     name, flags = cpu_name()
-    # The threads a run takes (`harness.run.use_every_core`), for the mm figures too.
+    # The threads a run takes (`harness.context.use_every_core`), for the mm figures too.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)
     print(f"CPU: {name}; {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads; "

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.harness.run import optimizer_for
+from rookworld.harness.optimizer import optimizer_for
 from rookworld.net.model import GPTConfig, fresh_gpt
 from rookworld.net.muon import NS_COEFFICIENTS, NS_STEPS, RMS_MATCH, Muon, orthogonalised
 from rookworld.settings.config import SFTConfig

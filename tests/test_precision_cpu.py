@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from rookworld.harness import run
+from rookworld.harness import context
 from rookworld.net.device import cpu_bf16_flag
 
 from conftest import REPO
@@ -58,12 +58,12 @@ def test_the_bf16_flags_are_read_from_every_processors_flags_line():
     (None, False, ": --dtype auto and the CPU has no amx_bf16 or avx512_bf16"),
 ])
 def test_auto_takes_bf16_on_cuda_and_on_a_cpu_with_amx(monkeypatch, flag, want, why):
-    monkeypatch.setattr(run, "cpu_bf16", lambda: flag)
-    assert run.compute_dtype("auto", "cpu") == (want, why)
-    assert run.compute_dtype("auto", "cuda") == (True, ": --dtype auto on CUDA")
+    monkeypatch.setattr(context, "cpu_bf16", lambda: flag)
+    assert context.compute_dtype("auto", "cpu") == (want, why)
+    assert context.compute_dtype("auto", "cuda") == (True, ": --dtype auto on CUDA")
     # An explicit --dtype is obeyed whatever the CPU has, and needs no reason in the header.
-    assert run.compute_dtype("bf16", "cpu") == (True, "") and run.compute_dtype("fp32", "cpu") == (False, "")
-    assert run.compute_dtype("fp32", "cuda") == (False, "")
+    assert context.compute_dtype("bf16", "cpu") == (True, "") and context.compute_dtype("fp32", "cpu") == (False, "")
+    assert context.compute_dtype("fp32", "cuda") == (False, "")
 
 
 def _sft_losses(tmp_path, dtype: str, steps: int) -> list[float]:

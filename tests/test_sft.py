@@ -486,7 +486,7 @@ def test_warm_up_stable_cooldown_rates_by_hand_and_an_extended_run_keeps_its_sta
     """--cooldown-steps 4 of 10 with 2 of warm-up and min ratio 0.1: 1/3, 2/3, the peak four times, then a linear
     cooldown ending at 0.1 on the last step. Extended to 20 steps, every rate before the new cooldown is the
     peak's: what a shorter run took of its stable phase is what the longer one takes."""
-    from rookworld.harness.run import lr_factor
+    from rookworld.harness.optimizer import lr_factor
     from rookworld.settings.config import ConfigError, SFTConfig
 
     def factors(steps):

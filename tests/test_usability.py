@@ -164,7 +164,7 @@ def test_a_run_starts_with_a_header_and_shows_its_evaluations(tiny_dir, tmp_path
     proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--eval-every", "1", "--eval-size", "2"))
     assert proc.returncode == 0, proc.stderr
     shown = lines_of(proc.stderr)
-    from rookworld.harness.run import compute_dtype
+    from rookworld.harness.context import compute_dtype
 
     bf16, why = compute_dtype("auto", "cpu")  # the header says which dtype --dtype auto took here, and why
     assert shown[0].startswith(f"rookworld train: 2 steps into {out} on cpu ({'bf16 autocast' if bf16 else 'fp32'}"

@@ -16,7 +16,8 @@ from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, f
 from rookworld.grpo.trainer import Trainer
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import DistributedError, lost_rank, rerun
-from rookworld.harness.run import Diverged, complete_message
+from rookworld.harness.optimizer import Diverged
+from rookworld.harness.run import complete_message
 from rookworld.harness.rundir import check_resume, run_directory
 from rookworld.net.pretrained import ModelNotAvailableError
 from rookworld.net.tokenizer import TokenizerUnavailableError

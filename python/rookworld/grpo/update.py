@@ -14,7 +14,7 @@ from rookworld.grpo.models import Models
 from rookworld.grpo.objective import Objective, Totals
 from rookworld.grpo.rollout import MicroBatch, Rollout, seed_of
 from rookworld.harness.distributed import Comm, accumulating
-from rookworld.harness.run import step_if_finite
+from rookworld.harness.optimizer import step_if_finite
 from rookworld.net.logprobs import TokenLogProbs
 from rookworld.net.memo import Replay
 from rookworld.settings.base import Slice

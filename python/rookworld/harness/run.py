@@ -6,13 +6,10 @@ evaluation and samples. `rookworld train` (GRPO) and `rookworld sft` each plug t
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,195 +17,19 @@ import torch
 from torch import nn
 
 from rookworld.harness import checkpoint
-from rookworld.harness.compiles import CompileReport
-from rookworld.harness.distributed import Comm, DistInfo, init_distributed
-from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
-from rookworld.harness.runlog import Reporting, RunLog, Summary
+from rookworld.harness.context import start
+from rookworld.harness.optimizer import check_saved_optimizer, lr_factor, optimizer_for
+from rookworld.harness.runlog import Summary
 from rookworld.harness.stop import Doing, EvaluationStopped, StepAbandoned, Stop
-from rookworld.net.device import BF16_FLAGS, cpu_bf16, keep_freed_memory, resolve_device
-from rookworld.net.muon import Muon
-from rookworld.net.pretrained import from_pretrained, model_directory, save_pretrained
+from rookworld.net.pretrained import from_pretrained, save_pretrained
 from rookworld.net.tokenizer import get_tokenizer
 from rookworld.settings.config import RunConfig
 from rookworld.settings.presets import schedule_warnings
 
 
-def lr_factor(step: int, cfg: RunConfig) -> float:
-    """Linear warm-up to the peak; then cosine decay to min_lr_ratio x peak at the last step, or with
-    cooldown_steps the peak held until a linear cooldown to min_lr_ratio x peak over the last cooldown_steps (warm-up,
-    stable, decay: a longer run shares every rate of a shorter one's stable phase)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / (cfg.warmup_steps + 1)
-    if cfg.cooldown_steps:
-        into = step - (cfg.steps - cfg.cooldown_steps) + 1  # steps into the cooldown, this one included
-        return 1.0 - (1.0 - cfg.min_lr_ratio) * min(1.0, max(0.0, into / cfg.cooldown_steps))
-    span = max(1, cfg.steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
-    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-class Diverged(RuntimeError):
-    """The loss or the gradients stopped being finite. The step that found it was not applied, so the weights and
-    the last checkpoint are still good."""
-
-
-def step_if_finite(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor, loss: float | torch.Tensor = 0.0
-                   ) -> None:
-    """`optimizer.step()`, unless the gradients or the loss are NaN or infinite: one such step makes every weight
-    NaN (and AdamW's moments with them), and the run would go on reporting `loss: null`. (One device sync per
-    optimizer step, which a GRPO step takes a handful of.)"""
-    if not (math.isfinite(float(grad_norm)) and math.isfinite(float(loss))):
-        raise Diverged(f"the {'gradients are' if not math.isfinite(float(grad_norm)) else 'loss is'} not finite "
-                       f"(grad norm {float(grad_norm):g}, loss {float(loss):g})")
-    optimizer.step()
-
-
-def compute_dtype(dtype: str, kind: str) -> tuple[bool, str]:
-    """Whether a run on a `kind` device computes under bf16 autocast, and why, for the run's header (empty when
-    --dtype said so). --dtype auto takes bf16 where the hardware multiplies bf16 several times faster than float32:
-    on CUDA, and on a CPU with AMX (`cpu_bf16`). AVX-512 BF16 only doubles the products' rate, which a step turned
-    into 0.9-1.3x by command and shape (BENCHMARKS.md, issues 44 and 68: SFT 1.00x on the chess-cpu shape, 1.28x
-    on the chess-play shape, 1.22x on GPT-2 small; GRPO 0.8-0.9x on GPT-2 small, whose update cannot reuse
-    sampling's products under autocast), so there and elsewhere it keeps float32, which is also what reproduces
-    the shipped models bit for bit; --dtype bf16 takes the gain where there is one."""
-    if dtype != "auto":
-        return dtype == "bf16", ""
-    if kind == "cuda":
-        return True, ": --dtype auto on CUDA"
-    flag = cpu_bf16() if kind == "cpu" else None
-    if flag == "amx_bf16":
-        return True, ": --dtype auto and the CPU has AMX (amx_bf16)"
-    if flag is not None:
-        return False, f": --dtype auto; the CPU's {flag} measured 0.9-1.3x fp32 by shape, --dtype bf16 takes it"
-    if kind == "cpu":
-        return False, f": --dtype auto and the CPU has no {' or '.join(BF16_FLAGS)}"
-    return False, f": --dtype auto on {kind}"
-
-
 def complete_message(command: str, cfg: RunConfig, step: int) -> str:
     return (f"the run is complete: step {step} of --steps {cfg.steps}; to train longer, rookworld {command} "
             f"--resume {cfg.output_dir} --steps N with N > {step}")
-
-
-@dataclass(frozen=True)
-class Context:
-    """Where a command runs, settled when it starts and the same to its end (`start`): its ranks and the
-    collectives between them, its device, how it computes (the autocast dtype, what compiles), the checkpoint it
-    resumes, the model directory it loads, and its output directory's lock, log and compile report."""
-
-    dist: DistInfo
-    comm: Comm
-    device: torch.device
-    amp_dtype: torch.dtype | None
-    compile: bool  # decoding (the decode step and the draw)
-    compile_logprobs: bool  # the log-prob passes
-    resume_from: Path | None
-    model_dir: Path | None  # None when the command brought its own policy
-    log: RunLog
-    lock: RunDirectoryLock | None
-    compiles: CompileReport | None  # what compiling costs, said where the user sees it; None when nothing compiles
-
-    @property
-    def cores(self) -> int:
-        """This rank's share of the machine's cores."""
-        return cores_of(self.dist)
-
-
-def cores_of(dist: DistInfo) -> int:
-    return max(1, (os.cpu_count() or 1) // dist.local_world)
-
-
-def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summary: Summary | None = None) -> Context:
-    """A command started: its ranks, device and precision placed, the checkpoint it resumes and the model it loads
-    found, its output directory locked and made ready, its log opened, and its header said. Everything a user can
-    get wrong is checked before the slow parts (models, engines) and before the header: a model that cannot be
-    found (a typo, a hub out of reach) is one line and no run directory."""
-    kind = resolve_device(cfg.device).type
-    dist = init_distributed(kind)
-    cfg.check_world(dist.world)
-    device = resolve_device(cfg.device, dist.local_rank)
-    use_every_core(device, dist)
-    if kind == "cuda":
-        # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
-        # newer ones map to their own fp32_precision settings.
-        torch.set_float32_matmul_precision("high")
-    bf16, why = compute_dtype(cfg.dtype, kind)
-    torch.manual_seed(cfg.seed)
-    resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
-    if resume_from is not None:
-        checkpoint.check_weights(resume_from)
-    model_dir = None
-    if loads_model:
-        model_dir = model_directory(resume_from or cfg.model, revision=None if resume_from else cfg.revision)
-    lock, log = _open_output_dir(cfg, command, resume_from, dist.main, stream, summary)
-    compile = cfg.compile and kind == "cuda"
-    compiles = CompileReport(log, cfg.output_dir, dist.main) if compile else None
-    if compiles is not None and resume_from is not None:
-        compiles.load_cache()
-    ranks = f", {dist.world} ranks" if dist.enabled else ""
-    steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
-    log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {device} "
-            f"({'bf16 autocast' if bf16 else 'fp32'}{why}{', compiled' if compile else ''}{ranks})")
-    return Context(dist, Comm(dist, device), device, torch.bfloat16 if bf16 else None, compile,
-                   compile and cfg.compile_logprobs, resume_from, model_dir, log, lock, compiles)
-
-
-def _open_output_dir(cfg: RunConfig, command: str, resume_from: Path | None, main: bool, stream,
-                     summary: Summary | None) -> tuple[RunDirectoryLock | None, RunLog]:
-    """The output directory locked and made ready (a resumed run's kept), what a cut-short save left removed,
-    and the run's log opened there."""
-    lock = RunDirectoryLock(Path(cfg.output_dir), command) if main else None
-    try:
-        prepare_output_dir(cfg, resume_from, main, command)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    leftovers = checkpoint.remove_leftovers(cfg.output_dir) if main else []
-    reporting = Reporting(cfg.reporters, cfg.wandb_project, cfg.to_dict(), command)
-    log = RunLog(cfg.output_dir, cfg.steps, enabled=main, stream=stream, summary=summary, reporting=reporting)
-    if leftovers:
-        log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
-    return lock, log
-
-
-def use_every_core(device: torch.device, dist: DistInfo) -> None:
-    """On the CPU, torch takes every core of this rank's share for every phase (an explicit OMP_NUM_THREADS
-    is obeyed). Nothing else computes while it does: Stockfish analyses while torch waits (the reward phase,
-    an evaluation's scoring), so no core is kept for it; kept, it idled through generation and the update
-    for the second or so an engine works in a step. Freed memory is kept for reuse (`keep_freed_memory`)."""
-    if device.type != "cpu":
-        return
-    keep_freed_memory()
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(cores_of(dist))
-
-
-def optimizer_for(policy: nn.Module, cfg: RunConfig, extra_groups: Sequence[dict] = ()) -> torch.optim.Optimizer:
-    """AdamW over the policy and `extra_groups`, weight decay on the matrices; or with --optimizer muon, `Muon` over
-    the blocks' matrices (not the embeddings: a row is looked up, not multiplied) and AdamW over the rest."""
-    embeddings = {id(m.weight) for m in policy.modules() if isinstance(m, nn.Embedding)}
-    decay = [p for p in policy.parameters() if p.dim() >= 2]
-    no_decay = [p for p in policy.parameters() if p.dim() < 2]
-    if cfg.optimizer == "muon":
-        matrices = [p for p in decay if id(p) not in embeddings]
-        groups = [{"params": matrices, "weight_decay": cfg.weight_decay, "use_muon": True},
-                  {"params": [p for p in decay if id(p) in embeddings], "weight_decay": cfg.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}, *extra_groups]
-        return Muon(groups, lr=cfg.lr, betas=(0.9, 0.95))
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0},
-              *extra_groups]
-    # Fused on the CPU too: one pass over each parameter's state, where foreach made a temporary per term
-    # (GPT-2 small: 0.06 s a step against 0.6 s here).
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=next(policy.parameters()).device.type in ("cuda", "cpu"))
-
-
-def saved_optimizer(state: dict[str, Any]) -> str | None:
-    """The --optimizer a saved trainer state was made by (None: a state of no known shape, left to `_restore`)."""
-    groups = state.get("optimizer", {}).get("param_groups") if isinstance(state.get("optimizer"), dict) else None
-    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
-        return None
-    return "muon" if any(g.get("use_muon") for g in groups) else "adamw"
 
 
 class Run:
@@ -263,12 +84,7 @@ class Run:
         state: dict[str, Any] = {}
         if self.resume_from is not None:
             state = checkpoint.load_state(self.resume_from)
-            saved = saved_optimizer(state)
-            if saved not in (None, cfg.optimizer):
-                raise checkpoint.CheckpointError(
-                    f"cannot resume from {self.resume_from} with --optimizer {cfg.optimizer}: it was trained with "
-                    f"--optimizer {saved}, whose state the other cannot take; resume with --optimizer {saved}, or "
-                    f"train its model as a new run with --model {self.resume_from} --output-dir NEW_DIR")
+            check_saved_optimizer(state, cfg.optimizer, self.resume_from)
             try:
                 self._restore(state)
             except (KeyError, TypeError, ValueError, RuntimeError) as e:  # not a state saved for these weights

@@ -21,7 +21,8 @@ from rookworld.ground.fields import FIELDS, parse_weights
 from rookworld.ground.rewards import EVERY_MOVE, RewardScorer
 from rookworld.ground.stockfish import Role, pool_for
 from rookworld.harness.distributed import accumulating, data_parallel, unwrapped
-from rookworld.harness.run import Run, step_if_finite
+from rookworld.harness.optimizer import step_if_finite
+from rookworld.harness.run import Run
 from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics

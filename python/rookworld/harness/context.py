@@ -1,0 +1,136 @@
+"""How a training command starts (`start`): its ranks, device, dtype and compilation settled, the checkpoint it
+resumes and the model it loads found, its output directory locked and its log opened, all kept in one frozen
+`Context` for the run's life."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rookworld.harness import checkpoint
+from rookworld.harness.compiles import CompileReport
+from rookworld.harness.distributed import Comm, DistInfo, init_distributed
+from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
+from rookworld.harness.runlog import Reporting, RunLog, Summary
+from rookworld.net.device import BF16_FLAGS, cpu_bf16, keep_freed_memory, resolve_device
+from rookworld.net.pretrained import model_directory
+from rookworld.settings.config import RunConfig
+
+
+def compute_dtype(dtype: str, kind: str) -> tuple[bool, str]:
+    """Whether a run on a `kind` device computes under bf16 autocast, and why, for the run's header (empty when
+    --dtype said so). --dtype auto takes bf16 where the hardware multiplies bf16 several times faster than float32:
+    on CUDA, and on a CPU with AMX (`cpu_bf16`). AVX-512 BF16 only doubles the products' rate, which a step turned
+    into 0.9-1.3x by command and shape (BENCHMARKS.md, issues 44 and 68: SFT 1.00x on the chess-cpu shape, 1.28x
+    on the chess-play shape, 1.22x on GPT-2 small; GRPO 0.8-0.9x on GPT-2 small, whose update cannot reuse
+    sampling's products under autocast), so there and elsewhere it keeps float32, which is also what reproduces
+    the shipped models bit for bit; --dtype bf16 takes the gain where there is one."""
+    if dtype != "auto":
+        return dtype == "bf16", ""
+    if kind == "cuda":
+        return True, ": --dtype auto on CUDA"
+    flag = cpu_bf16() if kind == "cpu" else None
+    if flag == "amx_bf16":
+        return True, ": --dtype auto and the CPU has AMX (amx_bf16)"
+    if flag is not None:
+        return False, f": --dtype auto; the CPU's {flag} measured 0.9-1.3x fp32 by shape, --dtype bf16 takes it"
+    if kind == "cpu":
+        return False, f": --dtype auto and the CPU has no {' or '.join(BF16_FLAGS)}"
+    return False, f": --dtype auto on {kind}"
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a command runs, settled when it starts and the same to its end (`start`): its ranks and the
+    collectives between them, its device, how it computes (the autocast dtype, what compiles), the checkpoint it
+    resumes, the model directory it loads, and its output directory's lock, log and compile report."""
+
+    dist: DistInfo
+    comm: Comm
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    compile: bool  # decoding (the decode step and the draw)
+    compile_logprobs: bool  # the log-prob passes
+    resume_from: Path | None
+    model_dir: Path | None  # None when the command brought its own policy
+    log: RunLog
+    lock: RunDirectoryLock | None
+    compiles: CompileReport | None  # what compiling costs, said where the user sees it; None when nothing compiles
+
+    @property
+    def cores(self) -> int:
+        """This rank's share of the machine's cores."""
+        return cores_of(self.dist)
+
+
+def cores_of(dist: DistInfo) -> int:
+    return max(1, (os.cpu_count() or 1) // dist.local_world)
+
+
+def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summary: Summary | None = None) -> Context:
+    """A command started: its ranks, device and precision placed, the checkpoint it resumes and the model it loads
+    found, its output directory locked and made ready, its log opened, and its header said. Everything a user can
+    get wrong is checked before the slow parts (models, engines) and before the header: a model that cannot be
+    found (a typo, a hub out of reach) is one line and no run directory."""
+    kind = resolve_device(cfg.device).type
+    dist = init_distributed(kind)
+    cfg.check_world(dist.world)
+    device = resolve_device(cfg.device, dist.local_rank)
+    use_every_core(device, dist)
+    if kind == "cuda":
+        # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
+        # newer ones map to their own fp32_precision settings.
+        torch.set_float32_matmul_precision("high")
+    bf16, why = compute_dtype(cfg.dtype, kind)
+    torch.manual_seed(cfg.seed)
+    resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
+    if resume_from is not None:
+        checkpoint.check_weights(resume_from)
+    model_dir = None
+    if loads_model:
+        model_dir = model_directory(resume_from or cfg.model, revision=None if resume_from else cfg.revision)
+    lock, log = _open_output_dir(cfg, command, resume_from, dist.main, stream, summary)
+    compile = cfg.compile and kind == "cuda"
+    compiles = CompileReport(log, cfg.output_dir, dist.main) if compile else None
+    if compiles is not None and resume_from is not None:
+        compiles.load_cache()
+    ranks = f", {dist.world} ranks" if dist.enabled else ""
+    steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
+    log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {device} "
+            f"({'bf16 autocast' if bf16 else 'fp32'}{why}{', compiled' if compile else ''}{ranks})")
+    return Context(dist, Comm(dist, device), device, torch.bfloat16 if bf16 else None, compile,
+                   compile and cfg.compile_logprobs, resume_from, model_dir, log, lock, compiles)
+
+
+def _open_output_dir(cfg: RunConfig, command: str, resume_from: Path | None, main: bool, stream,
+                     summary: Summary | None) -> tuple[RunDirectoryLock | None, RunLog]:
+    """The output directory locked and made ready (a resumed run's kept), what a cut-short save left removed,
+    and the run's log opened there."""
+    lock = RunDirectoryLock(Path(cfg.output_dir), command) if main else None
+    try:
+        prepare_output_dir(cfg, resume_from, main, command)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    leftovers = checkpoint.remove_leftovers(cfg.output_dir) if main else []
+    reporting = Reporting(cfg.reporters, cfg.wandb_project, cfg.to_dict(), command)
+    log = RunLog(cfg.output_dir, cfg.steps, enabled=main, stream=stream, summary=summary, reporting=reporting)
+    if leftovers:
+        log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
+    return lock, log
+
+
+def use_every_core(device: torch.device, dist: DistInfo) -> None:
+    """On the CPU, torch takes every core of this rank's share for every phase (an explicit OMP_NUM_THREADS
+    is obeyed). Nothing else computes while it does: Stockfish analyses while torch waits (the reward phase,
+    an evaluation's scoring), so no core is kept for it; kept, it idled through generation and the update
+    for the second or so an engine works in a step. Freed memory is kept for reuse (`keep_freed_memory`)."""
+    if device.type != "cpu":
+        return
+    keep_freed_memory()
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(cores_of(dist))
