@@ -74,7 +74,7 @@ def auto_batch_rank(out: str) -> None:
     an out-of-memory in the update of every trial from OUT_OF_MEMORY_FROM prompts on, after its rollout, while
     rank 0's update goes on. Writes what the rank chose, then what one real step left in its weights."""
     from conftest import tiny_gpt
-    from rookworld.grpo import trainer as trainer_module
+    from rookworld.grpo import auto_batch, trainer as trainer_module
     from rookworld.grpo.prompts import PromptSource
     from rookworld.net.tokenizer import get_tokenizer
     from rookworld.settings.config import TrainConfig
@@ -88,7 +88,7 @@ def auto_batch_rank(out: str) -> None:
         return real_update(settings, objective, models, optimizer, comm, rollout, step)
 
     trainer_module.update = update
-    trainer_module.peak_memory_share = lambda device: 0.25
+    auto_batch.peak_memory_share = lambda device: 0.25
     cfg = TrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=3, beta=0.0, warmup_steps=0,
                       eval_every=0, save_every=0, sample_every=0, output_dir=f"{out}/run", compile=False,
                       device="cpu", auto_batch_max=64).validate()
@@ -168,6 +168,7 @@ def test_auto_batch_agrees_when_one_rank_runs_out_of_memory(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_after_auto_batch_no_graph_of_the_search_holds_memory_or_a_compiled_entry(tmp_path):
     from conftest import tiny_gpt
+    from rookworld.grpo.auto_batch import BatchSearch
     from rookworld.grpo.prompts import PromptSource
     from rookworld.grpo.trainer import Trainer
     from rookworld.net import compiling
@@ -188,7 +189,7 @@ def test_after_auto_batch_no_graph_of_the_search_holds_memory_or_a_compiled_entr
     t = Trainer(cfg, policy=tiny_gpt(seed=1), tokenizer=get_tokenizer(), reward_fn=ByPlace(),
                 prompts=PromptSource(cfg), stream=io.StringIO())
     try:
-        t.probe(2)
+        BatchSearch(t).probe(2)
         assert not compiling.FALLBACKS, compiling.FALLBACKS
         assert decode_entries() > 0 and graph_pool_bytes() > 0, "a trial decodes through CUDA graphs"
         assert t.auto_batch() == 8

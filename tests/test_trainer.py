@@ -276,8 +276,8 @@ def test_config_file_and_flags(tiny_dir, tmp_path):
 
 
 def test_auto_batch_keeps_the_largest_batch_under_the_target_and_a_trial_step_restores_the_model(tmp_path):
+    from rookworld.grpo.auto_batch import BatchSearch, largest_batch
     from rookworld.grpo.prompts import PromptSource
-    from rookworld.grpo.trainer import largest_batch
 
     # Peak memory modelled as proportional to the batch: 2 -> 5%, 4 -> 10%, ..., 32 -> 80%, 64 -> 160%.
     tried = []
@@ -300,7 +300,7 @@ def test_auto_batch_keeps_the_largest_batch_under_the_target_and_a_trial_step_re
     t = Trainer(cfg, policy=policy, tokenizer=tok, reward_fn=StartsWith(" M"), prompts=PromptSource(cfg),
                 stream=Lines())
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    m = t.trial_step(8)
+    m = BatchSearch(t).trial_step(8)
     assert m["step"] == 1 and m["grad_norm"] > 0, "a real step was taken"
     assert t.run.step == 0 and t.best_reward == -math.inf and t.run.scheduler.last_epoch == 0
     assert not t.run.optimizer.state, "AdamW's moments are as before the step"

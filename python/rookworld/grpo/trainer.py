@@ -17,9 +17,6 @@ and only rank 0 writes files.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import gc
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +29,7 @@ from torch import nn
 from rookworld.ground.data import assign_moves, finished_message, playable, position_key, read_records
 from rookworld.ground.rewards import RewardScorer, Scores, analysis_width
 from rookworld.ground.stockfish import Role, StockfishError, pool_for
+from rookworld.grpo.auto_batch import BatchSearch
 from rookworld.grpo.metrics import step_metrics
 from rookworld.grpo.models import Models, Placement, Sampler
 from rookworld.grpo.objective import Objective
@@ -45,7 +43,6 @@ from rookworld.harness.stop import StepAbandoned
 from rookworld.harness.runlog import eval_command, fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
-from rookworld.net.decoding import release_caches
 from rookworld.net.logprobs import PassOptions
 from rookworld.net.pretrained import check_model, from_pretrained, model_directory
 from rookworld.net.tokenizer import Tokenizer
@@ -62,25 +59,6 @@ def summary(m: dict[str, Any]) -> list[str]:
     return [f"reward {fmt(m, 'reward/mean')} (best {fmt(m, 'reward/best')})", *tasks, f"kl {fmt(m, 'kl/mean')}",
             f"clip {fmt(m, 'clip_fraction', '{:.2f}')}", f"{fmt(m, 'time/step', '{:.2f}')} s",
             f"{fmt(m, 'samples_per_s', '{:,.0f}')} samples/s"]
-
-
-def peak_memory_share(device: torch.device) -> float:
-    """The most memory the CUDA allocator held since its peak was last reset, as a share of the GPU's. Held, not
-    only what tensors occupied: its cached and fragmented blocks are memory no other allocation can have."""
-    return torch.cuda.max_memory_reserved(device) / torch.cuda.get_device_properties(device).total_memory
-
-
-def largest_batch(start: int, limit: int, usable: Callable[[int], bool], fits: Callable[[int], bool]) -> int | None:
-    """The largest of start, 2 start, 4 start, ... up to `limit` that `fits` (a trial step under the memory
-    target), doubling until one does not; sizes that are not `usable` are skipped untried. None if none fits."""
-    chosen, p = None, start
-    while p <= limit:
-        if usable(p):
-            if not fits(p):
-                break
-            chosen = p
-        p *= 2
-    return chosen
 
 
 #: How often a wait on Stockfish looks up from the analyses: for a stop asked for meanwhile.
@@ -163,8 +141,7 @@ class Trainer:
             head = self.models.value_head
             state = run.build_optimizer([{"params": list(head.parameters()), "weight_decay": 0.0, "lr": cfg.value_lr}]
                                         if head is not None else [])
-            self.objective.load_state(state)
-            self.best_reward = state.get("best_reward", -math.inf)
+            self.load_state(state)
             self.reward_fn = reward_fn if reward_fn is not None else self._rollout_reward()
             if prompts is None:
                 prompts = PromptSource(cfg, records, run.dist.rank, run.dist.world, held_out)
@@ -250,10 +227,12 @@ class Trainer:
     # -- one GRPO step ------------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, Any]:
-        return self._step(self.run.comm, self.models, self.prompts)
+        m, self._last_rollout = self.step_with(self.run.comm, self.models, self.prompts)
+        return m
 
-    def _step(self, comm: Comm, models: Models, source) -> dict[str, Any]:
-        """One GRPO step with these collectives, networks and prompts (the run's, or a trial's own)."""
+    def step_with(self, comm: Comm, models: Models, source) -> tuple[dict[str, Any], Rollout]:
+        """One GRPO step with these collectives, networks and prompts (the run's, or a trial's own): its metrics
+        and its rollout."""
         cfg, run, step = self.cfg, self.run, self.run.step
         t0 = time.perf_counter()
         if run.device.type == "cuda":
@@ -290,8 +269,7 @@ class Trainer:
             m["reward/best"] = self.best_reward
             self.objective.observe_kl(m["kl/mean"])
         self._warn_about(m)
-        self._last_rollout = rollout
-        return m
+        return m, rollout
 
     def _warn_about(self, m: dict[str, Any]) -> None:
         cfg, log, step = self.cfg, self.run.log, m["step"]
@@ -313,92 +291,6 @@ class Trainer:
         if clip is not None and math.isfinite(clip) and clip > cfg.clip_warn:
             log.warn("clip", step, f"clip fraction {clip:.2f} (> {cfg.clip_warn}): updates are too large; "
                                    "consider a lower --lr or fewer --mu epochs")
-
-    # -- automatic batch size -----------------------------------------------------------------------------
-
-    def trial_step(self, prompts_per_step: int) -> dict[str, Any]:
-        """One real step at `prompts_per_step` on this rank alone, after which the weights, the optimizer, the
-        schedule and every counter are as they were. The trial's parts are its own, and the run's are untouched:
-        prompts at that size, and this rank as a world of one (its rank kept: the seeds depend on it) whose
-        trained module has no DDP wrapper.
-
-        Alone: a step's reductions and DDP's gradient all-reduce are collectives, and a rank that runs out of
-        memory halfway would leave the others waiting in one it never joins. Memory is the same alone: DDP's
-        buckets exist from its construction on, and the reductions move a few numbers."""
-        run = self.run
-        # Kept on the host: a copy on the device would count against the memory the trial measures.
-        weights = {k: v.detach().to("cpu", copy=True) for k, v in self.models.trained.state_dict().items()}
-        optimizer, scheduler = copy.deepcopy(run.optimizer.state_dict()), run.scheduler.state_dict()
-        counters = (run.step, self.best_reward, self.objective.state(), self._last_rollout)
-        alone = Comm(dataclasses.replace(run.dist, world=1), run.device)
-        self._free_caches()
-        try:
-            return self._step(alone, self.models.alone(), self.prompts.resized(prompts_per_step))
-        finally:
-            self.models.trained.load_state_dict(weights)
-            run.optimizer.load_state_dict(optimizer)
-            run.scheduler.load_state_dict(scheduler)
-            run.step, self.best_reward, state, self._last_rollout = counters
-            self.objective.load_state(state)
-
-    def probe(self, prompts_per_step: int) -> tuple[float, float]:
-        """A trial step at `prompts_per_step` on every rank: (the largest share of GPU memory any rank held at its
-        peak, inf if one ran out; this rank's seconds). Every rank reaches the one reduction, whatever its trial
-        did, so the ranks agree on the outcome."""
-        try:
-            seconds = self.trial_step(prompts_per_step)["time/step"]
-            used = peak_memory_share(self.run.device)
-        except torch.cuda.OutOfMemoryError:
-            used, seconds = math.inf, math.nan
-        return self.run.comm.max([used])[0], seconds
-
-    def auto_batch(self) -> int:
-        """Runs real steps at doubling prompts-per-step and keeps the largest whose peak GPU memory stays under
-        --memory-target on every rank."""
-        cfg, run, G = self.cfg, self.run, self.cfg.group_size
-        if not isinstance(self.prompts, PromptSource):
-            raise ConfigError("--auto-batch works with the built-in prompt source")
-
-        def fits(p: int) -> bool:
-            used, seconds = self.probe(p)
-            ok = used <= cfg.memory_target
-            shown = "out of memory" if math.isinf(used) else f"peak {100 * used:.0f}% of memory, {seconds:.2f} s/step"
-            run.log.say(f"auto-batch: {p} prompts x {G} = {p * G} completions: {shown}"
-                        f"{'' if ok else ' (over the target)'}")
-            return ok
-
-        start = cfg.prompts_per_step
-        run.log.say(f"auto-batch: probing prompts-per-step from {start} (x {G} completions), memory target "
-                    f"{100 * cfg.memory_target:.0f}%")
-        chosen = largest_batch(start, cfg.auto_batch_max, lambda p: (p // run.dist.world * G) % cfg.minibatches == 0,
-                               fits)
-        self._release_search()
-        if chosen is None:
-            raise ConfigError(f"--auto-batch: even {start} prompts per step exceed --memory-target "
-                              f"{cfg.memory_target}; lower --prompts-per-step, --group-size or --micro-batch-size")
-        # The one setting the search decides: the run's checkpoints save it, and a resumed run keeps it.
-        self.cfg = run.cfg = dataclasses.replace(cfg, prompts_per_step=chosen)
-        self.prompts = self.prompts.resized(chosen)
-        run.log.say(f"auto-batch: training with {chosen} prompts per step ({chosen * G} completions)")
-        return chosen
-
-    def _free_caches(self) -> None:
-        """Frees what the last step's decoding kept (KV caches) and what the allocator holds unused, so that a trial
-        step's peak is its own."""
-        if self.run.device.type == "cuda":
-            release_caches()
-            torch.cuda.empty_cache()
-
-    def _release_search(self) -> None:
-        """Frees what the search compiled. The decode step recorded a CUDA graph for each (batch, cache length)
-        tried: their memory pool stays reserved while they live, each is an entry toward dynamo's recompile limit,
-        and an out-of-memory may have cut a recording short. Resetting dynamo drops every compiled entry and graph;
-        the compiled functions stay, and compile again on their next call (training's shapes only, once)."""
-        if self.run.device.type != "cuda":
-            return
-        torch.compiler.reset()
-        gc.collect()  # a failed step's tensors, in cycles through its traceback
-        self._free_caches()
 
     # -- evaluation, samples, checkpoints, the loop -------------------------------------------------------
 
@@ -427,6 +319,21 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of GRPO beside the run's own state."""
         return {**self.objective.state(), "best_reward": self.best_reward}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """`state()` back (a resumed run's, or what a trial step of --auto-batch found)."""
+        self.objective.load_state(state)
+        self.best_reward = state.get("best_reward", -math.inf)
+
+    def auto_batch(self) -> int:
+        """--auto-batch: the prompts per step the search chooses (`BatchSearch`), the run's from now on."""
+        chosen = BatchSearch(self).largest()
+        # The one setting the search decides: the run's checkpoints save it, and a resumed run keeps it.
+        self.cfg = self.run.decided(prompts_per_step=chosen)
+        self.prompts = self.prompts.resized(chosen)
+        self.run.log.say(f"auto-batch: training with {chosen} prompts per step ({chosen * self.cfg.group_size} "
+                         "completions)")
+        return chosen
 
     def modules(self) -> dict[str, nn.Module]:
         value_head = self.models.value_head

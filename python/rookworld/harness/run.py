@@ -6,6 +6,7 @@ evaluation and samples. `rookworld train` (GRPO) and `rookworld sft` each plug t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -140,6 +141,12 @@ class Run:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def decided(self, **settings: Any) -> RunConfig:
+        """Settings the run decides as it starts (--auto-batch's prompts per step): its settings from now on, saved
+        with every checkpoint, so that a resumed run keeps them. Returned for the command's own copy."""
+        self.cfg = dataclasses.replace(self.cfg, **settings)
+        return self.cfg
 
     def applying(self):
         """The weights (or a checkpoint) are being written: a second Ctrl-C lets this finish, a third aborts."""
