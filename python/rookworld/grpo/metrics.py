@@ -1,7 +1,9 @@
-"""Step 5 of a GRPO step: what the step did, as numbers reduced over every rank (metrics.jsonl's rows)."""
+"""Step 5 of a GRPO step: what the step did, as numbers reduced over every rank (metrics.jsonl's rows), and the
+warnings they call for (`warn_about`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -146,3 +148,27 @@ def sampling_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
             # Among the groups that were scored: an unscored group has no rewards to spread.
             "groups/zero_spread": zero_spread / n_groups if n_groups else None,
             "generated_tokens": gen_tokens, "samples": rows}
+
+
+def warn_about(m: dict[str, Any], cfg, log) -> None:
+    """Warnings of what a step's metrics `m` show: a KL drifting fast, samples the format penalty makes alike, groups
+    without spread, clipping too often (each with its remedy)."""
+    step = m["step"]
+    kl, spread, clip = m.get("kl/mean"), m.get("groups/zero_spread"), m.get("clip_fraction")
+    if kl is not None and math.isfinite(kl) and kl > cfg.kl_warn:
+        log.warn("kl", step, f"KL to the reference is {kl:.3f} per token (> {cfg.kl_warn}): the policy is "
+                             "drifting fast; consider a lower --lr or a higher --beta")
+    formats = {t: m.get(f"format_valid/{t}") for t in ("P", "A") if m.get(f"format_valid/{t}") is not None}
+    unformed = [t for t, share in formats.items() if share == 0]
+    if unformed:  # the real cause of the missing spread: no temperature or group size fixes it
+        which = "no sample of this step is" if len(unformed) == len(formats) else \
+            f"no {' or '.join(t + ':' for t in unformed)} sample of this step is"
+        log.warn("unformed", step, f"{which} well formed, so every such sample gets the same format penalty and "
+                                   "teaches nothing: the model does not write the task's format yet; train it "
+                                   "with rookworld sft first (rookworld sft --config cpu-demo shows how)")
+    elif spread is not None and spread > 0.5:
+        log.warn("spread", step, f"{100 * spread:.0f}% of groups have no reward spread and teach nothing; "
+                                 "consider a higher --temperature or a larger --group-size")
+    if clip is not None and math.isfinite(clip) and clip > cfg.clip_warn:
+        log.warn("clip", step, f"clip fraction {clip:.2f} (> {cfg.clip_warn}): updates are too large; "
+                               "consider a lower --lr or fewer --mu epochs")

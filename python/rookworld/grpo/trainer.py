@@ -30,7 +30,7 @@ from rookworld.ground.data import assign_moves, finished_message, playable, posi
 from rookworld.ground.rewards import RewardScorer, Scores, analysis_width
 from rookworld.ground.stockfish import Role, StockfishError, pool_for
 from rookworld.grpo.auto_batch import BatchSearch
-from rookworld.grpo.metrics import step_metrics
+from rookworld.grpo.metrics import step_metrics, warn_about
 from rookworld.grpo.models import Models, Placement, Sampler
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt, PromptSource
@@ -103,6 +103,33 @@ def held_out_keys(cfg: TrainConfig) -> frozenset[str]:
     return frozenset(position_key(r.fen) for r in records)
 
 
+def reference_fingerprint(cfg: TrainConfig) -> str | None:
+    """The fingerprint of the reference a run loads (--model), saved with each checkpoint. A resumed run keeps
+    the reference it started from: another model (a --model given with --resume, a saved setting edited, the
+    directory trained over since) would become its reference without a word, its KL measured from weights the
+    run never started at. A checkpoint from before fingerprints is checked by the model's name."""
+    directory = model_directory(cfg.model, cfg.revision)
+    check_model(directory)  # a weights file that does not fit its config is refused before it is hashed whole
+    found = checkpoint.fingerprint(directory)
+    if not cfg.resume:
+        return found
+    resume_from = checkpoint.resolve_checkpoint(cfg.resume)
+    saved = checkpoint.saved_fingerprints(resume_from)
+    if "reference" in saved:
+        if saved["reference"] in (None, found):  # none before (beta 0), or the same weights
+            return found
+        differs = "its weights are not those the run started from"
+    else:
+        started = checkpoint.load_config(resume_from)
+        if not started.get("beta") or started.get("model") in (None, cfg.model):
+            return found
+        differs = f"the run started from {started['model']}"
+    raise ConfigError(f"--resume {cfg.resume}: the KL reference {cfg.model} is not the run's ({differs}), and a "
+                      f"resumed run keeps its reference: resume without --model, or with the model the run "
+                      f"started from; or start a new run from this one's model: rookworld train --model "
+                      f"{cfg.output_dir} --output-dir NEW_DIR")
+
+
 class Trainer:
     """`rookworld train`. Each piece defaults to what the config says; a library user may bring their own policy,
     frozen reference, tokenizer, reward function (`RewardFn`) or prompt source (anything with `batch(step)`)."""
@@ -128,10 +155,10 @@ class Trainer:
         self.objective = Objective(cfg, reference_given=reference is not None)
         self.rollout_settings, self.update_settings = RolloutSettings.of(cfg), UpdateSettings.of(cfg)
         # Before the run starts: a resumed run whose reference is not its own is one line, and no header.
-        reference_fingerprint = self._reference_fingerprint() if reference is None and self.objective.measures_kl \
+        fingerprint = reference_fingerprint(cfg) if reference is None and self.objective.measures_kl \
             else None
         self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary)
-        run.fingerprints["reference"] = reference_fingerprint
+        run.fingerprints["reference"] = fingerprint
         self.pool = None
         try:  # a start that fails (an engine that is not there) leaves no engine running, no log open, nothing locked
             if finished:
@@ -179,33 +206,6 @@ class Trainer:
                               kl_weights=self.objective.kl_weights,
                               rows_per_prompt=cfg.group_size if cfg.shared_prompt else 1)
         return Models(run.policy, reference, value_head, placement, options)
-
-    def _reference_fingerprint(self) -> str | None:
-        """The fingerprint of the reference the run loads (--model), saved with each checkpoint. A resumed run keeps
-        the reference it started from: another model (a --model given with --resume, a saved setting edited, the
-        directory trained over since) would become its reference without a word, its KL measured from weights the
-        run never started at. A checkpoint from before fingerprints is checked by the model's name."""
-        cfg = self.cfg
-        directory = model_directory(cfg.model, cfg.revision)
-        check_model(directory)  # a weights file that does not fit its config is refused before it is hashed whole
-        found = checkpoint.fingerprint(directory)
-        if not cfg.resume:
-            return found
-        resume_from = checkpoint.resolve_checkpoint(cfg.resume)
-        saved = checkpoint.saved_fingerprints(resume_from)
-        if "reference" in saved:
-            if saved["reference"] in (None, found):  # none before (beta 0), or the same weights
-                return found
-            differs = "its weights are not those the run started from"
-        else:
-            started = checkpoint.load_config(resume_from)
-            if not started.get("beta") or started.get("model") in (None, cfg.model):
-                return found
-            differs = f"the run started from {started['model']}"
-        raise ConfigError(f"--resume {cfg.resume}: the KL reference {cfg.model} is not the run's ({differs}), and a "
-                          f"resumed run keeps its reference: resume without --model, or with the model the run "
-                          f"started from; or start a new run from this one's model: rookworld train --model "
-                          f"{cfg.output_dir} --output-dir NEW_DIR")
 
     def _rollout_reward(self) -> RolloutReward:
         cfg, run = self.cfg, self.run
@@ -268,29 +268,8 @@ class Trainer:
                 self.best_reward = max(self.best_reward, m["reward/mean"])
             m["reward/best"] = self.best_reward
             self.objective.observe_kl(m["kl/mean"])
-        self._warn_about(m)
+        warn_about(m, cfg, run.log)
         return m, rollout
-
-    def _warn_about(self, m: dict[str, Any]) -> None:
-        cfg, log, step = self.cfg, self.run.log, m["step"]
-        kl, spread, clip = m.get("kl/mean"), m.get("groups/zero_spread"), m.get("clip_fraction")
-        if kl is not None and math.isfinite(kl) and kl > cfg.kl_warn:
-            log.warn("kl", step, f"KL to the reference is {kl:.3f} per token (> {cfg.kl_warn}): the policy is "
-                                 "drifting fast; consider a lower --lr or a higher --beta")
-        formats = {t: m.get(f"format_valid/{t}") for t in ("P", "A") if m.get(f"format_valid/{t}") is not None}
-        unformed = [t for t, share in formats.items() if share == 0]
-        if unformed:  # the real cause of the missing spread: no temperature or group size fixes it
-            which = "no sample of this step is" if len(unformed) == len(formats) else \
-                f"no {' or '.join(t + ':' for t in unformed)} sample of this step is"
-            log.warn("unformed", step, f"{which} well formed, so every such sample gets the same format penalty and "
-                                       "teaches nothing: the model does not write the task's format yet; train it "
-                                       "with rookworld sft first (rookworld sft --config cpu-demo shows how)")
-        elif spread is not None and spread > 0.5:
-            log.warn("spread", step, f"{100 * spread:.0f}% of groups have no reward spread and teach nothing; "
-                                     "consider a higher --temperature or a larger --group-size")
-        if clip is not None and math.isfinite(clip) and clip > cfg.clip_warn:
-            log.warn("clip", step, f"clip fraction {clip:.2f} (> {cfg.clip_warn}): updates are too large; "
-                                   "consider a lower --lr or fewer --mu epochs")
 
     # -- evaluation, samples, checkpoints, the loop -------------------------------------------------------
 

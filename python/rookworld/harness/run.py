@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -164,7 +162,7 @@ class Run:
         last: dict[str, Any] = {}
         saved_at = self.step
         try:
-            with self._stops_on_signals():
+            with self.stop.receiving():
                 self.log.begin_steps()
                 last_eval = self._first_evaluation(evaluate)
                 while self.step < cfg.steps and not self.interrupted:
@@ -209,19 +207,6 @@ class Run:
         if self.dist.main:
             checkpoint.check_room(self.cfg.output_dir, self.checkpoint_bytes())
         return True
-
-    @contextlib.contextmanager
-    def _stops_on_signals(self):
-        """Ctrl-C and SIGTERM go to `self.stop` while the loop runs; the handlers before it come back after."""
-        previous = {}
-        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, self.stop)
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _first_evaluation(self, evaluate: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
         """Where the run starts, before any update: every curve (metrics.jsonl, TensorBoard, plot) begins at step

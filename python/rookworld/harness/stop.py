@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import signal
+import threading
 from collections.abc import Callable, Iterator
 
 
@@ -44,6 +46,19 @@ class Stop:
             yield
         finally:
             self.doing = before
+
+    @contextlib.contextmanager
+    def receiving(self) -> Iterator[None]:
+        """Ctrl-C and SIGTERM come here while it lasts (the run's loop); the handlers before it come back after."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def __call__(self, signum, frame) -> None:
         """The signal handler."""
