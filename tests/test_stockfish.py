@@ -285,7 +285,7 @@ def test_submit_returns_before_the_analysis():
 
 def test_nodes_limit():
     with StockfishPool(STOCKFISH, workers=1, nodes=3000) as p:
-        assert p._go == "go nodes 3000" and p.depth is None
+        assert p.search.go == "go nodes 3000" and p.depth is None
         (a,) = p.analyse([MATE_IN_ONE])
         assert a.best_move == "a1a8" and a.candidates[0].mate == 1
 

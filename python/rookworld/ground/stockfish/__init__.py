@@ -13,8 +13,9 @@ An engine is trusted no more than a file: every wait on it is bounded, what it s
 that fit, legal moves), one that fails is restarted and asked again, and once positions keep failing the pool gives
 up on it (`StockfishPool.failure`) rather than wait on it position after position.
 
-The pieces: `engine` (one UCI process, finding the binary), `cache` (memory and sqlite), `pool` (workers,
-futures, restarts and retries), `analysis` (the results).
+The pieces: `engine` (one UCI process, finding the binary), `cache` (memory and sqlite), `pool` (the front:
+futures, identical positions sharing one analysis, the caches, the builders by role), `workers` (the back: a thread
+and an engine each, restarts, retries and giving up), `analysis` (the results).
 """
 
 from rookworld.ground.stockfish.analysis import MATE_SCORE, Analysis, Candidate

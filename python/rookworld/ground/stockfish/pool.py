@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import enum
 import os
-import queue
 import sqlite3
 import threading
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rookworld.ground import chess as _chess
 from rookworld.ground.quote import quoted
 from rookworld.ground.stockfish.analysis import Analysis
 from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
-from rookworld.ground.stockfish.engine import Engine, EngineFailure, EngineHung, StockfishError, find_stockfish
+from rookworld.ground.stockfish.engine import StockfishError, find_stockfish
+from rookworld.ground.stockfish.workers import Job, Search, Workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +51,6 @@ class StockfishStats:
     errors: int = 0
 
 
-#: Positions that fail in a row, none analysed between, before the pool takes its engine for one that cannot
-#: analyse. More than one: a position may fail alone (it is retried behind the others, which go on).
-GIVE_UP_AFTER = 3
 #: Engines a core may carry. More only share it, and so many starting at once outlast the handshake's limit.
 WORKERS_PER_CORE = 4
 
@@ -85,18 +82,6 @@ def workers_problem(option: str, workers: int) -> str | None:
         return None
     return (f"{option} {workers} is more Stockfish processes than this machine's {cores} cores can run: give at most "
             f"{most} ({WORKERS_PER_CORE} a core; the default is one a core)")
-
-
-@dataclass
-class _Job:
-    key: tuple
-    fen: str
-    legal: list[str]
-    future: Future
-    attempts: int = field(default=0)
-
-
-_STOP = object()
 
 
 class StockfishPool:
@@ -149,36 +134,18 @@ class StockfishPool:
         self.threads = threads
         self.timeout_s = float(timeout_s) if timeout_s is not None else default_timeout(self.depth, nodes)
         self.retries = max(0, retries)
-        self._go = f"go nodes {nodes}" if nodes is not None else f"go depth {self.depth}"
-        self._options = {"Threads": threads, "Hash": hash_mb, "MultiPV": multipv}
-        self._startup_timeout = max(10.0, min(self.timeout_s, 60.0))
+        self.search = search = Search(f"go nodes {nodes}" if nodes is not None else f"go depth {self.depth}",
+                        {"Threads": threads, "Hash": hash_mb, "MultiPV": multipv}, self.timeout_s,
+                        max(10.0, min(self.timeout_s, 60.0)), multipv)
 
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(StockfishStats.__dataclass_fields__, 0)
         self._memory = MemoryCache(max_cached)
         self._inflight: dict[tuple, Future] = {}
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
-        self._cancelling = False
-        #: The positions that failed since the last analysis that succeeded.
-        self._failing: set[tuple] = set()
-        self._failure: StockfishError | None = None
         self._disk = DiskCache(cache_path) if cache_path is not None else None
-        self._engines: list[Engine | None] = [None] * workers
-
-        # Start the engines in parallel in their worker threads; fail here if the binary is no UCI engine.
-        started: list[Future] = [Future() for _ in range(workers)]
-        self._threads = [
-            threading.Thread(target=self._worker, args=(i, started[i]), name=f"stockfish-worker-{i}", daemon=True)
-            for i in range(workers)
-        ]
-        for t in self._threads:
-            t.start()
-        problems = []
-        for f in started:
-            exc = f.exception()
-            if exc is not None:
-                problems.append(exc)
+        self._workers = Workers(self.path, workers, search, self.retries, self)
+        problems = self._workers.start()  # fails here if the binary is no UCI engine
         if problems:
             self.close()
             cores = os.cpu_count() or 1
@@ -195,8 +162,8 @@ class StockfishPool:
         fens = list(fens)
         if self._closed:
             raise RuntimeError("StockfishPool is closed")
-        if self._failure is not None:
-            raise StockfishError(str(self._failure))
+        if self.failure is not None:
+            raise StockfishError(str(self.failure))
         for fen in fens:
             if not isinstance(fen, str):
                 raise TypeError(f"FENs must be str, got {type(fen).__name__}: {quoted(fen)}")
@@ -212,7 +179,7 @@ class StockfishPool:
             disk_found = self._disk.get_many(missing)
 
         futures: list[Future] = []
-        jobs: list[_Job] = []
+        jobs: list[Job] = []
         with self._lock:
             if self._closed:
                 raise RuntimeError("StockfishPool is closed")
@@ -247,10 +214,10 @@ class StockfishPool:
                     continue
                 future: Future = Future()
                 self._inflight[key] = future
-                jobs.append(_Job(key, norm, moves, future))
+                jobs.append(Job(key, norm, moves, future))
                 futures.append(future)
         for job in jobs:
-            self._queue.put(job)
+            self._workers.put(job)
         return futures
 
     def analyse(self, fens: Iterable[str]) -> list[Analysis]:
@@ -279,13 +246,12 @@ class StockfishPool:
 
     def engine_pids(self) -> list[int | None]:
         """Process id of each worker's engine right now (``None`` while it is being restarted)."""
-        with self._lock:
-            return [e.pid if e is not None else None for e in self._engines]
+        return self._workers.pids()
 
     @property
     def failure(self) -> StockfishError | None:
         """Why the pool gave up on its engine (`GIVE_UP_AFTER` positions failed in a row), or ``None``."""
-        return self._failure
+        return self._workers.failure
 
     @property
     def pending(self) -> int:
@@ -299,21 +265,7 @@ class StockfishPool:
             if self._closed:
                 return
             self._closed = True
-            self._cancelling = cancel_pending
-        if cancel_pending:
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, _Job):
-                    self._finish(item, exc=None, cancel=True)
-            self._abort_engines()  # the analyses under way end now, not at their time limit
-        for _ in self._threads:
-            self._queue.put(_STOP)
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join()
+        self._workers.close(cancel_pending)
         if self._disk is not None:
             self._disk.close()
 
@@ -336,17 +288,25 @@ class StockfishPool:
         future.set_exception(ValueError(f"bad FEN {quoted(fen)}: {why}"))
         return future
 
-    def _count(self, **deltas: int) -> None:
+    # ---- what the workers tell (`workers.Front`) --------------------------------------------------------
+
+    def tally(self, **deltas: int) -> None:
         with self._lock:
             for name, delta in deltas.items():
                 self._counts[name] += delta
 
-    def _set_engine(self, index: int, engine: Engine | None) -> None:
+    def forget(self, job: Job) -> None:
         with self._lock:
-            self._engines[index] = engine
+            if self._inflight.get(job.key) is job.future:
+                del self._inflight[job.key]
 
-    def _finish(self, job: _Job, analysis: Analysis | None = None, exc: BaseException | None = None,
-                cancel: bool = False) -> None:
+    def finish(self, job: Job, analysis: Analysis | None = None, exc: BaseException | None = None,
+               cancel: bool = False) -> None:
+        if analysis is not None and self._disk is not None:
+            try:
+                self._disk.put(job.key, analysis)
+            except sqlite3.Error:
+                pass  # the disk cache is an optimisation; the result stands
         with self._lock:
             if self._inflight.get(job.key) is job.future:
                 del self._inflight[job.key]
@@ -363,111 +323,6 @@ class StockfishPool:
             job.future.set_result(analysis)
         else:
             job.future.set_exception(exc)
-
-    def _worker(self, index: int, started: Future) -> None:
-        engine: Engine | None = None
-        try:
-            engine = Engine(self.path, self._options, self._startup_timeout)
-            self._set_engine(index, engine)
-            started.set_result(None)
-        except BaseException as exc:  # noqa: BLE001 - reported to __init__
-            started.set_exception(exc)
-            return
-        try:
-            while True:
-                job = self._queue.get()
-                if job is _STOP:
-                    break
-                # A job tried before comes back running; a new one may have been cancelled while it waited.
-                if job.attempts == 0 and not job.future.set_running_or_notify_cancel():
-                    with self._lock:
-                        if self._inflight.get(job.key) is job.future:
-                            del self._inflight[job.key]
-                    continue
-                engine = self._run(index, engine, job)
-        finally:
-            self._set_engine(index, None)
-            if engine is not None:
-                engine.quit()
-
-    def _run(self, index: int, engine: Engine | None, job: _Job) -> Engine | None:
-        """Analyse ``job`` on ``engine``, started again as needed; a failed try puts the job behind the others (or
-        tries again at once when nothing else will take it). Returns the engine to keep using."""
-        while True:
-            if self._cancelling:
-                self._finish(job, cancel=True)
-                return engine
-            if self._failure is not None:
-                self._finish(job, exc=self._failure)
-                return engine
-            job.attempts += 1
-            try:
-                if engine is None:
-                    engine = Engine(self.path, self._options, self._startup_timeout)
-                    self._set_engine(index, engine)
-                analysis = engine.analysis(job.fen, job.legal, self._go, self.timeout_s, self.multipv)
-            except EngineFailure as exc:
-                self._count(restarts=1, timeouts=int(isinstance(exc, EngineHung)))
-                if engine is not None:
-                    engine.kill()
-                    self._set_engine(index, None)
-                engine = None
-                if self._failed(job, exc) or self._requeue(job):
-                    return engine
-                continue
-            except BaseException as exc:  # noqa: BLE001 - never let a worker die with a job unanswered
-                self._finish(job, exc=exc)
-                return engine
-            with self._lock:
-                self._failing.clear()
-            if self._disk is not None:
-                try:
-                    self._disk.put(job.key, analysis)
-                except sqlite3.Error:
-                    pass  # the disk cache is an optimisation; the result stands
-            self._finish(job, analysis=analysis)
-            return engine
-
-    def _failed(self, job: _Job, error: EngineFailure) -> bool:
-        """Counts a failed try of ``job``; True when the job is over: failed for good, cancelled, or the pool gave up
-        on the engine."""
-        with self._lock:
-            self._failing.add(job.key)
-            give_up = self._failure is None and len(self._failing) >= GIVE_UP_AFTER
-            if give_up:
-                self._failure = StockfishError(
-                    f"Stockfish {self.path} cannot analyse: {len(self._failing)} positions in a row failed, none "
-                    f"analysed between, the engine restarted after each (the last: {error}); check that it is a "
-                    f"working UCI engine, or give another with --stockfish-path")
-            failure, cancelling = self._failure, self._cancelling
-        if give_up:
-            self._abort_engines()  # the other workers' tries end now; they then see the failure
-        if cancelling:
-            self._finish(job, cancel=True)
-        elif failure is not None:
-            self._finish(job, exc=failure)
-        elif job.attempts > self.retries:
-            self._finish(job, exc=StockfishError(
-                f"Stockfish failed on {quoted(job.fen)} {job.attempts} times; last: {error}"))
-        else:
-            return False
-        return True
-
-    def _requeue(self, job: _Job) -> bool:
-        """Puts a job that failed a try behind the others: the next try is another position's, so that one position
-        that fails is told from an engine that fails. False once the pool is closed (the workers stop at the end of
-        the queue)."""
-        with self._lock:
-            if self._closed:
-                return False
-            self._queue.put(job)
-            return True
-
-    def _abort_engines(self) -> None:
-        with self._lock:
-            engines = [e for e in self._engines if e is not None]
-        for engine in engines:
-            engine.abort()
 
 
 def _done(value: Analysis) -> Future:
