@@ -17,7 +17,7 @@ ended with its session. A bad action in a game (unreadable text, an illegal move
 a request that cannot be answered (a bad FEN, an unknown task, a step before reset or after the end) is an error
 said to its client, and the server goes on.
 
-A session belongs to the WebSocket connection that made it and ends with it (`ConnectionGuard`): a client that
+A session belongs to the WebSocket connection that made it and ends with it (`openenv_guard.ConnectionGuard`): a client that
 leaves, or waits `IDLE_S` without a word, frees its place. Plain HTTP holds nothing: /reset and /step meet a fresh
 environment, and the sessions OpenEnv would make over `POST /mcp` (`openenv/session/create`, which would belong to
 no connection) are refused, so that no request can fill `max_sessions` and lock the WebSocket clients out.
@@ -25,15 +25,11 @@ no connection) are refused, so that no request can fill `max_sessions` and lock 
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import json
-import logging
 import random
 import re
 import threading
 from typing import Any, Literal
-from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -55,6 +51,7 @@ from rookworld.ground.stockfish import Role, find_stockfish, pool_for
 from rookworld.ground.stockfish.engine import EngineOptionError
 from rookworld.integrations.game import (MAX_PLIES, OPPONENT_MOVE_S, ChessGame, GameStep, OpponentError,
                                          read_action)
+from rookworld.integrations.openenv_guard import IDLE_S, MAX_REQUEST_BYTES, MESSAGE_LIMIT, ConnectionGuard, cut_errors
 from rookworld.integrations.rewards import chess_rows
 
 #: The name clients and `openenv.yaml` know the environment by.
@@ -65,15 +62,6 @@ DEFAULT_ELO = 1350
 TASK_MIX = {"policy": 1.0, "env": 0.0, "mixed": 0.8}
 GAME_OPTIONS = ("colour", "opponent_elo", "opponent_skill", "max_plies")
 UCI_MOVE = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?")
-#: Seconds a WebSocket session may wait on its client before the server closes the connection and frees its place.
-IDLE_S = 300.0
-#: The largest request taken, in bytes, an HTTP body or a WebSocket message: a move, a P: answer or a reset with a
-#: long game's history takes a few kilobytes.
-MAX_REQUEST_BYTES = 1 << 20
-#: The longest error said to a client; what it quotes is cut first, this is the bound on the rest.
-MESSAGE_LIMIT = 500
-#: uvicorn's own log: the server's one-line notes sit among its lines.
-LOG = logging.getLogger("uvicorn.error")
 
 
 class ChessEnvError(ValueError):
@@ -385,265 +373,6 @@ def create_chess_app(engines: ChessEngines, *, max_sessions: int = 8, idle_s: fl
     app.add_middleware(ConnectionGuard, idle_s=idle_s, max_request_bytes=max_request_bytes)
     app.router.on_shutdown.append(engines.close)
     return app
-
-
-def cut_errors(errors: Any) -> Any:
-    """pydantic's errors as a client is told them, with the input each quotes (a whole request, maybe) cut to
-    ECHO_LIMIT characters, as are the names in its location (an unknown key may be any size)."""
-    if not isinstance(errors, list):
-        return errors
-    cut = []
-    for error in errors:
-        if isinstance(error, dict):
-            error = {k: v for k, v in error.items() if k not in ("input", "ctx", "url")} | (
-                {"input": shortened(repr(error["input"]), ECHO_LIMIT)} if "input" in error else {})
-            if isinstance(error.get("loc"), (list, tuple)):
-                error["loc"] = [shortened(str(part), ECHO_LIMIT) for part in error["loc"]]
-        cut.append(error)
-    return cut
-
-
-def _error_frame(text: str) -> str:
-    """An OpenEnv WebSocket error frame with what it quotes cut (OpenEnv says pydantic's errors and an unknown
-    message type whole); any other frame as it is."""
-    if not text.startswith('{"type":"error"'):
-        return text
-    try:
-        frame = json.loads(text)
-        data = frame["data"]
-        message = data.get("message")
-        if isinstance(message, str):
-            head, unknown, kind = message.partition("Unknown message type: ")
-            data["message"] = shortened(head + unknown + shortened(kind, ECHO_LIMIT), MESSAGE_LIMIT)
-        if "errors" in data:
-            data["errors"] = cut_errors(data["errors"])
-        return json.dumps(frame)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return text
-
-
-def _closes_a_session(text: str | None) -> bool:
-    """Whether a WebSocket message is an MCP `openenv/session/close`."""
-    if not text or "openenv/session/close" not in text:
-        return False
-    try:
-        message = json.loads(text)
-        return message.get("type") == "mcp" and message["data"].get("method") == "openenv/session/close"
-    except (ValueError, AttributeError, KeyError, TypeError):
-        return False
-
-
-def _client(scope: dict) -> str:
-    client = scope.get("client")
-    return f"{client[0]}:{client[1]}" if client else "a client"
-
-
-def _json_rpc_refusal(body: bytes) -> dict | None:
-    """The JSON-RPC error `POST /mcp` answers a request that would make, close or reach a session with, else None.
-
-    OpenEnv makes a session for `openenv/session/create` over plain HTTP that belongs to no connection, so nothing
-    ever ends it: `max_sessions` such requests would lock every WebSocket client out. And a session id named over
-    HTTP would reach into a session that a WebSocket owns. rookworld's environment offers no MCP tools, so such a
-    session gives a client nothing that a WebSocket does not: each is refused, saying where sessions are had."""
-    try:
-        request = json.loads(body)
-    except ValueError:
-        return None  # OpenEnv says what is wrong with it
-    if not isinstance(request, dict):
-        return None
-    method, params = request.get("method"), request.get("params")
-    names_session = isinstance(params, dict) and "session_id" in params
-    if not (isinstance(method, str) and method.startswith("openenv/session/")) and not names_session:
-        return None
-    request_id = request.get("id") if isinstance(request.get("id"), (int, str)) else None
-    message = ("sessions are not served over plain HTTP: a session belongs to the WebSocket connection that makes "
-               "it and ends with it; connect to /ws (ChessEnvClient does)")
-    return {"jsonrpc": "2.0", "id": shortened(request_id, ECHO_LIMIT) if isinstance(request_id, str) else request_id,
-            "error": {"code": -32600, "message": message}}
-
-
-async def _answer(send, status: int, content: dict) -> None:
-    body = json.dumps(content).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _cancelled(scope: dict) -> None:
-    """One line for a request cut off by the server's shutdown, where asyncio would print a traceback; the task
-    is let end, as uvicorn asked."""
-    what = "session" if scope["type"] == "websocket" else f"{scope.get('method', '')} {scope.get('path', '')}"
-    LOG.warning("%s: its %s was still busy when the server's grace period ended: cancelled", _client(scope), what)
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
-
-
-class ConnectionGuard:
-    """ASGI middleware before OpenEnv's app, which bounds what each connection holds and how it ends.
-
-    - A request over `max_request_bytes` (an HTTP body, a WebSocket message) is refused: 413, or close code 1009.
-    - `POST /mcp` cannot make, close or reach a session (`_json_rpc_refusal`), and a WebSocket can neither join
-      another's session (`/ws?session_id=`) nor close one (`openenv/session/close`): each session is the
-      connection's that made it, ended when that ends.
-    - A WebSocket that leaves its session waiting `idle_s` seconds is closed (code 1001), which ends its session.
-    - A client gone before its answer, and a request still running when the shutdown's grace period ends, are one
-      line each in the log, where OpenEnv and uvicorn would print a traceback each."""
-
-    def __init__(self, app, *, idle_s: float, max_request_bytes: int):
-        self.app, self.idle_s, self.max_request_bytes = app, idle_s, max_request_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            if scope["type"] == "websocket":
-                await self._websocket(scope, receive, send)
-            elif scope["type"] == "http":
-                await self._http(scope, receive, send)
-            else:
-                await self.app(scope, receive, send)
-        except asyncio.CancelledError:
-            _cancelled(scope)
-            if scope["type"] == "http":
-                await _try(_answer(send, 503, {"detail": "the server is shutting down"}))
-
-    async def _http(self, scope, receive, send) -> None:
-        if scope.get("method") in ("POST", "PUT", "PATCH"):
-            body = await self._body(scope, receive)
-            if body is None:
-                await _answer(send, 413, {"detail": f"the request is over {self.max_request_bytes} bytes"})
-                return
-            refusal = _json_rpc_refusal(body) if scope.get("path") == "/mcp" else None
-            if refusal is not None:
-                await _answer(send, 200, refusal)  # JSON-RPC's errors travel in a 200, as OpenEnv's own do
-                return
-            receive = _replay(body, receive)
-        await self.app(scope, receive, send)
-
-    async def _body(self, scope, receive) -> bytes | None:
-        """The request's body, or None once it passes the limit (by its Content-Length, or as it comes). What is
-        over the limit is read and dropped, up to 16 times the limit, so that a client that writes its whole request
-        before it reads hears the 413 rather than a broken pipe; past that the connection is closed on it."""
-        length = dict(scope.get("headers") or []).get(b"content-length", b"0")
-        if length.isdigit() and int(length) > 16 * self.max_request_bytes:
-            return None
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return b"".join(chunks)  # the client left: the app meets the same disconnect
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > 16 * self.max_request_bytes:
-                return None
-            if size <= self.max_request_bytes:
-                chunks.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(chunks) if size <= self.max_request_bytes else None
-
-    async def _websocket(self, scope, receive, send) -> None:
-        connection = _Connection(scope, receive, send, self.idle_s, self.max_request_bytes)
-        try:
-            if "session_id" in parse_qs(scope.get("query_string", b"").decode("latin-1")):
-                await connection.refuse("a session belongs to the connection that made it: connect to /ws without "
-                                        "a session_id for one of your own")
-                return
-            await self.app(scope, connection.receive, connection.send)
-        finally:
-            connection.stop()
-
-
-def _replay(body: bytes, receive):
-    """A receive that gives the body read already, then what the client sends next (its disconnect)."""
-    given = False
-
-    async def replayed():
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
-
-
-async def _try(awaitable) -> None:
-    """Sends what may find the connection gone already: nothing is lost that anyone could read."""
-    try:
-        await awaitable
-    except (OSError, RuntimeError):
-        pass
-
-
-class _Connection:
-    """One WebSocket as its session's app sees it: a receive that ends the connection after `idle_s` without a
-    word or on a message over the limit, and a send that stops, in one line, once the client is gone."""
-
-    def __init__(self, scope, receive, send, idle_s: float, max_bytes: int):
-        self.client, self._receive, self._send = _client(scope), receive, send
-        self.idle_s, self.max_bytes = idle_s, max_bytes
-        self.ended = False  # the client left or the server closed it: nothing more is said
-        self._pending: asyncio.Future | None = None
-
-    async def receive(self) -> dict:
-        # The wait is a task of its own that an idle timeout leaves running: cancelling a server's receive midway
-        # could lose the message it was reading.
-        if self._pending is None:
-            self._pending = asyncio.ensure_future(self._receive())
-        done, _ = await asyncio.wait({self._pending}, timeout=self.idle_s)
-        if not done:
-            LOG.warning("%s: no message for %g s: connection closed, its session ended", self.client, self.idle_s)
-            return await self._close(1001, f"idle for {self.idle_s:g} s: connect again for a new session")
-        message, self._pending = self._pending.result(), None
-        if message["type"] == "websocket.disconnect":
-            self.ended = True
-        elif message["type"] == "websocket.receive" and self._size(message) > self.max_bytes:
-            LOG.warning("%s: a message over %d bytes: connection closed, its session ended", self.client,
-                        self.max_bytes)
-            return await self._close(1009, f"a message is at most {self.max_bytes} bytes")
-        elif message["type"] == "websocket.receive" and _closes_a_session(message.get("text")):
-            # OpenEnv would end any session named, another connection's too, under its feet.
-            refusal = {"type": "error", "data": {"message": "a session ends when its connection closes: close the "
-                                                            "WebSocket", "code": "SESSION_ERROR"}}
-            await self.send({"type": "websocket.send", "text": json.dumps(refusal)})
-            return await self.receive()
-        return message
-
-    @staticmethod
-    def _size(message: dict) -> int:
-        text, data = message.get("text"), message.get("bytes")
-        return len(text.encode()) if text is not None else len(data or b"")
-
-    async def _close(self, code: int, reason: str) -> dict:
-        """Closes the connection for the server, and tells the app its client is gone, which ends its session."""
-        if not self.ended:
-            self.ended = True
-            await _try(self._send({"type": "websocket.close", "code": code, "reason": reason}))
-        return {"type": "websocket.disconnect", "code": code}
-
-    async def send(self, message: dict) -> None:
-        if self.ended:
-            return
-        if message["type"] == "websocket.send" and isinstance(message.get("text"), str):
-            message = message | {"text": _error_frame(message["text"])}
-        try:
-            await self._send(message)
-        except (OSError, RuntimeError):  # uvicorn: ClientDisconnected, or the close the server sent at shutdown
-            self.ended = True
-            if message["type"] == "websocket.send":
-                LOG.warning("%s: gone before its answer was sent: its session ended", self.client)
-
-    async def refuse(self, reason: str) -> None:
-        """Accepts only to say why in OpenEnv's error frame (a refused handshake says nothing), then closes."""
-        if (await self._receive())["type"] != "websocket.connect":
-            return
-        await _try(self._send({"type": "websocket.accept"}))
-        frame = {"type": "error", "data": {"message": reason, "code": "SESSION_ERROR"}}
-        await _try(self._send({"type": "websocket.send", "text": json.dumps(frame)}))
-        await self._close(1008, "no session here")
-
-    def stop(self) -> None:
-        if self._pending is not None and not self._pending.done():
-            self._pending.cancel()
 
 
 class ChessEnvClient(EnvClient[ChessAction, ChessObservation, ChessState]):
