@@ -25,7 +25,8 @@ from rookworld.ground.stockfish import (
 )
 from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
 from rookworld.ground.stockfish import engine as stockfish_engine
-from rookworld.ground.stockfish.engine import Engine, EngineFailure, parse_info
+from rookworld.ground.stockfish.engine import Engine, EngineFailure
+from rookworld.ground.stockfish.reading import parse_info
 
 try:
     STOCKFISH = find_stockfish()

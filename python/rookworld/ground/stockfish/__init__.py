@@ -15,7 +15,8 @@ up on it (`StockfishPool.failure`) rather than wait on it position after positio
 
 The pieces: `engine` (one UCI process, finding the binary), `cache` (memory and sqlite), `pool` (the front:
 futures, identical positions sharing one analysis, the caches, the builders by role), `workers` (the back: a thread
-and an engine each, restarts, retries and giving up), `analysis` (the results).
+and an engine each, restarts, retries and giving up), `reading` (what an engine says, checked), `analysis` (the
+results).
 """
 
 from rookworld.ground.stockfish.analysis import MATE_SCORE, Analysis, Candidate
