@@ -23,7 +23,7 @@ from rookworld.ground import chess as rules
 from rookworld.ground.rewards import policy_targets
 from rookworld.lm.answers import GREEDY, RookWorldLM, read_policy_answers
 from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST, ModelMove, choose_moves
-from rookworld.lm.uci import info_lines, parse_go, uci_score
+from rookworld.lm.uci_protocol import info_lines, parse_go, uci_score
 
 STOCKFISH = shutil.which("stockfish") or "/usr/games/stockfish"
 POLYGLOT = shutil.which("polyglot") or "/usr/games/polyglot"

@@ -11,7 +11,7 @@ from rookworld.ground import chess
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.games import BLACK, WHITE, ModelPlayer
 from rookworld.lm.play import play_game
-from rookworld.lm.uci import read_command
+from rookworld.lm.uci_protocol import read_command
 from rookworld.settings.commands import PlaySettings
 
 

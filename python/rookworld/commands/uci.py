@@ -9,7 +9,8 @@ from pathlib import Path
 
 from rookworld.commands.common import settings
 from rookworld.commands.model import load_lm
-from rookworld.lm.uci import UciEngine, commands
+from rookworld.lm.uci import UciEngine
+from rookworld.lm.uci_protocol import commands
 from rookworld.net.sources import model_source, model_step
 from rookworld.settings.commands import UciSettings
 
