@@ -196,3 +196,23 @@ def test_functions_of_the_step_layers_fit_a_screen_and_take_few_parameters():
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {count} parameters, "
                                  f"{lines} lines")
     assert not found, "\n".join(found)
+
+
+#: The most lines a module of the package holds, and a class (issue 69: a room of one concern, readable whole).
+MOST_FILE_LINES, MOST_CLASS_LINES = 400, 250
+
+
+def test_no_module_or_class_outgrows_a_room():
+    """No module in python/rookworld is over 400 lines and no class over 250: a file that grows past it is split by
+    topic (docs/development.md names each room), not let grow."""
+    found = []
+    for name, path in modules().items():
+        if not path.suffix:  # the Rust extension
+            continue
+        text = path.read_text()
+        if len(text.splitlines()) > MOST_FILE_LINES:
+            found.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MOST_CLASS_LINES:
+                found.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not found, "\n".join(found)
