@@ -86,6 +86,8 @@ class StreamCopies:
         return text
 
 
+#: Process-wide, as the inputs it copies are: a pipe or a FIFO the user named gives its bytes once a process, to
+#: whichever reader of whichever command opens it first; every later reader gets the copy.
 STREAMS = StreamCopies()
 read_from, as_given = STREAMS.read_from, STREAMS.as_given
 

@@ -19,6 +19,7 @@ from rookworld.net.logprobs import LogProbs, PassOptions
 from rookworld.net.memo import ProductMemo
 from rookworld.net.precision import autocast_copy, refresh_copy
 from rookworld.net.sampling import GenerationOutput, SamplingOptions, generate
+from rookworld.settings.base import Slice
 
 
 #: The most memory a rollout's `ProductMemo` may hold (GPT-2 small keeps 330 KB a token: 64 rows of 32 tokens and
@@ -108,6 +109,16 @@ class Models:
         self.logprobs = self.trained
 
 
+@dataclass(frozen=True)
+class SamplerSettings(Slice):
+    """The settings sampling reads (`SamplerSettings.of(cfg)` from a `TrainConfig`)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+
+
 class Sampler:
     """A rollout's completions: `group_size` for each of the left-padded prompts [n, P], consecutive rows, with the
     run's sampling settings; each prompt computed once unless `models.rows_per_prompt` is 1.
@@ -122,6 +133,7 @@ class Sampler:
     """
 
     def __init__(self, models: Models, cfg, eos_id: int):
+        cfg = SamplerSettings.of(cfg)
         self.models = models
         self.memo: ProductMemo | None = None
         #: `generate`'s options beside the prompts and the generator (eos_id: the tokenizer's).

@@ -12,6 +12,7 @@ from fractions import Fraction
 from rookworld.ground import chess
 from rookworld.ground.data import Record, position_key
 from rookworld.ground.rewards import GroundTruth
+from rookworld.settings.base import Slice
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,17 @@ REDRAW_SEED_STRIDE = 7_000_003
 MAX_REDRAWS = 1000
 
 
+@dataclass(frozen=True)
+class PromptSettings(Slice):
+    """The settings the prompts read (`PromptSettings.of(cfg)` from a `TrainConfig`)."""
+
+    prompts_per_step: int
+    seed: int
+    illegal_share: float
+    overfit_single_batch: bool
+    task_mix: float
+
+
 class PromptSource:
     """The prompts of each step: generated positions by default, or the records of a positions file, reshuffled
     every pass. No prompt is a `held_out` position (keys as `position_key`): a file's are left out, and a generated
@@ -51,7 +63,7 @@ class PromptSource:
 
     def __init__(self, cfg, records: Sequence[Record] | None = None, rank: int = 0, world: int = 1,
                  held_out: frozenset[str] = frozenset()):
-        self.cfg, self.rank, self.world = cfg, rank, world
+        self.cfg, self.rank, self.world = PromptSettings.of(cfg), rank, world
         self.per_rank = cfg.prompts_per_step // world
         self.held_out = held_out
         self.records = [r for r in records if position_key(r.fen) not in held_out] if records else None

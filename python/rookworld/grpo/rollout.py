@@ -10,10 +10,9 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,52 +23,11 @@ from rookworld.grpo.loss import Experience
 from rookworld.grpo.models import Models, Sampler
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt
+from rookworld.grpo.rewards import RewardFn
 from rookworld.harness.distributed import Comm
 from rookworld.net.logprobs import token_logprobs, with_values
 from rookworld.net.memo import ProductMemo
 from rookworld.settings.base import Slice
-
-
-class RewardFn(Protocol):
-    def prefetch(self, prompts: Sequence[Prompt]) -> None: ...
-
-    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> Scores: ...
-
-
-class RolloutReward:
-    """A rollout's rewards: Stockfish for P:, the rules for A: (`rookworld.ground.rewards`), over the step's
-    `Prompt`s. (Other trainers' reward function is `rookworld.integrations.rewards.ChessReward`.)"""
-
-    def __init__(self, scorer):
-        self.scorer = scorer
-
-    def prefetch(self, prompts: Sequence[Prompt]) -> None:
-        texts = [p.text for p in prompts if p.task == "P" and p.truth is None]
-        if texts:
-            self.scorer.prefetch(texts)
-
-    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> Scores:
-        texts = [p.text for p in prompts]
-        truth = [p.truth for p in prompts]
-        valid = np.ones(len(prompts), dtype=bool)
-        missing = [i for i, p in enumerate(prompts) if p.task == "P" and p.truth is None]
-        if missing:
-            found, failed = self.scorer.ground_truth_or_failures([texts[i] for i in missing])
-            for i, t in zip(missing, found):
-                truth[i] = t
-            valid[[missing[j] for j in failed]] = False
-        rewards = np.zeros(len(prompts))
-        well_formed = np.zeros(len(prompts), dtype=bool)
-        keep = np.flatnonzero(valid)
-        scores = self.scorer.score_batch([texts[i] for i in keep], [completions[i] for i in keep],
-                                         ground_truth=[truth[i] for i in keep])
-        rewards[keep], well_formed[keep] = scores.rewards, scores.well_formed
-        parts = {}  # what the rewards are made of, for the step's metrics (0 in a row left unscored)
-        for name, values in scores.parts.items():
-            parts[name] = np.zeros(len(prompts), dtype=values.dtype)
-            parts[name][keep] = values
-        return Scores(rewards=rewards, tasks=np.array([p.task for p in prompts]), well_formed=well_formed,
-                      valid=valid, parts=parts)
 
 
 @dataclass(frozen=True)

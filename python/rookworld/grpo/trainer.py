@@ -19,22 +19,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, wait
 from typing import Any
 
 import torch
 from torch import nn
 
 from rookworld.ground.data import assign_moves, finished_message, playable, position_key, read_records
-from rookworld.ground.rewards import RewardScorer, Scores, analysis_width
+from rookworld.ground.rewards import RewardScorer, analysis_width
 from rookworld.ground.stockfish import Role, StockfishError, pool_for
 from rookworld.grpo.auto_batch import BatchSearch
 from rookworld.grpo.metrics import step_metrics, warn_about
 from rookworld.grpo.models import Models, Placement, Sampler
 from rookworld.grpo.objective import Objective
-from rookworld.grpo.prompts import Prompt, PromptSource
-from rookworld.grpo.rollout import RewardFn, Rollout, RolloutParts, RolloutReward, RolloutSettings, collect_rollout
+from rookworld.grpo.prompts import PromptSource
+from rookworld.grpo.rewards import RewardFn, RolloutReward, StoppableRolloutReward
+from rookworld.grpo.rollout import Rollout, RolloutParts, RolloutSettings, collect_rollout
 from rookworld.grpo.update import UpdateSettings, update
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm
@@ -59,40 +58,6 @@ def summary(m: dict[str, Any]) -> list[str]:
     return [f"reward {fmt(m, 'reward/mean')} (best {fmt(m, 'reward/best')})", *tasks, f"kl {fmt(m, 'kl/mean')}",
             f"clip {fmt(m, 'clip_fraction', '{:.2f}')}", f"{fmt(m, 'time/step', '{:.2f}')} s",
             f"{fmt(m, 'samples_per_s', '{:,.0f}')} samples/s"]
-
-
-#: How often a wait on Stockfish looks up from the analyses: for a stop asked for meanwhile.
-WAIT_SLICE_S = 0.25
-#: How long a stop (Ctrl-C, SIGTERM) lets the engines finish the step's analyses before the step is dropped.
-STOP_GRACE_S = 1.0
-
-
-class StoppableRolloutReward(RolloutReward):
-    """The chess rewards, waiting on Stockfish's analyses of a step in short slices: a stop asked for meanwhile
-    (`stopping`) drops the step (`StepAbandoned`) once the engines have had `STOP_GRACE_S` more, since no weight has
-    changed yet; a pool that gave up on its engine ends the wait with its `StockfishError`."""
-
-    def __init__(self, scorer: RewardScorer, stopping: Callable[[], bool]):
-        super().__init__(scorer)
-        self.stopping = stopping
-
-    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> Scores:
-        texts = [p.text for p in prompts if p.task == "P" and p.truth is None]
-        if texts:
-            self._wait(self.scorer.prefetch(texts))  # the step's analyses, queued or cached already
-        return super().__call__(prompts, completions)
-
-    def _wait(self, futures: list[Future]) -> None:
-        pending, drop_at = set(futures), None
-        while pending:
-            _, pending = wait(pending, timeout=WAIT_SLICE_S)
-            if drop_at is None and self.stopping():
-                drop_at = time.monotonic() + STOP_GRACE_S
-            if pending and drop_at is not None and time.monotonic() > drop_at:
-                raise StepAbandoned
-        failure = self.scorer.stockfish.failure
-        if failure is not None:
-            raise failure
 
 
 def held_out_keys(cfg: TrainConfig) -> frozenset[str]:

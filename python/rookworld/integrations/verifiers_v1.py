@@ -120,7 +120,9 @@ def task_rows(kind: str, *, source: str | None = None, num_examples: int | None 
              "truth_moves": r["truth_moves"], "truth_evals": r["truth_evals"]} for r, a in zip(rows, answers(rows))]
 
 
-#: The process's `Grading` of each Stockfish setting, which every task of that setting shares.
+#: The process's `Grading` of each Stockfish setting, which every task of that setting shares. Process-wide because
+#: verifiers builds each taskset from its settings alone and keeps no object of ours between them: one Stockfish
+#: pool a setting, not one a taskset, and `close_engines` ends them all.
 GRADINGS = Gradings()
 
 

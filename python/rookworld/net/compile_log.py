@@ -109,6 +109,8 @@ class _Announcer:
         self.say(f"compiling {what} ... (from {time.strftime('%H:%M:%S')})")
 
 
+#: Process-wide, as dynamo's compile callbacks are: they are registered once a process (at import), not once a run;
+#: a run sets `say` for its time (`announce_compiles`) and unsets it after.
 ANNOUNCER = _Announcer()
 
 

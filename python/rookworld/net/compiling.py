@@ -42,6 +42,8 @@ class Fallbacks:
         return f"Fallbacks({self._why!r})"
 
 
+#: Process-wide, as what it records is: a `Compiled` function and dynamo's caches live as long as the process, so a
+#: function that failed to compile runs eagerly for every later caller, and a run's metrics count them all.
 FALLBACKS = Fallbacks()
 
 #: What the warning says of a function whose compilation failed: a run's log is checked for it.

@@ -87,6 +87,8 @@ class CachePool:
             self._by_model.pop(model, None)
 
 
+#: Process-wide, as the CUDA graphs recorded against these caches' addresses are: a cache must outlive the call that
+#: made it (`CachePool`), and every caller of the compiled decode step replays the same graphs.
 _CACHES = CachePool()
 
 

@@ -250,8 +250,8 @@ class CriticSettings:
 
 
 @group
-class UpdateSettings:
-    """How often a GRPO rollout is learnt from."""
+class EpochSettings:
+    """How often a GRPO rollout is learnt from: epochs, and optimizer steps each."""
 
     mu: int = setting(1, "update epochs over each rollout", OPTIM, check=positive)
     minibatches: int = setting(1, "optimizer steps per epoch (the rollout is split into this many minibatches)",
@@ -273,7 +273,7 @@ class GRPOLoggingSettings:
           stockfish_workers=Meaning("Stockfish processes (default: one per core; on CUDA one fewer, for the process "
                                     "driving the GPU; under torchrun, a rank's share of the cores)"))
 class TrainConfig(RunConfig, DataSettings, GRPODataSettings, IllegalShareSettings, SamplingSettings, RewardSettings,
-                  AdvantageSettings, KLSettings, LossSettings, CriticSettings, UpdateSettings, GRPOLoggingSettings):
+                  AdvantageSettings, KLSettings, LossSettings, CriticSettings, EpochSettings, GRPOLoggingSettings):
     """`rookworld train`: GRPO."""
 
     config_section = "train"
