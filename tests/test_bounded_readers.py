@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from conftest import REPO, cli, one_line_error
 from rookworld import _core
 from rookworld.ground import chess, data
-from rookworld.ground.files import MAX_LINE
+from rookworld.io.files import MAX_LINE
 from rookworld.ground.pgn import HISTORY_WINDOW, pgn_positions, read_games
 from rookworld.harness.rundir import read_rows
 

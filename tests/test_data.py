@@ -7,7 +7,7 @@ import pytest
 
 from rookworld.ground import data
 from rookworld.ground.chess import START_FEN
-from rookworld.ground.quote import ECHO_LIMIT, shortened
+from rookworld.io.quote import ECHO_LIMIT, shortened
 
 
 def write(tmp_path, text, name="positions.txt"):

@@ -14,10 +14,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "rookworld"
 
 #: Bottom to top; a module may import its own layer and the ones below. grpo and sft share a floor and stay apart.
-LAYERS = [("_core", "__init__"), ("ground",), ("settings",), ("net",), ("lm",), ("integrations",), ("harness",),
+LAYERS = [("_core", "__init__"), ("io",), ("ground",), ("settings",), ("net",), ("lm",), ("integrations",), ("harness",),
           ("grpo", "sft"), ("commands",), ("cli", "__main__")]
 #: Layers that load no torch, so that parsing flags and reading files stay quick.
-TORCH_FREE = ("ground", "settings")
+TORCH_FREE = ("io", "ground", "settings")
 
 
 def floor(module: str) -> int:

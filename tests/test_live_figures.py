@@ -152,7 +152,7 @@ def test_a_run_stopped_after_its_evaluation_at_step_0_is_no_run_to_keep(grpo_run
 # -- progress bars ----------------------------------------------------------------------------------------------------
 
 def test_a_bar_measures_its_rate_after_start_up_and_says_nothing_before():
-    from rookworld.ground.progress import Progress
+    from rookworld.io.progress import Progress
 
     stream = io.StringIO()
     bar = Progress(10, "best-move", "prompts", stream=stream)
@@ -184,7 +184,7 @@ def test_a_bar_measures_its_rate_after_start_up_and_says_nothing_before():
 def test_a_real_best_move_suite_estimates_from_the_work_done():
     """The bar starts before the model loads (as `rookworld eval`'s): the load and the first batch are start-up, and
     every time left it shows after them comes from the batches since."""
-    from rookworld.ground.progress import Progress
+    from rookworld.io.progress import Progress
     from rookworld.ground.rewards import RewardScorer
     from rookworld.lm.answers import RookWorldLM
     from rookworld.lm.bestmove import heldout_records
@@ -216,7 +216,7 @@ def test_a_real_best_move_suite_estimates_from_the_work_done():
 def test_a_real_game_suite_counts_games_and_shows_no_time_left():
     """A game lasts a few moves or the ply limit: the bar counts the games as they end, with the moves played, and
     gives no time left (the bound of every game at the limit said an hour for a three-minute suite)."""
-    from rookworld.ground.progress import Progress
+    from rookworld.io.progress import Progress
     from rookworld.lm.answers import RookWorldLM
     from rookworld.lm.suites import SuiteOptions, run_suites
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rookworld.ground import files
+from rookworld.io import files
 
 from conftest import REPO
 from test_bad_input import one_line_error

@@ -14,7 +14,7 @@ import threading
 
 import rookworld
 from rookworld.commands.common import CliError
-from rookworld.ground.quote import ECHO_LIMIT, quoted
+from rookworld.io.quote import ECHO_LIMIT, quoted
 from rookworld.net.limits import ContextTooLong
 from rookworld.settings.base import nearest
 from rookworld.settings.commands import COMMANDS

@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
-from rookworld.ground import data, files
+from rookworld.ground import data
+from rookworld.io import files
 from rookworld.ground.stockfish import Role, StockfishError, StockfishNotFoundError, StockfishPool, pool_for
 from rookworld.settings.base import ConfigError
 from rookworld.settings.declare import Settings

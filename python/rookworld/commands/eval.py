@@ -10,8 +10,8 @@ from rookworld.commands.common import (CliError, opened_output, read_positions, 
                                        write_failed)
 from rookworld.commands.model import load_lm
 from rookworld.ground import data
-from rookworld.ground.files import Output
-from rookworld.ground.progress import Progress
+from rookworld.io.files import Output
+from rookworld.io.progress import Progress
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
 from rookworld.ground.stockfish.engine import EngineOptionError

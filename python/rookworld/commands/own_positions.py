@@ -11,7 +11,7 @@ from rookworld.commands.common import CliError
 from rookworld.commands.model import load_lm
 from rookworld.ground import data
 from rookworld.ground.data import position_key
-from rookworld.ground.progress import Progress
+from rookworld.io.progress import Progress
 from rookworld.lm.own_games import ROUND_GAMES, own_game_rounds
 from rookworld.settings.commands import PositionsSettings
 

@@ -14,9 +14,9 @@ from rookworld.commands.common import (CliError, as_given, opened_output, read_f
 from rookworld.ground import data, pgn, selfplay
 from rookworld.ground.chess import generate_positions
 from rookworld.ground.data import position_key
-from rookworld.ground.files import Output
-from rookworld.ground.progress import Progress
-from rookworld.ground.quote import quoted
+from rookworld.io.files import Output
+from rookworld.io.progress import Progress
+from rookworld.io.quote import quoted
 from rookworld.ground.selfplay import SelfPlay
 from rookworld.ground.stockfish import StockfishError
 from rookworld.settings.commands import PositionsSettings

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rookworld import _core
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 
 __all__ = [
     "HISTORY_LEN",

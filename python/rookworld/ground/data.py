@@ -9,7 +9,7 @@ starting with ``#`` are skipped):
 - EPD: four FEN fields then operations, ``... w KQkq - bm e4; id "x";`` (``hmvc``/``fmvn`` are used).
 
 A bad line is a ``DataError`` naming the file and line, or, with ``skip_bad=True``, skipped and counted. A line
-longer than `rookworld.ground.files.MAX_LINE` bytes, and a PGN file (`PgnGiven`), are a ``DataError`` either way.
+longer than `rookworld.io.files.MAX_LINE` bytes, and a PGN file (`PgnGiven`), are a ``DataError`` either way.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rookworld.ground import chess
-from rookworld.ground.files import MAX_LINE, LineTooLong, atomic_write, read_bounded
-from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
+from rookworld.io.files import MAX_LINE, LineTooLong, atomic_write, read_bounded
+from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import GroundTruth, policy_prompt, policy_targets
 
 __all__ = ["DataError", "PgnGiven", "Record", "assign_moves", "playable", "read_records", "write_records"]

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rookworld import __version__
-from rookworld.ground.files import atomic_write, publish, temporary_directory
+from rookworld.io.files import atomic_write, publish, temporary_directory
 from rookworld.net.pretrained import save_pretrained
 # The layout is read without torch in net.sources; the harness's callers find all of a checkpoint's API here.
 from rookworld.net.sources import (CONFIG_FILE, LATEST, STATE_FILE, CheckpointError,  # noqa: F401

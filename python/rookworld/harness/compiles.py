@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from rookworld.ground.files import atomic_write
+from rookworld.io.files import atomic_write
 from rookworld.harness.rundir import COMPILE_CACHE
 from rookworld.harness.runlog import RunLog
 from rookworld.net import compile_log

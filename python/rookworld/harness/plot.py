@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rookworld.ground.files import Output
+from rookworld.io.files import Output
 from rookworld.harness.rundir import read_rows
 from rookworld.net.sources import CONFIG_FILE
 

@@ -18,7 +18,7 @@ import socket
 import stat
 from pathlib import Path
 
-from rookworld.ground.files import atomic_write, kind, lines_within
+from rookworld.io.files import atomic_write, kind, lines_within
 from rookworld.harness import checkpoint
 from rookworld.settings.config import ConfigError, RunConfig
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from rookworld.ground.files import atomic_write, kind, lines_within
-from rookworld.ground.progress import Progress, _duration
+from rookworld.io.files import atomic_write, kind, lines_within
+from rookworld.io.progress import Progress, _duration
 from rookworld.harness.rundir import WANDB_ID, RunDirectoryLock, json_row, mark, metric_rows
 from rookworld.settings import presets
 from rookworld.settings.commands import EvalSettings

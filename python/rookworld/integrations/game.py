@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from rookworld.ground import chess
-from rookworld.ground.quote import shortened
+from rookworld.io.quote import shortened
 from rookworld.ground.rewards import RewardScorer, policy_prompt
 from rookworld.ground.stockfish import Role, StockfishError, StockfishPool, pool_for
 from rookworld.ground.stockfish.engine import ANSWER_S

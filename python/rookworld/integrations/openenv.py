@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rookworld.ground import chess
 from rookworld.ground.data import Record
-from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
+from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import RewardScorer
 from rookworld.ground.stockfish import Role, find_stockfish, pool_for
 from rookworld.ground.stockfish.engine import EngineOptionError

@@ -10,7 +10,7 @@ import logging
 from typing import Any
 from urllib.parse import parse_qs
 
-from rookworld.ground.quote import ECHO_LIMIT, shortened
+from rookworld.io.quote import ECHO_LIMIT, shortened
 
 #: Seconds a WebSocket session may wait on its client before the server closes the connection and frees its place.
 IDLE_S = 300.0

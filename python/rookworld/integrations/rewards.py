@@ -17,7 +17,7 @@ from typing import Any
 
 from rookworld.ground import chess
 from rookworld.ground.data import Record, analysis_problems, assign_moves
-from rookworld.ground.quote import quoted, shortened
+from rookworld.io.quote import quoted, shortened
 from rookworld.ground.rewards import GroundTruth, RewardScorer, prompt_fen, task_of
 from rookworld.ground.stockfish import LazyPool, Role
 

@@ -19,7 +19,7 @@ import torch
 
 from rookworld import _core
 from rookworld.ground import chess
-from rookworld.ground.progress import Progress
+from rookworld.io.progress import Progress
 from rookworld.ground.rewards import policy_prompt
 from rookworld.net.device import resolve_device
 from rookworld.net.limits import ContextTooLong

@@ -10,7 +10,7 @@ import numpy as np
 
 from rookworld.ground import chess
 from rookworld.ground.data import Record, assign_moves, finished_message, playable, read_records
-from rookworld.ground.progress import Progress
+from rookworld.io.progress import Progress
 from rookworld.ground.rewards import GroundTruth, RewardScorer, Scores
 from rookworld.lm.answers import GREEDY, MAX_NEW_TOKENS, Decoding, complete
 from rookworld.net.tokenizer import Tokenizer

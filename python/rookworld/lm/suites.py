@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rookworld.ground import chess
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 from rookworld.lm.answers import GREEDY, ROOKWORLD, Decoding, RookWorldLM
 from rookworld.lm.bestmove import evaluate
 from rookworld.lm.games import BLACK, WHITE, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games

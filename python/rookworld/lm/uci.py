@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from rookworld.ground import chess
-from rookworld.ground.quote import quoted, shortened
+from rookworld.io.quote import quoted, shortened
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.moves import choose_moves
 from rookworld.lm.uci_protocol import (AUTHOR, COMMANDS, INFO_LIMIT, MAX_COMMAND, QUIT_WAIT_S, SEED_STRIDE, Go,

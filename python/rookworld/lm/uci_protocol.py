@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from rookworld.ground import chess
-from rookworld.ground.files import next_line
-from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
+from rookworld.io.files import next_line
+from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.stockfish.analysis import MATE_SCORE
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST, ModelMove

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 from rookworld.settings.config import ConfigError
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from rookworld.ground.files import publish, temporary_directory
+from rookworld.io.files import publish, temporary_directory
 from rookworld.net.model import GPT, GPTConfig, check_memory
 from rookworld.net.tokenizer import model_tokenizer
 from rookworld.net.weights import (CONV1D_SUFFIXES, ModelFileError, ModelNotAvailableError, check_dtypes,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 from rookworld.ground.stockfish.pool import MAX_NODES
 from rookworld.settings import shipped
 from rookworld.settings.base import existing_files, non_negative, positive, share

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rookworld.ground.fields import parse_weights
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 from rookworld.ground.rewards import P_REWARDS, SHAPINGS
 from rookworld.settings import objective
 from rookworld.settings.base import ConfigError, above_zero, existing_files, flag, need, non_negative, positive, share

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 from rookworld.settings.base import MAX_INT, ConfigError, flag, nearest, need
 
 # The sections of `--help`, in order (a training command lists its main settings before them all).

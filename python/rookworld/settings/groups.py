@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 from rookworld.ground.stockfish.cache import cache_path_problem
 from rookworld.ground.stockfish.pool import MAX_DEPTH, MAX_NODES, workers_problem
 from rookworld.settings import shipped

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 from rookworld.settings.base import flag
 
 #: KL to the reference: sampled per token (Schulman's k1, k2, k3), or exact over the vocabulary.

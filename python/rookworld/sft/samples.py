@@ -28,7 +28,7 @@ import numpy as np
 from rookworld.ground import chess
 from rookworld.ground.data import DataError, Record, json_value, read_lines
 from rookworld.ground.fields import FIELDS, OTHER, field_starts
-from rookworld.ground.quote import ECHO_LIMIT, quoted, shortened
+from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import policy_targets
 from rookworld.net.tokenizer import OutsideVocabularyError
 

@@ -20,7 +20,7 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 
 from rookworld.ground import chess as _chess
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 from rookworld.ground.stockfish.analysis import Analysis
 from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
 from rookworld.ground.stockfish.engine import StockfishError, find_stockfish

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rookworld.ground.quote import quoted
+from rookworld.io.quote import quoted
 from rookworld.ground.stockfish.analysis import Analysis
 from rookworld.ground.stockfish.engine import Engine, EngineFailure, EngineHung, StockfishError
 
