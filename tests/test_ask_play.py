@@ -85,15 +85,14 @@ def test_play_with_piped_moves(tiny_dir):
     out = proc.stdout
     assert "8 r n b q k b n r" in out and "your move (white): e5" in out
     assert "illegal move in this position" in out and "not a move" in out
-    note = "(the model: its answer has no best move and it has no candidates; played the legal move it finds most " \
-           "probable, "
+    note = "(the model: its answer has no best move; played the legal move it finds most probable at its B:, "
     reply = out.split(note, 1)[1].split(")", 1)[0]
     board = pychess.Board()
     board.push_uci("e2e4")
     assert pychess.Move.from_uci(reply) in board.legal_moves
     assert f"the model plays {reply} ({board.san(pychess.Move.from_uci(reply))})" in out
-    assert "game over: 0-1 (white resigned) after 2 half-moves; the model played its B: move 0 time(s), fell back " \
-           "to a candidate 0 and to its likeliest legal move 1" in out
+    assert "game over: 0-1 (white resigned) after 2 half-moves; the model played its B: move 0 time(s) and, its own " \
+           "move illegal, the legal move it finds most probable 1" in out
     assert f"moves: e2e4 {reply}" in out
 
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import cli
 from rookworld.ground import chess
 from rookworld.lm.games import BLACK, WHITE, Choice, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
-from rookworld.lm.answers import GREEDY, ROOKWORLD, read_policy_answers
+from rookworld.lm.answers import GREEDY, ROOKWORLD, RookWorldLM, read_policy_answers
 from rookworld.ground.rewards import policy_targets
 from rookworld.lm.suites import (SuiteResult, format_report, mate_in_one, mate_positions, parse_suites, selfplay,
                               vs_stockfish)
@@ -165,11 +165,19 @@ def test_selfplay_counts_replayed_in_python_chess():
     assert m["ended_by_illegal"] == pytest.approx(illegal / 3)
 
 
-def test_model_player_falls_back_to_its_first_legal_candidate_and_says_so():
+def test_model_player_plays_its_likeliest_legal_move_when_its_own_is_illegal_and_says_so(tiny_dir):
+    """Its B: e2e5 is no move at the start: the legal move the model finds most probable at its B: slot is played
+    (scored by the real tiny model after the answer's text), not the first legal candidate of its list (g1f3)."""
     game = Game()
     lm = ScriptedLM(lambda fen: (["e2e5", "a7a6", "g1f3", "d2d4"], "e2e5"))
+    lm.continuation_logprobs = RookWorldLM.load(str(tiny_dir), device="cpu").continuation_logprobs
     (choice,) = ModelPlayer(lm, GREEDY, fallback=True).choose([game])
-    assert choice.move == "g1f3" and "e2e5" in choice.note and "g1f3" in choice.note
+    text = answer_text(chess.START_FEN, ["e2e5", "a7a6", "g1f3", "d2d4"], "e2e5")
+    legal = chess.legal_moves(chess.START_FEN)
+    scores = lm.continuation_logprobs(f"P: {chess.START_FEN}" + text[: text.index("B:")] + "B:",
+                                      [" " + m for m in legal])
+    assert choice.move == legal[max(range(len(legal)), key=scores.__getitem__)] and choice.source == "likeliest"
+    assert "e2e5" in choice.note and choice.move in choice.note
     (strict,) = ModelPlayer(lm, GREEDY).choose([game])
     assert strict.move == "e2e5" and strict.note is None
     assert not game.play(strict) and game.result == "0-1" and game.illegal_by == WHITE
@@ -285,10 +293,9 @@ def test_eval_every_suite_with_a_tiny_model(tiny_dir, tmp_path):
     # says that every one of its own B: moves was (the random model writes none)
     vs = got["suites"]["vs-stockfish"]["sections"]["vs-stockfish"]
     assert vs["lost_by_illegal"] == 0 and vs["wins"] + vs["draws"] + vs["losses"] == 2
-    assert vs["model_moves"] > 0 and vs["own_move_illegal"] == 1.0 and vs["likeliest_moves"] == 1.0
-    assert vs["candidate_moves"] == 0.0 and vs["opponent_restarts"] == 0
+    assert vs["model_moves"] > 0 and vs["own_move_illegal"] == 1.0 and vs["opponent_restarts"] == 0
     assert vs["games_all_own"] == 0.0  # every game had a fall-back move
-    assert "its own B: move illegal" in proc.stdout and "played its likeliest" in proc.stdout
+    assert "its own B: move illegal" in proc.stdout
     for item in got["suites"]["vs-stockfish"]["items"]:
         board = pychess.Board(item["start_fen"])
         for move in item["moves"]:
@@ -296,7 +303,7 @@ def test_eval_every_suite_with_a_tiny_model(tiny_dir, tmp_path):
             board.push_uci(move)
         assert item["reason"] == "ply limit" or board.is_game_over(claim_draw=True)
         model_moves = len(item["moves"][0 if item["model_colour"] == WHITE else 1 :: 2])
-        assert item["move_sources"] == {"best": 0, "candidate": 0, "likeliest": model_moves}
+        assert item["move_sources"] == {"best": 0, "likeliest": model_moves}
     sp = got["suites"]["selfplay"]["sections"]["selfplay/greedy"]
     assert sp["legal_half_moves"] == 0.0 and sp["illegal_share"] == 1.0
 

@@ -22,7 +22,7 @@ from conftest import REPO, cli
 from rookworld.ground import chess as rules
 from rookworld.ground.rewards import policy_targets
 from rookworld.lm.answers import GREEDY, RookWorldLM, read_policy_answers
-from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST, ModelMove, choose_moves
+from rookworld.lm.moves import BEST, LIKELIEST, ModelMove, choose_moves
 from rookworld.lm.uci_protocol import info_lines, parse_go, uci_score
 
 STOCKFISH = shutil.which("stockfish") or "/usr/games/stockfish"
@@ -110,8 +110,8 @@ class Engine:
 # -- the move choice ------------------------------------------------------------------------------------------------
 
 def test_the_likeliest_legal_move_is_transformers_argmax(tiny_dir):
-    """The third level scores every legal move's tokens in one pass over the shared context; the oracle scores them
-    one sequence at a time with transformers' GPT-2: same log-probs, same move."""
+    """Without a legal B: move, every legal move's tokens are scored in one pass over the shared context; the oracle
+    scores them one sequence at a time with transformers' GPT-2: same log-probs, same move."""
     lm = RookWorldLM.load(str(tiny_dir), device="cpu", max_new_tokens=8)
     for fen in (rules.START_FEN, AFTER_E4, "8/P6k/8/8/8/8/6K1/8 w - - 0 1"):
         (answer,) = lm.policy([fen])
@@ -124,12 +124,13 @@ def test_the_likeliest_legal_move_is_transformers_argmax(tiny_dir):
         (chosen,) = choose_moves(lm, [fen])
         assert (chosen.move, chosen.source) == (expected, LIKELIEST)
         assert chosen.logprob == pytest.approx(scores[expected], abs=1e-4)
-        assert "its answer has no best move and it has no candidates" in chosen.note
+        assert chosen.note == f"its answer has no best move; played the legal move it finds most probable at its B:, " \
+                              f"{expected}"
 
 
 class Scripted(RookWorldLM):
-    """The tiny model with its P: answers written by the test: the levels are then checked on answers whose right
-    move is known, while the third level still scores with the real model."""
+    """The tiny model with its P: answers written by the test: the rule is then checked on answers whose right move
+    is known, while the likeliest legal move is still scored with the real model."""
 
     def __init__(self, lm, answers: dict[str, str]):
         super().__init__(lm.model, lm.tokenizer, max_new_tokens=8)
@@ -139,26 +140,30 @@ class Scripted(RookWorldLM):
         return read_policy_answers([self.answers[f] for f in fens])
 
 
-def test_the_three_levels_in_order(tiny_dir):
+def test_its_own_legal_b_move_else_its_likeliest_legal_move_never_its_candidates(tiny_dir):
+    """One rule: the B: move when legal; otherwise the legal move the model finds most probable at its B: slot (as
+    transformers' GPT-2 scores each one), even where a candidate of its M: list is legal: the list is no guide."""
     lm = RookWorldLM.load(str(tiny_dir), device="cpu")
     legal_b, illegal_b, none_legal = rules.START_FEN, AFTER_E4, "8/P6k/8/8/8/8/6K1/8 w - - 0 1"
     text = {legal_b: policy_targets([legal_b], [["e2e4", "d2d4"]], [[0.3, 0.2]], ["d2d4"])[0],
             illegal_b: policy_targets([illegal_b], [["e2e5", "a1a2", "c7c5"]], [[1.0, 0.5, 0.1]], ["e2e5"])[0],
             none_legal: policy_targets([none_legal], [["a7a8", "h1h2"]], [[9.0, 0.0]], ["a7a8"])[0]}
     scripted = Scripted(lm, text)
-    best, candidate, likeliest = choose_moves(scripted, [legal_b, illegal_b, none_legal])
+    best, overruled, likeliest = choose_moves(scripted, [legal_b, illegal_b, none_legal])
     assert (best.move, best.source, best.note) == ("d2d4", BEST, None)
-    assert (candidate.move, candidate.source) == ("c7c5", CANDIDATE)
-    assert candidate.note == "its best move 'e2e5' is illegal; played its first legal candidate c7c5"
-    # a7a8 is no move (a promotion needs its piece): the model's own choice among the legal ones, scored after its
-    # answer up to its B:
-    context = f"P: {none_legal}" + text[none_legal][: text[none_legal].index("B:")] + "B:"
-    legal = [m.uci() for m in pychess.Board(none_legal).legal_moves]
-    assert (likeliest.move, likeliest.source) == (likeliest_by_transformers(tiny_dir, context, legal)[0], LIKELIEST)
-    assert "no candidate is legal" in likeliest.note
-    # searchmoves: only the allowed moves count, at every level
+    for fen, chosen in ((illegal_b, overruled), (none_legal, likeliest)):  # e2e5 and a7a8 are no moves here
+        context = f"P: {fen}" + text[fen][: text[fen].index("B:")] + "B:"
+        legal = [m.uci() for m in pychess.Board(fen).legal_moves]
+        expected, scores = likeliest_by_transformers(tiny_dir, context, legal)
+        assert (chosen.move, chosen.source) == (expected, LIKELIEST)
+        assert chosen.logprob == pytest.approx(scores[expected], abs=1e-4)
+        assert chosen.note == f"its best move {text[fen].split('B: ')[1].split()[0]!r} is illegal; played the legal " \
+                              f"move it finds most probable at its B:, {expected}"
+    # searchmoves: only the allowed moves count, the B: move among them or not
     (restricted,) = choose_moves(scripted, [legal_b], allowed=[["e2e4", "g1f3"]])
-    assert (restricted.move, restricted.source) == ("e2e4", CANDIDATE)
+    context = f"P: {legal_b}" + text[legal_b][: text[legal_b].index("B:")] + "B:"
+    assert (restricted.move, restricted.source) == (likeliest_by_transformers(tiny_dir, context, ["e2e4", "g1f3"])[0],
+                                                    LIKELIEST)
 
 
 def test_scores_as_python_chess_reads_them():
@@ -204,8 +209,8 @@ def test_transcript_of_uci_isready_position_go(tiny_dir):
     assert lines == [
         f"id name rookworld {tiny_dir}", "id author rookworld", *OPTIONS, "uciok", "readyok",
         f"info multipv 1 pv {expected}",
-        "info string the model: its answer has no best move and it has no candidates; played the legal move it "
-        f"finds most probable, {expected}; this game: B: move 0, candidate 0, likeliest legal move 1",
+        "info string the model: its answer has no best move; played the legal move it finds most probable at its "
+        f"B:, {expected}; this game: B: move 0, likeliest legal move 1",
         f"bestmove {expected}"]
 
 

@@ -111,7 +111,7 @@ class Game:
         self._end(result, reason)
 
     def source_counts(self) -> dict[str, int]:
-        """How many of the model's moves came from each source: its B: move, a candidate, its likeliest move."""
+        """How many of the model's moves came from each source: its own B: move, or its likeliest legal move."""
         return {source: self.sources.count(source) for source in SOURCES}
 
     def to_dict(self) -> dict:
@@ -155,8 +155,8 @@ def play_games(games: Sequence[Game], players: Sequence[Player], player_of, *, m
 
 class ModelPlayer:
     """The model's move. With `fallback` (play, vs-stockfish, and the UCI engine through the same
-    `rookworld.lm.moves.choose_moves`) always a legal one: its B: move when legal, else its first legal candidate,
-    else its likeliest legal move, the choice saying which. Without it, the B: move as written, an illegal one
+    `rookworld.lm.moves.choose_moves`) always a legal one: its B: move when legal, else the legal move it finds most
+    probable at its B:, the choice saying which. Without it, the B: move as written, an illegal one
     losing the game: self-play counts the legal moves before the first illegal one, as RookWorld does."""
 
     def __init__(self, lm, decoding, *, seed: int = 0, fallback: bool = False):

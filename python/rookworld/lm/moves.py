@@ -1,10 +1,12 @@
 """The model's move in a position, legal whenever a move is: the one implementation that `rookworld play`, the
-vs-stockfish suite and `rookworld uci` choose moves with.
+game suites, `rookworld uci` and `serve`'s games choose moves with.
 
-Three levels, in order: the B: move of the model's P: answer when it is legal; else the answer's first legal
-candidate (M:); else the legal move the model itself finds most probable, its tokens scored after the answer's
-own text up to its `B:`. Which level gave the move is kept (`source`), so that a game or a suite can count how
-often the model's own move was illegal while the game goes on legally.
+One rule, the model's own distribution at its `B:` slot: the B: move of its P: answer when it is legal (what its
+decoding chose there), else the legal move it finds most probable at that slot, every legal move's tokens scored
+after the answer's own text up to its `B:` (as the engines that play with a network mask illegal moves). The first
+legal candidate of its M: list is no guide: the list is the data's order (shuffled in RookWorld's) and the model
+repeats moves in it. Which case gave the move is kept (`source`), so that a game or a suite can say how often the
+model's own move was illegal while the game goes on legally.
 """
 
 from __future__ import annotations
@@ -17,12 +19,11 @@ from rookworld.ground.rewards import policy_prompt
 from rookworld.lm.answers import GREEDY, Decoding, PolicyAnswer
 from rookworld.net.limits import ContextTooLong
 
-#: Where a move came from: the answer's B: move, its first legal candidate, or the model's likeliest legal move.
-BEST, CANDIDATE, LIKELIEST = "best", "candidate", "likeliest"
-SOURCES = (BEST, CANDIDATE, LIKELIEST)
-#: How a source reads in a sentence ("played its first legal candidate").
-SOURCE_WORDS = {BEST: "its B: move", CANDIDATE: "its first legal candidate",
-                LIKELIEST: "the legal move it finds most probable"}
+#: Where a move came from: the answer's own B: move, or (that one illegal or missing) the model's likeliest legal move.
+BEST, LIKELIEST = "best", "likeliest"
+SOURCES = (BEST, LIKELIEST)
+#: How a source reads in a sentence ("played the legal move it finds most probable").
+SOURCE_WORDS = {BEST: "its B: move", LIKELIEST: "the legal move it finds most probable"}
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,7 @@ class ModelMove:
         if self.source in (BEST, None):
             return None
         said = f"its best move {self.answer.best!r} is illegal" if self.answer.best else "its answer has no best move"
-        if self.source == CANDIDATE:
-            return f"{said}; played its first legal candidate {self.move}"
-        what = "no candidate is legal" if self.answer.moves else "it has no candidates"
-        return f"{said} and {what}; played the legal move it finds most probable, {self.move}"
+        return f"{said}; played the legal move it finds most probable at its B:, {self.move}"
 
 
 def scoring_context(fen: str, completion: str) -> str:
@@ -79,13 +77,8 @@ def choose_moves(lm, fens: Sequence[str], *, decoding: Decoding = GREEDY, seed: 
         if not moves:
             out.append(ModelMove(None, None, answer))
             continue
-        ok = set(moves)
-        if answer.best in ok:
+        if answer.best in set(moves):
             out.append(ModelMove(answer.best, BEST, answer))
-            continue
-        candidate = next((m for m in answer.moves if m in ok), None)
-        if candidate is not None:
-            out.append(ModelMove(candidate, CANDIDATE, answer))
             continue
         move, logprob = likeliest_move(lm, fen, answer.text, moves)
         out.append(ModelMove(move, LIKELIEST, answer, logprob))

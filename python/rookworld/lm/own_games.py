@@ -2,8 +2,8 @@
 
 Positions of Stockfish's games are not where a weak model goes wrong: its own games drift into boards no strong
 player reaches, and there it writes illegal moves. Here the model plays both sides (sampled, so that games from one
-opening differ), with the fall-back that keeps a game going past an illegal B: move (its first legal candidate, else
-its likeliest legal move, `ModelPlayer(fallback=True)`), and every position it moved in is kept with its game's
+opening differ), with the fall-back that keeps a game going past an illegal B: move (its likeliest legal move at its B:,
+`ModelPlayer(fallback=True)`), and every position it moved in is kept with its game's
 history: all of them, or (`failures_only`) those where its own B: move was illegal or missing. Training on them is
 kn1ght-bullet's legality self-training, with Stockfish's analysis as the labels (`rookworld positions --from-model
 MODEL --annotate`).

@@ -1,7 +1,7 @@
 """`rookworld play`: a game against the model in the terminal. Your moves in UCI or SAN are checked by the Rust
 core; the model's move is chosen as `rookworld uci` chooses it (`rookworld.lm.moves`): the B: move of its P:
-answer, or, when that is illegal, its first legal candidate, or else the legal move it finds most probable (it
-says so, and the game ends with the counts)."""
+answer, or, when that is illegal, the legal move it finds most probable at its B: slot (it says so, and the game
+ends with the counts)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TextIO
 
 from rookworld.ground import chess
 from rookworld.lm.games import BLACK, COLOUR_NAMES, WHITE, Choice, Game, ModelPlayer
-from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST
+from rookworld.lm.moves import BEST, LIKELIEST
 
 
 def board_text(fen: str, *, flip: bool = False) -> str:
@@ -76,7 +76,7 @@ def play_game(model_player: ModelPlayer, *, user: str = WHITE, start_fen: str = 
     say(board_text(game.fen, flip=user == BLACK))
     n, counts = len(game.moves), game.source_counts()
     say(f"game over: {game.result or 'no result'} ({game.reason}) after {n} half-move{'' if n == 1 else 's'}; "
-        f"the model played its B: move {counts[BEST]} time(s), fell back to a candidate {counts[CANDIDATE]} "
-        f"and to its likeliest legal move {counts[LIKELIEST]}")
+        f"the model played its B: move {counts[BEST]} time(s) and, its own move illegal, the legal move it finds "
+        f"most probable {counts[LIKELIEST]}")
     say(f"moves: {' '.join(game.moves)}")
     return game

@@ -26,7 +26,7 @@ from rookworld.io.quote import quoted
 from rookworld.lm.answers import GREEDY, ROOKWORLD, Decoding, RookWorldLM
 from rookworld.lm.bestmove import evaluate
 from rookworld.lm.games import BLACK, WHITE, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
-from rookworld.lm.moves import CANDIDATE, LIKELIEST
+from rookworld.lm.moves import LIKELIEST
 from rookworld.settings.groups import SUITES, parse_suites
 
 #: Seed offsets of the suites' own positions: streams no training run or other suite draws from.
@@ -195,9 +195,8 @@ def vs_stockfish(player, opponent, *, games: int, seed: int = 0, max_plies: int 
          "lost_by_illegal": sum(g.illegal_by == colour[id(g)] for g in played),
          "ply_limit": _mean([g.reason == "ply limit" for g in played])}
     sources = [s for g in played for s in g.sources if s is not None]
-    m |= {"model_moves": len(sources), "own_move_illegal": _share(sources, (CANDIDATE, LIKELIEST)),
-          "games_all_own": _mean([not any(s in (CANDIDATE, LIKELIEST) for s in g.sources) for g in played]),
-          "candidate_moves": _share(sources, (CANDIDATE,)), "likeliest_moves": _share(sources, (LIKELIEST,)),
+    m |= {"model_moves": len(sources), "own_move_illegal": _share(sources, (LIKELIEST,)),
+          "games_all_own": _mean([LIKELIEST not in g.sources for g in played]),
           # the opponent's crashes survived (StockfishPlayer restarts its engine and asks again)
           "opponent_restarts": getattr(opponent, "restarts", 0)}
     items = [{"model_colour": colour[id(g)], "score": s, **g.to_dict()} for g, s in zip(played, scores)]
@@ -290,8 +289,8 @@ _LABELS: dict[str, tuple[str, str]] = {
     "elo_difference": ("Elo difference", _ELO), "elo_low": ("  95% low", _ELO), "elo_high": ("  95% high", _ELO),
     "lost_by_illegal": ("lost by an illegal move", _COUNT), "model_moves": ("the model's moves", _COUNT),
     "own_move_illegal": ("its own B: move illegal", _PERCENT),
-    "games_all_own": ("games without an illegal B: of its own", _PERCENT), "candidate_moves": ("  played a candidate", _PERCENT),
-    "likeliest_moves": ("  played its likeliest", _PERCENT), "opponent_restarts": ("opponent restarts", _COUNT),
+    "games_all_own": ("games without an illegal B: of its own", _PERCENT),
+    "opponent_restarts": ("opponent restarts", _COUNT),
 }
 _TITLES = {"P": ("P: policy", "positions"), "A": ("A: environment", "positions"),
            "mate-in-one": ("mate-in-one", "positions"), "vs-stockfish": ("vs-stockfish", "games")}

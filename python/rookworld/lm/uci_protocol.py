@@ -14,7 +14,7 @@ from rookworld.io.files import next_line
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.stockfish.analysis import MATE_SCORE
 from rookworld.lm.answers import PROTOCOLS
-from rookworld.lm.moves import BEST, CANDIDATE, LIKELIEST, ModelMove
+from rookworld.lm.moves import BEST, LIKELIEST, ModelMove
 from rookworld.settings.groups import device_name
 
 AUTHOR = "rookworld"
@@ -86,10 +86,9 @@ def info_lines(fen: str, chosen: ModelMove, multipv: int = MAX_MULTIPV) -> list[
 
 
 def source_line(chosen: ModelMove, counts: Counter) -> str:
-    """Which of the three levels gave the move, and the game's counts so far."""
+    """Where the move came from (its own B: move, or its likeliest legal one), and the game's counts so far."""
     what = chosen.note or f"played its B: move {chosen.move}"
-    return (f"info string the model: {what}; this game: B: move {counts[BEST]}, candidate {counts[CANDIDATE]}, "
-            f"likeliest legal move {counts[LIKELIEST]}")
+    return f"info string the model: {what}; this game: B: move {counts[BEST]}, likeliest legal move {counts[LIKELIEST]}"
 
 
 # -- parsing position and go ----------------------------------------------------------------------------------------

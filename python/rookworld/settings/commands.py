@@ -240,12 +240,12 @@ COMMANDS = [
             "With MOVE (UCI or SAN), also its A: answer for playing it, next to the true transition."),
     Command("play", PlaySettings, "play a game against the model in the terminal",
             "A game against the model. Type moves in UCI (e2e4) or SAN (e4, Nf3, O-O); 'quit' resigns. The model "
-            "plays the B: move of its P: answer; when that is illegal it falls back to its first legal candidate, "
-            "else to the legal move it finds most probable, and says so."),
+            "plays the B: move of its P: answer; when that is illegal it plays the legal move it finds most probable "
+            "at its B:, and says so."),
     Command("uci", UciSettings, "the model as a UCI engine, for chess GUIs, cutechess-cli and lichess-bot",
             "Speaks UCI on standard input and output: a GUI, a tournament manager or lichess-bot runs `rookworld uci "
-            "--model M` as an engine. The move is the B: move of the model's P: answer when it is legal, else its "
-            "first legal candidate, else the legal move the model finds most probable (an info string says which); "
+            "--model M` as an engine. The move is the B: move of the model's P: answer when it is legal, else the legal "
+            "move the model finds most probable at its B: (an info string says which); "
             "the answer's candidates and evals are shown as info multipv lines. Options Protocol, Seed, Device and "
             "MultiPV (their defaults from the flags) are set with setoption."),
     Command("serve", ServeSettings, "serve chess as an OpenEnv environment: games against Stockfish, P:/A: tasks "
