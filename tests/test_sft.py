@@ -7,8 +7,11 @@ import copy
 import json
 import math
 import os
+import random
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ import pytest
 import torch
 
 from rookworld.ground.data import DataError
+from rookworld.ground.fields import field_starts, policy_fields
 from rookworld.net.tokenizer import EOS_ID, get_tokenizer
 from rookworld.sft.samples import Rows, eval_rows, positions, read_samples, relayout, tokenize
 
@@ -93,6 +97,42 @@ def test_a_malformed_line_names_file_and_line_or_is_skipped_and_counted(tmp_path
     assert str(e.value).startswith(f"{path}:2: ") and reason in str(e.value) and str(e.value).endswith(line[:80])
     got = read_samples([str(path)], skip_bad=True)
     assert len(got.samples) == 2 and got.skipped == 1 and got.report() == ["skipped 1 malformed line(s)"]
+
+
+@pytest.mark.parametrize("blanks", [150, 200_000])
+def test_a_padded_p_line_without_a_best_move_is_refused_at_once_in_either_form(tmp_path, blanks):
+    """Issue 71: the P: target's regex (lazy groups between runs of blanks) took 0.5 s a line at 40 blanks and never
+    ended at 150, as text, as JSONL and with --skip-bad. Its fields are found in linear time now: refused at once,
+    naming file and line, or skipped and counted."""
+    pad = " " * blanks
+    prompt, target = "P: 8/8/8/8/8/8/8/K6k w - - 0 1", f" M:{pad}a1a2{pad}E:{pad}0.1{pad}B:{pad}"
+    text = text_file(tmp_path, "rw.txt", FIRST, prompt + target, P_LINE)
+    jsonl = text_file(tmp_path, "rw.jsonl", json.dumps({"p_prompt": prompt, "p_target": target}),
+                      json.dumps({"p_prompt": prompt, "p_target": " M: a1a2 E: 0.1 B: a1a2"}))
+    started = time.monotonic()
+    for path, line in ((text, 2), (jsonl, 1)):
+        with pytest.raises(DataError, match="the P: target needs 'M:', 'E:' and 'B:'") as e:
+            read_samples([str(path)])
+        assert str(e.value).startswith(f"{path}:{line}: ")
+        assert read_samples([str(path)], skip_bad=True).skipped == 1
+    assert time.monotonic() - started < 10  # a bound on a hang, not a speed figure: 0.1 s here at 200,000 blanks
+
+
+def test_a_p_target_s_fields_as_the_regex_read_them_on_short_texts():
+    """`policy_fields` and `field_starts` against the regexes they replaced, which is exact on short texts (its time grows with the blank
+    runs' lengths, not its answers): every text of labels, moves, evals and blanks drawn below reads the same."""
+    old = re.compile(r"\s*M:\s*(.*?)\s*E:\s*(.*?)\s*B:\s*(\S+)\s*$", re.S)
+    labels = re.compile(r"\s*\b([MEB]):")
+    rng = random.Random(71)
+    parts = ["M:", "E:", "B:", " ", "  ", "\t", "\n", "e2e4", "0.1", "-3", "B:x", "xE:", "h7h8q"]
+    for _ in range(20_000):
+        target = "".join(rng.choice(parts) for _ in range(rng.randint(0, 9)))
+        m = old.match(target)
+        assert policy_fields(target) == (None if m is None else (m.group(1).strip(), m.group(2).strip(), m.group(3))), \
+            target
+        # and where each field begins (`field_starts`), as the labels' regex with its leading blanks found them
+        starts = [(x.start(), "MEB".index(x.group(1)) + 1) for x in labels.finditer(target)]
+        assert field_starts("P", target) == (starts if starts and starts[0][0] == 0 else [(0, 1)] + starts), target
 
 
 def test_the_jsonl_of_positions_annotate_gives_p_and_a_samples(tmp_path):

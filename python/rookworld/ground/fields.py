@@ -15,7 +15,7 @@ import re
 #: EOS that closes a document).
 FIELDS = ("M", "E", "B", "state", "reward")
 OTHER = 0
-_LABELS = re.compile(r"\s*\b([MEB]):")
+_LABELS = re.compile(r"\b([MEB]):")
 
 
 def field_starts(task: str, target: str) -> list[tuple[int, int]]:
@@ -24,8 +24,38 @@ def field_starts(task: str, target: str) -> list[tuple[int, int]]:
     if task == "A":
         plus = target.find("+")
         return [(0, FIELDS.index("state") + 1)] + ([] if plus < 0 else [(plus, FIELDS.index("reward") + 1)])
-    starts = [(m.start(), FIELDS.index(m.group(1)) + 1) for m in _LABELS.finditer(target)]
+    starts, end = [], 0
+    for m in _LABELS.finditer(target):
+        start = m.start()
+        while start > end and target[start - 1].isspace():  # the blanks before the label, each looked at once
+            start -= 1
+        starts.append((start, FIELDS.index(m.group(1)) + 1))
+        end = m.end()
     return starts if starts and starts[0][0] == 0 else [(0, FIELDS.index("M") + 1)] + starts
+
+
+def policy_fields(target: str) -> tuple[str, str, str] | None:
+    """(moves, evals, best) of a P: target `M: ... E: ... B: best`, in that order, each stripped; None when it does
+    not read so. Read as the regex `\\s*M:\\s*(.*?)\\s*E:\\s*(.*?)\\s*B:\\s*(\\S+)\\s*$` read it (the first E:, then the
+    first B: after it that one word ends), but in one pass: that regex backtracked polynomially on fields padded
+    with blanks and no best move (150 blanks never ended, issue 71)."""
+    text = target.lstrip()
+    if not text.startswith("M:"):
+        return None
+    e = text.find("E:", 2)
+    if e < 0:
+        return None
+    end = len(text.rstrip())
+    last = end  # the last word is text[last:end]; the one before it ends at `before`
+    while last > 0 and not text[last - 1].isspace():
+        last -= 1
+    before = last
+    while before > 0 and text[before - 1].isspace():
+        before -= 1
+    b = text.find("B:", max(e + 2, before - 2))  # what follows the first B: from here on is one word, or nothing
+    if b < 0 or b + 2 >= end:
+        return None
+    return text[2:e].strip(), text[e + 2 : b].strip(), text[b + 2 : end].strip()
 
 
 def parse_weights(text: str) -> dict[str, float]:

@@ -27,13 +27,12 @@ import numpy as np
 
 from rookworld.ground import chess
 from rookworld.ground.data import DataError, Record, json_value, read_lines
-from rookworld.ground.fields import FIELDS, OTHER, field_starts
+from rookworld.ground.fields import FIELDS, OTHER, field_starts, policy_fields
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import policy_targets
 from rookworld.net.tokenizer import OutsideVocabularyError
 
 _P_TEXT = re.compile(r"P:\s+(\S+\s+\S+\s+\S+\s+\S+\s+\S+\s+\S+)(\s.*)$", re.S)
-_P_TARGET = re.compile(r"\s*M:\s*(.*?)\s*E:\s*(.*?)\s*B:\s*(\S+)\s*$", re.S)
 
 
 @dataclass(frozen=True)
@@ -74,16 +73,16 @@ def _policy_sample(text: str, source: str) -> Sample:
     if m is None:
         raise ValueError("a P: sample is 'P: <fen> M: <moves> E: <evals> B: <best>'")
     fen, target = m.group(1), m.group(2)
-    t = _P_TARGET.match(target)
+    t = policy_fields(target)
     if t is None:
         raise ValueError("the P: target needs 'M:', 'E:' and 'B:', in that order")
-    moves, evals = t.group(1).split(), t.group(2).split()
+    moves, evals = t[0].split(), t[1].split()
     if not moves or len(moves) != len(evals):
         raise ValueError(f"{len(moves)} moves but {len(evals)} evals")
     try:
         [float(e) for e in evals]
     except ValueError:
-        raise ValueError(f"evals must be numbers: {quoted(t.group(2))}") from None
+        raise ValueError(f"evals must be numbers: {quoted(t[1])}") from None
     problem = chess.fen_problem(fen)
     if problem is not None:
         raise ValueError(f"not a legal position ({problem})")
@@ -142,12 +141,12 @@ def relayout(samples: Sequence[Sample], layout: str, ranked: bool = False) -> li
     evals and best move unchanged, the moves in the data's order or `ranked` by eval, best first (ties keep the
     data's order); A: samples as they are."""
     policy = [i for i, s in enumerate(samples) if s.task == "P"]
-    parsed = [_P_TARGET.match(samples[i].target) for i in policy]  # every P: sample was checked on reading
-    candidates = [list(zip(m.group(1).split(), map(float, m.group(2).split()))) for m in parsed]
+    parsed = [policy_fields(samples[i].target) for i in policy]  # every P: sample was checked on reading
+    candidates = [list(zip(m[0].split(), map(float, m[1].split()))) for m in parsed]
     if ranked:
         candidates = [sorted(c, key=lambda move_eval: -move_eval[1]) for c in candidates]
     targets = policy_targets([samples[i].prompt[3:] for i in policy], [[m for m, _ in c] for c in candidates],
-                             [[e for _, e in c] for c in candidates], [m.group(3) for m in parsed], layout)
+                             [[e for _, e in c] for c in candidates], [m[2] for m in parsed], layout)
     out = list(samples)
     for i, target in zip(policy, targets):
         out[i] = dataclasses.replace(samples[i], target=target)
@@ -195,7 +194,7 @@ def positions(samples: Sequence[Sample], limit: int | None = None) -> list[Recor
     for s in samples:
         if s.task == "P":
             fen = chess.normalize_fen(s.prompt[3:].strip())
-            moves, evals = _P_TARGET.match(s.target).group(1, 2)
+            moves, evals, _ = policy_fields(s.target)
             ranked = sorted(zip(moves.split(), map(float, evals.split())), key=lambda me: -me[1])
             analysis = {"moves": [m for m, _ in ranked], "evals": [e for _, e in ranked]}
             old = by_fen.get(fen) or Record(fen=fen, source=s.source)
