@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import io
 import os
 
 import pytest
@@ -194,8 +195,8 @@ from rookworld.harness.compiles import CompileReport
 from rookworld.harness.runlog import Reporting, RunLog
 out = sys.argv[1]
 report = CompileReport(RunLog(out, 1, reporting=Reporting(report_to=())), out, main=True)
-if sys.argv[2] == "load":
-    report.load_cache()
+if sys.argv[2] in ("load", "untrusted"):
+    report.load_cache(trusted=sys.argv[2] == "load")
 f = torch.compile(lambda x: (x.sin() * 3).cumsum(0), fullgraph=True)
 f(torch.randn(64))
 m = {"step": 1}
@@ -204,10 +205,33 @@ print("hits", torch._dynamo.utils.counters["inductor"]["fxgraph_cache_hit"])
 """
 
 
+def test_a_run_directory_s_compile_cache_is_read_only_when_the_command_line_trusts_it(tmp_path, monkeypatch):
+    """Issue 71: torch's cache artifacts are pickles, and loading them put entries in torch's caches that ran code
+    when the graph compiled again. Untrusted (the default), the file is never handed to torch, and the run says so;
+    trusted, its bytes are."""
+    from rookworld.harness.compiles import CompileReport
+    from rookworld.harness.runlog import Reporting, RunLog
+
+    handed = []
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: handed.append(data), raising=False)
+    (tmp_path / "compile_cache.bin").write_bytes(b"\x80\x04 a pickle that would run code")
+    said = io.StringIO()
+    report = CompileReport(RunLog(str(tmp_path), 1, stream=said, reporting=Reporting(report_to=())), tmp_path, True)
+    try:
+        report.load_cache(trusted=False)
+        assert handed == [] and "is not loaded (a pickle, which runs code as it loads)" in said.getvalue()
+        assert "--trust-compile-cache" in said.getvalue()
+        report.load_cache(trusted=True)
+        assert handed == [b"\x80\x04 a pickle that would run code"]
+    finally:
+        compile_log.announce_compiles(None)
+
+
 @pytest.mark.slow
 def test_the_compile_cache_travels_with_the_run_directory(tmp_path):
     """A compiling run saves torch.compiler's cache artifacts in its run directory after the step that compiled; a
-    process that resumes it loads them and takes its graph from them: each process has an inductor cache directory
+    process that resumes it with --trust-compile-cache loads them and takes its graph from them (without it, it
+    compiles anew): each process has an inductor cache directory
     of its own, so a cache hit in the second can only come from the run directory's file. A corrupt file costs a
     warning and a compile."""
     import subprocess
@@ -223,6 +247,8 @@ def test_the_compile_cache_travels_with_the_run_directory(tmp_path):
     first = run("fresh", "inductor_a")
     cache = tmp_path / "compile_cache.bin"
     assert "hits 0" in first and cache.is_file() and cache.stat().st_size > 0, first[-2000:]
+    untrusted = run("untrusted", "inductor_u")  # without --trust-compile-cache: not read, said, compiled anew
+    assert "is not loaded (a pickle" in untrusted and "hits 0" in untrusted, untrusted[-2000:]
     second = run("load", "inductor_b")
     assert "loaded the compile cache" in second and "hits 1" in second, second[-2000:]
     cache.write_bytes(b"not a cache")

@@ -141,6 +141,19 @@ def test_a_checkpoint_outside_a_run_directory_needs_an_output_dir(run, tmp_path)
 
 
 @pytest.mark.slow
+def test_trust_in_a_run_directory_s_compile_cache_is_never_taken_from_its_settings(run):
+    """Issue 71: --trust-compile-cache loads a pickle that runs code; a run directory's saved settings saying it
+    must not give it, so a resumed run takes it from the command line alone."""
+    edit_settings(checkpoint.resolve_checkpoint(run), trust_compile_cache=True)
+    proc = run_cli(["train", "--resume", run, "--steps", "3"])
+    assert proc.returncode == 0, proc.stderr
+    assert checkpoint.load_config(checkpoint.resolve_checkpoint(run))["trust_compile_cache"] is False
+    proc = run_cli(["train", "--resume", run, "--steps", "4", "--trust-compile-cache"])
+    assert proc.returncode == 0, proc.stderr
+    assert checkpoint.load_config(checkpoint.resolve_checkpoint(run))["trust_compile_cache"] is True
+
+
+@pytest.mark.slow
 def test_a_cache_outside_the_run_is_not_written_on_its_settings_word(run, tmp_path):
     """The cache sets a file that is not sqlite aside (renames it): a saved path could rename any file."""
     victim = tmp_path / "thesis.tex"

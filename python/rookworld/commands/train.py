@@ -89,8 +89,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 #: The saved settings --resume does not take as they are: where the run writes, the engine it runs (settings that
-#: name a program or a place to write), and what starts a run rather than continues one.
-NOT_RESUMED = ("output_dir", "stockfish_path", "stockfish_cache", "resume", "overwrite")
+#: name a program or a place to write), what starts a run rather than continues one, and trust in what the run
+#: directory holds (only the user's command line gives that).
+NOT_RESUMED = ("output_dir", "stockfish_path", "stockfish_cache", "resume", "overwrite", "trust_compile_cache")
 #: The saved settings that name files a resumed run reads: taken, and a flag that names others is said.
 READ_PLACES = ("model", "data", "eval_data")
 

@@ -25,10 +25,17 @@ class CompileReport:
         compile_log.announce_compiles(log.say if main else None)
         self.graphs = compile_log.CompileLog()
 
-    def load_cache(self) -> None:
-        """The cache a run's earlier process saved, if any: a file that cannot be read or loaded costs a warning
-        and a compile, never the run (it is another machine's or torch's, or cut short)."""
+    def load_cache(self, trusted: bool) -> None:
+        """The cache a run's earlier process saved, if any, when the user says the run directory is theirs
+        (`trusted`, --trust-compile-cache): torch's cache artifacts are pickles, which run code as they load, and a
+        run directory may come from anyone. Untrusted, it is left unread, said in one line. A file that cannot be
+        read or loaded costs a warning and a compile, never the run (it is another machine's or torch's, or cut
+        short)."""
         if not self.path.is_file() or not hasattr(torch.compiler, "load_cache_artifacts"):
+            return
+        if not trusted:
+            self.log.say(f"the compile cache {self.path} is not loaded (a pickle, which runs code as it loads): "
+                         f"compiling anew; give --trust-compile-cache to load it from a run directory you made")
             return
         try:
             size = self.path.stat().st_size

@@ -96,7 +96,7 @@ def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summa
     compile = cfg.compile and kind == "cuda"
     compiles = CompileReport(log, cfg.output_dir, dist.main) if compile else None
     if compiles is not None and resume_from is not None:
-        compiles.load_cache()
+        compiles.load_cache(trusted=cfg.trust_compile_cache)
     ranks = f", {dist.world} ranks" if dist.enabled else ""
     steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
     log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {device} "

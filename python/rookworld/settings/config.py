@@ -7,43 +7,26 @@ file (keys are the setting names, with `-` or `_`, at the top level or under [tr
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 from rookworld.ground.fields import parse_weights
-from rookworld.io.quote import quoted
 from rookworld.ground.rewards import P_REWARDS, SHAPINGS
 from rookworld.settings import objective
-from rookworld.settings.base import ConfigError, above_zero, existing_files, flag, need, non_negative, positive, share
-from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, LOSS, MODEL, OPTIM, REWARDS, RUN,
-                                        SAMPLING, Meaning, Settings, composed, default, group, setting)
+from rookworld.settings.base import ConfigError, above_zero, flag, need, non_negative, positive, share
+from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, LOSS, MODEL, OPTIM, REWARDS, SAMPLING, Meaning, Settings, composed, default, group, setting)
 from rookworld.settings.flags import from_args
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
                                        EvalSizeSettings, IllegalShareSettings, LayoutSettings, ModelSettings,
-                                       SeedSettings, StockfishSettings, suites)
+                                       SeedSettings, StockfishSettings)
 from rookworld.settings.hub import is_local_path
+from rookworld.settings.run import (REPORTERS, EvaluationSettings, LoggingSettings, OptimizerSettings, RunSettings)
 
 # Named here too, where the training code and its tests have always found them.
 __all__ = ["MODEL_SIZES", "REPORTERS", "ConfigError", "RunConfig", "SFTConfig", "TrainConfig", "default", "from_args"]
 
-#: What --report-to names, as TRL's report_to: where the figures go besides metrics.jsonl and samples.jsonl.
-REPORTERS = ("tensorboard", "wandb", "none")
 #: Fresh GPT-2 sizes for `rookworld sft --init`: (layers, heads, width).
 MODEL_SIZES = {"tiny": (2, 2, 128), "mini": (4, 4, 256), "small": (12, 12, 768)}
-
-
-def reporters(option: str, value: Any) -> str | None:
-    names = [name.strip() for name in value.split(",")]
-    unknown = [name for name in names if name not in REPORTERS]
-    if unknown:
-        return f"{option}: unknown {', '.join(map(repr, unknown))}: give a comma-separated list of {', '.join(REPORTERS)}"
-    if "none" in names and set(names) != {"none"}:
-        return f"{option} none reports to nothing: give it alone, not with others ({quoted(value)})"
-    # Found, not imported: wandb is slow to import, and parsing flags must stay quick.
-    if "wandb" in names and importlib.util.find_spec("wandb") is None:
-        return f"{option} wandb: wandb is not installed: pip install 'rookworld[wandb]'"
-    return None
 
 
 def field_weights(option: str, value: Any) -> str | None:
@@ -52,82 +35,6 @@ def field_weights(option: str, value: Any) -> str | None:
     except ValueError as e:
         return f"{option}: {e}"
     return None
-
-
-def not_empty(option: str, value: Any) -> str | None:
-    return None if value.strip() else f"{option} must not be empty"
-
-
-@group
-class RunSettings:
-    """A training run: how long, where it writes, and how it computes."""
-
-    steps: int = setting(500, "training steps", RUN, main=True, check=positive)
-    output_dir: str = setting("runs/rookworld", "directory for checkpoints, metrics.jsonl, samples, TensorBoard and "
-                                                "the latest model (a --model for the next command)", RUN, main=True)
-    overwrite: bool = setting(False, "start afresh in an --output-dir that holds a run, deleting its metrics, samples "
-                                     "and checkpoints", RUN)
-    resume: str | None = setting(None, "continue from a checkpoint directory, or an output directory's latest "
-                                       "checkpoint", RUN, main=True)
-    dtype: str = setting("auto", "compute dtype: auto (bf16 autocast on CUDA and on a CPU with AMX; else fp32), bf16 "
-                                 "or fp32", RUN, choices=("auto", "bf16", "fp32"))
-    compile: bool = setting(True, "on CUDA, torch.compile the hot paths", RUN)
-    compile_logprobs: bool = setting(True, "with --compile, the log-prob passes too (the trunk and the vocabulary "
-                                           "passes): --no-compile-logprobs compiles decoding alone, two graphs "
-                                           "instead of six (BENCHMARKS.md, issue 56)", RUN)
-
-    def check_together(self, need) -> None:
-        need(not (self.overwrite and self.resume), "--overwrite starts afresh and --resume continues: give one")
-
-
-@group
-class OptimizerSettings:
-    micro_batch_size: int = setting(64, "rows per forward/backward (gradient accumulation within an optimizer step)",
-                                    OPTIM, check=positive)
-    lr: float = setting(3e-6, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM, main=True,
-                        check=above_zero)
-    min_lr_ratio: float = setting(0.1, "the decay (cosine, or the cooldown) ends at lr x this", OPTIM, check=share)
-    warmup_steps: int = setting(10, "linear learning-rate warm-up steps", OPTIM, check=non_negative)
-    cooldown_steps: int = setting(0, "0: cosine decay from the warm-up to the last step; N: the peak rate held "
-                                     "constant, then a linear cooldown to lr x --min-lr-ratio over the last N steps "
-                                     "(a run extended with --resume --steps keeps its rate until the new cooldown)",
-                                  OPTIM, check=non_negative)
-    weight_decay: float = setting(0.0, "AdamW weight decay (of weight matrices only)", OPTIM, check=non_negative)
-    optimizer: str = setting("adamw", "adamw, or muon: the blocks' weight matrices by Muon (their momentum "
-                                      "orthogonalised, scaled to AdamW's update size so that --lr and "
-                                      "--weight-decay mean the same), the embeddings, biases and norms by AdamW",
-                             OPTIM, choices=("adamw", "muon"))
-    max_grad_norm: float = setting(1.0, "gradient clipping norm (0: off)", OPTIM, check=non_negative)
-
-
-@group
-class EvaluationSettings:
-    """The evaluation a training run makes every --eval-every steps."""
-
-    eval_every: int = setting(50, "every N steps (0: never): greedy evaluation on held-out positions", LOGGING,
-                              check=non_negative)
-    eval_data: str | None = setting(None, "held-out positions of --eval-every's evaluation, a positions file (JSONL "
-                                          "of rookworld positions, FEN or EPD a line); default: generated, of a seed "
-                                          "training never draws from", LOGGING, check=existing_files)
-    eval_suites: str = setting("best-move", "suites of --eval-every's evaluation, comma-separated: best-move, "
-                                            "mate-in-one, selfplay, vs-stockfish (as rookworld eval --suite)", LOGGING,
-                               check=suites)
-    eval_games: int = setting(4, "games of the selfplay and vs-stockfish suites in --eval-every's evaluation",
-                              LOGGING, check=positive)
-
-
-@group
-class LoggingSettings:
-    log_every: int = setting(1, "print a summary line every N steps", LOGGING, check=positive)
-    save_every: int = setting(50, "checkpoint every N steps (and always at the end)", LOGGING, check=non_negative)
-    report_to: str = setting("tensorboard", "where the figures go besides metrics.jsonl and samples.jsonl, a comma-"
-                                            "separated list: tensorboard (event files in --output-dir, when it is "
-                                            "installed), wandb (Weights & Biases: pip install 'rookworld[wandb]'; "
-                                            "WANDB_MODE=offline keeps it local), or none", LOGGING, check=reporters)
-    wandb_project: str = setting("rookworld", "W&B project of --report-to wandb; the run is named after "
-                                              "--output-dir's last part, and --resume continues it", LOGGING,
-                                 check=not_empty)
-    keep_checkpoints: int = setting(3, "checkpoints kept (oldest deleted)", LOGGING, check=positive)
 
 
 @composed(decode_batch_size=Meaning("prompts decoded at once in --eval-every's evaluation"))
