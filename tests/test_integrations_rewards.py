@@ -78,6 +78,25 @@ def test_each_task_s_reward_leaves_the_other_task_s_rows_to_others():
         ChessReward("both")
 
 
+@pytest.mark.parametrize("limits, said", [
+    ({"stockfish_depth": 10**20}, "depth must be a whole number from 1 to 30"),
+    ({"stockfish_depth": 100}, "depth must be a whole number from 1 to 30"),
+    ({"stockfish_depth": 0}, "depth must be a whole number from 1 to 30"),
+    ({"stockfish_depth": "10"}, "not '10'"),
+    ({"stockfish_depth": True}, "not 'True'"),
+])
+def test_the_python_api_is_held_to_the_command_line_s_stockfish_limits(limits, said):
+    """Issue 71: a depth of 10^20 was an OverflowError naming nothing, and 100 a per-analysis timeout of 10^14 s.
+    Every route to a pool (TRL's and verifiers' rewards, a pool of one's own) is held where it is asked for, before
+    any engine starts."""
+    with pytest.raises(ValueError, match=said):
+        ChessReward("mixed", **limits)
+    with pytest.raises(ValueError, match=said):
+        StockfishPool(depth=limits["stockfish_depth"])
+    with pytest.raises(ValueError, match="nodes must be a whole number from 1 to 100,000,000"):
+        StockfishPool(nodes=10**9)
+
+
 def test_conversational_prompts_and_completions_are_scored_by_their_last_message():
     rows = [r for r in annotated_rows(20) if r["task"] == "A"][:4]
     plain = ChessReward("env")([r["prompt"] for r in rows], [right_answer(r) for r in rows], **columns(rows))

@@ -28,6 +28,7 @@ from rookworld.ground.rewards import RewardScorer, prompt_fen  # noqa: E402
 from rookworld.integrations.game import ILLEGAL, RESULT  # noqa: E402
 from rookworld.integrations.rewards import DOCUMENT_START  # noqa: E402
 from rookworld.integrations.verifiers import ChessGameEnv, load_environment  # noqa: E402
+from rookworld.io.quote import ECHO_LIMIT, shortened  # noqa: E402
 from rookworld.lm.answers import RookWorldLM  # noqa: E402
 from rookworld.lm.moves import BEST, choose_moves  # noqa: E402
 
@@ -347,7 +348,8 @@ def test_a_game_cut_by_verifiers_timeout_is_scored_and_ends_its_engines(server):
 
 def test_the_rubric_reads_content_parts_and_says_in_one_line_what_it_cannot_score(caplog):
     """Content given as parts (OpenAI's) was read; a completion of plain strings was an AttributeError; NaN in an
-    info's truth_evals was a NaN reward."""
+    info's truth_evals was a NaN reward; an info kept as its JSON text, or a list, was an AttributeError (issue 71):
+    the text is read, the list said in one line."""
     env = load_environment("policy", source=HELD_OUT, num_examples=2, seed=3, stockfish_depth=DEPTH)
     row = env.get_dataset().to_list()[0]
     answer = row["answer"]
@@ -361,6 +363,8 @@ def test_the_rubric_reads_content_parts_and_says_in_one_line_what_it_cannot_scor
         (row["prompt"], [answer], row["info"]),
         (row["prompt"], [{"role": "assistant", "content": answer}], nan),
         (row["prompt"], [{"role": "assistant", "content": answer}], illegal),
+        (row["prompt"], [{"role": "assistant", "content": answer}], json.dumps(row["info"])),
+        (row["prompt"], [{"role": "assistant", "content": answer}], [row["info"]]),
     ]
 
     async def run():
@@ -372,7 +376,7 @@ def test_the_rubric_reads_content_parts_and_says_in_one_line_what_it_cannot_scor
 
     with caplog.at_level("ERROR"):
         rewards = asyncio.run(run())
-    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0]  # verifiers scores a reward function's error 0, never NaN
+    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]  # verifiers scores a reward function's error 0, never NaN
     errors = sorted(r.getMessage() for r in caplog.records if "rookworld" in r.getMessage())  # scored at once
     assert errors == sorted([
         "Error calling reward function rookworld: completion: expected a string or a list of messages (each with a "
@@ -382,4 +386,6 @@ def test_the_rubric_reads_content_parts_and_says_in_one_line_what_it_cannot_scor
         "analyse it",
         "Error calling reward function rookworld: the row's info: bad truth_moves / truth_evals: move "
         f"\"{row['info']['truth_moves'][0]}\" is listed twice: give Stockfish's analysis of the prompt's position, "
-        "or empty lists to have Stockfish analyse it"]), errors
+        "or empty lists to have Stockfish analyse it",
+        "Error calling reward function rookworld: the row's info must be a dict (or its JSON text), not a list: "
+        + shortened(repr([row["info"]]), ECHO_LIMIT)]), errors

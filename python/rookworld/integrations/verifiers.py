@@ -41,12 +41,14 @@ if not hasattr(vf, "SingleTurnEnv"):  # verifiers 0.4 took the classic API away
 from datasets import Dataset  # noqa: E402
 
 from rookworld.ground import chess  # noqa: E402
+from rookworld.ground.data import json_value  # noqa: E402
 from rookworld.ground.rewards import policy_prompt, task_of  # noqa: E402
 from rookworld.ground.stockfish import StockfishError, find_stockfish  # noqa: E402
 from rookworld.integrations.game import MAX_PLIES, ChessGame, GameStep  # noqa: E402
 from rookworld.integrations.rewards import DOCUMENT_START, chess_rows, message_text  # noqa: E402
 from rookworld.integrations.tasks import (PARTS, Grading, LiveGame, answers, new_record, record_step,  # noqa: E402
                                           records, unfinished)
+from rookworld.io.quote import ECHO_LIMIT, shortened  # noqa: E402
 from rookworld.lm.answers import MAX_NEW_TOKENS  # noqa: E402
 
 #: What `load_environment` serves (`tasks.KINDS`).
@@ -135,6 +137,22 @@ def _text(what: str, messages: Any, role: str) -> str:
         raise TypeError(f"{what}: {e}") from None
 
 
+def row_info(info: Any) -> dict:
+    """A row's `info` as verifiers hands it: a dict, or its JSON text (a dataset may keep it so), or None for none;
+    anything else a TypeError naming it, which verifiers logs and scores 0 (never an AttributeError inside)."""
+    if info is None:
+        return {}
+    if isinstance(info, str):
+        try:
+            info = json_value(info)
+        except ValueError as e:
+            raise TypeError(f"the row's info is text but no JSON object: {shortened(str(e), 200)}") from None
+    if not isinstance(info, dict):
+        raise TypeError(f"the row's info must be a dict (or its JSON text), not a {type(info).__name__}: "
+                        f"{shortened(repr(info), ECHO_LIMIT)}")
+    return info
+
+
 class _Grading(Grading):
     """`Grading`, with the reward function a classic environment calls."""
 
@@ -144,7 +162,7 @@ class _Grading(Grading):
         async def rookworld(prompt, completion, info, state) -> float:
             prompt_text = _text("prompt", prompt, "user")
             completion_text = _text("completion", completion, "assistant")
-            info = info or {}
+            info = row_info(info)
             scored = await asyncio.to_thread(grading.score, prompt_text, completion_text, info.get("truth_moves"),
                                              info.get("truth_evals"))
             state["rookworld"] = scored  # the parts' metrics read it, after this function (verifiers' order)
@@ -238,8 +256,11 @@ class ChessGameEnv(_Engines, vf.MultiTurnEnv):
 
     async def setup_state(self, state):
         live = state["chess_game"] = await LiveGame.start(self._new_game, self._game_slots(), _off_loop)  # ended by end_game
-        first = await live.call("reset", state["info"]["fen"])
-        state["chess"] = new_record(state["info"]["fen"], first)
+        fen = row_info(state.get("info")).get("fen")
+        if not isinstance(fen, str):
+            raise TypeError(f"a game row's info needs its \"fen\", text: {shortened(repr(fen), ECHO_LIMIT)}")
+        first = await live.call("reset", fen)
+        state["chess"] = new_record(fen, first)
         return state
 
     async def add_trajectory_step(self, state, trajectory_step) -> None:

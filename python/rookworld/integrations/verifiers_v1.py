@@ -54,6 +54,7 @@ from typing import Any, Literal
 from rookworld.ground import chess
 from rookworld.ground.rewards import SHAPINGS, policy_prompt
 from rookworld.ground.stockfish import find_stockfish
+from rookworld.ground.stockfish.pool import MAX_DEPTH
 from rookworld.integrations.game import MAX_PLIES, ChessGame, GameStep
 from rookworld.integrations.rewards import DOCUMENT_START, chess_rows
 from rookworld.integrations.tasks import (KINDS, PARTS, Gradings, LiveGame, answers, new_record, record_step, records,
@@ -163,7 +164,7 @@ if vf is not None:
         games (one opponent engine each) run at once in a process, the others waiting for theirs."""
 
         stockfish_path: str | None = None
-        stockfish_depth: int = Field(10, ge=1)
+        stockfish_depth: int = Field(10, ge=1, le=MAX_DEPTH)
         stockfish_workers: int | None = Field(None, ge=1)
         shaping: str = "continuous"
         opponent_skill: int = Field(0, ge=0, le=20)

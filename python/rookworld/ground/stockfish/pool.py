@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
+from typing import Any
 
 from rookworld.ground import chess as _chess
 from rookworld.io.quote import quoted
@@ -60,6 +61,19 @@ WORKERS_PER_CORE = 4
 #: otherwise hold a worker, or a served game's opponent, for longer than anyone waits.
 MAX_DEPTH = 30
 MAX_NODES = 100_000_000
+
+
+def search_problem(depth: Any, nodes: Any) -> str | None:
+    """What is wrong with a search's limits (a depth of 1 to `MAX_DEPTH`, or nodes of 1 to `MAX_NODES`), or None:
+    every route to a pool (the CLI's settings, the Python API, the integrations) is held to the same bounds."""
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if nodes is not None:
+        ok = whole(nodes) and 1 <= nodes <= MAX_NODES
+        return None if ok else f"nodes must be a whole number from 1 to {MAX_NODES:,}, not {quoted(nodes)}"
+    ok = whole(depth) and 1 <= depth <= MAX_DEPTH
+    return None if ok else f"depth must be a whole number from 1 to {MAX_DEPTH} (or give nodes), not {quoted(depth)}"
 
 
 def default_timeout(depth: int | None, nodes: int | None) -> float:
@@ -108,10 +122,9 @@ class StockfishPool:
         retries: int = 3,
         max_cached: int = 500_000,
     ):
-        if nodes is not None and nodes < 1:
-            raise ValueError(f"nodes must be >= 1, got {nodes}")
-        if nodes is None and (depth is None or depth < 1):
-            raise ValueError(f"depth must be >= 1 (or give nodes), got {depth}")
+        problem = search_problem(depth, nodes)
+        if problem is not None:
+            raise ValueError(problem)
         if not 1 <= multipv <= 500:
             raise ValueError(f"multipv must be in 1..500, got {multipv}")
         if hash_mb < 1 or threads < 1:
@@ -365,6 +378,9 @@ class LazyPool:
     an analysis never starts. `close` ends it, and a later `get` starts none."""
 
     def __init__(self, role: Role, **settings):
+        problem = search_problem(settings.get("depth", 10), settings.get("nodes"))
+        if problem is not None:  # said where the pool is asked for, not at its first analysis
+            raise ValueError(problem)
         self._role, self._settings = role, settings
         self._pool: StockfishPool | None = None
         self._lock = threading.Lock()
