@@ -205,13 +205,26 @@ def save_failure(output_dir: str | os.PathLike, step: int, error: BaseException,
     return SaveFailed(f"could not save step {step} into {output_dir}: {why}")
 
 
-def check_room(output_dir: str | os.PathLike, needed: int) -> None:
-    """Refuses, before the first step, a run whose disk cannot take one checkpoint: found at the first save, every
-    step before it would be lost."""
-    free = shutil.disk_usage(output_dir).free
-    if free < needed:
-        raise SaveFailed(f"{output_dir} has {free / 1e6:.0f} MB free and a checkpoint takes about "
-                         f"{needed / 1e6:.0f} MB, so no step of this run could be saved")
+def room_needed(weights: int, saves: int, kept: int, keep: int, model_there: bool) -> tuple[int, int]:
+    """(bytes, checkpoints) a run's `saves` still need on its disk at their fullest, `weights` the weights' bytes.
+    A checkpoint is the weights and the optimizer's two moments; a save writes the new one before it prunes the
+    oldest, so with `kept` already there the directory holds min(kept + saves, keep + 1) at once. The output
+    directory's own model is written beside the one there before it replaces it: two at once from the second save
+    on (or the first, when one is there)."""
+    checkpoints = min(kept + saves, keep + 1)
+    models = 2 if model_there or saves > 1 else 1
+    return 3 * weights * (checkpoints - kept) + weights * (models - model_there), checkpoints
+
+
+def check_room(output_dir: str | os.PathLike, needed: tuple[int, int]) -> None:
+    """Refuses, before the first step, a run whose disk cannot take its saves at their fullest (`room_needed`):
+    found at a save, every step since the last one would be lost, and no later save could be made."""
+    free, (size, checkpoints) = shutil.disk_usage(output_dir).free, needed
+    if free < size:
+        raise SaveFailed(f"{output_dir} has {free / 1e6:.0f} MB free and the run's saves take about "
+                         f"{size / 1e6:.0f} MB more at their fullest ({checkpoints} checkpoint"
+                         f"{'s' * (checkpoints != 1)} at once, and the model beside them), so not every step of this "
+                         f"run could be saved (free some room, or keep fewer: --keep-checkpoints)")
 
 
 def load_state(checkpoint: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

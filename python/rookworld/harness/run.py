@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from rookworld.harness import checkpoint
@@ -125,7 +126,7 @@ class Run:
                 path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, saved, self.cfg.keep_checkpoints)
                 save_pretrained(self.policy, self.cfg.output_dir)
                 self.tokenizer.save_pretrained(self.cfg.output_dir)
-            except (OSError, RuntimeError) as e:
+            except (OSError, RuntimeError, SafetensorError) as e:  # safetensors' full disk is none of the others
                 raise checkpoint.save_failure(self.cfg.output_dir, self.step, e, self.checkpoint_bytes()) from None
         self.log.say(f"saved checkpoint {path}")
         return path
@@ -134,6 +135,17 @@ class Run:
         """About what a save writes: the weights in the checkpoint and again in the output directory, and AdamW's
         two moments (fp32, as the weights)."""
         return 4 * sum(p.numel() * p.element_size() for p in self.policy.parameters())
+
+    def room_needed(self) -> tuple[int, int]:
+        """What the run's saves still need on its disk at their fullest (`checkpoint.room_needed`): one save every
+        --save-every steps to --steps (and the last), beside the checkpoints and model already there."""
+        cfg = self.cfg
+        left = cfg.steps - self.step
+        saves = -(-left // cfg.save_every) if cfg.save_every else 1
+        kept = min(len(checkpoint.list_checkpoints(cfg.output_dir)), cfg.keep_checkpoints)
+        weights = sum(p.numel() * p.element_size() for p in self.policy.parameters())
+        model_there = (Path(cfg.output_dir) / "model.safetensors").is_file()
+        return checkpoint.room_needed(weights, saves, kept, cfg.keep_checkpoints, model_there)
 
     def autocast(self):
         if self.amp_dtype is None:
@@ -205,7 +217,7 @@ class Run:
             self.close()
             return False
         if self.dist.main:
-            checkpoint.check_room(self.cfg.output_dir, self.checkpoint_bytes())
+            checkpoint.check_room(self.cfg.output_dir, self.room_needed())
         return True
 
     def _first_evaluation(self, evaluate: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
