@@ -16,7 +16,7 @@ import pytest
 
 from rookworld.ground import chess
 from rookworld.ground.stockfish import StockfishError, StockfishPool
-from rookworld.ground.stockfish.pool import max_workers
+from rookworld.ground.stockfish.limits import max_workers
 from rookworld.lm.games import Choice, Game, StockfishPlayer
 
 from test_trainer import run_cli, train_args

@@ -32,6 +32,10 @@ def complete_message(command: str, cfg: RunConfig, step: int) -> str:
             f"--resume {cfg.output_dir} --steps N with N > {step}")
 
 
+def weights_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 class Run:
     """A training command's run: its `Context`, its policy and tokenizer, and what moves as it trains (the step,
     the optimizer and its schedule, a stop asked for); `loop` calls the command's step until the end."""
@@ -127,14 +131,11 @@ class Run:
                 save_pretrained(self.policy, self.cfg.output_dir)
                 self.tokenizer.save_pretrained(self.cfg.output_dir)
             except (OSError, RuntimeError, SafetensorError) as e:  # safetensors' full disk is none of the others
-                raise checkpoint.save_failure(self.cfg.output_dir, self.step, e, self.checkpoint_bytes()) from None
+                # about what a save writes: the weights here and in the output directory, and AdamW's two moments
+                raise checkpoint.save_failure(self.cfg.output_dir, self.step, e, 4 * weights_bytes(self.policy)) \
+                    from None
         self.log.say(f"saved checkpoint {path}")
         return path
-
-    def checkpoint_bytes(self) -> int:
-        """About what a save writes: the weights in the checkpoint and again in the output directory, and AdamW's
-        two moments (fp32, as the weights)."""
-        return 4 * sum(p.numel() * p.element_size() for p in self.policy.parameters())
 
     def room_needed(self) -> tuple[int, int]:
         """What the run's saves still need on its disk at their fullest (`checkpoint.room_needed`): one save every
@@ -143,7 +144,7 @@ class Run:
         left = cfg.steps - self.step
         saves = -(-left // cfg.save_every) if cfg.save_every else 1
         kept = min(len(checkpoint.list_checkpoints(cfg.output_dir)), cfg.keep_checkpoints)
-        weights = sum(p.numel() * p.element_size() for p in self.policy.parameters())
+        weights = weights_bytes(self.policy)
         model_there = (Path(cfg.output_dir) / "model.safetensors").is_file()
         return checkpoint.room_needed(weights, saves, kept, cfg.keep_checkpoints, model_there)
 

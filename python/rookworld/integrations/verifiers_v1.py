@@ -54,7 +54,7 @@ from typing import Any, Literal
 from rookworld.ground import chess
 from rookworld.ground.rewards import SHAPINGS, policy_prompt
 from rookworld.ground.stockfish import find_stockfish
-from rookworld.ground.stockfish.pool import MAX_DEPTH
+from rookworld.ground.stockfish.limits import MAX_DEPTH
 from rookworld.integrations.game import MAX_PLIES, ChessGame, GameStep
 from rookworld.integrations.rewards import DOCUMENT_START, chess_rows
 from rookworld.integrations.tasks import (KINDS, PARTS, Gradings, LiveGame, answers, new_record, record_step, records,

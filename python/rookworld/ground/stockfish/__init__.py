@@ -15,14 +15,14 @@ up on it (`StockfishPool.failure`) rather than wait on it position after positio
 
 The pieces: `engine` (one UCI process, finding the binary), `cache` (memory and sqlite), `pool` (the front:
 futures, identical positions sharing one analysis, the caches, the builders by role), `workers` (the back: a thread
-and an engine each, restarts, retries and giving up), `reading` (what an engine says, checked), `analysis` (the
-results).
+and an engine each, restarts, retries and giving up), `reading` (what an engine says, checked), `limits` (what a
+search and a pool may be asked for), `analysis` (the results).
 """
 
 from rookworld.ground.stockfish.analysis import MATE_SCORE, Analysis, Candidate
 from rookworld.ground.stockfish.engine import StockfishError, StockfishNotFoundError, find_stockfish
-from rookworld.ground.stockfish.pool import (LazyPool, Role, StockfishPool, StockfishStats, default_timeout, pool_for,
-                                             pool_workers)
+from rookworld.ground.stockfish.limits import default_timeout
+from rookworld.ground.stockfish.pool import LazyPool, Role, StockfishPool, StockfishStats, pool_for, pool_workers
 
 __all__ = ["Analysis", "Candidate", "LazyPool", "MATE_SCORE", "Role", "StockfishError", "StockfishNotFoundError",
            "StockfishPool", "StockfishStats", "default_timeout", "find_stockfish", "pool_for", "pool_workers"]
