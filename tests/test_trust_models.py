@@ -7,6 +7,7 @@ so that a missing check fails its test (the process refused its memory) instead 
 from __future__ import annotations
 
 import json
+import re
 import math
 import resource
 import shutil
@@ -399,3 +400,62 @@ def test_a_config_json_far_larger_than_a_config_is_refused_unread(tiny_dir, tmp_
     (padded / "config.json").write_text(text[:-1] + ', "notes": "' + "x" * (2 << 20) + '"}')
     assert_refused(run_cli(["ask", "--model", padded, FEN], cwd=tmp_path), f"{padded / 'config.json'} cannot be read",
                    "bytes, where a GPT-2 config takes about 1,000")
+
+
+# -- a model's vocabulary files and a run's records, read as data (issue 71) ---------------------------------------
+
+def _vocabulary_dir(tmp_path, name="chess") -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copy(REPO / "models" / "chess-play-sft" / f, d / f)
+    return d
+
+
+@pytest.mark.parametrize("file", ["vocab.json", "merges.txt"])
+def test_a_vocabulary_file_that_is_a_pipe_too_large_or_nested_is_one_line_never_a_hang(tmp_path, file):
+    """A FIFO in vocab.json's place hung the load; deep nesting was a RecursionError and 3 GB a MemoryError."""
+    import os
+
+    from rookworld.net.tokenizer import TokenizerUnavailableError, read_hf_vocabulary
+
+    cases = {"fifo": "not a regular file (a pipe)", "large": "is over 16,777,216 bytes",
+             "nested": "nested too deep" if file == "vocab.json" else "are not a GPT-2 vocabulary"}
+    for case, said in cases.items():
+        d = _vocabulary_dir(tmp_path, f"{file}-{case}")
+        (d / file).unlink()
+        if case == "fifo":
+            os.mkfifo(d / file)
+        elif case == "large":
+            with open(d / file, "wb") as f:
+                f.truncate(3 << 30)  # 3 GB, sparse: never read past its first 16 MB
+        else:
+            (d / file).write_text("[" * 100_000 + "]" * 100_000)
+        with pytest.raises(TokenizerUnavailableError, match=re.escape(said)):
+            read_hf_vocabulary(d)
+
+
+def test_a_byte_order_mark_before_the_vocabulary_files_is_read_past_as_before_config_json(tmp_path):
+    from rookworld.net.tokenizer import read_hf_vocabulary
+
+    d = _vocabulary_dir(tmp_path)
+    plain = read_hf_vocabulary(d)
+    for f in ("vocab.json", "merges.txt"):
+        (d / f).write_bytes(b"\xef\xbb\xbf" + (d / f).read_bytes())
+    assert read_hf_vocabulary(d) == plain
+
+
+def test_a_run_record_that_is_a_pipe_or_huge_says_nothing_and_holds_nothing_up(tmp_path):
+    """run.json (which command made a run) was read whole: a FIFO hung --resume, 3 GB was a MemoryError."""
+    import os
+
+    from rookworld.harness import checkpoint
+
+    os.mkfifo(tmp_path / checkpoint.RUN_FILE)
+    assert checkpoint.recorded_command(tmp_path) is None
+    (tmp_path / checkpoint.RUN_FILE).unlink()
+    with open(tmp_path / checkpoint.RUN_FILE, "wb") as f:
+        f.truncate(3 << 30)
+    assert checkpoint.recorded_command(tmp_path) is None
+    (tmp_path / checkpoint.RUN_FILE).write_text('{"command": "sft"}')
+    assert checkpoint.recorded_command(tmp_path) == "sft"

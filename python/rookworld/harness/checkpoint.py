@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rookworld import __version__
-from rookworld.io.files import atomic_write, publish, temporary_directory
+from rookworld.io.files import atomic_write, publish, read_json_object, temporary_directory
 from rookworld.net.pretrained import save_pretrained
 # The layout is read without torch in net.sources; the harness's callers find all of a checkpoint's API here.
 from rookworld.net.sources import (CONFIG_FILE, LATEST, STATE_FILE, CheckpointError,  # noqa: F401
@@ -75,8 +75,8 @@ def run_record(command: str) -> dict[str, str]:
 def recorded_command(directory: Path) -> str | None:
     """The command a run directory or a checkpoint says made it (its run.json), or None where it says nothing."""
     try:
-        command = json.loads((directory / RUN_FILE).read_text()).get("command")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        command = read_json_object(directory / RUN_FILE, JSON_BYTES).get("command")
+    except (OSError, ValueError):
         return None
     return command if isinstance(command, str) else None
 
@@ -288,20 +288,10 @@ def load_config(checkpoint: Path) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object that a checkpoint holds, read as data: a pipe or a device in the file's place is not opened (it
-    could block for ever), nor more than `JSON_BYTES` read, and anything but a JSON object is an error."""
-    if path.exists() and not path.is_file():
-        raise CheckpointError(f"cannot read {path}: it is not a regular file")
+    """A JSON object that a checkpoint holds, read as data (`read_json_object`: a pipe or a device in the file's
+    place is not opened, nor more than `JSON_BYTES` read, and anything but a JSON object is an error)."""
     try:
-        with open(path, "rb") as f:
-            text = f.read(JSON_BYTES + 1)
-        value = json.loads(text) if len(text) <= JSON_BYTES else None
-    except RecursionError:
-        raise CheckpointError(f"cannot read {path}: it is nested too deep for what it should hold") from None
-    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
-        raise CheckpointError(f"cannot read {path}: {e}") from None
-    if len(text) > JSON_BYTES:
-        raise CheckpointError(f"cannot read {path}: it is over {JSON_BYTES >> 20} MB, more than it should hold")
-    if not isinstance(value, dict):
-        raise CheckpointError(f"cannot read {path}: it holds a JSON {type(value).__name__}, not an object")
-    return value
+        return read_json_object(path, JSON_BYTES)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}") \
+            from None

@@ -4,7 +4,6 @@ series that never changes."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import textwrap
@@ -12,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rookworld.io.files import Output
+from rookworld.harness.checkpoint import JSON_BYTES
+from rookworld.io.files import Output, read_json_object
 from rookworld.harness.rundir import read_rows
 from rookworld.net.sources import CONFIG_FILE
 
@@ -72,8 +72,8 @@ def started_from(run: str | Path) -> Path | None:
     """The model a run started from (its checkpoints' --model), resolved; None for a fresh model or no checkpoint."""
     for config in sorted((Path(run) / "checkpoints").glob(f"step-*/{CONFIG_FILE}")):
         try:
-            model = json.loads(config.read_text()).get("model")
-        except (OSError, ValueError, AttributeError):
+            model = read_json_object(config, JSON_BYTES).get("model")
+        except (OSError, ValueError):
             continue
         return Path(model).resolve() if isinstance(model, str) else None
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import stat
@@ -91,6 +92,46 @@ def lines_within(f: TextIO, limit: int = MAX_LINE) -> Iterator[str | None]:
     while (got := next_line(f, limit)) is not None:
         line, whole = got
         yield line.rstrip("\r\n") if whole else None
+
+
+def _kind(path: str | os.PathLike) -> str:
+    """What is at `path` when it is no regular file, in words."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return "a link that leads nowhere" if e.errno in (errno.ELOOP, errno.ENOENT) else f"unreadable: {e.strerror}"
+    return ("a directory" if stat.S_ISDIR(mode) else "a pipe" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "no regular file")
+
+
+def read_small(path: str | os.PathLike, limit: int) -> bytes:
+    """A small file's bytes (a record, settings or vocabulary file), read as data: what stands in its place that is
+    no regular file is refused unopened (a pipe or a device would be read for ever, a socket never opens), and so is
+    one over `limit` bytes, never read whole. OSError for what the system says (FileNotFoundError: none there),
+    ValueError for the rest, saying why (the caller names the file)."""
+    if os.path.lexists(path) and not Path(path).is_file():
+        raise ValueError(f"it is not a regular file ({_kind(path)})")
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"it is over {limit:,} bytes, more than such a file holds")
+    return data
+
+
+def read_json_object(path: str | os.PathLike, limit: int) -> dict:
+    """A small file (`read_small`) holding one JSON object, a byte order mark before it read past; ValueError saying
+    why for text that is not UTF-8, not JSON, nested past the parser's depth, or not an object."""
+    data = read_small(path, limit)
+    try:
+        value = json.loads(data.decode("utf-8-sig"))
+    except RecursionError:
+        raise ValueError("it is nested too deep for what it should hold") from None
+    except ValueError as e:  # not UTF-8, not JSON, or a number longer than Python converts
+        raise ValueError(f"it is not a JSON text: {str(e)[:200]}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"it holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def read_bounded(path: str | os.PathLike, limit: int = MAX_LINE) -> bytes:

@@ -34,6 +34,8 @@ from typing import NamedTuple
 import tiktoken
 import torch
 
+from rookworld.io.files import read_json_object, read_small
+
 ENV_VAR = "ROOKWORLD_TIKTOKEN_FILE"
 EOS_ID = 50256
 PAD_ID = EOS_ID
@@ -118,7 +120,10 @@ SHIPPED_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd9
 
 
 def _read_tiktoken_file(file: Path, sha256: str | None = None) -> dict[bytes, int]:
-    data = file.read_bytes()
+    try:
+        data = read_small(file, VOCABULARY_BYTES)
+    except (OSError, ValueError) as e:
+        raise TokenizerUnavailableError(f"{file} cannot be read as a gpt2.tiktoken vocabulary: {e}") from None
     digest = hashlib.sha256(data).hexdigest()
     if sha256 is not None and digest != sha256:
         raise TokenizerUnavailableError(f"{file} is damaged (sha256 {digest}, expected {sha256}): reinstall rookworld")
@@ -139,6 +144,8 @@ def _read_tiktoken_file(file: Path, sha256: str | None = None) -> dict[bytes, in
 # (the BPE merges in rank order). In GPT-2 a token's id is its BPE rank, so the two say the same thing twice.
 
 HF_FILES = ("vocab.json", "merges.txt")
+#: The largest vocabulary file read (GPT-2's vocab.json is 1 MB, its merges.txt 0.5 MB, gpt2.tiktoken 1.6 MB).
+VOCABULARY_BYTES = 16 << 20
 
 
 @functools.lru_cache(maxsize=1)
@@ -162,10 +169,16 @@ def read_hf_vocabulary(directory: Path) -> dict[bytes, int]:
     `<|endoftext|>` as id n (GPT-2's own vocabulary, or a restriction of it such as the chess vocabulary)."""
     decode = {c: b for b, c in _byte_alphabet().items()}
     where = f"{directory}: vocab.json and merges.txt"
+    # Each file read as data (`read_small`: no pipe, no more than a vocabulary holds), a byte order mark read past.
+    file = directory / "vocab.json"
     try:
-        vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
-        merges = [line for line in (directory / "merges.txt").read_text(encoding="utf-8").splitlines()
-                  if line and not line.startswith("#version")]
+        vocab = read_json_object(file, VOCABULARY_BYTES)
+        file = directory / "merges.txt"
+        merges_text = read_small(file, VOCABULARY_BYTES).decode("utf-8-sig")
+    except (OSError, ValueError) as e:
+        raise TokenizerUnavailableError(f"{file} cannot be read as a GPT-2 vocabulary's: {e}") from None
+    merges = [line for line in merges_text.splitlines() if line and not line.startswith("#version")]
+    try:
         ranks = {bytes(decode[c] for c in token): int(i) for token, i in vocab.items() if token != EOS_TEXT}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise TokenizerUnavailableError(f"{where} cannot be read as a GPT-2 vocabulary: {e}") from None
