@@ -388,6 +388,23 @@ def test_plot_of_a_binary_metrics_file_is_one_line(tmp_path):
     assert "metrics.jsonl: none of its" in proc.stderr
 
 
+@pytest.mark.parametrize("odd", ['"5"', "null", "[5]", "1e308", "-3", "true", "1" + "0" * 400])
+def test_plot_leaves_out_a_row_whose_step_is_no_step_and_a_value_no_axis_can_hold(tmp_path, odd):
+    """A step that was a string, null, a list or 1e308, and values of 400 digits, were tracebacks (issue 71): the
+    row (or the value) is left out, the rest plots; a file of nothing else is one line."""
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run"
+    run.mkdir()
+    good = [json.dumps({"step": s, "reward/P/mean": 0.1 * s, "kl/mean": 0.01 * s}) for s in range(1, 4)]
+    odd_rows = ['{"step": %s, "reward/P/mean": 0.5}' % odd, '{"step": 4, "reward/P/mean": 1%s}' % ("0" * 400)]
+    (run / "metrics.jsonl").write_text("\n".join(good + odd_rows) + "\n")
+    proc = run_cli(["plot", str(run), "--out", str(tmp_path / "x.png")])
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    (run / "metrics.jsonl").write_text("\n".join(odd_rows[:1]) + "\n")
+    proc = run_cli(["plot", str(run), "--out", str(tmp_path / "y.png")])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "with a step" in proc.stderr, proc.stderr
+
+
 # -- Model directories that cannot be loaded ---------------------------------------------------------------------
 
 def _model_copy(tiny_dir, tmp_path, name):

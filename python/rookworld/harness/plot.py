@@ -60,8 +60,9 @@ def read_metrics(run: str | Path) -> list[dict]:
         rows, bad = read_rows(path)  # a line cut short by a crash is left out: the rest still plots
     except OSError as e:
         raise PlotError(f"cannot read {path}: {e.strerror or e}") from None
-    if bad and not rows:
-        raise PlotError(f"{path}: none of its {bad} lines is a JSON object of metrics; is it the metrics.jsonl "
+    rows = [r for r in map(plottable, rows) if r is not None]
+    if not rows:
+        raise PlotError(f"{path}: none of its lines is a JSON object of metrics with a step; is it the metrics.jsonl "
                         f"that rookworld train or sft writes?")
     if any("kl/mean" in r or "reward/mean" in r for r in rows):  # a GRPO run
         rows = [{(GRPO_LOSS if k == "loss" else k): v for k, v in r.items()} for r in rows]
@@ -77,6 +78,21 @@ def started_from(run: str | Path) -> Path | None:
             continue
         return Path(model).resolve() if isinstance(model, str) else None
     return None
+
+
+#: The largest step and the largest value drawn: a float64 holds every integer up to 2^53, and matplotlib's axes
+#: overflow long before 1e308.
+MAX_STEP, MAX_VALUE = 2**31 - 1, 1e30
+
+
+def plottable(row: dict) -> dict | None:
+    """A metrics row as it can be drawn: None without a whole-number step in 0 to `MAX_STEP` (a string, null, a list,
+    1e308), and each value that is no finite number within `MAX_VALUE` left out (a 400-digit integer, NaN)."""
+    step = row.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+        return None
+    return {k: v for k, v in row.items()
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or abs(v) <= MAX_VALUE}
 
 
 def chained_offsets(runs: Sequence[str | Path], data: Sequence[Sequence[dict]]) -> list[int]:
