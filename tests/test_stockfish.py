@@ -449,3 +449,25 @@ def test_one_rule_decides_how_many_engines_a_pool_runs():
     assert pool_workers(Role.REWARDS, cores=1, beside_gpu=True) == 1
     with pool_for(Role.GAME, depth=2) as pool:
         assert pool.workers == 1 and pool.analyse([rchess.START_FEN])[0].candidates
+
+
+def test_a_stockfish_path_is_quoted_back_cut_whether_a_flag_or_the_environment_gave_it(monkeypatch):
+    """--stockfish-path and ROOKWORLD_STOCKFISH were quoted back whole: a 100 KB line (issue 71)."""
+    from rookworld.ground.stockfish import StockfishNotFoundError
+
+    long = "/no/such/" + "x" * 100_000
+    with pytest.raises(StockfishNotFoundError) as given:
+        find_stockfish(long)
+    monkeypatch.setenv("ROOKWORLD_STOCKFISH", long)
+    with pytest.raises(StockfishNotFoundError) as named:
+        find_stockfish()
+    for e in (given, named):
+        assert len(str(e.value)) < 400 and "'/no/such/xxx" in str(e.value) and "xxx...'" in str(e.value), e.value
+
+
+def test_the_eval_command_a_run_suggests_names_each_suite_once():
+    """A setting of 50,000 repeated suites was taken (each suite runs once) and printed back whole (issue 71)."""
+    from rookworld.harness.runlog import eval_command
+
+    command = eval_command("runs/x", {"eval_suites": ",".join(["best-move", "selfplay"] * 25_000), "eval_games": 4})
+    assert command == "rookworld eval --model runs/x --suite best-move,selfplay --games 4"

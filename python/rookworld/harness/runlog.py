@@ -4,25 +4,27 @@ when it is installed, Weights & Biases."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
-import secrets
 import shlex
 import stat
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from rookworld.io.files import atomic_write, kind, lines_within
 from rookworld.io.progress import Progress, _duration
-from rookworld.harness.rundir import WANDB_ID, RunDirectoryLock, json_row, mark, metric_rows
+from rookworld.harness.rundir import RunDirectoryLock, json_row, mark, metric_rows
 from rookworld.settings import presets
 from rookworld.settings.commands import EvalSettings
 from rookworld.settings.config import ConfigError
+from rookworld.settings.groups import parse_suites
+from rookworld.harness.trackers import Reporting, TensorBoardSink, WandbSink, scalars
 
 #: The parts of a command's summary line after "step N/M", from the step's metrics.
 Summary = Callable[[dict[str, Any]], list[str]]
@@ -84,7 +86,8 @@ def eval_command(model: str | Path, config: dict[str, Any] | None) -> str:
             parts += [f"--{key.replace('_', '-')}", str(config[key])]
     suites = config.get("eval_suites", defaults["suite"])
     if suites != defaults["suite"]:
-        parts += ["--suite", str(suites)]
+        with contextlib.suppress(ValueError):  # each suite once (a setting of 50,000 repeats was printed back whole)
+            parts += ["--suite", ",".join(parse_suites(str(suites)))]
         if any(name in suites for name in ("selfplay", "vs-stockfish")) and config.get("eval_games") is not None:
             parts += ["--games", str(config["eval_games"])]
     return " ".join(parts)
@@ -107,78 +110,6 @@ def _positions_file(path: str) -> bool:
     except OSError:
         return False
     return not first.lstrip().startswith(("P: ", "A: "))
-
-
-def _scalars(m: dict[str, Any]) -> dict[str, float]:
-    """What a step reports to TensorBoard and W&B: its finite numbers, but the step itself."""
-    return {k: v for k, v in m.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "step"}
-
-
-class TensorBoardSink:
-    """Event files in OUTPUT_DIR/tensorboard; a resumed run purges the steps after its checkpoint."""
-
-    def __init__(self, directory: Path, resume_step: int):
-        from torch.utils.tensorboard import SummaryWriter  # ImportError when tensorboard is not installed
-
-        self.writer = SummaryWriter(str(directory / "tensorboard"), purge_step=resume_step + 1)
-
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        for k, v in values.items():
-            self.writer.add_scalar(k, v, step)
-
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        pass  # samples.jsonl has them
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-
-
-class WandbSink:
-    """A Weights & Biases run named after the output directory, with its files in OUTPUT_DIR/wandb. Its id is kept
-    in OUTPUT_DIR/wandb_id, so a resumed run continues it. (W&B keeps a run's steps increasing: the steps a resumed
-    run replays after its checkpoint, which the crashed run had logged already, are not logged again.)"""
-
-    def __init__(self, directory: Path, project: str, config: dict[str, Any] | None, command: str | None):
-        import wandb
-
-
-        id_file = directory / WANDB_ID
-        run_id = id_file.read_text().strip() if id_file.is_file() else ""
-        if not run_id:
-            run_id = secrets.token_hex(4)
-            id_file.write_text(run_id + "\n")
-        self.wandb = wandb
-        try:
-            self.run = wandb.init(project=project, name=directory.resolve().name, dir=str(directory), id=run_id,
-                                  resume="allow", config=config, job_type=command)
-        except wandb.errors.Error as e:
-            raise ConfigError(f"--report-to wandb: W&B did not start: {e} (or run offline: WANDB_MODE=offline, "
-                              "then wandb sync)") from None
-
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        self.run.log(values, step=step)
-
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        columns = ["step", *dict.fromkeys(k for row in rows for k in row)]
-        data = [[step, *(row.get(c) for c in columns[1:])] for row in rows]
-        self.run.log({"samples": self.wandb.Table(columns=columns, data=data)}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-@dataclasses.dataclass(frozen=True)
-class Reporting:
-    """Where a run's figures go besides metrics.jsonl and samples.jsonl (`report_to`: tensorboard, wandb), and
-    what describes the run there: its settings (`config`) and its command."""
-
-    report_to: Sequence[str] = ("tensorboard",)
-    wandb_project: str = "rookworld"
-    config: dict[str, Any] | None = None
-    command: str | None = None
 
 
 class RunLog:
@@ -329,7 +260,7 @@ class RunLog:
         self._append(self.metrics_path, json.dumps({k: _num(v) for k, v in m.items()}) + "\n")
         self._logged = m["step"]
         if self.sinks:
-            values = _scalars(m)
+            values = scalars(m)
             for sink in self.sinks:
                 sink.scalars(m["step"], values)
         if log_line:
