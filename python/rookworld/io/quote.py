@@ -16,3 +16,12 @@ def shortened(text: str, limit: int) -> str:
 def quoted(text: object) -> str:
     """`text` as a message quotes it (repr), cut to ECHO_LIMIT characters with an ellipsis when it was longer."""
     return repr(shortened(str(text), ECHO_LIMIT))
+
+
+#: The longest file name quoted whole: Linux's PATH_MAX. A longer one is no name the system opens, and is cut.
+PATH_LIMIT = 4096
+
+
+def quoted_path(path: object) -> str:
+    """A file name as a message quotes it (repr): whole, as the user must see it to find it, up to PATH_LIMIT."""
+    return repr(shortened(str(path), PATH_LIMIT))

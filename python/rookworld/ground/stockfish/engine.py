@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from rookworld.ground import chess
 from rookworld.ground.stockfish.analysis import Analysis
-from rookworld.io.quote import quoted
+from rookworld.io.quote import quoted_path
 from rookworld.ground.stockfish.reading import (answer_problem, mate_problem, parse_info, position_after,
                                                 ranked_candidates)
 
@@ -67,7 +67,7 @@ def find_stockfish(path: str | None = None) -> str:
             if found:
                 return found
         why = "is not executable" if os.path.exists(path) else "does not exist"
-        raise StockfishNotFoundError(f"Stockfish binary {quoted(path)} {why}; {_INSTALL_HINT}")
+        raise StockfishNotFoundError(f"Stockfish binary {quoted_path(path)} {why}; {_INSTALL_HINT}")
     env = os.environ.get(_ENV_VAR)
     if env:  # a setting beats what happens to be installed
         env = os.path.expanduser(env)
@@ -76,7 +76,7 @@ def find_stockfish(path: str | None = None) -> str:
         found = shutil.which(env) if os.sep not in env else None
         if found:
             return found
-        raise StockfishNotFoundError(f"{_ENV_VAR}={quoted(env)} is not an executable file; {_INSTALL_HINT}")
+        raise StockfishNotFoundError(f"{_ENV_VAR}={quoted_path(env)} is not an executable file; {_INSTALL_HINT}")
     found = shutil.which("stockfish")
     if found:
         return found
