@@ -8,7 +8,6 @@ import signal
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -275,6 +274,19 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
+def fill(path, leave: int) -> None:
+    """Fills the file system of `path` with it, a megabyte at a time until the system says it is full (whatever
+    the run writes meanwhile), then leaves `leave` bytes free."""
+    try:
+        with open(path, "wb") as f:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+    except OSError:
+        pass
+    os.truncate(path, max(0, path.stat().st_size - leave))
+
+
 def test_a_full_disk_during_a_save_is_one_line_and_the_run_resumes_once_there_is_room(tiny_dir, small_disk):
     """torch's zip writer said `enforce fail ... unexpected pos 11200 vs 11092` with a traceback. The disk had room
     for the run's saves when it started (it is checked: next test), and something else filled it meanwhile."""
@@ -284,7 +296,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_run_resumes_once_there_is
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None and not (out / "checkpoints" / "step-000001").is_dir():
         time.sleep(0.02)
-    (small_disk / "ballast").write_bytes(b"\0" * (shutil.disk_usage(small_disk).free - 1_000_000))  # another's
+    fill(small_disk / "ballast", leave=1_000_000)  # another program's, while the run saves on
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "Traceback" not in err, err
     failed = int(re.search(r"could not save step (\d+)", err).group(1))
