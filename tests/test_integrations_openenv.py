@@ -367,6 +367,56 @@ def test_no_http_request_makes_or_reaches_a_session_so_websocket_clients_always_
         server.stop()
 
 
+def test_frames_and_bodies_are_judged_parsed_and_a_session_goes_on_past_each(server):
+    """Issue 71: an escaped `openenv\\/session\\/close` passed the guard's substring test, raw JSON-RPC over the
+    WebSocket was not checked at all, a binary frame ended the session with the message 'text', and a deeply nested
+    body was an HTTP 500 with a traceback in the log. Each is answered now, and the session (or server) goes on."""
+    with ws_connect(server.ws, open_timeout=10) as mine, ws_connect(server.ws, open_timeout=10) as theirs:
+        own = {"jsonrpc": "2.0", "id": 4, "method": "openenv/session/create", "params": {}}
+        their_id = _frame(theirs, {"type": "mcp", "data": own})["data"]["result"]["session_id"]
+        close = {"jsonrpc": "2.0", "id": 5, "method": "openenv/session/close", "params": {"session_id": their_id}}
+        escaped = json.dumps({"type": "mcp", "data": close}).replace("/", "\\/")
+        assert "\\/" in escaped and "openenv/session/close" not in escaped
+        mine.send(escaped)
+        assert "ends when its connection closes" in json.loads(mine.recv(timeout=30))["data"]["message"]
+        assert "ends when its connection closes" in _frame(mine, close)["data"]["message"]  # raw JSON-RPC
+        mine.send(b"\x00binary")
+        assert "text frame of JSON" in json.loads(mine.recv(timeout=30))["data"]["message"]
+        mine.send('{"type": "reset", "data": ' + "[" * 100_000 + "]" * 100_000 + "}")
+        assert "nested too deep" in json.loads(mine.recv(timeout=30))["data"]["message"]
+        assert _frame(mine, {"type": "reset", "data": {"fen": MATE_IN_ONE}})["type"] == "observation"
+        assert _frame(theirs, {"type": "reset", "data": {"fen": MATE_IN_ONE}})["type"] == "observation"
+        assert _frame(theirs, {"type": "step", "data": {"text": "Ra8#"}})["data"]["reward"] == 2.0
+    status, body = _refused(server.url + "/reset", ("[" * 100_000 + "]" * 100_000).encode())
+    assert status == 400 and b"nested too deep" in body
+    assert _post(server.url + "/reset", {"fen": KQK})["observation"]["fen"] == KQK
+
+
+def test_a_request_whose_body_never_comes_is_answered_408_in_bounded_time(monkeypatch):
+    """A POST whose body never came held its connection with no time limit (issue 71): the guard, before any app,
+    waits BODY_S for it."""
+    import asyncio
+
+    from rookworld.integrations import openenv_guard
+
+    monkeypatch.setattr(openenv_guard, "BODY_S", 0.2)
+    sent = []
+
+    async def never():
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    async def app(scope, receive, send):
+        raise AssertionError("the app is never reached")
+
+    guard = openenv_guard.ConnectionGuard(app, idle_s=300, max_request_bytes=1000)
+    scope = {"type": "http", "method": "POST", "path": "/reset", "headers": [(b"content-length", b"10")]}
+    asyncio.run(asyncio.wait_for(guard(scope, never, send), timeout=10))
+    assert sent[0]["status"] == 408 and b"did not come within 0.2 s" in sent[1]["body"]
+
+
 @pytest.mark.slow
 def test_an_idle_websocket_is_closed_and_its_place_given_to_the_next():
     server = Server(max_sessions=1, idle_s=1.5)

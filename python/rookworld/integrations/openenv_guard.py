@@ -19,6 +19,8 @@ IDLE_S = 300.0
 MAX_REQUEST_BYTES = 1 << 20
 #: The longest error said to a client; what it quotes is cut first, this is the bound on the rest.
 MESSAGE_LIMIT = 500
+#: Seconds a request's body may take to arrive: a move, an answer or a reset is a few kilobytes.
+BODY_S = 30.0
 #: uvicorn's own log: the server's one-line notes sit among its lines.
 LOG = logging.getLogger("uvicorn.error")
 
@@ -58,15 +60,29 @@ def _error_frame(text: str) -> str:
         return text
 
 
-def _closes_a_session(text: str | None) -> bool:
-    """Whether a WebSocket message is an MCP `openenv/session/close`."""
-    if not text or "openenv/session/close" not in text:
-        return False
+#: The JSON-RPC method that ends a session, however a message spells it (escaped slashes read as slashes).
+CLOSE_METHOD = "openenv/session/close"
+
+
+def _parsed(text: str | bytes) -> tuple[Any, str | None]:
+    """(a message's JSON value, or None; why the guard refuses it, or None). Text that is no JSON is the app's to
+    answer; JSON nested past the parser's depth would be its traceback (HTTP 500), so it is refused here."""
     try:
-        message = json.loads(text)
-        return message.get("type") == "mcp" and message["data"].get("method") == "openenv/session/close"
-    except (ValueError, AttributeError, KeyError, TypeError):
+        return json.loads(text), None
+    except RecursionError:
+        return None, "the message's JSON is nested too deep"
+    except ValueError:
+        return None, None
+
+
+def _closes_a_session(message: Any) -> bool:
+    """Whether a parsed WebSocket message closes a session: OpenEnv's MCP frame (`{"type": "mcp", "data": {...}}`)
+    or a raw JSON-RPC request, with `openenv/session/close` as its method. Decided on the parsed message, never its
+    text (`openenv\\/session\\/close` spells the same method)."""
+    if not isinstance(message, dict):
         return False
+    inner = message.get("data") if message.get("type") == "mcp" else message
+    return isinstance(inner, dict) and inner.get("method") == CLOSE_METHOD
 
 
 def _client(scope: dict) -> str:
@@ -74,18 +90,14 @@ def _client(scope: dict) -> str:
     return f"{client[0]}:{client[1]}" if client else "a client"
 
 
-def _json_rpc_refusal(body: bytes) -> dict | None:
+def _json_rpc_refusal(request: Any) -> dict | None:
     """The JSON-RPC error `POST /mcp` answers a request that would make, close or reach a session with, else None.
 
     OpenEnv makes a session for `openenv/session/create` over plain HTTP that belongs to no connection, so nothing
     ever ends it: `max_sessions` such requests would lock every WebSocket client out. And a session id named over
     HTTP would reach into a session that a WebSocket owns. rookworld's environment offers no MCP tools, so such a
     session gives a client nothing that a WebSocket does not: each is refused, saying where sessions are had."""
-    try:
-        request = json.loads(body)
-    except ValueError:
-        return None  # OpenEnv says what is wrong with it
-    if not isinstance(request, dict):
+    if not isinstance(request, dict):  # text that is no JSON object: OpenEnv says what is wrong with it
         return None
     method, params = request.get("method"), request.get("params")
     names_session = isinstance(params, dict) and "session_id" in params
@@ -122,7 +134,10 @@ class ConnectionGuard:
     - `POST /mcp` cannot make, close or reach a session (`_json_rpc_refusal`), and a WebSocket can neither join
       another's session (`/ws?session_id=`) nor close one (`openenv/session/close`): each session is the
       connection's that made it, ended when that ends.
-    - A WebSocket that leaves its session waiting `idle_s` seconds is closed (code 1001), which ends its session.
+    - A WebSocket that leaves its session waiting `idle_s` seconds is closed (code 1001), which ends its session;
+      a request body that has not come within `BODY_S` is answered 408.
+    - Each frame and body is judged parsed (`_parsed`): JSON nested past the parser's depth is refused (400, or an
+      error frame), a binary frame is answered, and a session close is recognised however it is spelt.
     - A client gone before its answer, and a request still running when the shutdown's grace period ends, are one
       line each in the log, where OpenEnv and uvicorn would print a traceback each."""
 
@@ -144,11 +159,19 @@ class ConnectionGuard:
 
     async def _http(self, scope, receive, send) -> None:
         if scope.get("method") in ("POST", "PUT", "PATCH"):
-            body = await self._body(scope, receive)
+            try:  # a body that never comes held its connection for ever
+                body = await asyncio.wait_for(self._body(scope, receive), timeout=BODY_S)
+            except asyncio.TimeoutError:
+                await _try(_answer(send, 408, {"detail": f"the request's body did not come within {BODY_S:g} s"}))
+                return
             if body is None:
                 await _answer(send, 413, {"detail": f"the request is over {self.max_request_bytes} bytes"})
                 return
-            refusal = _json_rpc_refusal(body) if scope.get("path") == "/mcp" else None
+            value, why = _parsed(body) if body else (None, None)
+            if why is not None:
+                await _answer(send, 400, {"detail": why})
+                return
+            refusal = _json_rpc_refusal(value) if scope.get("path") == "/mcp" else None
             if refusal is not None:
                 await _answer(send, 200, refusal)  # JSON-RPC's errors travel in a 200, as OpenEnv's own do
                 return
@@ -236,13 +259,26 @@ class _Connection:
             LOG.warning("%s: a message over %d bytes: connection closed, its session ended", self.client,
                         self.max_bytes)
             return await self._close(1009, f"a message is at most {self.max_bytes} bytes")
-        elif message["type"] == "websocket.receive" and _closes_a_session(message.get("text")):
-            # OpenEnv would end any session named, another connection's too, under its feet.
-            refusal = {"type": "error", "data": {"message": "a session ends when its connection closes: close the "
-                                                            "WebSocket", "code": "SESSION_ERROR"}}
-            await self.send({"type": "websocket.send", "text": json.dumps(refusal)})
-            return await self.receive()
+        elif message["type"] == "websocket.receive":
+            why = self._refused(message)
+            if why is not None:
+                await self.send({"type": "websocket.send", "text": json.dumps(
+                    {"type": "error", "data": {"message": why, "code": "SESSION_ERROR"}})})
+                return await self.receive()
         return message
+
+    @staticmethod
+    def _refused(message: dict) -> str | None:
+        """Why the session's app is not handed a frame (it is answered, and the session goes on), or None."""
+        text = message.get("text")
+        if not isinstance(text, str):  # OpenEnv reads message["text"]: a binary frame ended the session with 'text'
+            return "send each message as a text frame of JSON: a binary frame is not read"
+        value, why = _parsed(text)
+        if why is not None:
+            return why
+        if _closes_a_session(value):  # OpenEnv would end any session named, another connection's too
+            return "a session ends when its connection closes: close the WebSocket"
+        return None
 
     @staticmethod
     def _size(message: dict) -> int:
