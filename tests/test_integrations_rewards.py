@@ -97,6 +97,22 @@ def test_the_python_api_is_held_to_the_command_line_s_stockfish_limits(limits, s
         StockfishPool(nodes=10**9)
 
 
+def test_a_positions_source_that_is_a_pipe_nobody_writes_is_refused_not_waited_on(tmp_path):
+    """The integrations' data readers (verifiers' rows, TRL's dataset) blocked for ever on a FIFO nobody writes
+    (issue 71): a library call takes a regular file, and says so."""
+    import os
+
+    from rookworld.integrations.tasks import records
+
+    fifo = tmp_path / "positions.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"is not a regular file \(a pipe\): give a positions file"):
+        records(str(fifo), 10, 0)  # what both verifiers environments read their rows with
+    trl = pytest.importorskip("rookworld.integrations.trl", exc_type=ImportError)
+    with pytest.raises(ValueError, match="not a regular file"):
+        trl.chess_dataset(str(fifo))
+
+
 def test_conversational_prompts_and_completions_are_scored_by_their_last_message():
     rows = [r for r in annotated_rows(20) if r["task"] == "A"][:4]
     plain = ChessReward("env")([r["prompt"] for r in rows], [right_answer(r) for r in rows], **columns(rows))

@@ -1,5 +1,5 @@
-"""What both verifiers environments share, without verifiers: the rows of the P:, A: and game tasks, the answers
-that score 1.0, one completion's grading (rookworld's reward and its parts), and a game running beside the event
+"""What both verifiers environments share, without verifiers: the rows of the P:, A: and game tasks (from a
+positions file a library call reads, `positions_file`, which TRL's dataset takes too), the answers that score 1.0, one completion's grading (rookworld's reward and its parts), and a game running beside the event
 loop. `verifiers` (the classic API, 0.1.11 to 0.3.x) and `verifiers_v1` (0.4 and later) each wrap these in their
 own verifiers' classes."""
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from rookworld.ground import chess
 from rookworld.ground.data import Record, read_records
+from rookworld.io.files import not_regular
 from rookworld.ground.rewards import GroundTruth, RewardScorer, policy_targets, task_of
 from rookworld.ground.stockfish import LazyPool, Role, StockfishPool
 from rookworld.integrations.game import RESULT, ChessGame, GameStep
@@ -24,6 +25,14 @@ KINDS = ("policy", "env", "mixed", "game")
 PARTS = {"P": ("best_legal", "best", "candidates", "evals"), "A": ("fen_exact", "fen_similarity")}
 
 
+def positions_file(source: str) -> str:
+    """`source` as a positions file a library call reads: a regular file (a FIFO nobody writes blocked the call for
+    ever; the command line reads pipes and FIFOs once, the Python API does not); ValueError saying why not."""
+    if (why := not_regular(source)) is not None:
+        raise ValueError(f"source {source}: {why}: give a positions file")
+    return source
+
+
 def records(source: str | None, num_examples: int | None, seed: int) -> list[Record]:
     """The positions with a move to make (a finished game is no question) of `source`, or generated ones."""
     if source is None:
@@ -31,7 +40,7 @@ def records(source: str | None, num_examples: int | None, seed: int) -> list[Rec
             raise ValueError("give a positions file as source, or a number of positions to generate")
         found = [Record.from_position(p) for p in chess.generate_positions(num_examples, seed)]
     else:
-        found = read_records(source)[0]
+        found = read_records(positions_file(source))[0]
     found = [r for r, moves in zip(found, chess.legal_moves_batch([r.fen for r in found])) if moves]
     return found if num_examples is None else found[:num_examples]
 

@@ -33,6 +33,7 @@ from datasets import Dataset
 
 from rookworld.ground.data import Record, read_records
 from rookworld.integrations.rewards import AsyncChessReward, chess_rows
+from rookworld.integrations.tasks import positions_file
 
 __all__ = ["GRPOTrainer", "chess_dataset", "load_tokenizer", "mask_positions", "reward_funcs"]
 
@@ -48,7 +49,7 @@ def chess_dataset(source: str | Sequence[Record] | None = None, *, count: int | 
     """A plain-text GRPO dataset: a `prompt` column and the columns the reward reads (`task`, `fen`,
     `truth_moves`, `truth_evals`). `source` is a positions file (`rookworld positions --out`, annotated or not),
     records, or None for `count` generated positions of `seed`."""
-    records = read_records(source)[0] if isinstance(source, str) else source
+    records = read_records(positions_file(source))[0] if isinstance(source, str) else source
     rows = chess_rows(records, count=count, seed=seed, task_mix=task_mix, document_start=document_start)
     return Dataset.from_list(rows)
 

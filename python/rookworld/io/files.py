@@ -105,13 +105,21 @@ def _kind(path: str | os.PathLike) -> str:
             "no regular file")
 
 
+def not_regular(path: str | os.PathLike) -> str | None:
+    """Why something at `path` is no file to read whole from a library call (a pipe nobody writes would block the
+    call for ever, a device or a socket never end), in words; None for a regular file or for nothing there."""
+    if os.path.lexists(path) and not Path(path).is_file():
+        return f"it is not a regular file ({_kind(path)})"
+    return None
+
+
 def read_small(path: str | os.PathLike, limit: int) -> bytes:
     """A small file's bytes (a record, settings or vocabulary file), read as data: what stands in its place that is
     no regular file is refused unopened (a pipe or a device would be read for ever, a socket never opens), and so is
     one over `limit` bytes, never read whole. OSError for what the system says (FileNotFoundError: none there),
     ValueError for the rest, saying why (the caller names the file)."""
-    if os.path.lexists(path) and not Path(path).is_file():
-        raise ValueError(f"it is not a regular file ({_kind(path)})")
+    if (why := not_regular(path)) is not None:
+        raise ValueError(why)
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
