@@ -113,3 +113,14 @@ def test_trl_scores_each_completion_where_it_was_sampled(tmp_path):
             for name, got in (("policy", policy), ("reference", reference)):
                 off = (got[row, :len(completion)] - expected).abs().max().item()
                 assert off < 1e-3, f"row {row} (padded by {pads[row]}): {name} log-probs {off:.3g} off rookworld's"
+
+
+def test_load_tokenizer_of_a_directory_without_a_vocabulary_is_refused_not_a_tokenizer_of_nothing(tmp_path):
+    """transformers gave a tokenizer of 0 tokens for a directory without vocab.json and merges.txt (issue 71)."""
+    from rookworld.integrations.trl import load_tokenizer
+    from rookworld.net.tokenizer import TokenizerUnavailableError
+
+    with pytest.raises(TokenizerUnavailableError, match="has no vocab.json and merges.txt"):
+        load_tokenizer(tmp_path)
+    assert len(load_tokenizer(REPO / "models" / "chess-play-sft")) == 4364
+

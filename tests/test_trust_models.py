@@ -327,6 +327,13 @@ def one_infinity(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def one_huge(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    if name.endswith("h.1.mlp.c_fc.weight"):
+        tensor = tensor.clone()
+        tensor[3, 5] = 3e38
+    return tensor
+
+
 @pytest.mark.slow
 def test_weights_that_are_not_finite_or_not_floats_are_one_line_naming_the_tensor(tiny_dir, tmp_path):
     """All-NaN weights loaded and answered `+++...` without a word; int8 weights of the right shapes were a
@@ -335,7 +342,8 @@ def test_weights_that_are_not_finite_or_not_floats_are_one_line_naming_the_tenso
     inf = with_weights(model_dir(tmp_path, "inf", tiny_dir), one_infinity)
     int8 = with_weights(model_dir(tmp_path, "int8", tiny_dir), lambda name, t: t.to(torch.int8))
     half = with_weights(model_dir(tmp_path, "half", tiny_dir), lambda name, t: t.to(torch.float16))
-    asks = capped(*(["ask", "--model", d, FEN] for d in (nan, inf, int8, half)), cwd=tmp_path, timeout=120)
+    huge = with_weights(model_dir(tmp_path, "huge", tiny_dir), one_huge)
+    asks = capped(*(["ask", "--model", d, FEN] for d in (nan, inf, int8, half, huge)), cwd=tmp_path, timeout=120)
     assert_refused(asks[0], f"{nan / 'model.safetensors'}: transformer.", "NaN or infinite values",
                    "every logit NaN")
     assert_refused(asks[1], f"{inf / 'model.safetensors'}: transformer.h.1.mlp.c_fc.weight holds 1 NaN or infinite "
@@ -343,6 +351,9 @@ def test_weights_that_are_not_finite_or_not_floats_are_one_line_naming_the_tenso
     assert_refused(asks[2], f"{int8 / 'model.safetensors'}: transformer.", "holds int8 weights",
                    "float32, bfloat16, float16, float64")
     assert asks[3].returncode == 0 and "Traceback" not in asks[3].stderr, asks[3].stderr  # float16 is a model's
+    # finite, but past any trained weight: it loaded and answered `+++...` without a word (issue 71)
+    assert_refused(asks[4], f"{huge / 'model.safetensors'}: transformer.h.1.mlp.c_fc.weight holds a weight of 3e+38",
+                   "overflow the model's activations")
 
 
 def test_a_pickle_of_integer_weights_is_refused_as_the_safetensors_file_is(tiny_dir, tmp_path):

@@ -34,6 +34,8 @@ from datasets import Dataset
 from rookworld.ground.data import Record, read_records
 from rookworld.integrations.rewards import AsyncChessReward, chess_rows
 from rookworld.integrations.tasks import positions_file
+from rookworld.net.tokenizer import TokenizerUnavailableError, has_own_vocabulary
+from rookworld.settings.hub import is_local_path
 
 __all__ = ["GRPOTrainer", "chess_dataset", "load_tokenizer", "mask_positions", "reward_funcs"]
 
@@ -59,7 +61,11 @@ def load_tokenizer(model: str | Path) -> transformers.GPT2TokenizerFast:
     prompts padded on the left, with `<|endoftext|>` as the pad token. The vocabulary has no other token to spare,
     and none is needed: TRL builds its attention masks from the prompts' and completions' lengths, not from the pad
     id, so the `<|endoftext|>` that begins every prompt is kept (and `mask_positions` numbers positions from those
-    masks)."""
+    masks). A local directory without vocab.json and merges.txt is refused (transformers gave a tokenizer of 0
+    tokens), as every rookworld command refuses it."""
+    if is_local_path(str(model)) and not has_own_vocabulary(Path(model)):
+        raise TokenizerUnavailableError(f"{model} has no vocab.json and merges.txt: give the model directory "
+                                        f"rookworld saved (its vocabulary beside its weights)")
     tokenizer = transformers.GPT2TokenizerFast.from_pretrained(model)
     tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "left"
     return tokenizer

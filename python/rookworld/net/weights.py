@@ -195,11 +195,23 @@ def check_dtypes(dtypes: dict[str, str], weights: Path) -> None:
                                  f"them in one of those dtypes")
 
 
+#: The largest weight taken: a trained GPT-2's are within a few units; one of 3e38 is finite but overflows the first
+#: product it enters, and the model answers `+++...` (issue 71).
+MAX_WEIGHT = 1e4
+
+
 def check_finite(hf_state: dict[str, torch.Tensor], weights: Path) -> None:
-    """Refuses weights holding NaN or infinity, naming the first tensor. Refused, not warned about: one such value
-    makes every logit NaN, so the model answers garbage (`+++...`) and a run trained from it learns nothing, for
-    as long as it runs."""
+    """Refuses weights holding NaN or infinity, or values past `MAX_WEIGHT`, naming the first tensor. Refused, not
+    warned about: one such value makes every logit NaN, so the model answers garbage (`+++...`) and a run trained
+    from it learns nothing, for as long as it runs."""
     for key, tensor in hf_state.items():
+        if _our_name(key) is not None and tensor.numel() and tensor.is_floating_point():
+            low, high = torch.aminmax(tensor)
+            if torch.isfinite(low) and torch.isfinite(high) and max(-float(low), float(high)) > MAX_WEIGHT:
+                raise ModelFileError(f"{weights}: {key} holds a weight of {max(-float(low), float(high)):.3g}, and "
+                                     f"weights past {MAX_WEIGHT:g} overflow the model's activations (it answers "
+                                     f"nothing): use a checkpoint saved before they grew, or copy or download the "
+                                     f"model again")
         # A sum is NaN or infinite wherever a value is, and some 30 times quicker to take than isfinite (a 124M model
         # in 0.1 s); only a sum past the dtype's range (a float16 one past 65,504) needs each value looked at.
         if _our_name(key) is None or torch.isfinite(tensor.sum()):
