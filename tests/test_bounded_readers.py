@@ -362,3 +362,19 @@ def test_a_run_s_metrics_with_a_line_past_any_row_plot_without_holding_it(tmp_pa
     assert read_rows(path) == ([{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}], 1)
     proc = cli("plot", tmp_path, "--out", tmp_path / "p.png")
     assert proc.returncode == 0 and (tmp_path / "p.png").stat().st_size > 0, proc.stderr
+
+
+def test_an_endless_stream_with_newlines_stops_before_its_copy_fills_the_disk(tmp_path, monkeypatch):
+    """`--from /dev/urandom` (or `--exclude`) filled the disk: its bytes hold newlines, so no line is too long
+    (issue 71). The copy checks its disk's room as it grows and stops `DISK_RESERVE` short; here the reserve is set
+    past what the disk has, so the first check stops it."""
+    import tempfile
+
+    from rookworld.io import files
+
+    monkeypatch.setattr(files, "ROOM_CHECK_BYTES", 1 << 20)
+    monkeypatch.setattr(files, "DISK_RESERVE", shutil.disk_usage(tmp_path).free + (1 << 30))
+    with tempfile.TemporaryFile(dir=tmp_path) as copy:
+        with pytest.raises(files.StreamFillsDisk, match="would fill the disk"):
+            files.copy_stream("/dev/urandom", copy, wait_s=1)
+        assert copy.tell() < 2 << 20  # stopped at its first check, a megabyte in

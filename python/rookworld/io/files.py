@@ -311,10 +311,20 @@ def open_fifo(path: str, wait_s: float) -> int | None:
             return fd
 
 
+#: Room a stream's copy leaves on its disk: an endless source with newlines (/dev/urandom) stops there, not at a full
+#: disk (issue 71), checked every `ROOM_CHECK_BYTES` copied.
+DISK_RESERVE, ROOM_CHECK_BYTES = 1 << 30, 64 << 20
+
+
+class StreamFillsDisk(OSError):
+    """A stream's copy came within `DISK_RESERVE` of filling its disk."""
+
+
 def copy_stream(path: str, into: BinaryIO, wait_s: float, line_limit: int = MAX_LINE) -> bool:
     """Copies all that a pipe, a FIFO or a device gives into `into`, reading it once; False when `path` is a FIFO
     that no writer opened within `wait_s` seconds (opening it the usual way would have waited for ever). A line
-    longer than `line_limit` is a `LineTooLong` at once: an endless source without newlines (/dev/zero) ends there."""
+    longer than `line_limit` is a `LineTooLong` at once: an endless source without newlines (/dev/zero) ends there;
+    one with newlines (/dev/urandom) ends with a `StreamFillsDisk` before the copy leaves its disk `DISK_RESERVE`."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never blocks, writer or not
     bound = LineBound(line_limit)
     try:
@@ -333,9 +343,17 @@ def copy_stream(path: str, into: BinaryIO, wait_s: float, line_limit: int = MAX_
         os.set_blocking(fd, True)
         if chunk is None:
             chunk = os.read(fd, 1 << 16)
+        copied = 0
         while chunk:  # to the end: every writer has closed it
             bound.feed(chunk)
             into.write(chunk)
+            copied += len(chunk)
+            if copied % ROOM_CHECK_BYTES < len(chunk):
+                into.flush()
+                room = os.fstatvfs(into.fileno())
+                if room.f_bavail * room.f_frsize < DISK_RESERVE:
+                    raise StreamFillsDisk(errno.ENOSPC, f"its copy reached {copied:,} bytes and would fill the disk "
+                                                        f"(under {DISK_RESERVE >> 30} GiB left): give a file")
             chunk = os.read(fd, bound.chunk_size)
         return True
     finally:
