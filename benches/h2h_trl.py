@@ -245,7 +245,7 @@ def plot(results: dict, path: Path) -> None:
 
 def table(results: dict) -> None:
     base = results["base"]
-    print(f"| trainer | seed | mark (s) | steps | legal best | best | top 5 | next state exact |")
+    print("| trainer | seed | mark (s) | steps | legal best | best | top 5 | next state exact |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print(f"| SFT model | | 0 | 0 | {base['legal_best_move']:.1%} | {base['best_move']:.1%} | {base['top5']:.1%} | "
           f"{base['next_state_exact']:.1%} |")

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import chess as pychess
 import pytest

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
-import json
 
 import pytest
 

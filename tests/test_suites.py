@@ -12,8 +12,8 @@ import pytest
 
 from conftest import cli
 from rookworld.ground import chess
-from rookworld.lm.games import BLACK, WHITE, Choice, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
-from rookworld.lm.answers import GREEDY, ROOKWORLD, RookWorldLM, read_policy_answers
+from rookworld.lm.games import BLACK, WHITE, Choice, Game, ModelPlayer, StockfishPlayer, elo_difference
+from rookworld.lm.answers import GREEDY, RookWorldLM, read_policy_answers
 from rookworld.ground.rewards import policy_targets
 from rookworld.lm.suites import (SuiteResult, format_report, mate_in_one, mate_positions, parse_suites, selfplay,
                               vs_stockfish)
