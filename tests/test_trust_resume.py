@@ -140,6 +140,17 @@ def test_a_checkpoint_outside_a_run_directory_needs_an_output_dir(run, tmp_path)
     assert steps(tmp_path / "new") == [3]
 
 
+def test_a_run_json_that_disagrees_with_the_settings_a_resume_loads_is_not_believed(run):
+    """A GRPO run whose run.json files said sft sent `train --resume` to `sft --resume`, which then raised a
+    TypeError on GRPO's settings (issue 71): the saved settings, which a resume loads, say whose run it is."""
+    for record in [run / checkpoint.RUN_FILE, *run.glob(f"checkpoints/*/{checkpoint.RUN_FILE}")]:
+        record.write_text('{"command": "sft"}')
+    one_line_error(run_cli(["sft", "--resume", run, "--steps", "3"]), "that is a `rookworld train` run",
+                   f"rookworld train --resume {run}")
+    proc = run_cli(["train", "--resume", run, "--steps", "3"])
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.mark.slow
 def test_trust_in_a_run_directory_s_compile_cache_is_never_taken_from_its_settings(run):
     """Issue 71: --trust-compile-cache loads a pickle that runs code; a run directory's saved settings saying it

@@ -64,6 +64,12 @@ def _checkpoint_owner(checkpoint_dir: Path) -> str:
     command = checkpoint.recorded_command(checkpoint_dir)
     if command in COMMANDS:
         return command
+    return settings_owner(checkpoint_dir)
+
+
+def settings_owner(checkpoint_dir: Path) -> str:
+    """`train` or `sft` by a checkpoint's saved settings, which a resume loads: GRPO's are the ones with a group
+    size. CheckpointError when they cannot be read."""
     return "train" if "group_size" in checkpoint.load_config(checkpoint_dir) else "sft"
 
 
@@ -107,11 +113,11 @@ def _logged_steps(out: Path) -> int:
 
 
 def check_resume(command: str, checkpoint_dir: Path) -> None:
-    """--resume of a run made by the other command says what to type instead."""
+    """--resume of a run made by the other command says what to type instead. The settings a resume loads decide
+    whose run it is: a run.json that disagreed with them had sent `sft --resume` to a GRPO run's settings, a
+    TypeError (issue 71)."""
     out = run_directory(checkpoint_dir)
-    owner = made_by(out) if (out / "checkpoints").is_dir() else None
-    if owner is None:  # a checkpoint directory copied on its own: its own run.json says
-        owner = _checkpoint_owner(checkpoint_dir)
+    owner = settings_owner(checkpoint_dir)
     if owner != command:
         other = "GRPO" if command == "train" else "supervised"
         raise ConfigError(f"--resume {checkpoint_dir}: that is a `rookworld {owner}` run; continue it with "
