@@ -17,7 +17,7 @@ from rookworld.net.tokenizer import chess_tokenizer, get_tokenizer
 from conftest import cli
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
-SHIPPED = ("chess-cpu-sft", "chess-cpu-grpo", "chess-play-sft", "chess-play-grpo")
+SHIPPED = ("chess-cpu-sft", "chess-cpu-grpo", "chess-play-sft", "chess-play-sft3", "chess-play-grpo")
 HELD_OUT = Path(__file__).resolve().parents[1] / "data" / "chess-play-held-out.jsonl"
 
 
