@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -721,3 +722,17 @@ def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
         for a, b in zip(*got):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     assert not compiling.FALLBACKS
+
+
+def test_a_prompt_longer_than_the_context_is_told_to_shorten_not_to_ask_for_negative_tokens():
+    """A 1 MB A: move had "give --max-new-tokens -1999021 or less" advised (issue 71): where the prompt alone fills
+    the context, no --max-new-tokens helps, and the message says so; where it does not, the advice is the room."""
+    from rookworld.net.limits import ContextTooLong
+
+    model = tiny_gpt()
+    block = model.config.block_size
+    for prompt, said in ((block + 5, "the prompt alone fills it"), (block - 3, "give --max-new-tokens 3 or less")):
+        ids = torch.zeros(1, prompt, dtype=torch.long)
+        with pytest.raises(ContextTooLong, match=said) as e:
+            generate(model, ids, None, SamplingOptions(max_new_tokens=8, temperature=1.0, eos_id=0), seed=0)
+        assert not re.search(r"-\d", str(e.value)), e.value  # no negative number of tokens advised

@@ -231,9 +231,12 @@ def generate(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     )
     limits, N = _row_limits(options.max_new_tokens, B, device)
     if P + N > model.config.block_size:
+        room = model.config.block_size - P  # the prompt alone may fill it: a 1 MB move had "-1999021 or less" advised
         raise ContextTooLong(f"a prompt of {P} tokens and --max-new-tokens {N} exceed the model's context of "
-                             f"{model.config.block_size} tokens: give --max-new-tokens {model.config.block_size - P} "
-                             f"or less")
+                             f"{model.config.block_size} tokens: " + (
+                                 f"give --max-new-tokens {room} or less" if room > 0 else
+                                 "the prompt alone fills it, whatever --max-new-tokens is: shorten it (no move or "
+                                 "history of a chess position is that long)"))
     options.check()
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
