@@ -14,7 +14,8 @@ speed against fp32, the first step's time (a compiled arm's includes compiling) 
     python benches/sft_step.py --model models/chess-play-sft --data data/chess-play-held-out.jsonl
     OMP_NUM_THREADS=1 python benches/sft_step.py --model models/chess-play-sft --arms fp32,muon --steps 10
 
-Prediction, written before the first run (2026-11-29, this 2-core AMD EPYC with AVX-512 BF16 and no AMX, one
+Expectation (2026-11-29, written after a scratch script's first look at the same arms, not blind; this 2-core AMD
+EPYC with AVX-512 BF16 and no AMX, one
 thread, the chess-play shape with the issue's SFT settings: 16 rows, ranked targets, legality loss): a profile of
 the fp32 step puts 70% in the products (mkldnn linear and mm, near float32's peak), 12% in attention, the rest in
 GELU, the log-softmax, LayerNorm and AdamW. Compiled fuses only that rest: 1.0-1.1x. bf16 doubles the products'
