@@ -44,6 +44,8 @@ CASES = {
     "sequence-group-k2": dict(loss_aggregation="sequence", kl_estimator="k2"),
     "constant-ema-k1": dict(loss_aggregation="constant", baseline="ema", std_scaling="batch", kl_estimator="k1"),
     "token-gae-full": dict(advantage="gae", kl_estimator="full", kl_direction="symmetric"),
+    # The A: targets' likelihood runs outside DDP's wrapper on rank 1 alone (rank 0 has no A: prompt).
+    "token-group-likelihood": dict(a_likelihood_weight=0.5),
 }
 
 

@@ -78,7 +78,8 @@ def test_the_gradient_of_a_step_does_not_depend_on_the_number_of_ranks(tmp_path)
     """Token aggregation is the global token mean and `--std-scaling batch` uses every rank's rewards, so two gloo
     ranks holding very different numbers of tokens (3-token P: completions on one, 9-token A: on the other) give
     the gradient one process gives for the whole batch; so do sequence and constant aggregation, the EMA
-    baseline with k1 in the advantages, and GAE's whitening with the exact KL."""
+    baseline with k1 in the advantages, GAE's whitening with the exact KL, and the A: targets' likelihood (taken on
+    one rank only, outside DDP's wrapper)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     one = subprocess.run([sys.executable, str(HERE / "ddp_step.py"), str(tmp_path / "one")], capture_output=True,
                          text=True, env=env, timeout=600)
@@ -86,7 +87,7 @@ def test_the_gradient_of_a_step_does_not_depend_on_the_number_of_ranks(tmp_path)
     two = torchrun(HERE / "ddp_step.py", tmp_path / "two")
     assert two.returncode == 0, two.stderr[-3000:]
     cases = sorted(p.stem for p in (tmp_path / "one").glob("*.pt"))
-    assert len(cases) == 4
+    assert len(cases) == 5
     for case in cases:
         a, b = torch.load(tmp_path / "one" / f"{case}.pt"), torch.load(tmp_path / "two" / f"{case}.pt")
         assert a.keys() == b.keys()
@@ -95,8 +96,8 @@ def test_the_gradient_of_a_step_does_not_depend_on_the_number_of_ranks(tmp_path)
             # float32 sums in another order: compared at the tensor's own scale
             assert float((b[k] - a[k]).abs().max()) < 1e-4 * float(a[k].abs().max()), (case, k)
         ma, mb = (json.loads((tmp_path / d / f"{case}.json").read_text()) for d in ("one", "two"))
-        for key in ("loss", "kl/mean", "entropy", "reward/mean", "clip_fraction", "value/explained_variance"):
-            if key in ma:
+        for key in ("loss", "kl/mean", "entropy", "reward/mean", "clip_fraction", "value/explained_variance", "nll/A"):
+            if ma.get(key) is not None:
                 assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), (case, key)
 
 
@@ -466,3 +467,86 @@ def test_each_part_of_a_step_holds_a_frozen_slice_of_the_settings_it_reads():
             setattr(part, names[0], 0)
     cfg.group_size = 8
     assert objective.cfg.group_size == 4 and objective.cfg.a_beta_scale == 4.0 and parts[UpdateSettings].mu == 2
+
+
+# -- --a-likelihood-weight: the rules' A: targets beside the GRPO loss ------------------------------------------
+
+A_PROMPTS = [  # short enough that prompt and whole target fit the tiny model's 128 positions
+    Prompt("P", "P: 3r1r2/ppb4k/8/2R5/5P2/8/1P4PP/2K3R1 w - - 1 27"),
+    Prompt("A", "A: 7k/8/1p6/3r2R1/p1B1P3/1PP5/5KPP/7R w - - 0 32+c4d3+a5a4 c4d3+"),
+    Prompt("A", "A: 8/8/4k3/8/2K5/8/3P4/8 w - - 0 50+d2d4+c3c4 d2d4+"),
+]
+
+
+class Listed:
+    def __init__(self, prompts):
+        self.prompts = prompts
+
+    def batch(self, step):
+        return list(self.prompts)
+
+
+def _target_nll(model, prompts, max_new_tokens):
+    """The A: prompts' targets' mean NLL per token, in float64, apart from the trainer: each prompt's own row
+    (EOS, prompt, target, EOS; no padding), a plain forward and log_softmax, the target cut as completions are."""
+    from rookworld.ground.chess import env_targets
+
+    tok, total, count = get_tokenizer(), 0.0, 0
+    for p in (p for p in prompts if p.task == "A"):
+        prompt = [tok.eos_id, *tok.encode(p.text)]
+        target = [*tok.encode(env_targets([p.text])[0]), tok.eos_id][:max_new_tokens]
+        logp = torch.log_softmax(model(torch.tensor([prompt + target]))[0].double(), -1)
+        for i, t in enumerate(target):
+            total = total - logp[len(prompt) - 1 + i, t]
+        count += len(target)
+    return total / count
+
+
+@pytest.mark.parametrize("max_new_tokens", [6, 48])
+def test_a_likelihood_term_by_hand_in_float64(tmp_path, max_new_tokens):
+    """--a-likelihood-weight w: with rewards that do not spread and no KL, the step's whole loss is w x the mean NLL
+    per token of the A: prompts' exact targets (the rules' next state, then EOS; cut at --max-new-tokens as a
+    completion is): its gradient is that NLL's, computed apart in float64 on each prompt alone (so the padding of
+    the trainer's batch must not show); the P: prompt adds nothing; `nll/A` reports the NLL."""
+    weight = 0.7
+    cfg = small_config(tmp_path, steps=1, prompts_per_step=3, group_size=2, max_new_tokens=max_new_tokens,
+                       std_scaling="none", a_likelihood_weight=weight, max_grad_norm=0.0, lr=1e-3, micro_batch_size=1)
+    policy = tiny_gpt(seed=4, scale=2.0)
+    twin = copy.deepcopy(policy).double()
+    t = Trainer(cfg, policy=policy, tokenizer=get_tokenizer(), reward_fn=Scripted([[0.5] * 6]),
+                prompts=Listed(A_PROMPTS), stream=_quiet())
+    m = t.train_step()
+    nll = _target_nll(twin, A_PROMPTS, max_new_tokens)
+    assert m["nll/A"] == pytest.approx(float(nll.detach()), rel=1e-5)
+    expected = torch.autograd.grad(weight * nll, list(twin.parameters()))
+    for (name, p), g in zip(policy.named_parameters(), expected):
+        assert p.grad is not None, name
+        # float32 sums in another order: compared at the tensor's own scale
+        assert float((p.grad.double() - g).abs().max()) <= 1e-5 * float(g.abs().max()), name
+
+
+def test_a_likelihood_term_teaches_the_rules_next_state(tmp_path):
+    """A few steps of the term alone (rewards without spread) lower the A: targets' NLL: it pulls toward the rules'
+    answer, step after step; at weight 0 the same steps leave it where it was."""
+    def nll_after(weight):
+        cfg = small_config(tmp_path / str(weight), steps=6, prompts_per_step=3, group_size=2, max_new_tokens=8,
+                           std_scaling="none", a_likelihood_weight=weight, lr=3e-3)
+        policy = tiny_gpt(seed=5, scale=2.0)
+        t = Trainer(cfg, policy=policy, tokenizer=get_tokenizer(), reward_fn=Scripted([[0.5] * 6]),
+                    prompts=Listed(A_PROMPTS), stream=_quiet())
+        before = float(_target_nll(copy.deepcopy(policy).double(), A_PROMPTS, 8).detach())
+        for _ in range(cfg.steps):
+            t.train_step()
+        return before, float(_target_nll(copy.deepcopy(policy).double(), A_PROMPTS, 8).detach())
+
+    before, after = nll_after(1.0)
+    assert after < before - 0.5, (before, after)
+    before, after = nll_after(0.0)
+    assert after == pytest.approx(before, abs=1e-9)
+
+
+def test_a_likelihood_weight_needs_a_prompts():
+    with pytest.raises(ConfigError, match="--a-likelihood-weight .* --task-mix below 1"):
+        TrainConfig(a_likelihood_weight=1.0, task_mix=1.0).validate()
+    with pytest.raises(ConfigError, match="--a-likelihood-weight"):
+        TrainConfig(a_likelihood_weight=-1.0).validate()

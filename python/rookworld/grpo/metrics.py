@@ -87,9 +87,9 @@ def _chess_part(scores, part: str) -> np.ndarray | None:
 def update_metrics(comm: Comm, rollout: Rollout, acc: UpdateSums, measured_kl: bool) -> dict[str, Any]:
     """KL, clipping, entropy, loss, gradient norm and padding of the update."""
     totals = dict(zip(acc.sums, torch.stack(list(acc.sums.values())).tolist()))  # the update's one host sync
-    kl_sum, clipped, ent, tokens, v_loss, slots, real, kl_a, tokens_a = comm.sum(
+    kl_sum, clipped, ent, tokens, v_loss, slots, real, kl_a, tokens_a, nll_a, targets_a = comm.sum(
         [totals["kl"], totals["clipped"], totals["entropy"], totals["tokens"], totals["value_loss"],
-         float(acc.slots), float(acc.real), totals["kl_A"], totals["tokens_A"]])
+         float(acc.slots), float(acc.real), totals["kl_A"], totals["tokens_A"], totals["nll_A"], totals["targets_A"]])
     measured_kl = measured_kl and tokens > 0
     kl_p95 = None
     if measured_kl:
@@ -106,6 +106,8 @@ def update_metrics(comm: Comm, rollout: Rollout, acc: UpdateSums, measured_kl: b
          # Each task's KL per token: what the leash costs each of them (with --a-beta-scale, A:'s weighs more).
          "kl/P": (kl_sum - kl_a) / (tokens - tokens_a) if measured_kl and tokens > tokens_a else None,
          "kl/A": kl_a / tokens_a if measured_kl and tokens_a else None,
+         # --a-likelihood-weight: the A: targets' mean NLL per token (nats) as the update's passes found it.
+         "nll/A": nll_a / targets_a if targets_a else None,
          **advantage_metrics(comm, rollout)}
     if rollout.returns is not None:
         m["value/loss"] = v_loss / tokens if tokens else None

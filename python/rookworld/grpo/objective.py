@@ -75,6 +75,7 @@ class ObjectiveSettings(Slice):
     clip_low: float
     clip_high: float
     entropy_coef: float
+    a_likelihood_weight: float
     value_clip: float
     vf_coef: float
     loss_aggregation: str
@@ -101,6 +102,8 @@ class Objective:
         #: GAE: a value head on the policy's trunk, trained beside it.
         self.critic = cfg.advantage == "gae"
         self.std_scaling = std_scaling(cfg)
+        #: The weight of A:'s exact targets' NLL beside the GRPO loss (0: no likelihood pass; `grpo.likelihood`).
+        self.a_likelihood_weight = cfg.a_likelihood_weight
         #: beta before warm-up, moved by the --kl-target controller.
         self.beta = cfg.beta
         #: beta in the current step (`begin_step`): what the advantages' and the loss's KL terms weigh by.

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from rookworld.ground.rewards import Scores
+from rookworld.grpo.likelihood import EnvTargets, env_targets
 from rookworld.grpo.loss import Experience
 from rookworld.grpo.models import Models, Sampler
 from rookworld.grpo.objective import Objective
@@ -79,6 +80,7 @@ class Rollout:
     advantages: torch.Tensor | None = None  # [n, N]
     returns: torch.Tensor | None = None  # [n, N] the critic's targets (GAE)
     kl_scale: torch.Tensor | None = None  # [n, N] each token's multiple of beta (None: 1 everywhere)
+    targets: EnvTargets | None = None  # the A: prompts' exact targets, for --a-likelihood-weight (None: no A:)
     info: dict[str, Any] = field(default_factory=dict)  # metrics of the rollout itself (baselines)
     memo: ProductMemo | None = None  # sampling's trunk products, for the update's first pass (None once used)
     times: dict[str, float] = field(default_factory=dict)
@@ -208,6 +210,8 @@ def collect_rollout(cfg: RolloutSettings, parts: RolloutParts, comm: Comm, promp
     if objective.sampler_pass:
         r.old_logprobs, r.old_values = rollout_logprobs(models, models.policy, r, batches, cfg.temperature,
                                                         values=objective.critic)
+    if objective.a_likelihood_weight > 0:
+        r.targets = env_targets(prompts, tokenizer, objective.cfg.max_new_tokens, device)
     with torch.no_grad():
         r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
         r.kl_scale = objective.kl_scale(r.tasks, r.completion_mask.shape[1], device)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rookworld.grpo.likelihood import likelihood_backward
 from rookworld.grpo.loss import GRPOLoss
 from rookworld.grpo.models import Models
 from rookworld.grpo.objective import Objective, Totals
@@ -19,7 +20,7 @@ from rookworld.net.logprobs import TokenLogProbs
 from rookworld.net.memo import Replay
 from rookworld.settings.base import Slice
 
-_SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss", "kl_A", "tokens_A")
+_SUMS = ("kl", "clipped", "entropy", "tokens", "loss", "value_loss", "kl_A", "tokens_A", "nll_A", "targets_A")
 
 
 @dataclass
@@ -67,6 +68,11 @@ def update(cfg: UpdateSettings, objective: Objective, models: Models, optimizer:
                 continue
             totals = Totals(mb_tokens / comm.info.world, mb_sequences / comm.info.world, float(len(mb)))
             optimizer.zero_grad(set_to_none=True)
+            if objective.a_likelihood_weight > 0:  # before the micro-batches: the last one all-reduces its gradient
+                nll, counted = likelihood_backward(models, rollout.targets, groups.numpy(),
+                                                   objective.a_likelihood_weight, comm, cfg.micro_batch_size)
+                acc.sums["nll_A"] += nll
+                acc.sums["targets_A"] += counted
             # Gradients add up over micro-batches, so their order and make-up within the minibatch are free.
             micro = rollout.micro_batches(mb.numpy(), cfg.micro_batch_size, models.rows_per_prompt)
             for j, b in enumerate(micro):

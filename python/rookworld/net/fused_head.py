@@ -36,6 +36,19 @@ class TokenLoss(Protocol):
 
 
 @dataclass(frozen=True)
+class NLL:
+    """A `TokenLoss` of likelihood (SFT's, and GRPO's on A:'s exact targets): each counted token's negative
+    log-likelihood times its weight (`weights`, flat over the micro-batch's [B * N] positions) over `normalizer`
+    (what the step's loss is divided by)."""
+
+    normalizer: float
+    weights: torch.Tensor
+
+    def __call__(self, logprobs, entropy, kl, positions) -> TokenTerms:
+        return TokenTerms(-logprobs * self.weights[positions] / self.normalizer)
+
+
+@dataclass(frozen=True)
 class Vocab:
     """How the vocabulary pass runs: the head's weight (and the frozen reference's), the temperature, which
     statistics it makes, positions a chunk, and whether its passes over [chunk, V] are compiled."""

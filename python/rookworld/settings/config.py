@@ -140,6 +140,10 @@ class LossSettings:
     clip_high: float = setting(0.28, "upper clip range (1 + clip_high); above clip_low is clip-higher (DAPO)", LOSS,
                                check=non_negative)
     entropy_coef: float = setting(0.0, "weight of an entropy bonus", LOSS, check=non_negative)
+    a_likelihood_weight: float = setting(0.0, "weight of the likelihood of each A: prompt's exact target (the next "
+                                              "state the rules give) beside GRPO's loss: its mean NLL per token, as "
+                                              "SFT's (InstructGPT's PPO-ptx, the rules as its data; 0: none)", LOSS,
+                                         check=non_negative)
     drop_zero_spread: bool = setting(False, "leave out groups whose rewards do not vary", LOSS)
     mask_truncated: bool = setting(False, "leave out completions cut off at max_new_tokens", LOSS)
 

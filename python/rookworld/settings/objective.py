@@ -53,3 +53,5 @@ def check(cfg, need) -> None:
                                          "group without spread: use batch or none with --baseline ema")
     else:
         need(cfg.ema_decay == default["ema_decay"], "--ema-decay applies to --baseline ema only")
+    need(cfg.a_likelihood_weight == 0 or cfg.task_mix < 1.0,
+         "--a-likelihood-weight is a term on A: prompts' targets: give --task-mix below 1 so that there are some")

@@ -27,7 +27,7 @@ from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
 from rookworld.net.device import peak_memory_gb, peak_tflops
-from rookworld.net.fused_head import TokenTerms
+from rookworld.net.fused_head import NLL
 from rookworld.net.logprobs import LogProbs, PassOptions, token_logprobs
 from rookworld.net.model import GPTConfig, fresh_gpt
 from rookworld.net.tokenizer import vocabulary
@@ -56,18 +56,6 @@ def step_flops(model: nn.Module, tokens: float, counted: float, context: float) 
     n = sum(p.numel() for p in model.parameters()) - c.block_size * c.n_embd
     head = c.vocab_size * c.n_embd
     return tokens * (6 * (n - head) + 12 * c.n_layer * c.n_embd * context) + counted * 6 * head
-
-
-@dataclass(frozen=True)
-class NLL:
-    """SFT's `TokenLoss`: each counted token's negative log-likelihood times its weight (`weights`, flat over the
-    micro-batch's [B * N] positions) over the step's `normalizer` (the sum of its weights)."""
-
-    normalizer: float
-    weights: torch.Tensor
-
-    def __call__(self, logprobs, entropy, kl, positions) -> TokenTerms:
-        return TokenTerms(-logprobs * self.weights[positions] / self.normalizer)
 
 
 @dataclass(frozen=True)
