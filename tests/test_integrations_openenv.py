@@ -503,6 +503,44 @@ def test_rookworld_serve_starts_answers_and_stops_on_sigterm_with_its_engines():
     assert "Traceback" not in said
 
 
+@pytest.mark.slow
+def test_silent_connections_are_bounded_in_number_and_in_time():
+    """300 sockets that never write, to a server under a 256-file limit (the third probe's case): those past its
+    connection limit (128: half its files) are closed as they open, the rest once HEAD_S has passed without a
+    request's head, and the server then answers `/health` and serves a game; one line in its log, no traceback.
+    A WebSocket session quiet for longer than HEAD_S is not cut: its bound is the session's."""
+    from rookworld.integrations.openenv_http import HEAD_S
+
+    proc, url, lines = start_serve("--stockfish-depth", "2", "--stockfish-workers", "1", "--max-sessions", "2",
+                                   files=256)
+    host, port = url.removeprefix("http://").split(":")
+    silent = []
+    try:
+        for _ in range(300):
+            s = socket.create_connection((host, int(port)), timeout=WAIT_S)
+            s.settimeout(HEAD_S + 30)
+            silent.append(s)
+        t0 = time.monotonic()
+        ended = [s.recv(1) == b"" for s in silent]  # each waits until the server closes it
+        assert all(ended) and time.monotonic() - t0 < HEAD_S + 30
+        assert json.loads(urllib.request.urlopen(f"{url}/health", timeout=WAIT_S).read())["status"] == "healthy"
+        with client(url) as env:
+            env.reset(fen=MATE_IN_ONE)
+            time.sleep(HEAD_S + 1)
+            assert env.step(ChessAction(text="Ra8#")).reward == 2.0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT_S) == 143
+    finally:
+        for s in silent:
+            s.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT_S)
+    said = whole_log(lines)
+    assert said.count("new ones are closed until some end") == 1, said
+    assert "Traceback" not in said
+
+
 def test_without_openenv_serve_says_how_to_get_it():
     hide = ("import sys, importlib.abc\n"
             "class Hide(importlib.abc.MetaPathFinder):\n"
@@ -524,10 +562,14 @@ def test_without_openenv_serve_says_how_to_get_it():
 SLOW = f"__import__('time').sleep(3600 if fen.startswith('8/8/4k3') else 0.5) or {GOOD}"
 
 
-def start_serve(*args: str) -> tuple[subprocess.Popen, str, queue.Queue]:
-    """`rookworld serve` on a free port: the process, its URL and its log's lines as they come."""
+def start_serve(*args: str, files: int | None = None) -> tuple[subprocess.Popen, str, queue.Queue]:
+    """`rookworld serve` on a free port (`files`: under that limit of open files): the process, its URL and its
+    log's lines as they come."""
+    import resource
+
+    limit = None if files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (files, files)))
     proc = subprocess.Popen([sys.executable, "-m", "rookworld", "serve", "--port", "0", *args],
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, preexec_fn=limit)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)], daemon=True).start()
     deadline, port, said = time.monotonic() + START_S, None, ""

@@ -15,6 +15,7 @@ try:
 
     from rookworld.integrations.openenv import (ENV_NAME, IDLE_S, MAX_REQUEST_BYTES, ChessEngines, ChessEnvError,
                                                 create_chess_app)
+    from rookworld.integrations.openenv_http import BoundedHTTP
 except ModuleNotFoundError as e:  # the optional extra is not installed: said when the command runs
     missing: str | None = e.name
 else:
@@ -73,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"rookworld serve: OpenEnv environment {ENV_NAME} on http://{host}:{port} (WebSocket /ws, up to "
               f"{s.max_sessions} sessions, each closed after {IDLE_S:g} s idle)", file=sys.stderr, flush=True)
         # The protocol refuses a WebSocket message over the limit before reading it whole (uvicorn's own is 16 MiB).
+        # BoundedHTTP: a bound on open connections and on the time to a request's head (silent sockets).
         config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=GRACE_S,
-                                ws_max_size=MAX_REQUEST_BYTES)
+                                ws_max_size=MAX_REQUEST_BYTES, http=BoundedHTTP)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         engines.close()
