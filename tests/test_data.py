@@ -49,6 +49,9 @@ def test_reads_fen_epd_and_json_lines(tmp_path):
     ('{"fen": "8/8/8/8/8/8/8/K6k w - - 0 1", "history": "e2e4", "move": 5, "note": "d\\u00e9j\\u00e0 \'q\'"}',
      '"move" must be a string'),
     ("PPPPPPPP/8/8/8/8/8/8/K6k w - - 0 1", "back rank"),
+    # A 1 MB move filled the model's context at evaluation, said with no file or line (issue 71).
+    ('{"fen": "8/8/8/8/8/8/8/K6k w - - 0 1", "move": "' + "e2e4" * 250_000 + '"}', '"move" is 1,000,000 characters'),
+    ('{"fen": "8/8/8/8/8/8/8/K6k w - - 0 1", "move": "a1a2a3a4a5a6a7a8a"}', '"move" is 17 characters'),
 ])
 def test_a_bad_line_names_file_and_line(tmp_path, line, reason):
     path = write(tmp_path, f"{START_FEN}\n{line}\n{START_FEN}\n")

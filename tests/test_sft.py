@@ -245,6 +245,17 @@ def test_documents_and_the_target_loss_mask(tmp_path):
     assert all((w == 1).all() for w in everything.weights)
 
 
+def test_a_document_longer_than_a_row_names_its_file_and_line(tmp_path):
+    """One document a row: the longest sample that does not fit --seq-len is named by its file and line (a 1 MB A:
+    move was said with neither, issue 71)."""
+    path = text_file(tmp_path, "rw.txt", P_LINE, A_LINE)
+    docs = tokenize(read_samples([str(path)]).samples, get_tokenizer(), "target")
+    longest = max(range(2), key=lambda i: len(docs.ids[i]))
+    with pytest.raises(DataError, match=rf"^{path}:{longest + 1}: a document of {len(docs.ids[longest]) + 1} tokens "
+                                        r"does not fit --seq-len 40"):
+        Rows(docs, 40, pack=False)
+
+
 def test_rows_are_a_pure_function_of_seed_and_index_and_each_pass_covers_every_token():
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 40, 30)

@@ -107,6 +107,10 @@ def json_value(text: str):
         raise ValueError(f"invalid JSON: {str(e).split(':')[0]}") from None
 
 
+#: The longest A: move a record may give: a UCI move has 4 or 5 characters, and the task asks about malformed ones too.
+MAX_MOVE_CHARS = 16
+
+
 def _kind(value) -> str:
     """What a JSON value is, for a message: short whatever the file holds (a value may be nested or huge)."""
     if isinstance(value, str):
@@ -128,6 +132,9 @@ def _from_json(text: str) -> dict:
     move = obj.get("move")
     if move is not None and not isinstance(move, str):
         raise ValueError('"move" must be a string')
+    if move is not None and len(move) > MAX_MOVE_CHARS:  # else it fills the model's context, said with no line
+        raise ValueError(f'"move" is {len(move):,} characters: a UCI move has 4 or 5 (a malformed one, which an A: '
+                         f'prompt may ask about, at most {MAX_MOVE_CHARS})')
     phase = obj.get("phase")
     if phase is not None and not isinstance(phase, str):
         raise ValueError(f'"phase" must be a string, got {_kind(phase)}')

@@ -221,6 +221,7 @@ class Documents:
     policy: list[tuple[str, int] | None] = dataclasses.field(default_factory=list)
     #: uint8 per token: its field (1 + the index in `FIELDS`), or `OTHER` (the prompt, the EOS)
     fields: list[np.ndarray] = dataclasses.field(default_factory=list)
+    sources: list[str] = dataclasses.field(default_factory=list)  # per document: its sample's FILE:LINE
 
     def row(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         """Document `d` as a row of its own, closed by an EOS the loss counts at weight 1."""
@@ -273,7 +274,7 @@ def tokenize(samples: Sequence[Sample], tokenizer, loss_on: str = "all",
         fields.append(field)
         weights.append(weight)
         policy.append((s.prompt[3:].strip(), 1 + len(p)) if s.task == "P" else None)
-    return Documents(ids, weights, tokenizer.eos_id, policy, fields)
+    return Documents(ids, weights, tokenizer.eos_id, policy, fields, [s.source for s in samples])
 
 
 class Rows:
@@ -288,10 +289,12 @@ class Rows:
         if self.per_pass == 0:
             raise DataError(f"the samples hold {n_tokens} tokens, fewer than one row of --seq-len {seq_len}")
         if not pack:
-            longest = max(len(d) for d in docs.ids) + 1
+            d = max(range(len(docs.ids)), key=lambda i: len(docs.ids[i]))
+            longest = len(docs.ids[d]) + 1
             if longest > seq_len:
-                raise DataError(f"a document of {longest} tokens does not fit --seq-len {seq_len} (one document a row; "
-                                "raise --seq-len, or --pack documents into rows)")
+                where = f"{docs.sources[d]}: " if docs.sources else ""
+                raise DataError(f"{where}a document of {longest:,} tokens does not fit --seq-len {seq_len} (one "
+                                "document a row; raise --seq-len, or --pack documents into rows)")
         self._pass = -1
         self._ids = self._weights = None
         self._order: list[int] = []
