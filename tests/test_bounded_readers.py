@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import chess as pychess
 import pytest
@@ -377,3 +378,36 @@ def test_an_endless_stream_with_newlines_stops_before_its_copy_fills_the_disk(tm
         with pytest.raises(files.StreamFillsDisk, match="would fill the disk"):
             files.copy_stream("/dev/urandom", copy, wait_s=1)
         assert copy.tell() < 2 << 20  # stopped at its first check, a megabyte in
+
+
+# -- what stands where a file or a directory was named -------------------------------------------------------------
+
+def _odd(tmp_path, what: str) -> Path:
+    """A socket, or a symlink that leads to itself, at a fresh path."""
+    import socket
+
+    path = tmp_path / what
+    if what == "socket":
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(path))
+    else:
+        path.symlink_to(path.name)
+    return path
+
+
+@pytest.mark.parametrize("what, said", [("socket", "a socket"), ("loop", "a symlink loop")])
+@pytest.mark.parametrize("route", [
+    ("eval", "--model", "models/chess-play-sft", "--data", "{}"),
+    ("sft", "--data", "{}", "--steps", "1"),
+    ("positions", "--from", "{}", "--count", "1", "--out", "/dev/null"),
+    ("plot", "{}"),
+    ("eval", "--model", "{}"),
+    ("train", "--config", "{}"),
+    ("train", "--resume", "{}"),
+])
+def test_a_socket_or_a_symlink_loop_is_named_for_what_it_is_on_every_route(tmp_path, what, said, route):
+    """A socket or a symlink loop named as a file or a directory is said to be one, in one line: "no such file"
+    (issue 71) sent its reader looking for a file that is there."""
+    path = _odd(tmp_path, what)
+    err = one_line_error(cli(*(str(path) if a == "{}" else a for a in route), cwd=REPO), said, str(path))
+    assert "no such" not in err

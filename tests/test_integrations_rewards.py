@@ -106,7 +106,7 @@ def test_a_positions_source_that_is_a_pipe_nobody_writes_is_refused_not_waited_o
 
     fifo = tmp_path / "positions.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(ValueError, match=r"is not a regular file \(a pipe\): give a positions file"):
+    with pytest.raises(ValueError, match=r"is not a regular file \(a FIFO\): give a positions file"):
         records(str(fifo), 10, 0)  # what both verifiers environments read their rows with
     trl = pytest.importorskip("rookworld.integrations.trl", exc_type=ImportError)
     with pytest.raises(ValueError, match="not a regular file"):

@@ -430,7 +430,7 @@ def test_a_vocabulary_file_that_is_a_pipe_too_large_or_nested_is_one_line_never_
 
     from rookworld.net.tokenizer import TokenizerUnavailableError, read_hf_vocabulary
 
-    cases = {"fifo": "not a regular file (a pipe)", "large": "is over 16,777,216 bytes",
+    cases = {"fifo": "not a regular file (a FIFO)", "large": "is over 16,777,216 bytes",
              "nested": "nested too deep" if file == "vocab.json" else "are not a GPT-2 vocabulary"}
     for case, said in cases.items():
         d = _vocabulary_dir(tmp_path, f"{file}-{case}")

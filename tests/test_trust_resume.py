@@ -354,7 +354,7 @@ def test_a_config_that_is_a_pipe_or_too_large_is_one_line(tmp_path):
     fifo = tmp_path / "run.toml"
     os.mkfifo(fifo)
     proc = rookworld_process("train", "--config", fifo, timeout=60)
-    one_line_error(proc, f"--config {fifo} is not a regular file")
+    one_line_error(proc, f"--config {fifo} is a FIFO, not a file")
     large = tmp_path / "large.toml"
     large.write_text("# " + "x" * (2 << 20) + "\nsteps = 1\n")
     one_line_error(run_cli(["train", "--config", large]), f"--config {large} is over 1 MB")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rookworld.harness.checkpoint import JSON_BYTES
-from rookworld.io.files import Output, read_json_object
+from rookworld.io.files import Output, no_directory_there, read_json_object
 from rookworld.harness.rundir import read_rows
 from rookworld.net.sources import CONFIG_FILE
 
@@ -54,6 +54,8 @@ class PlotError(ValueError):
 
 def read_metrics(run: str | Path) -> list[dict]:
     path = Path(run) / "metrics.jsonl"
+    if (why := no_directory_there(run)) is not None:
+        raise PlotError(f"{run}: {why}: give a run's --output-dir")
     if not path.is_file():
         raise PlotError(f"{run}: no metrics.jsonl (is it the --output-dir of rookworld train or sft?)")
     try:

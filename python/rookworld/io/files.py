@@ -94,23 +94,38 @@ def lines_within(f: TextIO, limit: int = MAX_LINE) -> Iterator[str | None]:
         yield line.rstrip("\r\n") if whole else None
 
 
-def _kind(path: str | os.PathLike) -> str:
-    """What is at `path` when it is no regular file, in words."""
+def what_is_at(path: str | os.PathLike) -> str:
+    """What `path` names, its links followed, in words: "nothing", "a symlink loop", "a link to nothing", or its
+    kind ("a file", "a directory", "a socket", "a FIFO", ...). A message that says "no such file" of a socket or of
+    a link loop sends its reader looking for a file that is there."""
     try:
-        mode = os.stat(path).st_mode
+        return kind(os.stat(path).st_mode)
     except OSError as e:
-        return "a link that leads nowhere" if e.errno in (errno.ELOOP, errno.ENOENT) else f"unreadable: {e.strerror}"
-    return ("a directory" if stat.S_ISDIR(mode) else "a pipe" if stat.S_ISFIFO(mode) else
-            "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
-            "no regular file")
+        if e.errno == errno.ELOOP:
+            return "a symlink loop"
+        if os.path.islink(path):
+            return "a link to nothing"
+        return "nothing" if e.errno in (errno.ENOENT, errno.ENOTDIR) else f"unreadable ({e.strerror})"
+
+
+def no_file_there(path: str | os.PathLike) -> str | None:
+    """None where `path` is a regular file (or a link to one); else what is wrong, for a message: "no such file",
+    or what is there instead ("a socket, not a file")."""
+    what = what_is_at(path)
+    return None if what == "a file" else "no such file" if what == "nothing" else f"{what}, not a file"
+
+
+def no_directory_there(path: str | os.PathLike) -> str | None:
+    """As `no_file_there`, for a directory: None, "no such directory" or "a file, not a directory"."""
+    what = what_is_at(path)
+    return None if what == "a directory" else "no such directory" if what == "nothing" else f"{what}, not a directory"
 
 
 def not_regular(path: str | os.PathLike) -> str | None:
     """Why something at `path` is no file to read whole from a library call (a pipe nobody writes would block the
     call for ever, a device or a socket never end), in words; None for a regular file or for nothing there."""
-    if os.path.lexists(path) and not Path(path).is_file():
-        return f"it is not a regular file ({_kind(path)})"
-    return None
+    what = what_is_at(path)
+    return None if what in ("a file", "nothing") else f"it is not a regular file ({what})"
 
 
 def read_small(path: str | os.PathLike, limit: int) -> bytes:

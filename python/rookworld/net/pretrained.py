@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from rookworld.io.files import publish, temporary_directory
+from rookworld.io.files import publish, temporary_directory, what_is_at
 from rookworld.net.model import GPT, GPTConfig, check_memory
 from rookworld.net.tokenizer import model_tokenizer
 from rookworld.net.weights import (CONV1D_SUFFIXES, ModelFileError, ModelNotAvailableError, check_dtypes,
@@ -118,8 +118,8 @@ def model_directory(name_or_path: str | os.PathLike = DEFAULT_REPO, revision: st
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    if path.exists():
-        raise NotADirectoryError(f"{name_or_path} is a file, not a model directory")
+    if (what := what_is_at(path)) != "nothing":
+        raise NotADirectoryError(f"{name_or_path} is {what}, not a model directory")
     if is_local_path(str(name_or_path)):
         raise FileNotFoundError(f"no such model directory: {name_or_path}")
     return _resolve_hub(str(name_or_path), revision, cache_dir)

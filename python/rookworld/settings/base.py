@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rookworld.io.files import no_file_there
 from rookworld.settings import shipped
 
 
@@ -88,5 +89,7 @@ def share(option: str, value: Any) -> str | None:
 
 def existing_files(option: str, value: Any) -> str | None:
     """A file, or a list of files (sft's repeated --data), that exist."""
-    missing = [p for p in ([value] if isinstance(value, str) else value) if not Path(p).is_file()]
-    return f"{option}: no such file: {missing[0]}{shipped.elsewhere(missing[0])}" if missing else None
+    for p in [value] if isinstance(value, str) else value:
+        if (why := no_file_there(p)) is not None:
+            return f"{option}: {why}: {p}{shipped.elsewhere(p) if why == 'no such file' else ''}"
+    return None

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rookworld.io.files import no_file_there
 from rookworld.settings import presets, shipped
 from rookworld.settings.base import ConfigError, flag
 from rookworld.settings.declare import SECTIONS, Settings, base_type, declared_fields, option
@@ -163,8 +164,8 @@ def read_toml(path: Path) -> dict:
     what = f"give a TOML file or a preset (presets: {', '.join(presets.names())})"
     if path.is_dir():
         raise ConfigError(f"--config {path} is a directory: {what}")
-    if path.exists() and not path.is_file():
-        raise ConfigError(f"--config {path} is not a regular file (a pipe or a device): {what}")
+    if (why := no_file_there(path)) not in (None, "no such file"):
+        raise ConfigError(f"--config {path} is {why}: {what}")
     try:
         with open(path, "rb") as f:
             data = f.read(CONFIG_BYTES + 1)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rookworld.io.files import no_directory_there
 from rookworld.io.quote import quoted
 from rookworld.ground.stockfish.cache import cache_path_problem
 from rookworld.ground.stockfish.limits import MAX_DEPTH, MAX_NODES, workers_problem
@@ -45,8 +46,10 @@ def suites(option: str, value: Any) -> str | None:
 
 def local_model(option: str, value: Any) -> str | None:
     """A model named by a local path must be a directory (a hub repo id is looked up when it is loaded)."""
-    if is_local_path(value) and not Path(value).expanduser().is_dir():
-        return f"{option}: no such model directory: {value}{shipped.elsewhere(value)}"
+    if is_local_path(value) and (why := no_directory_there(Path(value).expanduser())) is not None:
+        if why == "no such directory":
+            return f"{option}: no such model directory: {value}{shipped.elsewhere(value)}"
+        return f"{option}: {value} is {why}: give a model directory"
     return None
 
 
