@@ -541,6 +541,29 @@ def test_silent_connections_are_bounded_in_number_and_in_time():
     assert "Traceback" not in said
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("gap", [0.0005, 0.005, 0.05])
+def test_a_burst_of_sigterms_as_serve_starts_ends_it_once_with_143(gap):
+    """SIGTERMs that keep coming from the moment the server says it listens (a supervisor that repeats itself;
+    two during start-up in issue 71's probe) end it as one does: its engines closed, one line, status 143. They
+    had given a traceback chained on another, a coroutine never awaited, or the signal's default end (-15)."""
+    proc, _, lines = start_serve("--stockfish-workers", "1")
+    try:
+        engines = stockfish_children(proc.pid)
+        for _ in range(20):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(gap)
+        assert proc.wait(WAIT_S) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT_S)
+    said = whole_log(lines)
+    assert said.endswith("rookworld serve: terminated\n") and said.count("terminated") == 1, said
+    assert "Traceback" not in said and "never awaited" not in said, said
+    assert all(not os.path.exists(f"/proc/{pid}") for pid in engines), said
+
+
 def test_without_openenv_serve_says_how_to_get_it():
     hide = ("import sys, importlib.abc\n"
             "class Hide(importlib.abc.MetaPathFinder):\n"

@@ -284,7 +284,8 @@ def test_an_output_directory_deleted_mid_run_is_made_again_and_the_run_saves_int
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert proc.returncode == 143 and "Traceback" not in err, err
+    assert "SIGTERM again to stop at once" in err and "rookworld train: terminated at step" in err, err
     assert f"the output directory {out} disappeared after step" in err and "made it again" in err
     assert json.loads((out / "run.json").read_text())["command"] == "train"
     saved = sorted((out / "checkpoints").glob("step-*"))

@@ -92,6 +92,9 @@ class Terminated(KeyboardInterrupt):
 
 
 def _terminate(signum, frame):
+    # Once: a later SIGTERM while the command winds down is ignored, so that it neither cuts a clean-up short nor
+    # chains a second exception on the first, and the process still ends with 143 (each of its waits is bounded).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated
 
 
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
               f"directory; a training run continues from its last checkpoint with --resume)", file=sys.stderr)
         return 2
     finally:
-        if previous is not None:
+        if previous is not None and signal.getsignal(signal.SIGTERM) is _terminate:  # not once terminated
             signal.signal(signal.SIGTERM, previous)
 
 

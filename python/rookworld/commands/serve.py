@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
 
@@ -67,18 +68,28 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         engines.close()
         raise
+    terminated: list[int] = []
+    previous = signal.getsignal(signal.SIGTERM)
     try:
         app = create_chess_app(engines, max_sessions=s.max_sessions)
+        # The protocol refuses a WebSocket message over the limit before reading it whole (uvicorn's own is 16 MiB);
+        # BoundedHTTP: a bound on open connections and on the time to a request's head (silent sockets).
+        config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=GRACE_S,
+                                ws_max_size=MAX_REQUEST_BYTES, http=BoundedHTTP)
+        server = uvicorn.Server(config)
+        # From here a SIGTERM is the server's to handle, also before its loop runs and takes signals over (one that
+        # came between the line below and the loop's start left a coroutine never awaited): it shuts down as
+        # asked, and the command then ends as any terminated one does.
+        signal.signal(signal.SIGTERM, lambda sig, frame: (terminated.append(sig), server.handle_exit(sig, frame)))
         host, port = sock.getsockname()[:2]
         host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
         print(f"rookworld serve: OpenEnv environment {ENV_NAME} on http://{host}:{port} (WebSocket /ws, up to "
               f"{s.max_sessions} sessions, each closed after {IDLE_S:g} s idle)", file=sys.stderr, flush=True)
-        # The protocol refuses a WebSocket message over the limit before reading it whole (uvicorn's own is 16 MiB).
-        # BoundedHTTP: a bound on open connections and on the time to a request's head (silent sockets).
-        config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=GRACE_S,
-                                ws_max_size=MAX_REQUEST_BYTES, http=BoundedHTTP)
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         engines.close()
         sock.close()
+        signal.signal(signal.SIGTERM, previous)  # after the clean-up, which a SIGTERM must not cut short
+    if terminated:
+        signal.raise_signal(signal.SIGTERM)  # to the command's own handler: "terminated", 143
     return 0

@@ -81,10 +81,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         trainer.close()
     if trainer.run.interrupted:
-        print(f"rookworld {command}: interrupted at step {trainer.run.step}; " +
+        ended = "terminated" if trainer.run.stop.terminated else "interrupted"
+        print(f"rookworld {command}: {ended} at step {trainer.run.step}; " +
               (f"continue with {_resume(command, cfg)}" if _last_checkpoint(cfg) is not None else
                "no step was saved, so there is nothing to resume: run the same command again"), file=sys.stderr)
-        return 130
+        return 143 if trainer.run.stop.terminated else 130
     return 0
 
 

@@ -33,6 +33,7 @@ class Stop:
     def __init__(self, say: Callable[[str], None], steps: Callable[[], int], *, alone: bool):
         self.say, self.steps, self.alone = say, steps, alone
         self.signals = 0
+        self.terminated = False  # one of them was SIGTERM: the command ends as a terminated one (143)
         self.doing = Doing.STEPPING
 
     @property
@@ -63,16 +64,17 @@ class Stop:
     def __call__(self, signum, frame) -> None:
         """The signal handler."""
         self.signals += 1
-        done = self.steps()
+        self.terminated = self.terminated or signum == signal.SIGTERM
+        done, again = self.steps(), "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
         if self.signals == 1:
             if self.doing is Doing.EVALUATING:
                 raise EvaluationStopped
-            self.say(f"stopping after step {done + 1} and saving it (Ctrl-C again to stop at once, keeping "
+            self.say(f"stopping after step {done + 1} and saving it ({again} again to stop at once, keeping "
                      f"step {done})")
         elif self.signals == 2 and self.doing is not Doing.APPLYING and self.alone:
             raise StepAbandoned
         elif self.signals == 2:
-            self.say(f"the weights are being written: step {done + 1} ends and is saved first (Ctrl-C again "
+            self.say(f"the weights are being written: step {done + 1} ends and is saved first ({again} again "
                      f"to abort without saving)")
         else:
             raise KeyboardInterrupt
