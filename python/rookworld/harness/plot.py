@@ -54,7 +54,7 @@ class PlotError(ValueError):
 
 def read_metrics(run: str | Path) -> list[dict]:
     path = Path(run) / "metrics.jsonl"
-    if (why := no_directory_there(run)) is not None:
+    if (why := no_directory_there(run)) not in (None, "no such directory"):
         raise PlotError(f"{run}: {why}: give a run's --output-dir")
     if not path.is_file():
         raise PlotError(f"{run}: no metrics.jsonl (is it the --output-dir of rookworld train or sft?)")

@@ -71,7 +71,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if (path / "metrics.jsonl").is_file():
         raise CheckpointError(f"--resume {path}: the run there stopped before saving a checkpoint, so there is "
                               "nothing to resume: start it again with --overwrite (and the same settings)")
-    if (why := no_directory_there(path)) is not None:
+    if (why := no_directory_there(path)) not in (None, "no such directory"):
         raise CheckpointError(f"--resume {path}: {why}: give the run's --output-dir or one of its checkpoints")
     raise CheckpointError(f"--resume {path}: no checkpoint there (expected {STATE_FILE} in it or in "
                           f"{path}/checkpoints/step-*)")
