@@ -550,3 +550,36 @@ def test_a_likelihood_weight_needs_a_prompts():
         TrainConfig(a_likelihood_weight=1.0, task_mix=1.0).validate()
     with pytest.raises(ConfigError, match="--a-likelihood-weight"):
         TrainConfig(a_likelihood_weight=-1.0).validate()
+
+
+def test_a_advantage_scale_by_hand():
+    """--a-advantage-scale s: an A: completion's advantage is s times what GRPO gives it (its group's mean and std
+    as ever), a P: completion's unchanged, in float64 by hand; s = 0 leaves A:'s tokens no push from the rewards,
+    so an A:-only step without KL and likelihood has no gradient (below)."""
+    rewards = torch.tensor([1.0, 0.0, 0.9, 0.3], dtype=torch.float64)
+    tasks = np.array(["P", "P", "A", "A"])
+    cm = torch.ones(4, 3, dtype=torch.bool)
+    scored = SimpleNamespace(rewards=rewards, valid=torch.ones(4, dtype=torch.bool), tasks=tasks, completion_mask=cm,
+                             loss_mask=cm, ref_logprobs=None, old_logprobs=None, old_values=None, kl_scale=None)
+    cfg = TrainConfig(beta=0.0, group_size=2, a_advantage_scale=0.25).validate()
+    got, _, _ = Objective(cfg).advantages(scored, CPU)
+    # group std: (1 - 0) / 2 = 0.5 and (0.9 - 0.3) / 2 = 0.3; centred: +-0.5 and +-0.3
+    expected = torch.tensor([0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6), 0.25 * 0.3 / (0.3 + 1e-6),
+                             -0.25 * 0.3 / (0.3 + 1e-6)], dtype=torch.float64)
+    assert torch.allclose(got.double(), expected[:, None].expand(4, 3), atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0])
+def test_a_advantage_scale_zero_leaves_a_tokens_no_push_from_the_rewards(tmp_path, scale):
+    cfg = small_config(tmp_path, steps=1, prompts_per_step=2, group_size=4, max_new_tokens=2, lr=1e-2,
+                       a_advantage_scale=scale)
+    t = Trainer(cfg, policy=tiny_gpt(seed=1, scale=2.0), tokenizer=get_tokenizer(),
+                reward_fn=Scripted([[0.1, 0.9, 0.4, 0.6, 1.0, 0.0, 0.5, 0.2]]), prompts=TaskPrompts(["A", "A"]),
+                stream=_quiet())
+    m = t.train_step()
+    assert (m["grad_norm"] == 0.0) == (scale == 0.0), m["grad_norm"]
+
+
+def test_a_advantage_scale_applies_to_grpo_advantages_only():
+    with pytest.raises(ConfigError, match="--a-advantage-scale applies to --advantage grpo"):
+        TrainConfig(a_advantage_scale=0.5, advantage="gae", std_scaling="batch").validate()

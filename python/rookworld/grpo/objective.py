@@ -63,6 +63,7 @@ class ObjectiveSettings(Slice):
     kl_target: float | None
     kl_horizon: int
     a_beta_scale: float
+    a_advantage_scale: float
     advantage: str
     baseline: str
     std_scaling: str
@@ -194,6 +195,9 @@ class Objective:
         if self.critic:
             return *self._gae(r.rewards, cm, r.loss_mask, penalty, r.old_values, comm), {}
         advantages, info = self._completion_advantages(r.rewards, r.valid, r.tasks, comm)
+        if self.cfg.a_advantage_scale != 1.0:
+            env = torch.from_numpy(np.asarray(r.tasks) == "A").to(advantages.device)
+            advantages = torch.where(env, advantages * self.cfg.a_advantage_scale, advantages)
         per_token = advantages[:, None] * cm
         return (per_token if penalty is None else per_token - grpo.penalty_to_go(penalty, cm)), None, info
 

@@ -109,6 +109,10 @@ class AdvantageSettings:
     baseline: str = setting("group", "what a reward is compared with (grpo): its group's mean, or ema, a moving "
                                      "average of its task's reward over steps", ADVANTAGES)
     ema_decay: float = setting(0.9, "decay of the --baseline ema average per step (--baseline ema only)", ADVANTAGES)
+    a_advantage_scale: float = setting(1.0, "the advantages of A: completions as a multiple of their own (below 1 "
+                                            "pushes the environment task less than the policy task; 0: the "
+                                            "rewards do not move it, only the leash and --a-likelihood-weight)",
+                                       ADVANTAGES, check=non_negative)
     std_scaling: str = setting("auto", "advantage scaling: group std, batch std over all ranks (with gae: "
                                        "whitening), none (Dr. GRPO), or auto (group with the group baseline, else "
                                        "batch)", ADVANTAGES)

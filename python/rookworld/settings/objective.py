@@ -55,3 +55,5 @@ def check(cfg, need) -> None:
         need(cfg.ema_decay == default["ema_decay"], "--ema-decay applies to --baseline ema only")
     need(cfg.a_likelihood_weight == 0 or cfg.task_mix < 1.0,
          "--a-likelihood-weight is a term on A: prompts' targets: give --task-mix below 1 so that there are some")
+    need(cfg.a_advantage_scale == 1.0 or cfg.advantage == "grpo",
+         "--a-advantage-scale applies to --advantage grpo (GAE's advantages are per token, from the critic)")
