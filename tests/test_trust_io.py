@@ -59,10 +59,10 @@ def test_a_data_line_nested_deep_anywhere_is_a_bad_line_in_every_reader(tiny_dir
 
 
 def test_a_phase_that_is_no_string_is_a_bad_line_and_unread_analysis_keys_are_not_written_back(tmp_path):
-    """A value the parser takes (900 deep) that no reader checks would be written again by `positions --from`."""
-    analysis = {"depth": 3, "moves": ["e2e4"], "evals": [0.3], "extra": json.loads(nested(900))}
+    """A value the parser takes (20 deep, within MAX_JSON_DEPTH) that no reader checks would be written again by `positions --from`."""
+    analysis = {"depth": 3, "moves": ["e2e4"], "evals": [0.3], "extra": json.loads(nested(20))}
     data = tmp_path / "d.jsonl"
-    data.write_text(json.dumps({"fen": START, "phase": json.loads(nested(900))}) + "\n"
+    data.write_text(json.dumps({"fen": START, "phase": json.loads(nested(20))}) + "\n"
                     + json.dumps({"fen": START, "analysis": analysis}) + "\n")
     one_line_error(cli("positions", "--from", data, "--out", tmp_path / "o.jsonl"),
                    f"{data}:1: ", '"phase" must be a string, got a list')
@@ -300,3 +300,22 @@ def test_a_megabyte_typed_on_the_command_line_is_quoted_in_80_characters(tiny_di
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     line, = [x for x in proc.stderr.splitlines() if "error" in x]
     assert len(line) < 400 and "xxx..." in line, line[:500]
+
+
+def test_json_nesting_is_bounded_by_its_own_limit_not_the_recursion_limit():
+    """A line nested past MAX_JSON_DEPTH is a bad line even where a library raised Python's recursion limit (torch's
+    compiler does, in the same process): the SFT line above parsed, and was refused for another reason, once
+    a test before it in the same worker had compiled. Brackets inside strings do not count."""
+    from rookworld.ground.data import MAX_JSON_DEPTH, json_value
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        with pytest.raises(ValueError, match="nested too deeply"):
+            json_value(nested(DEEP))
+    finally:
+        sys.setrecursionlimit(limit)
+    assert json_value(nested(MAX_JSON_DEPTH)) is not None
+    with pytest.raises(ValueError, match="nested too deeply"):
+        json_value(nested(MAX_JSON_DEPTH + 1))
+    assert json_value(json.dumps({"s": "[" * 1000})) == {"s": "[" * 1000}

@@ -94,9 +94,32 @@ class Record:
         return d
 
 
+#: The deepest nesting a JSON line may have: a record or a sample holds lists in an object (3 levels). A bound of its
+#: own, not the parser's recursion limit, which a library (torch's compiler) may have raised in the same process.
+MAX_JSON_DEPTH = 64
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _too_deep(text: str) -> bool:
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # the common case, without a scan
+        return False
+    depth = 0
+    for m in _JSON_TOKEN.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
 def json_value(text: str):
     """One JSON line's value; ValueError saying why the line is not JSON. Whatever a line holds stays a bad line:
-    nesting deeper than the parser recurses, or a number longer than Python converts, too."""
+    nesting deeper than `MAX_JSON_DEPTH`, or a number longer than Python converts, too."""
+    if _too_deep(text):
+        raise ValueError("invalid JSON: nested too deeply")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
