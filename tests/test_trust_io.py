@@ -306,7 +306,7 @@ def test_json_nesting_is_bounded_by_its_own_limit_not_the_recursion_limit():
     """A line nested past MAX_JSON_DEPTH is a bad line even where a library raised Python's recursion limit (torch's
     compiler does, in the same process): the SFT line above parsed, and was refused for another reason, once
     a test before it in the same worker had compiled. Brackets inside strings do not count."""
-    from rookworld.ground.data import MAX_JSON_DEPTH, json_value
+    from rookworld.io.json_line import MAX_JSON_DEPTH, json_value
 
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(100_000)

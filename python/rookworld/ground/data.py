@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rookworld.ground import chess
 from rookworld.io.files import MAX_LINE, LineTooLong, atomic_write, read_bounded
+from rookworld.io.json_line import json_value
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import GroundTruth, policy_prompt, policy_targets
 
@@ -92,42 +93,6 @@ class Record:
         if self.analysis is not None:
             d["analysis"] = self.analysis
         return d
-
-
-#: The deepest nesting a JSON line may have: a record or a sample holds lists in an object (3 levels). A bound of its
-#: own, not the parser's recursion limit, which a library (torch's compiler) may have raised in the same process.
-MAX_JSON_DEPTH = 64
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
-
-
-def _too_deep(text: str) -> bool:
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:  # the common case, without a scan
-        return False
-    depth = 0
-    for m in _JSON_TOKEN.finditer(text):
-        c = m.group()
-        if c in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return True
-        elif c in "]}":
-            depth -= 1
-    return False
-
-
-def json_value(text: str):
-    """One JSON line's value; ValueError saying why the line is not JSON. Whatever a line holds stays a bad line:
-    nesting deeper than `MAX_JSON_DEPTH`, or a number longer than Python converts, too."""
-    if _too_deep(text):
-        raise ValueError("invalid JSON: nested too deeply")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON: {e.msg} at column {e.colno}") from None
-    except RecursionError:
-        raise ValueError("invalid JSON: nested too deeply") from None
-    except ValueError as e:  # a number of thousands of digits
-        raise ValueError(f"invalid JSON: {str(e).split(':')[0]}") from None
 
 
 #: The longest A: move a record may give: a UCI move has 4 or 5 characters, and the task asks about malformed ones too.

@@ -41,7 +41,7 @@ if not hasattr(vf, "SingleTurnEnv"):  # verifiers 0.4 took the classic API away
 from datasets import Dataset  # noqa: E402
 
 from rookworld.ground import chess  # noqa: E402
-from rookworld.ground.data import json_value  # noqa: E402
+from rookworld.io.json_line import json_value  # noqa: E402
 from rookworld.ground.rewards import policy_prompt, task_of  # noqa: E402
 from rookworld.ground.stockfish import StockfishError, find_stockfish  # noqa: E402
 from rookworld.integrations.game import MAX_PLIES, ChessGame, GameStep  # noqa: E402

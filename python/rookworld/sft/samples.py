@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rookworld.ground import chess
-from rookworld.ground.data import DataError, Record, json_value, read_lines
+from rookworld.ground.data import DataError, Record, read_lines
+from rookworld.io.json_line import json_value
 from rookworld.ground.fields import FIELDS, OTHER, field_starts, policy_fields
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import policy_targets
