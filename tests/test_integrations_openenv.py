@@ -495,10 +495,7 @@ def test_rookworld_serve_starts_answers_and_stops_on_sigterm_with_its_engines():
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(WAIT_S) == 143
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(WAIT_S)
-    said = whole_log(lines)
+        said = ended_log(proc, lines)
     assert all(not os.path.exists(f"/proc/{pid}") for pid in engines), said
     assert "Traceback" not in said
 
@@ -533,10 +530,7 @@ def test_silent_connections_are_bounded_in_number_and_in_time():
     finally:
         for s in silent:
             s.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(WAIT_S)
-    said = whole_log(lines)
+        said = ended_log(proc, lines)
     assert said.count("new ones are closed until some end") == 1, said
     assert "Traceback" not in said
 
@@ -555,10 +549,7 @@ def test_a_burst_of_sigterms_as_serve_starts_ends_it_once_with_143(gap):
             time.sleep(gap)
         assert proc.wait(WAIT_S) == 143
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(WAIT_S)
-    said = whole_log(lines)
+        said = ended_log(proc, lines)
     assert said.endswith("rookworld serve: terminated\n") and said.count("terminated") == 1, said
     assert "Traceback" not in said and "never awaited" not in said, said
     assert all(not os.path.exists(f"/proc/{pid}") for pid in engines), said
@@ -609,6 +600,14 @@ def start_serve(*args: str, files: int | None = None) -> tuple[subprocess.Popen,
     return proc, f"http://127.0.0.1:{port.group(1)}", lines
 
 
+def ended_log(proc: subprocess.Popen, lines: queue.Queue) -> str:
+    """The server's whole log once it has ended: killed if a test's assertion left it running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(WAIT_S)
+    return whole_log(lines)
+
+
 def whole_log(lines: queue.Queue) -> str:
     """What the server's log holds once it has ended."""
     wait_until(lambda: None in lines.queue, "the end of the server's log")
@@ -647,10 +646,7 @@ def test_clients_that_vanish_mid_step_and_a_step_stuck_at_shutdown_are_one_line_
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(WAIT_S) == 143
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(WAIT_S)
-    said = whole_log(lines)
+        said = ended_log(proc, lines)
     assert logged("gone before its answer was sent") == vanishing, said
     assert logged("was still busy when the server's grace period ended: cancelled") == 1, said
     assert "Traceback" not in said and "Exception in ASGI application" not in said, said
