@@ -341,6 +341,16 @@ def test_the_room_a_run_s_saves_take_at_their_fullest_by_hand():
     # resumed with 3 kept of 3: one more at once before the oldest goes, and the model's new copy beside it
     assert checkpoint.room_needed(10, saves=5, kept=3, keep=3, model_there=True) == (30 + 10, 4)
     assert checkpoint.room_needed(10, saves=1, kept=1, keep=3, model_there=True) == (30 + 10, 2)
+    # --keep-every: each stage kept for good is one checkpoint more at the fullest
+    assert checkpoint.room_needed(10, saves=6, kept=0, keep=3, model_there=False, stages=2) == (6 * 30 + 2 * 10, 6)
+
+
+def test_the_stages_keep_every_keeps_by_hand():
+    """Steps 0 to 3,000 saved every 50 and kept every 500: 500, 1000, ..., 3000; from step 1,200: 1500 to 3000."""
+    assert checkpoint.kept_stages(0, 3000, save_every=50, keep_every=500) == 6
+    assert checkpoint.kept_stages(1200, 3000, save_every=50, keep_every=500) == 4
+    assert checkpoint.kept_stages(1000, 1000, save_every=50, keep_every=500) == 0
+    assert checkpoint.kept_stages(0, 3000, save_every=50, keep_every=0) == 0
 
 
 @pytest.mark.slow

@@ -125,6 +125,45 @@ def test_train_ends_with_a_summary_and_keeps_its_model_at_the_top(tiny_dir, tmp_
     assert rows and {r["step"] for r in rows} == {2}
 
 
+def test_a_long_run_keeps_its_stages_and_says_where_each_held_out_figure_peaked(tiny_dir, tmp_path):
+    """A 3,000-step run kept its last 3 checkpoints, so the stage its held-out curve chose could not be evaluated
+    afterwards (issue 70): --keep-every keeps every Nth step's beyond --keep-checkpoints, through a resume, and the
+    closing lines say where each held-out figure was at its best."""
+    out = tmp_path / "run"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "5", "--save-every", "1", "--keep-checkpoints", "1",
+                              "--keep-every", "2", "--eval-every", "1", "--eval-size", "2"))
+    assert proc.returncode == 0, proc.stderr
+    kept = lambda: sorted(p.name for p in (out / "checkpoints").glob("step-*"))  # noqa: E731
+    assert kept() == ["step-000002", "step-000004", "step-000005"]
+    peaks, = [line for line in lines_of(proc.stderr) if line.startswith("held-out peaks: ")]
+    rows = [r for r in metrics(out) if "eval/P/legal_best_move" in r]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    best = max(r["eval/P/legal_best_move"] for r in rows)
+    first = min(r["step"] for r in rows if r["eval/P/legal_best_move"] == best)
+    assert f"P: legal best move {best:.1%} at step {first}, " in peaks, peaks
+    assert ", A: next state exact " in peaks, peaks
+    again = run_cli(["train", "--resume", str(out), "--steps", "7"])
+    assert again.returncode == 0, again.stderr
+    assert kept() == ["step-000002", "step-000004", "step-000006", "step-000007"]
+    refused = run_cli(train_args(tiny_dir, tmp_path / "other", "--steps", "2", "--save-every", "2", "--keep-every",
+                                 "3"))
+    assert refused.returncode == 2 and "--keep-every (3) must be a multiple of --save-every (2)" in refused.stderr
+
+
+def test_each_held_out_figure_s_peak_is_its_best_step_the_earliest_of_a_tie_and_a_resumed_step_s_last_row():
+    from rookworld.harness.runlog import eval_peaks
+
+    row = lambda step, legal, exact, **more: {"step": step, "eval/P/legal_best_move": legal,  # noqa: E731
+                                             "eval/A/next_state_exact": exact, **more}
+    rows = [row(0, 0.5, 0.6), {"step": 1, "loss": 0.3}, row(100, 0.7, 0.6), row(200, 0.9, None),
+            row(200, 0.6, 0.5),  # step 200 again after a resume from step 150: this row is the run's
+            row(300, 0.7, float("nan"))]
+    assert eval_peaks(rows) == ["P: legal best move 70.0% at step 100", "A: next state exact 60.0% at step 0"]
+    assert eval_peaks(rows[:3]) == []  # two evaluations: the first and last lines say it whole
+    losses = [{"step": s, "eval/loss": v} for s, v in ((0, 2.5), (50, 1.25), (100, 1.5))]
+    assert eval_peaks(losses) == ["loss 1.2500 at step 50"]
+
+
 def test_resuming_a_finished_run_says_it_is_complete(tiny_dir, tmp_path):
     out = tmp_path / "done"
     assert run_cli(train_args(tiny_dir, out, "--steps", "1")).returncode == 0

@@ -145,8 +145,9 @@ class Saved:
     command: str | None = None  # the command whose run it is (RUN_FILE)
 
 
-def save_checkpoint(output_dir: str | os.PathLike, step: int, saved: Saved, keep: int) -> Path:
-    """Writes checkpoint `step` and prunes all but the newest `keep`; returns its directory."""
+def save_checkpoint(output_dir: str | os.PathLike, step: int, saved: Saved, keep: int, keep_every: int = 0) -> Path:
+    """Writes checkpoint `step` and prunes all but the newest `keep` and each `keep_every`th step's; returns its
+    directory."""
     root = Path(output_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
@@ -175,8 +176,22 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, saved: Saved, keep
         raise
     _write_text_atomic(root / LATEST, name + "\n")
     for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        if not (keep_every and step_of(old) % keep_every == 0):
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def step_of(checkpoint: Path) -> int:
+    """The step of a checkpoint directory `list_checkpoints` found (`step-000500`: 500)."""
+    return int(checkpoint.name.removeprefix("step-"))
+
+
+def kept_stages(step: int, steps: int, save_every: int, keep_every: int) -> int:
+    """How many checkpoints a run at `step` still saves that `keep_every` keeps for good: each save at a multiple
+    of it after `step`, to `--steps` (whose last save always comes)."""
+    if not keep_every or not save_every:
+        return 0
+    return steps // keep_every - step // keep_every
 
 
 def remove_leftovers(output_dir: str | os.PathLike) -> list[Path]:
@@ -205,13 +220,14 @@ def save_failure(output_dir: str | os.PathLike, step: int, error: BaseException,
     return SaveFailed(f"could not save step {step} into {output_dir}: {why}")
 
 
-def room_needed(weights: int, saves: int, kept: int, keep: int, model_there: bool) -> tuple[int, int]:
+def room_needed(weights: int, saves: int, kept: int, keep: int, model_there: bool, stages: int = 0) -> tuple[int, int]:
     """(bytes, checkpoints) a run's `saves` still need on its disk at their fullest, `weights` the weights' bytes.
     A checkpoint is the weights and the optimizer's two moments; a save writes the new one before it prunes the
-    oldest, so with `kept` already there the directory holds min(kept + saves, keep + 1) at once. The output
-    directory's own model is written beside the one there before it replaces it: two at once from the second save
-    on (or the first, when one is there)."""
-    checkpoints = min(kept + saves, keep + 1)
+    oldest, so with `kept` already there the directory holds min(kept + saves, keep + 1) at once, and the `stages`
+    that --keep-every keeps for good beside them (counted whole: at most `keep` too many). The output directory's
+    own model is written beside the one there before it replaces it: two at once from the second save on (or the
+    first, when one is there)."""
+    checkpoints = min(kept + saves, keep + 1) + stages
     models = 2 if model_there or saves > 1 else 1
     return 3 * weights * (checkpoints - kept) + weights * (models - model_there), checkpoints
 

@@ -127,7 +127,8 @@ class Run:
             try:
                 saved = checkpoint.Saved(self.policy, full, self.cfg.to_dict(), modules or {}, self.tokenizer,
                                          self.fingerprints, self.command)
-                path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, saved, self.cfg.keep_checkpoints)
+                path = checkpoint.save_checkpoint(self.cfg.output_dir, self.step, saved, self.cfg.keep_checkpoints,
+                                                   self.cfg.keep_every)
                 save_pretrained(self.policy, self.cfg.output_dir)
                 self.tokenizer.save_pretrained(self.cfg.output_dir)
             except (OSError, RuntimeError, SafetensorError) as e:  # safetensors' full disk is none of the others
@@ -146,7 +147,8 @@ class Run:
         kept = min(len(checkpoint.list_checkpoints(cfg.output_dir)), cfg.keep_checkpoints)
         weights = weights_bytes(self.policy)
         model_there = (Path(cfg.output_dir) / "model.safetensors").is_file()
-        return checkpoint.room_needed(weights, saves, kept, cfg.keep_checkpoints, model_there)
+        stages = checkpoint.kept_stages(self.step, cfg.steps, cfg.save_every, cfg.keep_every)
+        return checkpoint.room_needed(weights, saves, kept, cfg.keep_checkpoints, model_there, stages)
 
     def autocast(self):
         if self.amp_dtype is None:

@@ -68,6 +68,26 @@ def eval_figures(m: dict[str, Any]) -> list[str]:
     return parts
 
 
+def eval_peaks(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each headline held-out figure was at its best over a run's evaluations (the earliest step of a tie;
+    a step logged twice, before and after a resume, by its last row): where the curve stopped paying. None for two
+    evaluations or fewer, which the first and last say whole."""
+    evals = {row["step"]: row for row in rows
+             if isinstance(row.get("step"), int) and any(k.startswith("eval/") for k in row)}
+    if len(evals) < 3:
+        return []
+    wanted = [(f"eval/{task}/{key}", f"{task}: {label}", max, "{:.1%}")
+              for task, figures in EVAL_FIGURES.items() for key, label in figures]
+    parts = []
+    for key, label, best, form in [*wanted, ("eval/loss", "loss", min, "{:.4f}")]:
+        found = sorted((step, v) for step, row in evals.items()
+                       if isinstance(v := row.get(key), (int, float)) and math.isfinite(v))
+        if found:
+            step, value = best(found, key=lambda f: f[1])  # the first of equals: sorted by step
+            parts.append(f"{label} {form.format(value)} at step {step}")
+    return parts
+
+
 def eval_command(model: str | Path, config: dict[str, Any] | None) -> str:
     """The `rookworld eval` of a run's model on the positions of the run's own evaluations (the first --eval-size
     of --eval-data, or as many generated), with their Stockfish depth, completion length and suites where they are
@@ -294,6 +314,7 @@ class RunLog:
             width = len(str(last_eval["step"]))
             for m in (first, last_eval) if first else (last_eval,):
                 self.say(" | ".join([f"held-out at step {m['step']:>{width}}{_positions(m)}", *eval_figures(m)]))
+            self._peaks()
         self.say(f"model: {self.dir} (step {step}; its checkpoints in {self.dir / 'checkpoints'})")
         self.say(f"evaluate it on its held-out positions: {eval_command(self.dir, self.config)}")
         if command == "sft":
@@ -301,6 +322,15 @@ class RunLog:
             self.say("train it with GRPO: "
                      + (after or f"rookworld train --model {self.dir} --output-dir {self.dir}-grpo"))
         self.say(f"curves: rookworld plot {self.dir}")
+
+    def _peaks(self) -> None:
+        """Beside the first and last evaluations, where each figure peaked."""
+        try:
+            rows = metric_rows(self.metrics_path)
+        except (OSError, AttributeError):  # no file (yet), or the log never opened one
+            return
+        if peaks := eval_peaks(rows):
+            self.say("held-out peaks: " + ", ".join(peaks))
 
     def _first_eval(self, before: int) -> dict[str, Any] | None:
         """The run's first evaluation before step `before`, from metrics.jsonl (a resumed run's too); None if

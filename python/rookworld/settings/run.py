@@ -108,3 +108,11 @@ class LoggingSettings:
                                               "--output-dir's last part, and --resume continues it", LOGGING,
                                  check=not_empty)
     keep_checkpoints: int = setting(3, "checkpoints kept (oldest deleted)", LOGGING, check=positive)
+    keep_every: int = setting(0, "also keep the checkpoint of every Nth step, beyond --keep-checkpoints (a multiple "
+                                 "of --save-every; 0: none): a long run's stages, so that the one its held-out curve "
+                                 "chooses can be evaluated afterwards", LOGGING, check=non_negative)
+
+    def check_together(self, need) -> None:
+        need(not self.keep_every or (self.save_every > 0 and self.keep_every % self.save_every == 0),
+             f"--keep-every ({self.keep_every}) must be a multiple of --save-every ({self.save_every}): only the steps "
+             f"a run saves can be kept")
