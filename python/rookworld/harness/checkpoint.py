@@ -181,11 +181,6 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, saved: Saved, keep
     return final
 
 
-def step_of(checkpoint: Path) -> int:
-    """The step of a checkpoint directory `list_checkpoints` found (`step-000500`: 500)."""
-    return int(checkpoint.name.removeprefix("step-"))
-
-
 def kept_stages(step: int, steps: int, save_every: int, keep_every: int) -> int:
     """How many checkpoints a run at `step` still saves that `keep_every` keeps for good: each save at a multiple
     of it after `step`, to `--steps` (whose last save always comes)."""
