@@ -1,6 +1,7 @@
 """Collects a chain's evaluations (`rookworld eval --out` files) into one JSON and the before/after table of
 LEARNING.md: every suite for the SFT model and each GRPO seed, the seeds' mean gain over SFT and their spread
-(highest minus lowest), and A:'s next states by the length of the history the prompt shows.
+(highest minus lowest), the standard error of a seed's gain over the positions (paired on the same prompts), and
+A:'s next states by the length of the history the prompt shows.
 
     python benches/chess_play_chain.py --evals evals --sft runs_chess-play-sft \
         --seeds runs_chess-play_grpo-s0 runs_chess-play_grpo-s1 runs_chess-play_grpo-s2 \
@@ -51,6 +52,11 @@ ROWS = [
     ("vs UCI_Elo 1350: Elo, 95% interval high", "elo1350", "vs-stockfish", "vs-stockfish", "elo_high", "elo"),
 ]
 HISTORY_BANDS = {"0": range(0, 1), "1-3": range(1, 4), "4-9": range(4, 10)}
+#: The held-out figures item by item (lm/bestmove.py's definitions), for a seed's gain over SFT on the same positions.
+PER_ITEM = {("P", "legal_best_move"): lambda i: bool(i.get("best_legal")),
+            ("P", "top5_accuracy"): lambda i: (i.get("best_rank") or 0) >= 1,
+            ("P", "best_move_accuracy"): lambda i: i.get("best_rank") == 1,
+            ("A", "next_state_exact"): lambda i: bool(i.get("fen_exact"))}
 
 
 def history_exact(items: list[dict]) -> dict[str, dict]:
@@ -66,6 +72,23 @@ def history_exact(items: list[dict]) -> dict[str, dict]:
         hits = [h for n in lengths for h in by.get(n, [])]
         bands[band] = {"n": len(hits), "exact": sum(hits) / len(hits) if hits else None}
     return bands
+
+
+def paired(evals: Path, sft: str, seed: str) -> dict[str, dict]:
+    """Each held-out figure's gain of `seed` over `sft` on the prompts both answered, with its standard error
+    over those prompts (the paired differences' standard deviation over sqrt(n)): how far a gain can move with the
+    positions drawn, which a seed spread measured on one set does not show."""
+    files = [evals / f"{name}.held-out.json" for name in (sft, seed)]
+    if not all(f.exists() for f in files):
+        return {}
+    base, got = ({i["prompt"]: i for i in json.loads(f.read_text())["suites"]["best-move"]["items"]} for f in files)
+    out = {}
+    for (task, metric), hit in PER_ITEM.items():
+        diffs = [int(hit(got[p])) - int(hit(base[p])) for p in base if p in got and base[p].get("task") == task]
+        if len(diffs) > 1:
+            out[f"{task}/{metric}"] = {"n": len(diffs), "gain": statistics.mean(diffs),
+                                       "se": statistics.stdev(diffs) / len(diffs) ** 0.5}
+    return out
 
 
 def figures(evals: Path, name: str) -> dict:
@@ -100,7 +123,7 @@ def show(v, how: str) -> str:
 
 
 def table(models: dict[str, dict], sft: str, seeds: list[str]) -> str:
-    head = ["", "SFT", *[f"GRPO s{i}" for i in range(len(seeds))], "mean gain", "seed spread"]
+    head = ["", "SFT", *[f"GRPO s{i}" for i in range(len(seeds))], "mean gain", "seed spread", "positions' SE"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for label, *where, how in ROWS:
         base = value(models[sft], *where)
@@ -109,7 +132,11 @@ def table(models: dict[str, dict], sft: str, seeds: list[str]) -> str:
         scale = 100 if how == "%" else 1
         gain = f"{scale * (statistics.mean(known) - base):+.1f}" if known and base is not None else "-"
         spread = f"{scale * (max(known) - min(known)):.1f}" if len(known) > 1 else "-"
-        lines.append("| " + " | ".join([label, show(base, how), *[show(g, how) for g in got], gain, spread]) + " |")
+        errors = [p["se"] for s in seeds if (p := models[s].get("paired", {}).get(f"{where[2]}/{where[3]}"))
+                  and where[0] == "held-out" and where[1] == "best-move"]
+        se = f"{100 * statistics.mean(errors):.1f}" if errors else "-"
+        lines.append("| " + " | ".join([label, show(base, how), *[show(g, how) for g in got], gain, spread, se])
+                     + " |")
     return "\n".join(lines)
 
 
@@ -121,6 +148,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="write every figure as JSON here")
     args = ap.parse_args()
     models = {name: figures(args.evals, name) for name in [args.sft, *args.seeds]}
+    for seed in args.seeds:
+        models[seed]["paired"] = paired(args.evals, args.sft, seed)
     print(table(models, args.sft, args.seeds))
     if args.out:
         args.out.write_text(json.dumps(models, indent=1) + "\n")

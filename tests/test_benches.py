@@ -461,12 +461,13 @@ def test_chess_play_chain_collects_real_evaluations(tmp_path):
     held_out = REPO / "data" / "chess-play-held-out.jsonl"
     evals = tmp_path / "evals"
     evals.mkdir()
-    for name, size in (("small", "6"), ("larger", "10")):
-        proc = cli("eval", "--model", str(REPO / "models" / "chess-cpu-grpo"), "--data", str(held_out),
+    for name, model, size in (("small", "chess-cpu-grpo", "6"), ("larger", "chess-cpu-grpo", "10"),
+                              ("other", "chess-cpu-sft", "8")):
+        proc = cli("eval", "--model", str(REPO / "models" / model), "--data", str(held_out),
                    "--eval-size", size, "--device", "cpu", "--out", str(evals / f"{name}.held-out.json"))
         assert proc.returncode == 0, proc.stderr
     out = tmp_path / "chain.json"
-    proc = run_bench("chess_play_chain.py", "--evals", str(evals), "--sft", "small", "--seeds", "larger",
+    proc = run_bench("chess_play_chain.py", "--evals", str(evals), "--sft", "small", "--seeds", "larger", "other",
                      "--out", str(out))
     chain = json.loads(out.read_text())
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in proc.stdout.splitlines()[2:]}
@@ -475,6 +476,20 @@ def test_chess_play_chain_collects_real_evaluations(tmp_path):
         alone = [i["fen_exact"] for i in items if i["task"] == "A" and len(i["prompt"].split("+")[2].split()) == 1]
         band = chain[name]["held-out"]["suites"]["history"]["sections"]["A"]["0"]
         assert band["n"] == len(alone) and band["exact"] == (sum(alone) / len(alone) if alone else None)
-    legal = [chain[n]["held-out"]["suites"]["best-move"]["sections"]["P"]["legal_best_move"] for n in ("small", "larger")]
-    assert rows["P: legal best move"][-2].strip() == f"{100 * (legal[1] - legal[0]):+.1f}"
+    legal = [chain[n]["held-out"]["suites"]["best-move"]["sections"]["P"]["legal_best_move"]
+             for n in ("small", "larger", "other")]
+    assert rows["P: legal best move"][-3].strip() == f"{100 * ((legal[1] + legal[2]) / 2 - legal[0]):+.1f}"
+    # Each seed's gain on the prompts it shares with SFT (the first 6), and its standard error, by hand: the same
+    # model greedy gives the same answers there (a gain of 0, an error of 0); the other model's differences vary.
+    items = {n: {i["prompt"]: i for i in json.loads((evals / f"{n}.held-out.json").read_text())["suites"]
+                 ["best-move"]["items"]} for n in ("small", "other")}
+    diffs = [float(items["other"][p]["fen_exact"]) - float(items["small"][p]["fen_exact"])
+             for p in items["small"] if items["small"][p]["task"] == "A"]
+    mean = sum(diffs) / len(diffs)
+    se = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs)) ** 0.5
+    assert se > 0 and chain["larger"]["paired"]["A/next_state_exact"] == {"n": 6, "gain": 0, "se": 0}
+    assert chain["other"]["paired"]["A/next_state_exact"]["n"] == 6
+    assert chain["other"]["paired"]["A/next_state_exact"]["gain"] == pytest.approx(mean, abs=1e-12)
+    assert chain["other"]["paired"]["A/next_state_exact"]["se"] == pytest.approx(se, abs=1e-12)
+    assert rows["A: next state exact"][-1].strip(" |") == f"{100 * se / 2:.1f}"  # the mean of the seeds' errors
     assert rows["self-play: legal half-moves, greedy"][1].strip() == "-"  # no games file: shown as missing
