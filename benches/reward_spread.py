@@ -6,7 +6,8 @@ docs/rewards.md) and legal M: candidates outside the five nothing at all. For a 
 five, the question is whether that leaves legality without a signal. The figures: the share of answers whose B:
 move is legal, in the five, Stockfish's best; the share of groups with any spread and of groups whose spread comes
 from legality alone; and the mean advantage (`rookworld.grpo.formulas.group_advantages`, the group's mean and
-std, as `rookworld train` computes it by default) of answers with a legal and with an illegal B: move.
+std, as `rookworld train` computes it by default) of answers with a legal and with an illegal B: move. And where a
+group's spread comes from: each weighted part of quality's within-group variance, as a share of quality's own.
 
     python benches/reward_spread.py --model runs/chess-cpu-sft --data data/chess-cpu-held-out.jsonl \
         --prompts 256 --group 8 --temperature 0.7
@@ -22,9 +23,18 @@ import time
 import numpy as np
 import torch
 
-from rookworld.ground.rewards import RewardScorer, policy_prompt
+from rookworld.ground.rewards import P_QUALITY_WEIGHTS, RewardScorer, policy_prompt
 from rookworld.grpo.formulas import group_advantages, group_std
 from rookworld.lm.answers import Decoding, RookWorldLM
+
+
+def variance_shares(parts: dict[str, np.ndarray], group: int) -> dict[str, float]:
+    """Each part's within-group variance at its weight in quality (P_QUALITY_WEIGHTS), pooled over the groups, as a
+    share of quality's; the shares and twice the parts' covariances sum to 1. An answer without structure has no
+    parts (NaN): 0 in each, as in its quality."""
+    pooled = lambda a: float(np.nan_to_num(a).reshape(-1, group).var(axis=1).mean())  # noqa: E731
+    total = pooled(parts["quality"])
+    return {k: pooled(w * np.nan_to_num(parts[k])) / total if total > 0 else 0.0 for k, w in P_QUALITY_WEIGHTS.items()}
 
 
 def main() -> int:
@@ -72,6 +82,8 @@ def main() -> int:
                         "b_legal_outside_top5": float(scores.rewards[legal & ~top5].mean()),
                         "b_in_top5": float(scores.rewards[top5].mean()) if top5.any() else None},
         "groups_with_spread": float(spread.mean()), "groups_mixed_legality": float(mixed.mean()),
+        "quality_variance_share": variance_shares(scores.parts, args.group),
+        "groups_best_part_varies": float((groups(np.nan_to_num(scores.parts["best"])).std(axis=1) > 1e-9).mean()),
         "groups_legality_only": float(legality_only.mean()),
         "mean_advantage": {"b_legal": float(advantages[legal].mean()), "b_illegal": float(advantages[~legal].mean()),
                            "b_legal_outside_top5": float(advantages[legal & ~top5].mean()),

@@ -614,6 +614,8 @@ fn parse_env_answers(completions: &Bound<'_, PyAny>) -> PyResult<Vec<Option<EnvA
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // A P: answer's quality is these weights' sum of its best, candidates and evals parts (reward.rs).
+    m.add("P_QUALITY_WEIGHTS", (crate::reward::W_BEST, crate::reward::W_CANDIDATES, crate::reward::W_EVALS))?;
     m.add_function(wrap_pyfunction!(normalize_fens, m)?)?;
     m.add_function(wrap_pyfunction!(legal_moves, m)?)?;
     m.add_function(wrap_pyfunction!(is_legal, m)?)?;

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -493,3 +494,23 @@ def test_chess_play_chain_collects_real_evaluations(tmp_path):
     assert chain["other"]["paired"]["A/next_state_exact"]["se"] == pytest.approx(se, abs=1e-12)
     assert rows["A: next state exact"][-1].strip(" |") == f"{100 * se / 2:.1f}"  # the mean of the seeds' errors
     assert rows["self-play: legal half-moves, greedy"][1].strip() == "-"  # no games file: shown as missing
+
+
+def test_reward_spread_splits_quality_s_variance_by_part_by_hand():
+    """Two groups of 2 answers, parts chosen so that each variance is known: group 1's best parts 1 and 0 (at weight
+    0.5: 0.5 and 0, variance 0.0625), candidates equal; group 2 differs in candidates only (1 and 0: 0.3 and 0,
+    variance 0.0225), with one answer without structure (NaN parts, quality 0)."""
+    spec = importlib.util.spec_from_file_location("reward_spread", REPO / "benches" / "reward_spread.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    nan = float("nan")
+    parts = {"best": np.array([1.0, 0.0, 0.0, nan]), "candidates": np.array([0.5, 0.5, 1.0, nan]),
+             "evals": np.array([0.0, 0.0, 0.0, nan])}
+    weights = bench.P_QUALITY_WEIGHTS
+    parts["quality"] = np.array([sum(weights[k] * parts[k][i] for k in weights) for i in range(3)] + [nan])
+    quality_var = (np.var(np.nan_to_num(parts["quality"][:2])) + np.var(np.nan_to_num(parts["quality"][2:]))) / 2
+    shares = bench.variance_shares(parts, group=2)
+    assert weights == {"best": 0.5, "candidates": 0.3, "evals": 0.2}  # docs/rewards.md's
+    assert shares["best"] == pytest.approx((0.0625 + 0) / 2 / quality_var, abs=1e-12)
+    assert shares["candidates"] == pytest.approx((0 + 0.0225) / 2 / quality_var, abs=1e-12)
+    assert shares["evals"] == 0.0

@@ -18,13 +18,16 @@ import numpy as np
 
 from rookworld import _core
 
-__all__ = ["P_REWARDS", "SHAPINGS", "GroundTruth", "RewardScorer", "Scores", "policy_prompt", "policy_targets", "prompt_fen",
+__all__ = ["P_QUALITY_WEIGHTS", "P_REWARDS", "SHAPINGS", "GroundTruth", "RewardScorer", "Scores", "policy_prompt", "policy_targets", "prompt_fen",
            "task_of"]
 
 SHAPINGS = ("continuous", "graduated")
 #: How a P: answer's B: move earns credit (docs/rewards.md): by its rank in Stockfish's five, or by the pawns it
 #: loses against the best, which needs an analysis of every legal move (`analysis_width`).
 P_REWARDS = ("rank", "cp-loss")
+#: A P: answer's quality is the sum of its parts `best`, `candidates` and `evals` (`Scores.parts`) at these weights
+#: (the Rust core's, docs/rewards.md).
+P_QUALITY_WEIGHTS = dict(zip(("best", "candidates", "evals"), _core.P_QUALITY_WEIGHTS))
 #: Stockfish's MultiPV for an analysis of every legal move: no position has more than 218.
 EVERY_MOVE = 256
 
