@@ -337,7 +337,7 @@ def test_options_are_set_and_their_defaults_come_from_the_flags(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the device")
 def test_a_device_that_is_not_here_is_said_and_the_model_runs_on_the_commands(tiny_dir):
-    proc = cli(*uci_argv(tiny_dir)[3:], input="setoption name Device value cuda\nisready\nposition startpos\ngo\n")
+    proc = cli(*uci_argv(tiny_dir)[3:], input="setoption name Device value cuda\nisready\nposition startpos\ngo\nstop\n")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     out = proc.stdout.splitlines()
     assert out[0].startswith("info string cannot load the model on cuda: ") and out[0].endswith("; it runs on cpu")
