@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import REPO, cli, free_port, transformers_gpt2
+from conftest import REPO, TORCHRUN_BOUND_S, cli, free_port, transformers_gpt2
 from test_bad_input import one_line_error
 from test_trainer import train_args
 
@@ -246,6 +246,40 @@ def test_a_rank_that_never_comes_is_named_within_the_start_up_timeout(tiny_dir, 
         assert "start it again on every rank" in lines[1], err
     assert "rank 1 of 2 did not join at 127.0.0.1:" in results[0][1] and "within 4 s" in results[0][1]
     assert "nothing listens at 127.0.0.1:" in results[1][1] and "rank 0 did not start" in results[1][1]
+
+
+@pytest.mark.slow
+def test_one_rank_refusing_the_output_dir_ends_every_rank_before_rank_0_writes_there(tmp_path):
+    """The ranks agree before rank 0 writes: rank 1 (without --overwrite) refuses a directory holding a model's
+    config.json, which rank 0 (with it) would replace. Both end at once with a line, and config.json stays: rank 0
+    went on alone and deleted it, and a rank that read the directory after rank 0 had marked it took rank 0's
+    run.json for someone else's (CI, 2026-11-29)."""
+    data = tmp_path / "train.txt"
+    data.write_text((P_LINE + "\n") * 8)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"n_layer": 12}')
+    args = ["sft", "--init", "tiny", "--n-embd", "32", "--data", data, "--output-dir", out, "--steps", "2",
+            "--seq-len", "256", "--rows-per-step", "2", "--eval-every", "0", "--device", "cpu"]
+    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "OMP_NUM_THREADS": "1"}
+    ranks = [process(args + (["--overwrite"] if r == 0 else []), env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in (0, 1)]
+    try:
+        errs = [p.communicate(timeout=TORCHRUN_BOUND_S)[1] for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in ranks] == [2, 2] and "Traceback" not in "".join(errs), errs
+    assert errs[1].strip().splitlines()[-1] == (f"rookworld sft: error: --output-dir {out} holds no run but files a "
+                                                "run writes (config.json): give a new or empty --output-dir, or "
+                                                "--overwrite to replace them"), errs[1]
+    assert errs[0].strip().splitlines()[-1] == ("rookworld sft: error: rank 1 of 2 refused to start (its own line "
+                                                "says why), so no rank did"), errs[0]
+    assert (out / "config.json").read_text() == '{"n_layer": 12}'
+    assert not (out / "run.json").exists()
 
 
 @pytest.mark.slow

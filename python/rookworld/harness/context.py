@@ -12,11 +12,12 @@ import torch
 
 from rookworld.harness import checkpoint
 from rookworld.harness.compiles import CompileReport
-from rookworld.harness.distributed import Comm, DistInfo, init_distributed
+from rookworld.harness.distributed import Comm, DistInfo, init_distributed, name_ranks
 from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
 from rookworld.harness.runlog import Reporting, RunLog, Summary
 from rookworld.net.device import BF16_FLAGS, cpu_bf16, keep_freed_memory, resolve_device
 from rookworld.net.pretrained import model_directory
+from rookworld.settings.base import ConfigError
 from rookworld.settings.config import RunConfig
 
 
@@ -77,8 +78,8 @@ def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summa
     found (a typo, a hub out of reach) is one line and no run directory."""
     kind = resolve_device(cfg.device).type
     dist = init_distributed(kind)
-    cfg.check_world(dist.world)
     device = resolve_device(cfg.device, dist.local_rank)
+    comm = Comm(dist, device)
     use_every_core(device, dist)
     if kind == "cuda":
         # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
@@ -86,13 +87,8 @@ def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summa
         torch.set_float32_matmul_precision("high")
     bf16, why = compute_dtype(cfg.dtype, kind)
     torch.manual_seed(cfg.seed)
-    resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
-    if resume_from is not None:
-        checkpoint.check_weights(resume_from)
-    model_dir = None
-    if loads_model:
-        model_dir = model_directory(resume_from or cfg.model, revision=None if resume_from else cfg.revision)
-    lock, log = _open_output_dir(cfg, command, resume_from, dist.main, stream, summary)
+    resume_from, model_dir, lock = _agreed(cfg, command, loads_model, comm)
+    log = _open_output_dir(cfg, command, resume_from, lock, stream, summary)
     compile = cfg.compile and kind == "cuda"
     compiles = CompileReport(log, cfg.output_dir, dist.main) if compile else None
     if compiles is not None and resume_from is not None:
@@ -101,27 +97,58 @@ def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summa
     steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
     log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {device} "
             f"({'bf16 autocast' if bf16 else 'fp32'}{why}{', compiled' if compile else ''}{ranks})")
-    return Context(dist, Comm(dist, device), device, torch.bfloat16 if bf16 else None, compile,
+    return Context(dist, comm, device, torch.bfloat16 if bf16 else None, compile,
                    compile and cfg.compile_logprobs, resume_from, model_dir, log, lock, compiles)
 
 
-def _open_output_dir(cfg: RunConfig, command: str, resume_from: Path | None, main: bool, stream,
-                     summary: Summary | None) -> tuple[RunDirectoryLock | None, RunLog]:
-    """The output directory locked and made ready (a resumed run's kept), what a cut-short save left removed,
-    and the run's log opened there."""
-    lock = RunDirectoryLock(Path(cfg.output_dir), command) if main else None
+def _agreed(cfg: RunConfig, command: str, loads_model: bool,
+            comm: Comm) -> tuple[Path | None, Path | None, RunDirectoryLock | None]:
+    """What every rank checks before any rank writes: the settings against the number of ranks, the checkpoint
+    it resumes, the model it loads, and the output directory (rank 0 holding its lock). Then the ranks agree:
+    one rank's refusal ends every rank at once, where alone it left the others waiting for it until the
+    collectives' timeout; and rank 0 writes to the directory only once every rank has read it, where a rank
+    reading it after rank 0 had begun took rank 0's own files for someone else's (a race CI met)."""
+    dist, lock, refusal = comm.info, None, None
+    resume_from = model_dir = None
     try:
-        prepare_output_dir(cfg, resume_from, main, command)
-    except BaseException:
+        cfg.check_world(dist.world)
+        resume_from = checkpoint.resolve_checkpoint(cfg.resume) if cfg.resume else None
+        if resume_from is not None:
+            checkpoint.check_weights(resume_from)
+        if loads_model:
+            model_dir = model_directory(resume_from or cfg.model, revision=None if resume_from else cfg.revision)
+        lock = RunDirectoryLock(Path(cfg.output_dir), command) if dist.main else None
+        prepare_output_dir(cfg, resume_from, command, write=False)
+    except (ConfigError, OSError) as e:
+        refusal = e
+    refused = comm.which(refusal is not None)
+    if refused:
         if lock is not None:
             lock.release()
+        if refusal is not None:
+            raise refusal
+        raise ConfigError(f"{name_ranks(refused)} of {dist.world} refused to start (its own line says why), "
+                          "so no rank did")
+    return resume_from, model_dir, lock
+
+
+def _open_output_dir(cfg: RunConfig, command: str, resume_from: Path | None, lock: RunDirectoryLock | None, stream,
+                     summary: Summary | None) -> RunLog:
+    """The output directory made ready by rank 0, which holds its lock (a resumed run's kept), what a cut-short
+    save left removed, and the run's log opened there."""
+    main = lock is not None  # rank 0, the only one holding it
+    try:
+        if main:
+            prepare_output_dir(cfg, resume_from, command, write=True)
+    except BaseException:
+        lock.release()
         raise
     leftovers = checkpoint.remove_leftovers(cfg.output_dir) if main else []
     reporting = Reporting(cfg.reporters, cfg.wandb_project, cfg.to_dict(), command)
     log = RunLog(cfg.output_dir, cfg.steps, enabled=main, stream=stream, summary=summary, reporting=reporting)
     if leftovers:
         log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
-    return lock, log
+    return log
 
 
 def use_every_core(device: torch.device, dist: DistInfo) -> None:

@@ -231,12 +231,12 @@ def _all_joined(info: DistInfo, store: dist.Store, wait: _Wait) -> None:
 
     while absent := missing():
         if wait.left() <= 0:
-            raise DistributedError(f"rank {info.rank}: {_ranks(absent)} of {info.world} did not join at {_address()} "
+            raise DistributedError(f"rank {info.rank}: {name_ranks(absent)} of {info.world} did not join at {_address()} "
                                    f"within {wait.timeout:g} s ({STARTUP_TIMEOUT_VAR} sets how long)")
-        wait.tick(_ranks(absent))
+        wait.tick(name_ranks(absent))
 
 
-def _ranks(ranks: list[int]) -> str:
+def name_ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
@@ -294,6 +294,11 @@ class Comm:
 
     def any(self, flag: bool) -> bool:
         return self.sum([1.0 if flag else 0.0])[0] > 0
+
+    def which(self, flag: bool) -> list[int]:
+        """The ranks where `flag` holds, known to every rank."""
+        mine = [float(flag and r == self.info.rank) for r in range(self.info.world)]
+        return [r for r, n in enumerate(self.sum(mine)) if n]
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's `x` (same shape on every rank), concatenated in rank order."""

@@ -250,8 +250,9 @@ def _is_run(out: Path) -> bool:
     return any((out / name).exists() for name in (RUN_FILE, "metrics.jsonl", "checkpoints"))
 
 
-def prepare_output_dir(cfg: RunConfig, resume_from: Path | None, main: bool, command: str) -> None:
-    """A run does not write over another one: a new run needs --resume to continue the run in its directory, or
+def prepare_output_dir(cfg: RunConfig, resume_from: Path | None, command: str, *, write: bool) -> None:
+    """Checked, and made ready when `write` (rank 0, once every rank has checked it). A run does not write over
+    another one: a new run needs --resume to continue the run in its directory, or
     --overwrite to replace it (never a run of the other command); a run resumed from one directory into another
     must not land on a third run. Nor does it write over what is not a run: the model it starts from, ever, or
     files of a run's names in a directory that holds no run, without --overwrite."""
@@ -267,7 +268,7 @@ def prepare_output_dir(cfg: RunConfig, resume_from: Path | None, main: bool, com
                           f"model){', or remove it yourself' if cfg.overwrite else ''}")
     _check_inputs(cfg, resume_from, continuing, command)
     if not continuing and not _is_run(out):
-        _claim(out, cfg.overwrite, main)
+        _claim(out, cfg.overwrite, write)
         found = []
     if found and not continuing:
         saved = checkpoint.list_checkpoints(out)
@@ -281,14 +282,14 @@ def prepare_output_dir(cfg: RunConfig, resume_from: Path | None, main: bool, com
                                   "so it cannot be resumed: start over with --overwrite, or give a new --output-dir")
             raise ConfigError(f"--output-dir {out} already holds a run ({', '.join(found)}): continue it with "
                               f"--resume {out}, or start over with --overwrite")
-        if main:  # --overwrite, or a run that stopped before logging a step: nothing worth keeping
+        if write:  # --overwrite, or a run that stopped before logging a step: nothing worth keeping
             _remove(out, (*_RUN_FILES, *(_MODEL_FILES if (out / "model.safetensors").exists() else ())))
-    if main:
+    if write:
         out.mkdir(parents=True, exist_ok=True)
         mark(out, command)
 
 
-def _claim(out: Path, overwrite: bool, main: bool) -> None:
+def _claim(out: Path, overwrite: bool, write: bool) -> None:
     """A directory that holds no run but files a run writes (a model's config.json, someone's tensorboard/): they
     are replaced only with --overwrite."""
     clashing = [name for name in (*_RUN_FILES, *_MODEL_FILES) if os.path.lexists(out / name)]
@@ -297,7 +298,7 @@ def _claim(out: Path, overwrite: bool, main: bool) -> None:
     if not overwrite:
         raise ConfigError(f"--output-dir {out} holds no run but files a run writes ({', '.join(clashing)}): give a "
                           "new or empty --output-dir, or --overwrite to replace them")
-    if main:
+    if write:
         _remove(out, clashing)
 
 
