@@ -347,10 +347,10 @@ def test_the_room_a_run_s_saves_take_at_their_fullest_by_hand():
 
 def test_the_stages_keep_every_keeps_by_hand():
     """Steps 0 to 3,000 saved every 50 and kept every 500: 500, 1000, ..., 3000; from step 1,200: 1500 to 3000."""
-    assert checkpoint.kept_stages(0, 3000, save_every=50, keep_every=500) == 6
-    assert checkpoint.kept_stages(1200, 3000, save_every=50, keep_every=500) == 4
-    assert checkpoint.kept_stages(1000, 1000, save_every=50, keep_every=500) == 0
-    assert checkpoint.kept_stages(0, 3000, save_every=50, keep_every=0) == 0
+    assert checkpoint.kept_stages(0, 3000, keep_every=500) == 6
+    assert checkpoint.kept_stages(1200, 3000, keep_every=500) == 4
+    assert checkpoint.kept_stages(1000, 1000, keep_every=500) == 0
+    assert checkpoint.kept_stages(0, 3000, keep_every=0) == 0
 
 
 @pytest.mark.slow

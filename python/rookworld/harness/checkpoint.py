@@ -181,10 +181,10 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, saved: Saved, keep
     return final
 
 
-def kept_stages(step: int, steps: int, save_every: int, keep_every: int) -> int:
+def kept_stages(step: int, steps: int, keep_every: int) -> int:
     """How many checkpoints a run at `step` still saves that `keep_every` keeps for good: each save at a multiple
-    of it after `step`, to `--steps` (whose last save always comes)."""
-    if not keep_every or not save_every:
+    of it after `step`, to `--steps` (the settings make it a multiple of --save-every)."""
+    if not keep_every:
         return 0
     return steps // keep_every - step // keep_every
 

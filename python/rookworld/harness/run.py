@@ -147,7 +147,7 @@ class Run:
         kept = min(len(checkpoint.list_checkpoints(cfg.output_dir)), cfg.keep_checkpoints)
         weights = weights_bytes(self.policy)
         model_there = (Path(cfg.output_dir) / "model.safetensors").is_file()
-        stages = checkpoint.kept_stages(self.step, cfg.steps, cfg.save_every, cfg.keep_every)
+        stages = checkpoint.kept_stages(self.step, cfg.steps, cfg.keep_every)
         return checkpoint.room_needed(weights, saves, kept, cfg.keep_checkpoints, model_there, stages)
 
     def autocast(self):

@@ -68,6 +68,12 @@ def eval_figures(m: dict[str, Any]) -> list[str]:
     return parts
 
 
+def first_eval(rows: list[dict[str, Any]], before: int) -> dict[str, Any] | None:
+    """The run's first evaluation before step `before`; None if none."""
+    return next((row for row in rows if isinstance(row.get("step"), int) and row["step"] < before
+                 and any(k.startswith("eval/") for k in row)), None)
+
+
 def eval_peaks(rows: list[dict[str, Any]]) -> list[str]:
     """Where each headline held-out figure was at its best over a run's evaluations (the earliest step of a tie;
     a step logged twice, before and after a resume, by its last row): where the curve stopped paying. None for two
@@ -310,11 +316,13 @@ class RunLog:
         took = f" in {_duration(time.perf_counter() - self._t0)}" if self._t0 is not None else ""
         self.say(f"rookworld {command}: done, step {step}/{self.total_steps}{took}")
         if last_eval:
-            first = self._first_eval(last_eval["step"])
+            rows = self._metric_rows()
+            first = first_eval(rows, last_eval["step"])
             width = len(str(last_eval["step"]))
             for m in (first, last_eval) if first else (last_eval,):
                 self.say(" | ".join([f"held-out at step {m['step']:>{width}}{_positions(m)}", *eval_figures(m)]))
-            self._peaks()
+            if peaks := eval_peaks(rows):  # beside the first and last evaluations, where each figure peaked
+                self.say("held-out peaks: " + ", ".join(peaks))
         self.say(f"model: {self.dir} (step {step}; its checkpoints in {self.dir / 'checkpoints'})")
         self.say(f"evaluate it on its held-out positions: {eval_command(self.dir, self.config)}")
         if command == "sft":
@@ -323,24 +331,12 @@ class RunLog:
                      + (after or f"rookworld train --model {self.dir} --output-dir {self.dir}-grpo"))
         self.say(f"curves: rookworld plot {self.dir}")
 
-    def _peaks(self) -> None:
-        """Beside the first and last evaluations, where each figure peaked."""
+    def _metric_rows(self) -> list[dict[str, Any]]:
+        """metrics.jsonl's rows (a resumed run's too); none when the log never opened one."""
         try:
-            rows = metric_rows(self.metrics_path)
+            return metric_rows(self.metrics_path)
         except (OSError, AttributeError):  # no file (yet), or the log never opened one
-            return
-        if peaks := eval_peaks(rows):
-            self.say("held-out peaks: " + ", ".join(peaks))
-
-    def _first_eval(self, before: int) -> dict[str, Any] | None:
-        """The run's first evaluation before step `before`, from metrics.jsonl (a resumed run's too); None if
-        none."""
-        try:
-            rows = metric_rows(self.metrics_path)
-        except (OSError, AttributeError):  # no file (yet), or the log never opened one
-            return None
-        return next((row for row in rows if isinstance(row.get("step"), int) and row["step"] < before
-                     and any(k.startswith("eval/") for k in row)), None)
+            return []
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not self.enabled:
