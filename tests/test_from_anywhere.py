@@ -60,7 +60,7 @@ def test_the_readme_s_first_command_finds_its_model_and_prompts_from_another_dir
     monkeypatch.chdir(tmp_path)
     cfg = from_args(argparse.Namespace(config="chess-play"), TrainConfig)
     assert cfg.model == str(REPO / "models" / "chess-play-sft") and (REPO / "models" / "chess-play-sft").is_dir()
-    assert cfg.data == str(REPO / "data" / "chess-play-prompts.jsonl")
+    assert cfg.data == [str(REPO / "data" / "chess-play-prompts.jsonl")]
     assert cfg.eval_data == str(REPO / "data" / "chess-play-held-out.jsonl") and cfg.output_dir == "runs/chess-play-grpo"
 
 

@@ -119,6 +119,10 @@ def test_a_config_file_s_mistake_is_said_in_plain_words_with_what_was_meant(tmp_
 
 
 def test_a_list_setting_of_the_wrong_type_says_so(tmp_path):
+    (tmp_path / "run.toml").write_text("[sft]\ndata = 3\n")
+    proc = cli("sft", "--config", "run.toml", cwd=tmp_path)
+    assert "data = 3 is not a list of file names" in proc.stderr, proc.stderr
+    # One file named alone is a list of one (train's --data took one file before it repeated, and runs saved so).
     (tmp_path / "run.toml").write_text("[sft]\ndata = 'samples.txt'\n")
     proc = cli("sft", "--config", "run.toml", cwd=tmp_path)
-    assert "data = 'samples.txt' is not a list of file names" in proc.stderr, proc.stderr
+    assert proc.stderr == "rookworld sft: error: --data: no such file: samples.txt\n", proc.stderr

@@ -406,6 +406,28 @@ def test_a_training_run_leaves_out_its_eval_data(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_train_reads_every_data_file_given(tiny_dir, tmp_path):
+    """--data repeats, as sft's does: a second one silently replaced the first (LEARNING.md's long runs read one of
+    their two files). A run saved when it took one file (its setting a string) still resumes."""
+    fens = ["rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1",
+            "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"]
+    files = [tmp_path / "a.fen", tmp_path / "b.fen"]
+    for path, fen in zip(files, fens):
+        path.write_text(fen + "\n")
+    out = tmp_path / "run"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--data", files[0], "--data", files[1]))
+    assert proc.returncode == 0, proc.stderr
+    assert f"from {files[0]}, {files[1]}" in proc.stderr
+    prompts = [json.loads(line)["prompt"] for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert all(any(fen in p for p in prompts) for fen in fens), prompts
+    saved = out / "checkpoints" / "step-000002" / "train_config.json"
+    old = json.loads(saved.read_text())
+    assert old["data"] == [str(f) for f in files]
+    saved.write_text(json.dumps({**old, "data": str(files[1])}))
+    again = run_cli(["train", "--resume", str(out), "--steps", "3"])
+    assert again.returncode == 0 and f"from {files[1]}\n" in again.stderr, again.stderr
+
+
 def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):
     pytest.importorskip("tensorboard", reason="TensorBoard logging is optional (pip install '.[tensorboard]')")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -106,16 +106,17 @@ class Trainer:
                                    (cfg.device == "auto" and torch.cuda.is_available())):
             raise ConfigError("--auto-batch measures GPU memory: it needs a CUDA device")
         records, finished = None, []
+        files = ", ".join(cfg.data)
         if cfg.data and prompts is None:  # a bad line is reported before any model is loaded
-            records, finished = playable(read_records(cfg.data)[0])
+            records, finished = playable([r for path in cfg.data for r in read_records(path)[0]])
             if not records:
-                raise ConfigError(f"--data {cfg.data}: no position with a legal move")
+                raise ConfigError(f"--data {files}: no position with a legal move")
             records = assign_moves(records, cfg.seed)
         # A file of one's own is checked against --eval-data only: the generated evaluation set holds the common
         # openings, which a small file may be made of.
         held_out = held_out_keys(cfg) if prompts is None and (cfg.eval_data or records is None) else frozenset()
         if records is not None and held_out and all(position_key(r.fen) in held_out for r in records):
-            raise ConfigError(f"--data {cfg.data}: every position is among the held-out ones of --eval-data "
+            raise ConfigError(f"--data {files}: every position is among the held-out ones of --eval-data "
                               f"{cfg.eval_data}: train on other positions, or hold out others")
         self.objective = Objective(cfg, reference_given=reference is not None)
         self.rollout_settings, self.update_settings = RolloutSettings.of(cfg), UpdateSettings.of(cfg)
@@ -127,7 +128,7 @@ class Trainer:
         self.pool = None
         try:  # a start that fails (an engine that is not there) leaves no engine running, no log open, nothing locked
             if finished:
-                run.log.say(f"warning: --data {cfg.data}: {finished_message(finished, len(records) + len(finished))}")
+                run.log.say(f"warning: --data {files}: {finished_message(finished, len(records) + len(finished))}")
             self.models = self._models(reference)
             self.sampler = Sampler(self.models, cfg, run.tokenizer.eos_id)
             head = self.models.value_head
@@ -141,7 +142,7 @@ class Trainer:
                 apart = f", none of the {len(held_out)} held-out positions" if held_out else ""
                 run.log.say(f"prompts: {cfg.prompts_per_step} x group {cfg.group_size} per step, "
                             f"{100 * cfg.task_mix:.0f}% P: / {100 * (1 - cfg.task_mix):.0f}% A:, from "
-                            f"{cfg.data or 'generated positions'}{left_out}{apart}")
+                            f"{files or 'generated positions'}{left_out}{apart}")
             self.prompts = prompts
         except BaseException:
             if self.pool is not None:

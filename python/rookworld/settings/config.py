@@ -183,8 +183,8 @@ class GRPOLoggingSettings:
 
 @composed(steps=Meaning("GRPO steps, each one rollout and the updates on it"),
           seed=Meaning("random seed: of generated positions and A: moves, and of sampling"),
-          data=Meaning("positions to train on: a positions file (JSONL of rookworld positions, FEN or EPD a line)",
-                       shown="generated positions"),
+          data=Meaning("positions to train on: a positions file (JSONL of rookworld positions, FEN or EPD a line); "
+                       "repeat for several files", shown="generated positions", default=[]),
           stockfish_workers=Meaning("Stockfish processes (default: one per core; on CUDA one fewer, for the process "
                                     "driving the GPU; under torchrun, a rank's share of the cores)"))
 class TrainConfig(RunConfig, DataSettings, GRPODataSettings, IllegalShareSettings, SamplingSettings, RewardSettings,

@@ -148,6 +148,13 @@ class Settings:
     renamed: ClassVar[dict[str, str]] = {}
     gone: ClassVar[dict[str, str]] = {}
 
+    def __post_init__(self):
+        # One file named alone where a list of files is taken: train's --data, which took one until it repeated, as
+        # runs saved before then and `TrainConfig(data="positions.jsonl")` say it.
+        for f in dataclasses.fields(self):
+            if base_type(f) is list and isinstance(getattr(self, f.name), str):
+                setattr(self, f.name, [getattr(self, f.name)])
+
     def validate(self):
         for f in declared_fields(type(self)):
             v = getattr(self, f.name)
