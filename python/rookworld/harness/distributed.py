@@ -231,8 +231,8 @@ def _all_joined(info: DistInfo, store: dist.Store, wait: _Wait) -> None:
 
     while absent := missing():
         if wait.left() <= 0:
-            raise DistributedError(f"rank {info.rank}: {name_ranks(absent)} of {info.world} did not join at {_address()} "
-                                   f"within {wait.timeout:g} s ({STARTUP_TIMEOUT_VAR} sets how long)")
+            raise DistributedError(f"rank {info.rank}: {name_ranks(absent)} of {info.world} did not join at "
+                                   f"{_address()} within {wait.timeout:g} s ({STARTUP_TIMEOUT_VAR} sets how long)")
         wait.tick(name_ranks(absent))
 
 
