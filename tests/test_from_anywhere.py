@@ -56,11 +56,11 @@ def test_a_preset_trains_from_another_directory_on_the_clone_s_model_and_writes_
 
 
 def test_the_readme_s_first_command_finds_its_model_and_prompts_from_another_directory(tmp_path, monkeypatch):
-    """`rookworld train --config chess-play` trains the shipped chess-play SFT model on the shipped prompts."""
+    """`rookworld train --config chess-play` trains the shipped sft3 model on the shipped prompts."""
     monkeypatch.chdir(tmp_path)
     cfg = from_args(argparse.Namespace(config="chess-play"), TrainConfig)
-    assert cfg.model == str(REPO / "models" / "chess-play-sft") and (REPO / "models" / "chess-play-sft").is_dir()
-    assert cfg.data == [str(REPO / "data" / "chess-play-prompts.jsonl")]
+    assert cfg.model == str(REPO / "models" / "chess-play-sft3") and (REPO / "models" / "chess-play-sft3").is_dir()
+    assert cfg.data == [str(REPO / "data" / "chess-play-prompts-s5.jsonl")] and Path(cfg.data[0]).is_file()
     assert cfg.eval_data == str(REPO / "data" / "chess-play-held-out.jsonl") and cfg.output_dir == "runs/chess-play-grpo"
 
 

@@ -36,7 +36,7 @@ def user_files(tmp_path, monkeypatch, tiny_dir):
 
 
 @pytest.mark.parametrize("name", sorted(SIZES))
-def test_every_preset_gives_valid_settings_at_the_learning_rate_that_works(name, user_files):
+def test_every_preset_gives_valid_settings_at_a_learning_rate_that_works(name, user_files):
     tables = presets.DIRECTORY.joinpath(f"{name}.toml").read_text()
     for command, cls in (("sft", SFTConfig), ("train", TrainConfig)):
         if f"[{command}]" not in tables:
@@ -44,8 +44,8 @@ def test_every_preset_gives_valid_settings_at_the_learning_rate_that_works(name,
                 from_args(argparse.Namespace(config=name), cls)
             continue
         cfg = from_args(argparse.Namespace(config=name), cls)
-        assert cfg.lr == presets.recommended_lr(command, SIZES[name]), (name, command)
-        assert cfg.warmup_steps < cfg.steps
+        # Within the band no run is warned of (chess-play's GRPO runs 5x below it, at the rate its SFT ended on).
+        assert presets.schedule_warnings(command, cfg.lr, cfg.warmup_steps, cfg.steps, SIZES[name]) == [], name
         # A flag overrides the preset.
         assert from_args(argparse.Namespace(config=name, steps=7), cls).steps == 7
 
