@@ -47,7 +47,7 @@ def test_every_preset_gives_valid_settings_at_a_learning_rate_that_works(name, u
         # Within the band no run is warned of (chess-play's GRPO runs 5x below it, at the rate its SFT ended on).
         assert presets.schedule_warnings(command, cfg.lr, cfg.warmup_steps, cfg.steps, SIZES[name]) == [], name
         # A flag overrides the preset.
-        assert from_args(argparse.Namespace(config=name, steps=7), cls).steps == 7
+        assert from_args(argparse.Namespace(config=name, steps=cfg.steps + 7), cls).steps == cfg.steps + 7
 
 
 def test_a_path_wins_over_a_preset_of_the_same_name_and_a_typo_lists_the_presets(tmp_path, monkeypatch):
