@@ -126,3 +126,17 @@ def test_a_list_setting_of_the_wrong_type_says_so(tmp_path):
     (tmp_path / "run.toml").write_text("[sft]\ndata = 'samples.txt'\n")
     proc = cli("sft", "--config", "run.toml", cwd=tmp_path)
     assert proc.stderr == "rookworld sft: error: --data: no such file: samples.txt\n", proc.stderr
+
+
+@pytest.mark.parametrize("command, flags, said", [
+    ("train", ["--lr", "1e-4", "--lr", "2e-5"], "--lr given twice: the last (2e-05) is used"),
+    ("sft", ["--stockfish-depth", "4", "--stockfish-depth", "6"], "--stockfish-depth given twice: the last (6)"),
+    ("train", ["--compile", "--no-compile"], "--compile/--no-compile given twice: the last (--no-compile) is used"),
+    ("eval", ["--suite", "best-move", "--suite", "selfplay"], "--suite given twice: the last (selfplay) is used"),
+])
+def test_a_single_valued_flag_given_twice_says_which_value_is_used(command, flags, said):
+    """argparse keeps the last silently: a second --data once dropped the first file (--data repeats now)."""
+    proc = cli(command, *flags, "--help")
+    assert f"rookworld {command}: warning: {said}" in proc.stderr, proc.stderr
+    once = cli(command, *flags[:len(flags) // 2], "--help")
+    assert "warning" not in once.stderr, once.stderr

@@ -42,6 +42,30 @@ class Gone(argparse.Action):
         parser.error(f"{option_string} is gone: {self.why}")
 
 
+def _say_a_second(action: argparse.Action, parser, namespace, value) -> None:
+    # argparse keeps the last of a flag given twice, silently: a second --data once dropped the first file's prompts
+    # (--data repeats now). Wrappers that add a flag to override their own stay free to; the run says so.
+    if getattr(namespace, action.dest, argparse.SUPPRESS) is not argparse.SUPPRESS:
+        print(f"{parser.prog}: warning: {'/'.join(action.option_strings)} given twice: the last ({value}) is used",
+              file=sys.stderr)
+
+
+class Once(argparse._StoreAction):
+    """A single-valued flag: given twice, the last is used, and a warning says so."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _say_a_second(self, parser, namespace, values)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class OnceBoolean(argparse.BooleanOptionalAction):
+    """An on/off flag: given twice (--compile --no-compile), the last is used, and a warning says so."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _say_a_second(self, parser, namespace, option_string)
+        super().__call__(parser, namespace, values, option_string)
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type[Settings]) -> None:
     """One flag per setting of `cls`, section by section (a command with --config lists its main settings first).
     Defaults are SUPPRESSed, so that only the flags given override the file; `from_args` fills in the rest."""
@@ -71,13 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[Settings]) -> None:
         kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name, "help": help_text,
                                   "required": f.name in cls.required}
         if typ is bool:
-            kwargs.update(action=argparse.BooleanOptionalAction)
+            kwargs.update(action=OnceBoolean)
         elif typ is list:
             kwargs.update(action="append", metavar=meta["metavar"] or "FILE")
         elif meta["choices"]:
-            kwargs.update(type=typ, choices=meta["choices"])
+            kwargs.update(action=Once, type=typ, choices=meta["choices"])
         else:
-            kwargs.update(type=typ, metavar=meta["metavar"] or (f.name.upper().replace("_", "-") if typ is str
+            kwargs.update(action=Once, type=typ, metavar=meta["metavar"] or (f.name.upper().replace("_", "-") if typ is str
                                                                 else typ.__name__.upper()))
         group.add_argument(option(f), *(f"--{a}" for a in meta["aliases"]), **kwargs)
         for old in meta["was"]:
