@@ -111,9 +111,12 @@ def test_the_learning_test_fails_when_the_advantage_sign_is_flipped(tmp_path, mo
 # -- rookworld train on real chess tasks ----------------------------------------------------------------------
 
 def train_args(model_dir, out, *extra):
-    return ["train", "--model", str(model_dir), "--output-dir", str(out), "--prompts-per-step", "4",
-            "--group-size", "4", "--max-new-tokens", "12", "--stockfish-depth", "4", "--stockfish-workers", "1",
-            "--eval-every", "0", "--sample-every", "1", "--device", "cpu", "--seed", "3", *extra]
+    """A small run's flags; a flag in `extra` replaces the base's own (a flag given twice is warned of)."""
+    base = {"--model": str(model_dir), "--output-dir": str(out), "--prompts-per-step": "4", "--group-size": "4",
+            "--max-new-tokens": "12", "--stockfish-depth": "4", "--stockfish-workers": "1", "--eval-every": "0",
+            "--sample-every": "1", "--device": "cpu", "--seed": "3"}
+    kept = [word for flag, value in base.items() if flag not in extra for word in (flag, value)]
+    return ["train", *kept, *extra]
 
 
 def run_cli(args, cwd=None):
