@@ -87,8 +87,14 @@ def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summa
         torch.set_float32_matmul_precision("high")
     bf16, why = compute_dtype(cfg.dtype, kind)
     torch.manual_seed(cfg.seed)
-    resume_from, model_dir, lock = _agreed(cfg, command, loads_model, comm)
-    log = _open_output_dir(cfg, command, resume_from, lock, stream, summary)
+    try:
+        resume_from, model_dir, lock = _agreed(cfg, command, loads_model, comm)
+        log = _open_output_dir(cfg, command, resume_from, lock, stream, summary)
+    except BaseException:
+        # A group left to the interpreter's exit can abort it ("terminate called without an active exception",
+        # a refusing rank in CI) after its one line.
+        comm.close()
+        raise
     compile = cfg.compile and kind == "cuda"
     compiles = CompileReport(log, cfg.output_dir, dist.main) if compile else None
     if compiles is not None and resume_from is not None:
