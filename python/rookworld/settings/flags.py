@@ -101,8 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[Settings]) -> None:
         elif meta["choices"]:
             kwargs.update(action=Once, type=typ, choices=meta["choices"])
         else:
-            kwargs.update(action=Once, type=typ, metavar=meta["metavar"] or (f.name.upper().replace("_", "-") if typ is str
-                                                                else typ.__name__.upper()))
+            named = f.name.upper().replace("_", "-") if typ is str else typ.__name__.upper()
+            kwargs.update(action=Once, type=typ, metavar=meta["metavar"] or named)
         group.add_argument(option(f), *(f"--{a}" for a in meta["aliases"]), **kwargs)
         for old in meta["was"]:
             _renamed(parser, old, option(f))
