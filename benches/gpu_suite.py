@@ -431,10 +431,15 @@ TINY_GRPO = ["--device", "cpu", "--tiny", "--prompts", "2", "--group", "2", "--p
              "--steps", "1", "--warmup", "1", "--stockfish-depth", "4"]
 
 
-def _grpo_step(s: Suite, name: str, extra: list[str], cap: float, need: float = 15) -> tuple[str, dict, str]:
+def _grpo_step(s: Suite, name: str, extra: list[str], cap: float, need: float = 15,
+               profiled: bool = False) -> tuple[str, dict, str]:
     """benches/grpo_step.py --json, read after each of its steps: it rewrites the file (complete: false, the steps so
-    far, the graphs compiled) until its last, so that a run cut off by its limit or the budget keeps its figures."""
+    far, the graphs compiled) until its last, so that a run cut off by its limit or the budget keeps its figures.
+    `profiled`: one more step under torch.profiler after the measured ones (--profile), its account in the
+    figures and in OUT/NAME-profile.json."""
     path = s.work / f"{name}.json"
+    if profiled:
+        extra = [*extra, "--profile", str(s.out / f"{name.replace('_', '-')}-profile.json")]
     tiny = TINY_GRPO if s.tiny else []  # after `extra`: its sizes win, the rest of `extra` holds
     seen = [0]  # steps already printed
 
@@ -494,13 +499,19 @@ def grpo_summary(f: dict) -> str:
                  f"(longest {top.get('name')} {top.get('seconds') or 0:.0f} s)")
     if f.get("compiling"):  # cut off while compiling: what it was compiling
         line += f"; was {f['compiling'][:120]}"
+    profiled = f.get("profile")
+    if profiled and profiled.get("top"):
+        idle = profiled.get("idle_share")
+        first = profiled["top"][0]
+        line += (f"; profiled: {'' if idle is None else f'idle {100 * idle:.0f}%, '}{profiled['syncs_total']} syncs, "
+                 f"top {first['name'][:60]} ({first['phase']}, {100 * first['share']:.1f}%)")
     return line
 
 
 def stage_grpo_step_eager(s: Suite) -> tuple[str, dict, str]:
     """benches/grpo_step.py --no-compile at 124M, 128 prompts x 16: the whole GRPO step eagerly, in its first
-    minutes on a fresh machine (samples/s, each phase's seconds, MFU, peak memory)."""
-    return _grpo_step(s, "grpo_step_eager", EAGER_STEPS, cap=180)
+    minutes on a fresh machine (samples/s, each phase's seconds, MFU, peak memory), then one step profiled."""
+    return _grpo_step(s, "grpo_step_eager", EAGER_STEPS, cap=180, profiled=True)
 
 
 def stage_grpo_step_u64_eager(s: Suite) -> tuple[str, dict, str]:
@@ -509,18 +520,18 @@ def stage_grpo_step_u64_eager(s: Suite) -> tuple[str, dict, str]:
 
 
 def stage_grpo_step(s: Suite) -> tuple[str, dict, str]:
-    """benches/grpo_step.py at 124M, 128 prompts x 16, compiled as train runs it: samples/s of the whole GRPO step
-    with its rewards, MFU, and every graph compiled with its seconds."""
-    # 360 s: on the first H100 runs (2026-11-26) its first step, compiling, had not ended after 200 s. Not started
-    # with under a minute left, which no first step fits; cut off by the budget, its steps so far are kept.
-    return _grpo_step(s, "grpo_step", COMPILED_STEPS, cap=360, need=15 if s.tiny else 60)
+    """benches/grpo_step.py at 124M, 128 prompts x 16, compiled as train runs it by default (the decode step and the
+    draw): samples/s of the whole GRPO step with its rewards, MFU, every graph compiled with its seconds, then one
+    step profiled."""
+    # Not started with under a minute left, which no compiled first step fits; cut off by the budget, its steps so
+    # far are kept.
+    return _grpo_step(s, "grpo_step", COMPILED_STEPS, cap=240, need=15 if s.tiny else 60, profiled=True)
 
 
-def stage_grpo_step_decode(s: Suite) -> tuple[str, dict, str]:
-    """grpo-step with decoding alone compiled (--no-compile-logprobs: the decode step and the draw, two graphs of
-    the six): beside grpo-step-eager and grpo-step, what compiling the log-prob passes is worth, and a compiled
-    figure within minutes."""
-    return _grpo_step(s, "grpo_step_decode", [*COMPILED_STEPS, "--no-compile-logprobs"], cap=240,
+def stage_grpo_step_logprobs(s: Suite) -> tuple[str, dict, str]:
+    """grpo-step with the log-prob passes compiled too (--compile-logprobs: one block compiled for every layer, and
+    the vocabulary passes): beside grpo-step, whether compiling them pays, and how long its first step takes."""
+    return _grpo_step(s, "grpo_step_logprobs", [*COMPILED_STEPS, "--compile-logprobs"], cap=240,
                       need=15 if s.tiny else 60)
 
 
@@ -801,7 +812,8 @@ def stage_learning(s: Suite) -> tuple[str, dict, str]:
 
 STAGES: dict[str, Callable[[Suite], tuple[str, dict, str]]] = {
     "env": stage_env, "grpo-step-eager": stage_grpo_step_eager, "grpo-step-u64-eager": stage_grpo_step_u64_eager,
-    "trl": stage_trl, "grpo-step-decode": stage_grpo_step_decode, "grpo-step": stage_grpo_step, "cuda-core": stage_cuda_core, "cuda-tests": stage_cuda_tests,
+    "trl": stage_trl, "grpo-step": stage_grpo_step, "grpo-step-logprobs": stage_grpo_step_logprobs,
+    "cuda-core": stage_cuda_core, "cuda-tests": stage_cuda_tests,
     "train-fp32": stage_train_fp32, "train-compiled": stage_train_compiled, "auto-batch-oom": stage_auto_batch_oom,
     "fused-head": stage_fused_head, "sft": stage_sft, "sft-eager": stage_sft_eager, "generate": stage_generate,
     "every-prompt": stage_every_prompt, "grpo-step-u64": stage_grpo_step_u64, "sampler": stage_sampler,
@@ -824,13 +836,13 @@ class Call(NamedTuple):
 #: start-up, 480 + about 30 (install, transfers, the table) = 510, then 200 + 30 = 230, 860 s of the 900. Stages
 #: that use another's figures (trl, sft-eager, every-prompt) run in the same call, on the same machine.
 CALLS: dict[str, Call] = {
-    # Eager first: a compiled first step has never finished on a GPU (past 200 s, then past the 123 s it had), and
-    # the eager step and TRL's beside it give the speed figures within minutes; the compiled step takes what is
-    # left, and a cut-off one still leaves its steps and graphs in suite.json.
-    # Decoding alone compiled before everything compiled: two graphs, so a compiled figure comes within minutes.
+    # Eager first: the eager step and TRL's beside it give the speed figures within minutes, and a profile of where
+    # the eager step's time goes. Then the default (decoding compiled), profiled too; then the log-prob passes
+    # compiled as well, with the time left: a cut-off one still leaves its steps and graphs in suite.json.
     "1": Call(1, "the GRPO step's speed: the eager step at 124M, the same at TRL's work, TRL's GRPOTrainer beside it "
-              "(the ratio), then compiled: decoding alone, then everything, with the time left",
-              ["grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step-decode", "grpo-step"], 480),
+              "(the ratio), then compiled as train's default (decoding), then with the log-prob passes too; the "
+              "eager and default steps each profiled",
+              ["grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step", "grpo-step-logprobs"], 480),
     "2": Call(1, "with the slot's last minutes: the CUDA tests that matter most", ["cuda-core"], 200),
     "3": Call(2, "every CUDA test: any failure is a bug to fix before a figure counts", ["cuda-tests"], 480),
     "4": Call(2, "fp32 weights and eager decoding in train; the sampling draw, eager against compiled",

@@ -167,6 +167,18 @@ def print_graphs(graphs: list[dict]) -> None:
         print(f"  {g['step']:>4}  {g['seconds']:>8.1f}  {g['name']}" + (f" ({g['reason']})" if g["reason"] else ""))
 
 
+def profile(trainer: Trainer, args: argparse.Namespace) -> dict:
+    """One more step under the profiler (benches/step_profile.py), its account printed and written to
+    --profile."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import step_profile
+
+    summary = step_profile.profile_step(trainer.train_step, trainer.run.device)
+    print(step_profile.table(summary), file=sys.stderr, flush=True)
+    Path(args.profile).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -188,8 +200,9 @@ def main() -> int:
     ap.add_argument("--kl-estimator", default="k3", choices=("k1", "k2", "k3", "full"))
     ap.add_argument("--advantage", default="grpo", choices=("grpo", "gae"))
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--no-compile-logprobs", action="store_true", help="compile decoding alone (the decode step "
-                    "and the draw), as rookworld train --no-compile-logprobs")
+    ap.add_argument("--compile-logprobs", action=argparse.BooleanOptionalAction, default=None,
+                    help="with compiling, the log-prob passes too (one transformer block for every layer, and the "
+                    "vocabulary passes), as rookworld train --compile-logprobs; default: train's (decoding alone)")
     ap.add_argument("--rehearse-cuda", action="store_true", help="on the CPU, the code paths and compile settings of "
                     "a CUDA run (bf16 unless --dtype says otherwise)")
     ap.add_argument("--compile-cache", default=None, help="load torch.compile's cache artifacts from this file first "
@@ -207,6 +220,10 @@ def main() -> int:
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="the card's dense bf16 peak for MFU (default: rookworld.net.device.peak_tflops of its name)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--profile", default=None, metavar="FILE", help="after the measured steps, one more under "
+                    "torch.profiler: the kernels (the CPU's operators without a GPU) that take the most time, each "
+                    "with its share and phase, the syncs and peak memory, printed, written to FILE (JSON) and "
+                    "kept in --json's figures")
     args = ap.parse_args()
 
     lengths = {"P": args.uniform_length or args.p_len, "A": args.uniform_length or args.a_len}
@@ -219,12 +236,13 @@ def main() -> int:
         compiling.DYNAMIC_OPTIONS = {}  # inductor's settings: another backend has none
     with tempfile.TemporaryDirectory() as out:
         cfg = TrainConfig(
-            steps=args.warmup + args.steps + 1, prompts_per_step=args.prompts, group_size=args.group,
+            steps=args.warmup + args.steps + 1 + bool(args.profile), prompts_per_step=args.prompts, group_size=args.group,
             max_new_tokens=max(lengths.values()), task_mix=args.task_mix, device=args.device, dtype=args.dtype,
-            compile=not args.no_compile, compile_logprobs=not args.no_compile_logprobs, micro_batch_size=args.micro_batch_size, mu=args.mu, beta=args.beta,
+            compile=not args.no_compile, micro_batch_size=args.micro_batch_size, mu=args.mu, beta=args.beta,
             stockfish_depth=args.stockfish_depth, stockfish_workers=args.stockfish_workers, output_dir=out,
             kl_estimator=args.kl_estimator, advantage=args.advantage, shared_prompt=not args.no_shared_prompt,
             eval_every=0, save_every=0, sample_every=0, log_every=1000, warmup_steps=0,
+            **({} if args.compile_logprobs is None else {"compile_logprobs": args.compile_logprobs}),
         ).validate()
         torch.manual_seed(0)
         tokenizer = vocabulary(args.vocabulary)
@@ -259,12 +277,13 @@ def main() -> int:
                 tag = "warm-up" if i < args.warmup else "measured"
                 phases = {k: m[f"time/{k}"] for k in ("generate", "reward", "reference", "update") if f"time/{k}" in m}
                 print(f"step {i + 1} ({tag}): {m['time/step']:.3f} s, {m['samples_per_s']:,.0f} samples/s ("
-                      + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()) + ")"
+                      + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()) + f"), loss {m['loss']!r}"
                       + (f"; compiled {compile_log.summary(new)}" if new else ""), file=sys.stderr, flush=True)
                 steps.append({"step": i + 1, "warmup": i < args.warmup, "step_s": m["time/step"],
                               "samples_per_s": m["samples_per_s"], **{f"{k}_s": v for k, v in phases.items()},
                               "compiling_s": sum(g.seconds for g in new), "graphs": sum(not g.backward for g in new),
-                              "peak_memory_gb": m["peak_memory_gb"]})
+                              "peak_memory_gb": m["peak_memory_gb"], "loss": m["loss"],
+                              "kl": m.get("kl/mean")})
                 write_json(args.json, progress)
                 if args.compile_cache and i + 1 == args.warmup:
                     saved = torch.compiler.save_cache_artifacts()
@@ -272,6 +291,9 @@ def main() -> int:
                         Path(args.compile_cache).write_bytes(saved[0])
                 if i >= args.warmup:
                     rows.append(m)
+            if args.profile:
+                progress["profile"] = profile(trainer, args)
+                write_json(args.json, progress)
             groups_of_steps = []  # (prompt tokens, [completion tokens]) of every group of each measured step
             p_prompts = []
             for i in range(args.warmup, args.warmup + args.steps):

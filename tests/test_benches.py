@@ -26,11 +26,22 @@ def run_bench(script: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", [[], ["--kl-estimator", "full", "--advantage", "gae"]], ids=["k3", "full-gae"])
 def test_grpo_step_benchmark_smoke(tmp_path, objective):
-    out = tmp_path / "figures.json"
+    out, profiled = tmp_path / "figures.json", tmp_path / "profile.json"
     proc = run_bench("grpo_step.py", "--device", "cpu", "--tiny", "--prompts", "2", "--group", "2", "--p-len", "4",
                      "--a-len", "8", "--steps", "1", "--warmup", "1", "--stockfish-depth", "4", "--json", str(out),
-                     *objective)
+                     "--profile", str(profiled), *objective)
     figures = json.loads(out.read_text())
+    # One more step under the profiler: its rows are the operators' own times (kernels on a GPU), each in the phase
+    # whose range it ran in, and none longer than the step, nor all together.
+    account = json.loads(profiled.read_text())
+    assert account == figures["profile"] and account["device"] == "cpu"
+    assert len(account["top"]) >= 25 and {"generate", "reference", "update"} <= set(account["phases"])
+    assert all(0 < row["share"] <= 1 and row["calls"] > 0 for row in account["top"])
+    assert sum(p["seconds"] for p in account["phases"].values()) <= account["wall_s"] * 1.05
+    for phase, wall in account["phase_wall_s"].items():  # a phase's operators ran within the phase's own time
+        assert account["phases"].get(phase, {"seconds": 0})["seconds"] <= wall * 1.05, phase
+    assert account["syncs_total"] > 0 and account["peak_memory_gb"] > 0  # sampling reads its "all done?" on the host
+    assert "profile of one step (operators' own CPU time)" in proc.stderr
     assert figures["samples_per_s"] > 0 and figures["generated_tokens_per_s"] > 0
     for phase in ("generate_s", "reward_s", "reference_s", "update_s"):
         assert figures[phase] >= 0
@@ -177,7 +188,7 @@ def test_gpu_suite_smoke(tmp_path):
     results = json.loads((out / "suite.json").read_text())
     stages = results["stages"]
     # call 1's order first: the eager step, its TRL-sized twin and TRL, then the compiled step; each stage once
-    assert list(stages) == ["env", "grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step-decode", "grpo-step",
+    assert list(stages) == ["env", "grpo-step-eager", "grpo-step-u64-eager", "trl", "grpo-step", "grpo-step-logprobs",
                             "cuda-core", "cuda-tests", "train-fp32", "sampler", "auto-batch-oom", "train-compiled", "decode-cache",
                             "fused-head", "sft", "sft-eager", "auto-batch", "every-prompt", "generate", "weights",
                             "sft-chess-play"]
@@ -191,7 +202,7 @@ def test_gpu_suite_smoke(tmp_path):
     assert stages["train-fp32"]["figures"]["steps"] == [1, 2]
     compiled = stages["train-compiled"]["figures"]
     assert compiled["evaluations"] == [2] and compiled["compile_failed"] == 0 and len(compiled["graphs"]) == 2
-    for name in ("grpo-step-eager", "grpo-step-u64-eager", "grpo-step-decode", "grpo-step", "every-prompt"):
+    for name in ("grpo-step-eager", "grpo-step-u64-eager", "grpo-step", "grpo-step-logprobs", "every-prompt"):
         f = stages[name]["figures"]
         # the bench's last rewrite of its --json: complete, each step's line, what it compiled
         assert f["complete"] and f["samples_per_s"] > 0 and [x["step"] for x in f["steps"]] == [1, 2], name
@@ -202,6 +213,14 @@ def test_gpu_suite_smoke(tmp_path):
     assert stages["generate"]["figures"]["rows"][0]["generated_tokens_per_s"] > 0
     assert stages["every-prompt"]["figures"]["shared_prompt"] is False
     assert stages["grpo-step"]["figures"]["shared_prompt"]
+    assert stages["grpo-step"]["figures"]["compile_logprobs"] is False  # train's default
+    assert stages["grpo-step-logprobs"]["figures"]["compile_logprobs"] is True
+    # the eager and the default steps each bring back a profile of one more step, written under --out too
+    for name in ("grpo-step-eager", "grpo-step"):
+        profiled = stages[name]["figures"]["profile"]
+        assert len(profiled["top"]) >= 25 and profiled["syncs_total"] > 0, name
+        assert {"generate", "update"} <= set(profiled["phases"]) and "profiled:" in stages[name]["summary"], name
+        assert json.loads((out / f"{name}-profile.json").read_text())["top"] == profiled["top"], name
     # issue 57's SFT at scale brings its model back under --out, whole, as a model directory
     scaled = out / "sft-chess-play"
     assert stages["sft-chess-play"]["figures"]["steps"] == 6 and (scaled / "model.safetensors").stat().st_size > 1e6
@@ -375,7 +394,7 @@ def test_gpu_suite_calls_fit_their_slots():
         assert call.budget + 30 < 9 * 60, call
         slots[call.slot] = slots.get(call.slot, 120) + call.budget + 30
     assert slots and max(slots.values()) <= 15 * 60, slots
-    assert list(slots) == sorted(slots) and suite.CALLS["1"].stages[-1] == "grpo-step"
+    assert list(slots) == sorted(slots) and suite.CALLS["1"].stages[-2:] == ["grpo-step", "grpo-step-logprobs"]
     placed = {s for call in suite.CALLS.values() for s in call.stages} | set(suite.OWN_CALL)
     assert set(suite.STAGES) - placed == {"env", "grpo-step-u64"}
 

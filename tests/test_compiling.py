@@ -80,7 +80,7 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     assert not compiling.FALLBACKS, compiling.FALLBACKS
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list as entries
     from rookworld.net import logprobs, sampling, vocab_grad
-    counts = {f.__name__: len(entries(f.__code__)) for f in (decoding.decode_step, sampling._draw, logprobs._states,
+    counts = {f.__name__: len(entries(f.__code__)) for f in (decoding.decode_step, sampling._draw, logprobs._block,
                                                                logprobs._chunk_logprobs, vocab_grad.vocab_forward,
                                                                vocab_grad.vocab_backward)}
     print(f"graphs compiled over 20 steps: {graphs}: {counts}")
@@ -101,12 +101,13 @@ def _grpo_step_bench():
 @pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 11),
                     reason="torch before 2.11 guards each pooled KV cache's static address by its identity: a decode "
                            "graph per cache shape (at most decoding.MAX_CACHED_SHAPES); the GPU machines run 2.11")
-def test_a_124m_shaped_step_compiles_at_most_six_graphs_then_none(monkeypatch, tmp_path):
+def test_a_124m_shaped_step_compiles_at_most_eight_graphs_then_none(monkeypatch, tmp_path):
     """GPT-2 small's shape (12 layers, 12 heads, 768 wide, GPT-2's vocabulary) under every switch a CUDA run sets
-    (benches/grpo_step.py --rehearse-cuda: the draw in blocks, `AfterPrompts`, every hot path compiled), at the
-    default 80/20 task mix, so that a step's P:/A: split moves its batches: the first step compiles at most 6
-    graphs (the decode step, the draw, the trunk's no-grad and differentiable passes, the fused vocabulary pass's
-    forward and backward) and steps 2 to 5 none. dynamo's eager backend: its graphs and guards are inductor's."""
+    with --compile-logprobs (benches/grpo_step.py --rehearse-cuda: the draw in blocks, `AfterPrompts`, every hot
+    path compiled), at the default 80/20 task mix, so that a step's P:/A: split moves its batches: the first step
+    compiles at most 8 graphs (the decode step, the draw, one block for the prompts and one for the
+    continuations, each without and with gradients, whatever the depth, and the fused vocabulary pass's forward
+    and backward) and steps 2 to 5 none. dynamo's eager backend: its graphs and guards are inductor's."""
     from rookworld.grpo.trainer import Trainer
     from rookworld.net import model as model_module, sampling
     from rookworld.net.model import GPT, GPTConfig
@@ -120,7 +121,7 @@ def test_a_124m_shaped_step_compiles_at_most_six_graphs_then_none(monkeypatch, t
         for name in names:  # the rehearsal changes copies, which the test's end puts back
             monkeypatch.setattr(module, name, type(getattr(module, name))(getattr(module, name)))
     from rookworld.net import fused_head, logprobs
-    for compiled in (decoding._DECODE_STEP, *sampling.COMPILED_DRAWS.values(), logprobs._STATES, logprobs._CHUNK,
+    for compiled in (decoding._DECODE_STEP, *sampling.COMPILED_DRAWS.values(), logprobs._BLOCK, logprobs._CHUNK,
                      fused_head._FORWARD, fused_head._BACKWARD):
         monkeypatch.setattr(compiled, "by_device", {})
     torch._dynamo.reset()
@@ -128,7 +129,8 @@ def test_a_124m_shaped_step_compiles_at_most_six_graphs_then_none(monkeypatch, t
     # specializes, which a 124M run's 128 prompts never meet).
     cfg = TrainConfig(steps=5, prompts_per_step=13, group_size=2, max_new_tokens=6, eval_every=0,
                       stockfish_depth=1, stockfish_workers=1, save_every=0, sample_every=0, warmup_steps=0,
-                      micro_batch_size=16, device="cpu", output_dir=str(tmp_path), log_every=100).validate()
+                      micro_batch_size=16, device="cpu", output_dir=str(tmp_path), log_every=100,
+                      compile_logprobs=True).validate()
     torch.manual_seed(0)
     policy = GPT(GPTConfig(n_layer=12, n_head=12, n_embd=768)).eval()
     t = Trainer(cfg, policy=policy, reference=copy.deepcopy(policy), tokenizer=get_tokenizer(),
@@ -145,7 +147,9 @@ def test_a_124m_shaped_step_compiles_at_most_six_graphs_then_none(monkeypatch, t
     assert not compiling.FALLBACKS, compiling.FALLBACKS
     print("graphs a step:", [compile_log.summary(g) for g in per_step], "A: prompts a step:", a_prompts)
     assert len(set(a_prompts)) > 1, a_prompts  # the batches did move
-    assert 0 < sum(not g.backward for g in per_step[0]) <= 6, compile_log.summary(per_step[0])
+    assert 0 < sum(not g.backward for g in per_step[0]) <= 8, compile_log.summary(per_step[0])
+    blocks = [g for g in per_step[0] if g.name == "_block"]  # one graph serves all 12 layers
+    assert 2 <= len(blocks) <= 4, compile_log.summary(per_step[0])
     assert [len(g) for g in per_step[1:]] == [0, 0, 0, 0], [compile_log.summary(g) for g in per_step[1:]]
 
 
@@ -257,9 +261,10 @@ def test_the_compile_cache_travels_with_the_run_directory(tmp_path):
 
 
 @pytest.mark.slow
-def test_no_compile_logprobs_compiles_decoding_alone(tmp_path):
-    """--no-compile-logprobs, rehearsed as on CUDA (benches/grpo_step.py --rehearse-cuda, dynamo's eager backend): a
-    step compiles the decode step and the draw, and no log-prob pass; without it, the log-prob passes compile too."""
+def test_the_default_compiles_decoding_alone(tmp_path):
+    """train's default, rehearsed as on CUDA (benches/grpo_step.py --rehearse-cuda, dynamo's eager backend): a step
+    compiles the decode step and the draw, and no log-prob pass; with --compile-logprobs, the log-prob passes
+    compile too, as one block for every layer and the vocabulary passes."""
     import json
     import subprocess
     import sys
@@ -275,5 +280,5 @@ def test_no_compile_logprobs_compiles_decoding_alone(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         return {g["name"] for g in json.loads(out.read_text())["compiled"]}
 
-    assert compiled("--no-compile-logprobs") == {"decode_step", "_draw_in_blocks"}
-    assert {"_states", "vocab_forward", "vocab_backward"} <= compiled()
+    assert compiled() == {"decode_step", "_draw_in_blocks"}
+    assert {"_block", "vocab_forward", "vocab_backward"} <= compiled("--compile-logprobs")

@@ -192,7 +192,7 @@ def test_token_logprobs_under_bf16_autocast_track_float64(compile):
     (r.logprobs.sum() + r.entropy.sum()).backward()
     assert s.logprobs.dtype == s.entropy.dtype == torch.float32
     if compile:  # the trunk and the chunks' log-softmax both ran compiled, not eagerly after a failure
-        assert "cuda" in logprobs._STATES.by_device and "cuda" in logprobs._CHUNK.by_device
+        assert "cuda" in logprobs._BLOCK.by_device and "cuda" in logprobs._CHUNK.by_device
         assert not compiling.FALLBACKS, compiling.FALLBACKS
     for got, want in ((s.logprobs, r.logprobs), (s.entropy, r.entropy)):
         got, want = got.detach().cpu().double(), want.detach().double()
@@ -291,15 +291,21 @@ def test_train_three_steps_on_cuda_and_the_checkpoint_reloads(tiny_dir, tmp_path
     assert any(not torch.equal(start[k], v) for k, v in ours.state_dict().items()), "the weights must have moved"
 
 
-def test_no_compile_logprobs_compiles_decoding_alone_on_cuda(tiny_dir, tmp_path):
-    """--no-compile-logprobs: the run's graphs are the decode step's and the draw's, no log-prob pass's."""
-    out = tmp_path / "run"
-    proc = run_cli(["train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps", "2",
-                    "--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "16", "--stockfish-depth",
-                    "4", "--save-every", "0", "--eval-every", "0", "--no-compile-logprobs"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    names = {g["name"] for r in metrics(out) for g in r.get("compiled", [])}
-    assert names == {"decode_step", "_draw_in_blocks"}, names
+def test_train_compiles_decoding_alone_by_default_on_cuda(tiny_dir, tmp_path):
+    """train's default on CUDA: the run's graphs are the decode step's and the draw's, no log-prob pass's; with
+    --compile-logprobs one block serves every layer (its graphs are `_block`'s, the trunk's own never)."""
+    def names(*extra: str) -> set[str]:
+        out = tmp_path / f"run{len(extra)}"
+        proc = run_cli(["train", "--model", str(tiny_dir), "--output-dir", str(out), "--device", "cuda", "--steps",
+                        "2", "--prompts-per-step", "8", "--group-size", "4", "--max-new-tokens", "16",
+                        "--stockfish-depth", "4", "--save-every", "0", "--eval-every", "0", *extra])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return {g["name"] for r in metrics(out) for g in r.get("compiled", [])}
+
+    assert names() == {"decode_step", "_draw_in_blocks"}
+    assert {"_block", "vocab_forward"} <= names("--compile-logprobs") <= {"decode_step", "_draw_in_blocks", "_block",
+                                                                          "_block backward", "vocab_forward",
+                                                                          "vocab_backward"}
 
 
 def test_auto_batch_chooses_a_size_on_cuda(tiny_dir, tmp_path):

@@ -669,8 +669,8 @@ def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch
     grad = model.transformer.h[0].attn.c_attn.weight.grad.clone()
     model.zero_grad(set_to_none=True)
     monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
-    monkeypatch.setattr(logprobs._STATES, "by_device",
-                        {"cpu": torch.compile(logprobs._states, backend=broken_backend, fullgraph=True)})
+    monkeypatch.setattr(logprobs._BLOCK, "by_device",
+                        {"cpu": torch.compile(logprobs._block, backend=broken_backend, fullgraph=True)})
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
         # With the entropy: a vocabulary pass worth compiling (`_VocabPass._fuses`), which must stay compiled.
         fallen_back = token_logprobs(model, ids, mask, PassOptions(start=5, compile=True, entropy=True))
@@ -678,7 +678,7 @@ def test_a_compiler_failure_in_the_logprob_trunk_falls_back_to_eager(monkeypatch
     # Only the trunk fell back: the vocabulary pass stayed compiled, so the values are eager's to its rounding.
     torch.testing.assert_close(fallen_back.logprobs, eager.logprobs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(model.transformer.h[0].attn.c_attn.weight.grad, grad, rtol=1e-4, atol=1e-6)
-    assert compiling.has_failed(logprobs._states, "cpu") and len(compiling.FALLBACKS) == 1
+    assert compiling.has_failed(logprobs._block, "cpu") and len(compiling.FALLBACKS) == 1
     assert "cpu" in logprobs._CHUNK.by_device
 
 
@@ -707,9 +707,9 @@ def test_compiled_logprobs_match_eager_with_gradients(monkeypatch):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     # A graph that kept another pair's weights would fail above: the directions differ by far more than rtol.
     assert (results[2][2] - results[4][2]).abs().max() > 1e-4
-    # The trunk is compiled too. Other shapes (the second new one makes dynamo build a dynamic-shape graph) and
+    # The trunk's blocks are compiled too. Other shapes (the second new one makes dynamo build a dynamic-shape graph) and
     # no mask at all (SFT's packed rows, plain causal attention) give eager's values and gradients.
-    assert "cpu" in logprobs._STATES.by_device
+    assert "cpu" in logprobs._BLOCK.by_device
     for rows, cols, with_mask in ((3, 2, True), (5, 4, False), (4, 1, True)):
         got = []
         for compile in (False, True):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 from torch import nn
 
 from rookworld.ground.rewards import Scores
@@ -183,40 +184,42 @@ def collect_rollout(cfg: RolloutSettings, parts: RolloutParts, comm: Comm, promp
     G, device = cfg.group_size, models.device
     objective.begin_step(step)
     t0 = time.perf_counter()
-    # 1. Sample G completions per prompt.
-    ids, pmask = tokenizer.encode_batch([p.text for p in prompts], bos=True, device=device)
-    generator = torch.Generator(device=device).manual_seed(seed_of(cfg.seed, step, comm.info.rank))
-    out = sampler(ids, pmask, np.array([p.task for p in prompts]), G, generator)
-    ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
-    _sync(device)
+    # Each phase a range of its own in a profile (torch.profiler): what a kernel's time is spent on.
+    with record_function("rookworld.generate"):  # 1. Sample G completions per prompt.
+        ids, pmask = tokenizer.encode_batch([p.text for p in prompts], bos=True, device=device)
+        generator = torch.Generator(device=device).manual_seed(seed_of(cfg.seed, step, comm.info.rank))
+        out = sampler(ids, pmask, np.array([p.task for p in prompts]), G, generator)
+        ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
+        _sync(device)
     t_gen = time.perf_counter()
 
-    # 2. Rewards.
-    completions = tokenizer.decode_batch(out.tokens, out.mask)
-    scores = parts.reward_fn([p for p in prompts for _ in range(G)], completions)
-    valid = np.ones(len(completions), dtype=bool) if scores.valid is None else np.asarray(scores.valid, bool)
-    if not valid.all():
-        parts.log.warn("unscored", step + 1, f"{int((~valid).sum()) // G} prompt(s) could not be scored (Stockfish "
-                                       "failed after retries) and were left out of this step")
-    r = Rollout(prompts=prompts, completions=completions, scores=dataclasses.replace(scores, valid=valid),
-                ids=torch.cat([ids, out.tokens], dim=1), mask=torch.cat([pmask, out.mask], dim=1),
-                prompt_width=ids.shape[1], stopped=out.stopped, group_size=G, memo=sampler.take_memo())
+    with record_function("rookworld.reward"):  # 2. Rewards.
+        completions = tokenizer.decode_batch(out.tokens, out.mask)
+        scores = parts.reward_fn([p for p in prompts for _ in range(G)], completions)
+        valid = np.ones(len(completions), dtype=bool) if scores.valid is None else np.asarray(scores.valid, bool)
+        if not valid.all():
+            parts.log.warn("unscored", step + 1, f"{int((~valid).sum()) // G} prompt(s) could not be scored "
+                                                 "(Stockfish failed after retries) and were left out of this step")
+        r = Rollout(prompts=prompts, completions=completions, scores=dataclasses.replace(scores, valid=valid),
+                    ids=torch.cat([ids, out.tokens], dim=1), mask=torch.cat([pmask, out.mask], dim=1),
+                    prompt_width=ids.shape[1], stopped=out.stopped, group_size=G, memo=sampler.take_memo())
     t_reward = time.perf_counter()
 
     # 3. The reference's (and the sampling policy's) log-probs, once per rollout; then the advantages.
-    batches = r.micro_batches(np.arange(len(completions)), cfg.micro_batch_size, models.rows_per_prompt)
-    if objective.reference_pass:
-        r.ref_logprobs, _ = rollout_logprobs(models, models.reference, r, batches, cfg.temperature)
-    if objective.sampler_pass:
-        r.old_logprobs, r.old_values = rollout_logprobs(models, models.policy, r, batches, cfg.temperature,
-                                                        values=objective.critic)
-    if objective.a_likelihood_weight > 0:
-        r.targets = env_targets(prompts, tokenizer, objective.cfg.max_new_tokens, device)
-    with torch.no_grad():
-        r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
-        r.kl_scale = objective.kl_scale(r.tasks, r.completion_mask.shape[1], device)
-        r.advantages, r.returns, r.info = objective.advantages(r, comm)
-    _sync(device)
+    with record_function("rookworld.reference"):
+        batches = r.micro_batches(np.arange(len(completions)), cfg.micro_batch_size, models.rows_per_prompt)
+        if objective.reference_pass:
+            r.ref_logprobs, _ = rollout_logprobs(models, models.reference, r, batches, cfg.temperature)
+        if objective.sampler_pass:
+            r.old_logprobs, r.old_values = rollout_logprobs(models, models.policy, r, batches, cfg.temperature,
+                                                            values=objective.critic)
+        if objective.a_likelihood_weight > 0:
+            r.targets = env_targets(prompts, tokenizer, objective.cfg.max_new_tokens, device)
+        with torch.no_grad():
+            r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
+            r.kl_scale = objective.kl_scale(r.tasks, r.completion_mask.shape[1], device)
+            r.advantages, r.returns, r.info = objective.advantages(r, comm)
+        _sync(device)
     r.times = {"generate": t_gen - t0, "reward": t_reward - t_gen, "reference": time.perf_counter() - t_reward}
     return r
 

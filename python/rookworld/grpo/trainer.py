@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 from torch import nn
 
 from rookworld.ground.data import assign_moves, finished_message, playable, position_key, read_records
@@ -216,11 +217,12 @@ class Trainer:
             raise StepAbandoned from None
         t_update = time.perf_counter()
         with run.applying():  # from the first weight changed to the step's end, a step is done whole
-            sums = update(self.update_settings, self.objective, models, run.optimizer, comm, rollout, step)
-            lr = run.optimizer.param_groups[0]["lr"]
-            run.scheduler.step()
-            if run.device.type == "cuda":
-                torch.cuda.synchronize(run.device)
+            with record_function("rookworld.update"):  # the update's range in a profile, as the rollout's phases
+                sums = update(self.update_settings, self.objective, models, run.optimizer, comm, rollout, step)
+                lr = run.optimizer.param_groups[0]["lr"]
+                run.scheduler.step()
+                if run.device.type == "cuda":
+                    torch.cuda.synchronize(run.device)
             t_end = time.perf_counter()
             if sums.skipped:
                 run.log.warn("skipped", step + 1, f"{sums.skipped} of {cfg.mu * cfg.minibatches} minibatch(es) had "

@@ -1,7 +1,11 @@
-"""How a block's attention sees its keys: an `Attention` is called with one layer's queries, keys and values of the
-new tokens [B, nh, T, hd] and returns the attention's output [B, nh, T, hd]. `GPT` picks one for each pass:
-`Causal` (the tokens given, padding masked), `AfterPrompts` and `GroupedPrompts` (continuations of prompts whose keys
-and values are computed once a group) and `Cached` (decoding against a cache, `rookworld.net.caches`)."""
+"""How a block's attention sees its keys. A pass's `Attention` gives each layer its own (`at(layer)`): a
+`LayerAttention`, called with that layer's queries, keys and values of the new tokens [B, nh, T, hd], which returns
+the attention's output [B, nh, T, hd]. `GPT` picks one for each pass: `Causal` (the tokens given, padding masked),
+`AfterPrompts` and `GroupedPrompts` (continuations of prompts whose keys and values are computed once a group) and
+`Cached` (decoding against a cache, `rookworld.net.caches`).
+
+A layer's attention holds that layer's tensors, not its index: a block compiled once then serves every layer
+(`rookworld.net.logprobs`), since nothing it reads tells one layer from another."""
 
 from __future__ import annotations
 
@@ -12,19 +16,26 @@ import torch
 import torch.nn.functional as F
 
 
-class Attention(Protocol):
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+class LayerAttention(Protocol):
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  dropout_p: float = 0.0) -> torch.Tensor: ...
+
+
+class Attention(Protocol):
+    def at(self, layer: int) -> LayerAttention: ...
 
 
 class Causal:
     """Attention over the tokens given: `mask` [B, 1, T, T] bool (`padded_causal`), or None for plain causal
-    attention, which lets SDPA pick its fastest kernel."""
+    attention, which lets SDPA pick its fastest kernel. The same for every layer."""
 
     def __init__(self, mask: torch.Tensor | None):
         self.mask = mask
 
-    def __call__(self, layer: int, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+    def at(self, layer: int) -> Causal:
+        return self
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p,
                                               is_causal=self.mask is None)
 
@@ -38,9 +49,18 @@ class AfterPrompts:
     def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor):
         self.prefix, self.mask = prefix, mask
 
-    def __call__(self, layer: int, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-        prefix_k, prefix_v = self.prefix[layer]
-        k, v = after_prefix(prefix_k, k), after_prefix(prefix_v, v)
+    def at(self, layer: int) -> AfterPrompt:
+        return AfterPrompt(*self.prefix[layer], self.mask)
+
+
+class AfterPrompt:
+    """One layer of `AfterPrompts`: its prompts' keys and values [g, nh, P, hd]."""
+
+    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, mask: torch.Tensor):
+        self.prefix_k, self.prefix_v, self.mask = prefix_k, prefix_v, mask
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        k, v = after_prefix(self.prefix_k, k), after_prefix(self.prefix_v, v)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p)
 
 
@@ -52,21 +72,39 @@ class GroupedPrompts:
     def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], bias: torch.Tensor):
         self.prefix, self.bias = prefix, bias
 
-    def __call__(self, layer: int, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-        prefix_k, prefix_v = self.prefix[layer]
-        return grouped_attention(q, k, v, prefix_k.to(q.dtype), prefix_v.to(q.dtype), self.bias, 0)
+    def at(self, layer: int) -> GroupedPrompt:
+        return GroupedPrompt(*self.prefix[layer], self.bias)
+
+
+class GroupedPrompt:
+    """One layer of `GroupedPrompts`: its prompts' keys and values [g, nh, P, hd]."""
+
+    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, bias: torch.Tensor):
+        self.prefix_k, self.prefix_v, self.bias = prefix_k, prefix_v, bias
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        return grouped_attention(q, k, v, self.prefix_k.to(q.dtype), self.prefix_v.to(q.dtype), self.bias, 0)
 
 
 class Cached:
     """Decoding: the new tokens' keys and values are written to `cache` (a `KVCache` or `GroupCache`) at slots
     `write_pos` [T], and the tokens attend to every valid slot at or before their own (`mask`: the cache's
-    `begin`). No dropout."""
+    `begin`). No dropout. The decode step compiles whole (a CUDA graph), so a layer's is its index into the cache."""
 
     def __init__(self, cache, write_pos: torch.Tensor, mask: torch.Tensor | None):
         self.cache, self.write_pos, self.mask = cache, write_pos, mask
 
-    def __call__(self, layer: int, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-        return self.cache.attend(layer, q, k, v, self.write_pos, self.mask)
+    def at(self, layer: int) -> CachedLayer:
+        return CachedLayer(self, layer)
+
+
+class CachedLayer:
+    def __init__(self, cached: Cached, layer: int):
+        self.cached, self.layer = cached, layer
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+        c = self.cached
+        return c.cache.attend(self.layer, q, k, v, c.write_pos, c.mask)
 
 
 def grouped_attention(q: torch.Tensor, own_k: torch.Tensor, own_v: torch.Tensor, prefix_k: torch.Tensor,

@@ -53,7 +53,8 @@ class CompileLog:
             seconds = m.entire_frame_compile_time_s
             if seconds is None:  # a backward compiled lazily: only its span is recorded
                 seconds = ((m.end_time_us or 0) - (m.start_time_us or 0)) / 1e6
-            reason = getattr(m, "recompile_reason", None) or None
+            # dynamo's reason, its first line: the rest is the user's stack, which the log line has no room for
+            reason = (str(getattr(m, "recompile_reason", None) or "").strip().splitlines() or [None])[0]
             graphs.append(Graph(name, float(seconds or 0.0), reason, backward))
         return graphs
 

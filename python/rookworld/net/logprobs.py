@@ -28,7 +28,8 @@ from rookworld.net.compile_log import describe
 from rookworld.net.compiling import Compiled
 from rookworld.net.fused_head import Columns, FusedHead, TokenLoss, TokenTerms, Vocab
 from rookworld.net.memo import Replay
-from rookworld.net.model import GPT
+from rookworld.net.attention import Causal, LayerAttention
+from rookworld.net.model import GPT, Block, BlockRunner
 from rookworld.net.vocab_grad import tempered_logits, vocab_forward
 
 __all__ = ["LogProbs", "PassOptions", "TokenLogProbs", "TokenLoss", "TokenTerms", "chunk_rows", "token_logprobs"]
@@ -41,7 +42,8 @@ class PassOptions:
     start: the first position scored (for GRPO, the prompt's width: the completion's log-probs).
     temperature: of the distribution scored (the entropy and the KL are that distribution's too).
     entropy: also each position's entropy.
-    compile: the trunk and the passes over the vocabulary through torch.compile (a warning and eager if it fails).
+    compile: the trunk's blocks (one graph for every layer) and the passes over the vocabulary through
+        torch.compile (a warning and eager if it fails).
     kl_weights: (forward, reverse) weights of the exact KL to a reference, when one is given (`vocab_forward`).
     rows_per_prompt: rows come in groups of this many that share their prompt columns, computed once a group.
     chunk_size: positions a chunk of the vocabulary pass (default `chunk_rows`).
@@ -99,12 +101,38 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.T
 _CHUNK = Compiled(_chunk_logprobs)
 
 
+def _block(block: Block, x: torch.Tensor, attend: LayerAttention
+           ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One block of a log-prob pass (`GPT`'s `BlockRunner`, when compiled)."""
+    return block(x, attend)
+
+
+# Eager under bf16 autocast, a block's LayerNorms, GELUs, residual adds and casts each read and write the
+# activations once more, forward and backward: at GPT-2 small's width about as many bytes as its matmuls take
+# time. Compiled, they fuse into the matmuls' neighbours. One block is compiled, not the trunk: every layer runs
+# the same graph (a layer's attention holds its tensors, not its index), so compiling costs one layer's time
+# whatever the depth. Shapes vary between calls (micro-batches are cut to their own columns, prompts have their
+# own widths), so it compiles with dynamic shapes from the first call: a graph for each attention (the prompts',
+# the continuations') and grad mode (the no-grad passes, the update's forward and backward).
+_BLOCK = Compiled(_block)
+describe(_block, lambda block, x, attend: f"a block of the log-prob pass{'' if torch.is_grad_enabled() else ' (no grad)'}"
+                                          f" for {x.shape[0]:,} rows x {x.shape[1]} positions "
+                                          f"({'continuations' if type(attend) is not Causal else 'prompts'})")
+
+
+def _block_runner(device_type: str, compile: bool) -> BlockRunner | None:
+    """The compiled block for every layer of a pass (eager after a compiler failure), or None: each runs as it is."""
+    if not compile:
+        return None
+    return lambda block, x, attend: _BLOCK(device_type, True, block, x, attend, dynamic=True)
+
+
 def _states(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, start: int,
-            rows_per_prompt: int, replay: Replay | None = None) -> torch.Tensor:
+            rows_per_prompt: int, replay: Replay | None = None, blocks: BlockRunner | None = None) -> torch.Tensor:
     """The hidden state that predicts each token from `start` on [B, T - start, n_embd]: position t - 1's.
-    replay: the trunk's products taken from sampling's memo (shared prompts only)."""
+    replay: the trunk's products taken from sampling's memo (shared prompts only); blocks: who runs each block."""
     if rows_per_prompt == 1:
-        return model.trunk(input_ids, attention_mask)[:, start - 1 : -1]
+        return model.trunk(input_ids, attention_mask, blocks=blocks)[:, start - 1 : -1]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
 
@@ -112,21 +140,13 @@ def _states(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
         return replay.phase(model, phase) if replay is not None else None
 
     prompt_ids, prompt_mask = input_ids[::rows_per_prompt, :start], attention_mask[::rows_per_prompt, :start]
-    prompt, prefix = model.prompt_trunk(prompt_ids, prompt_mask, products("prompt"))
+    prompt, prefix = model.prompt_trunk(prompt_ids, prompt_mask, products("prompt"), blocks)
     completions = model.continue_trunk(input_ids[:, start:], attention_mask[:, start:], prefix, prompt_mask,
-                                       products("completion"))
+                                       products("completion"), blocks)
     # The prompt's last state predicts the first completion token (prompts are left-padded: it is a real token).
     return torch.cat([prompt[:, -1:].repeat_interleave(rows_per_prompt, 0), completions[:, :-1]], dim=1)
 
 
-# Eager under bf16 autocast, the trunk's LayerNorms, GELUs, residual adds and casts each read and write the
-# activations once more, forward and backward: at GPT-2 small's width about as many bytes as its matmuls take
-# time. Compiled, they fuse into the matmuls' neighbours. Shapes vary between calls (micro-batches are cut to
-# their own columns, prompts have their own widths), so it compiles with dynamic shapes from the first call: one
-# graph for the no-grad passes, one (forward and backward) for the update's.
-_STATES = Compiled(_states)
-describe(_states, lambda model, ids, *_: f"the trunk's log-prob pass{'' if torch.is_grad_enabled() else ' (no grad)'} "
-                                         f"for {ids.shape[0]:,} rows x {ids.shape[1]} positions")
 describe(_chunk_logprobs, lambda hidden, *_: f"the vocabulary's log-softmax for {hidden.shape[0]:,} positions")
 
 
@@ -151,15 +171,16 @@ def token_logprobs(model: GPT, input_ids: torch.Tensor, attention_mask: torch.Te
     if not 1 <= start < T:
         raise ValueError(f"start must lie in [1, {T}), got {start}")
     N, trunk_args = T - start, (input_ids, attention_mask, start, options.rows_per_prompt)
+    blocks = _block_runner(device_type, options.compile)
     if replay is None:
-        hidden = _STATES(device_type, options.compile, model, *trunk_args, dynamic=True)
+        hidden = _states(model, *trunk_args, blocks=blocks)
     else:  # the memo is an eager seam: no compiled region ever sees it
         hidden = _states(model, *trunk_args, replay)
     hidden = hidden.reshape(B * N, -1)
     ref_hidden = None
     if reference is not None:
         with torch.no_grad():
-            ref_hidden = _STATES(device_type, options.compile, reference, *trunk_args, dynamic=True).reshape(B * N, -1)
+            ref_hidden = _states(reference, *trunk_args, blocks=blocks).reshape(B * N, -1)
     positions = None if wanted is None else _wanted_positions(wanted, B, N)
     pick = (lambda x: x) if positions is None else (lambda x: x[positions])  # noqa: E731
     chunk = options.chunk_size or chunk_rows(input_ids.device, model.config.vocab_size)

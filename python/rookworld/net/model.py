@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Protocol
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rookworld.net.attention import AfterPrompts, Attention, Cached, Causal, GroupedPrompts, padded_causal, prompt_bias
+from rookworld.net.attention import (AfterPrompts, Attention, Cached, Causal, GroupedPrompts, LayerAttention,
+                                     padded_causal, prompt_bias)
 from rookworld.net.device import resolve_device
 from rookworld.net.onednn import linear
 from rookworld.settings.base import ConfigError
@@ -178,9 +180,8 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.layer_idx = layer_idx  # which layer of a cache or of shared prompts is ours
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
@@ -188,7 +189,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = Linear(config.n_embd, config.n_embd)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, attend: Attention, products: Products | None = None
+    def forward(self, x: torch.Tensor, attend: LayerAttention, products: Products | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The attention's output [B, T, C], and this call's own keys and values [B, nh, T, hd] (a prompt's, which
         its completions then attend to)."""
@@ -197,7 +198,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # [B, nh, T, hd]
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = attend(self.layer_idx, q, k, v, self.dropout if self.training else 0.0)
+        y = attend(q, k, v, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y, products)), (k, v)
 
@@ -215,19 +216,24 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
-        self.attn = CausalSelfAttention(config, layer_idx)
+        self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, attend: Attention, products: Products | None = None
+    def forward(self, x: torch.Tensor, attend: LayerAttention, products: Products | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """The block's output, and its attention's own keys and values."""
         a, kv = self.attn(self.ln_1(x), attend, products)
         x = x + a
         return x + self.mlp(self.ln_2(x), products), kv
+
+
+#: Who runs a block in a pass, in place of `Block.__call__`: (block, x, its layer's attention) -> (x, the block's
+#: keys and values). The log-prob passes give one compiled once for every layer (`rookworld.net.logprobs`).
+BlockRunner = Callable[[Block, torch.Tensor, LayerAttention], tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]
 
 
 #: The device types whose continuations read their group's prompt through `GroupedPrompts`: on the CPU the copies
@@ -244,7 +250,7 @@ class GPT(nn.Module):
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
                 ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps),
             )
         )
@@ -279,9 +285,11 @@ class GPT(nn.Module):
 
     def trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
               position_ids: torch.Tensor | None = None, kv_cache=None,
-              write_pos: torch.Tensor | None = None, products: Products | None = None) -> torch.Tensor:
+              write_pos: torch.Tensor | None = None, products: Products | None = None,
+              blocks: BlockRunner | None = None) -> torch.Tensor:
         """Final hidden states [B, T, n_embd] (after ln_f), before the lm_head; `products`: who makes the trunk
-        Linears' products in this pass (`Products`), else they are made here.
+        Linears' products in this pass (`Products`), else they are made here; `blocks`: who runs each block
+        (`BlockRunner`; not with `products`), else each runs as it is.
 
         attention_mask [B, T] (1/True = real token) marks padding; position ids default to its cumulative sum.
         With `kv_cache` (`rookworld.net.caches`), the T new tokens are written to cache slots `write_pos` [T] (long)
@@ -302,19 +310,20 @@ class GPT(nn.Module):
             attend: Attention = Cached(kv_cache, write_pos, kv_cache.begin(write_pos, new_valid))
         else:
             attend = Causal(None if attention_mask is None else padded_causal(attention_mask).unsqueeze(1))
-        return self._layers(input_ids, position_ids, attend, products=products)[0]
+        return self._layers(input_ids, position_ids, attend, products=products, blocks=blocks)[0]
 
-    def prompt_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, products: Products | None = None
-                     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def prompt_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, products: Products | None = None,
+                     blocks: BlockRunner | None = None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """`trunk` of left-padded prompts [g, P], and every layer's keys and values [g, nh, P, hd]: the `prefix` of
         `continue_trunk`, so that a group's completions share one pass over their prompt."""
         attention_mask = attention_mask.to(torch.bool)
         attend = Causal(padded_causal(attention_mask).unsqueeze(1))
-        return self._layers(input_ids, positions_from_mask(attention_mask), attend, keep=True, products=products)
+        return self._layers(input_ids, positions_from_mask(attention_mask), attend, keep=True, products=products,
+                            blocks=blocks)
 
     def continue_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        prefix: list[tuple[torch.Tensor, torch.Tensor]], prefix_mask: torch.Tensor,
-                       products: Products | None = None) -> torch.Tensor:
+                       products: Products | None = None, blocks: BlockRunner | None = None) -> torch.Tensor:
         """Final hidden states [B, T, n_embd] of right-padded continuations [B, T] of g prompts (`prompt_trunk`'s
         `prefix` and mask [g, P]), each prompt's B / g continuations consecutive: they attend to their prompt's
         real tokens, then causally to their own, at the positions that follow the prompt's. The same states as
@@ -329,16 +338,20 @@ class GPT(nn.Module):
         else:
             seen = row_prompt_mask.unsqueeze(1).expand(B, T, P)
             attend = AfterPrompts(prefix, torch.cat([seen, padded_causal(attention_mask)], dim=2).unsqueeze(1))
-        return self._layers(input_ids, position_ids, attend, products=products)[0]
+        return self._layers(input_ids, position_ids, attend, products=products, blocks=blocks)[0]
 
     def _layers(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attention, keep: bool = False,
-                products: Products | None = None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+                products: Products | None = None, blocks: BlockRunner | None = None
+                ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Embeddings, blocks and ln_f: the hidden states, and each layer's own keys and values if `keep`."""
+        if blocks is not None and products is not None:
+            raise ValueError("a pass takes its products from a memo or runs its blocks through `blocks`, not both")
         x = self.transformer.wte(input_ids) + self.transformer.wpe(position_ids)  # [B, T, C]
         x = self.transformer.drop(x)
         kept = []
-        for block in self.transformer.h:
-            x, kv = block(x, attend, products)
+        for i, block in enumerate(self.transformer.h):
+            layer = attend.at(i)
+            x, kv = block(x, layer, products) if blocks is None else blocks(block, x, layer)
             if keep:
                 kept.append(kv)
         return self.transformer.ln_f(x), kept

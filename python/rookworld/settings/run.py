@@ -47,9 +47,10 @@ class RunSettings:
     dtype: str = setting("auto", "compute dtype: auto (bf16 autocast on CUDA and on a CPU with AMX; else fp32), bf16 "
                                  "or fp32", RUN, choices=("auto", "bf16", "fp32"))
     compile: bool = setting(True, "on CUDA, torch.compile the hot paths", RUN)
-    compile_logprobs: bool = setting(True, "with --compile, the log-prob passes too (the trunk and the vocabulary "
-                                           "passes): --no-compile-logprobs compiles decoding alone, two graphs "
-                                           "instead of six (BENCHMARKS.md, issue 56)", RUN)
+    compile_logprobs: bool = setting(False, "with --compile, the log-prob passes too: one transformer block, "
+                                            "compiled once for every layer, and the vocabulary passes. Off by "
+                                            "default, decoding alone compiled: the configuration a GPU has "
+                                            "measured fastest (BENCHMARKS.md)", RUN)
     trust_compile_cache: bool = setting(False, "on --resume, load the compile cache the run directory holds "
                                                "(compile_cache.bin, written by a compiling run): torch's cache "
                                                "artifacts are pickles, which run code as they load, so give it only "
