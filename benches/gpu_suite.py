@@ -505,6 +505,8 @@ def grpo_summary(f: dict) -> str:
         first = profiled["top"][0]
         line += (f"; profiled: {'' if idle is None else f'idle {100 * idle:.0f}%, '}{profiled['syncs_total']} syncs, "
                  f"top {first['name'][:60]} ({first['phase']}, {100 * first['share']:.1f}%)")
+    elif profiled and profiled.get("error"):
+        line += f"; the profiled step failed: {profiled['error'][:120]}"
     return line
 
 

@@ -212,3 +212,47 @@ def test_the_compiled_fused_pass_and_shared_trunk_give_what_eager_gives(monkeypa
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     for k in eager[4]:
         torch.testing.assert_close(compiled[4][k], eager[4][k], rtol=1e-3, atol=1e-6, msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped-prompts", "after-prompts"])
+def test_the_compiled_block_under_bf16_gives_eager_s_loss_within_bf16_s_rounding(monkeypatch, grouped):
+    """--compile-logprobs under bf16 autocast, with the CPU's attention to shared prompts (`GroupedPrompt`) and a
+    GPU's (`AfterPrompt`): one block compiled for both layers gives eager's loss and gradients as closely as bf16
+    allows, its distance to eager within a few times eager's own distance to the float64 pass."""
+    import copy
+
+    from rookworld.net import model as model_module
+
+    monkeypatch.setattr(compiling, "FALLBACKS", compiling.Fallbacks())
+    monkeypatch.setattr(model_module, "GROUPED_PROMPTS_ON", frozenset({"cpu"} if grouped else ()))
+    monkeypatch.setattr(logprobs._BLOCK, "by_device", {})
+    torch._dynamo.reset()  # the graphs counted below are this test's
+    policy = tiny_gpt(seed=2, scale=3.0)
+    reference = tiny_gpt(seed=3, scale=3.0).requires_grad_(False)
+    ids, mask, P = _groups(seed=6, width=9)
+    g = torch.Generator().manual_seed(3)
+    shape = mask[:, P:].shape
+    advantages, old = torch.randn(shape, generator=g, dtype=torch.float64), -3 - torch.rand(shape, generator=g)
+    weights = torch.rand(shape, generator=g, dtype=torch.float64) * mask[:, P:]
+
+    def run(model, ref, dtype, compile):
+        options = PassOptions(start=P, temperature=0.9, entropy=True, kl_weights=(1.0, 0.0), rows_per_prompt=G,
+                              compile=compile)
+        loss = _surrogate(advantages.to(dtype), old.to(dtype), weights.to(dtype))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype != torch.float64):
+            s = token_logprobs(model, ids, mask, options, reference=ref, wanted=mask[:, P:], loss=loss)
+        s.loss.backward()
+        grads = _grads(model)
+        return s.loss.detach().double(), torch.cat([grads[k].double().flatten() for k in sorted(grads)])
+
+    exact = run(copy.deepcopy(policy).double(), copy.deepcopy(reference).double(), torch.float64, False)
+    eager = run(policy, reference, torch.float32, False)
+    compiled = run(policy, reference, torch.float32, True)
+    assert "cpu" in logprobs._BLOCK.by_device and not compiling.FALLBACKS, compiling.FALLBACKS
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list as entries
+    assert len(entries(logprobs._block.__code__)) <= 4  # prompts and continuations, each grad mode: not per layer
+    bf16_error = abs(float(eager[0] - exact[0]))
+    assert abs(float(compiled[0] - eager[0])) <= 4 * bf16_error + 1e-6, (compiled[0], eager[0], exact[0])
+    norm = exact[1].norm()
+    assert (compiled[1] - eager[1]).norm() / norm <= 4 * (eager[1] - exact[1]).norm() / norm + 1e-4
