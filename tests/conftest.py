@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import os
 import shutil
@@ -120,6 +121,20 @@ TIERS = ("fast", "slow", "all")
 def pytest_addoption(parser):
     parser.addoption("--tier", choices=TIERS, default="fast",
                      help="fast: the tests without the slow marker (the default); slow: only those; all: both")
+    parser.addoption("--as-amx", action="store_true",
+                     help="run as on a CPU with AMX, where --dtype auto picks bf16 autocast, in this process and in "
+                          "the processes the tests start (tests/as_amx/sitecustomize.py): a machine without AMX "
+                          "then tests that route")
+
+
+def pytest_configure(config):
+    if config.getoption("--as-amx"):
+        folder = str(REPO / "tests" / "as_amx")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p)
+        if "rookworld_as_amx" not in sys.modules:  # the patch in this process too (its startup ran without it)
+            spec = importlib.util.spec_from_file_location("rookworld_as_amx", Path(folder) / "sitecustomize.py")
+            sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -139,7 +154,8 @@ def pytest_report_header(config):
     tier = config.getoption("--tier")
     other = {"fast": "--tier slow runs the slow tests, --tier all both", "slow": "--tier fast (the default) runs "
              "the others", "all": "both tiers"}[tier]
-    return f"rookworld tier: {tier} ({other})"
+    amx = "; as on a CPU with AMX (--dtype auto: bf16 autocast)" if config.getoption("--as-amx") else ""
+    return f"rookworld tier: {tier} ({other}){amx}"
 
 
 @pytest.hookimpl(trylast=True)

@@ -91,8 +91,8 @@ def test_play_with_piped_moves(tiny_dir):
     board.push_uci("e2e4")
     assert pychess.Move.from_uci(reply) in board.legal_moves
     assert f"the model plays {reply} ({board.san(pychess.Move.from_uci(reply))})" in out
-    assert "game over: 0-1 (white resigned) after 2 half-moves; the model played its B: move 0 time(s) and, its own " \
-           "move illegal, the legal move it finds most probable 1" in out
+    assert "game over: 0-1 (white resigned) after 2 half-moves; the model's moves: 0 its own answer, 1 the legal " \
+           "move it finds most probable (its answer was illegal)" in out
     assert f"moves: e2e4 {reply}" in out
 
 

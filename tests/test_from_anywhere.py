@@ -147,8 +147,9 @@ def test_without_the_clone_a_preset_says_where_its_files_are_and_what_to_pass(wi
 
 
 @pytest.mark.slow
-def test_without_the_clone_ask_offline_says_first_what_to_pass(without_the_clone):
+def test_without_the_clone_ask_offline_says_why_then_what_to_pass(without_the_clone):
     work, env = without_the_clone
     line = one_line(rookworld_process("ask", FEN, cwd=work, env=env, timeout=300))
-    assert line.startswith("rookworld ask: error: pass --model DIR, a model directory"), line
-    assert shipped.HUB_MODEL in line and "hub cannot be reached" in line
+    assert line.startswith(f"rookworld ask: error: Cannot load {shipped.HUB_MODEL!r}: the Hugging Face hub cannot "
+                           "be reached"), line
+    assert line.index("hub cannot be reached") < line.index(": pass --model DIR, a model directory"), line

@@ -332,3 +332,26 @@ def test_a_plot_smooths_keeps_shares_on_0_to_1_puts_legends_aside_and_leaves_out
         legend, box = ax.get_legend().get_window_extent(), ax.get_window_extent()
         assert legend.x0 >= box.x1, title
     plt.close(fig)
+
+
+def test_a_slow_rate_reads_in_seconds_a_step_and_evaluations_are_not_steps(monkeypatch, tmp_path):
+    """Under one step a second the bar reads "2.0 s/step", not "0.0 step/s"; a held-out evaluation's time is left
+    out of the steps' elapsed time and rate, and counted once more for each evaluation still to come."""
+    from rookworld.harness.runlog import RunLog
+    from rookworld.io import progress
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    log = RunLog(tmp_path, 10, enabled=False)
+    log.begin_steps()
+    clock[0] += 30.0
+    log.evaluated(30.0, every=4)  # step 0's evaluation: no step's time
+    for _ in range(3):
+        clock[0] += 2.0
+        log.eta(log.bar.done + 1)
+    assert log.bar.speed() == "2.0 s/step" and log.bar.line().split()[4] == "00:06<00:14"
+    # 7 steps of 2 s left (the first step's 2 s start the rate), and 2 evaluations of 30 s to come (at 4 and 8)
+    assert log.eta(3) == pytest.approx(7 * 2.0 + 2 * 30.0)
+    clock[0] += 30.0
+    log.evaluated(30.0, every=4)
+    assert log.bar.speed() == "2.0 s/step"

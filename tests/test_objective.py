@@ -49,8 +49,10 @@ def _quiet():
 
 
 def small_config(tmp_path, **kw) -> TrainConfig:
+    # float32 pinned: the tests compare numbers, which --dtype auto would make bf16 on a CPU with AMX.
     base = dict(steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, warmup_steps=0, eval_every=0,
-                save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False, log_every=100, beta=0.0)
+                save_every=0, sample_every=0, output_dir=str(tmp_path), compile=False, log_every=100, beta=0.0,
+                dtype="fp32")
     base.update(kw)
     return TrainConfig(**base).validate()
 

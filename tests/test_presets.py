@@ -80,3 +80,25 @@ def test_a_run_warns_of_a_schedule_that_cannot_work(tiny_dir, tmp_path):
     # A resumed run was warned when it started.
     more = run_cli(["train", "--resume", str(tmp_path / "run"), "--steps", "3"])
     assert more.returncode == 0 and "warning: --lr" not in more.stderr, more.stderr
+
+
+def test_a_short_steps_over_a_preset_fits_its_schedule_and_says_so(capsys):
+    """--steps 3 over chess-play (10 warm-up and 300 cooldown steps of 1,300) is a short first try, not an error:
+    the preset's warm-up and cooldown are scaled to 3 steps as they were to 1,300 (the cooldown kept at one step),
+    said in one line; a length given as a flag stays as given; a longer run keeps the preset's."""
+    from rookworld.settings.config import TrainConfig
+
+    cfg = from_args(argparse.Namespace(config="chess-play", steps=3), TrainConfig)
+    assert (cfg.warmup_steps, cfg.cooldown_steps) == (0, 1)
+    line = capsys.readouterr().err.strip()
+    assert line == ("rookworld: --steps 3 is shorter than preset chess-play's schedule (warm-up 10 and cooldown 300 "
+                    "of its 1,300 steps): scaled to fit, --warmup-steps 0 --cooldown-steps 1"), line
+    cfg = from_args(argparse.Namespace(config="chess-play", steps=130), TrainConfig)
+    assert (cfg.warmup_steps, cfg.cooldown_steps) == (1, 30)
+    cfg = from_args(argparse.Namespace(config="chess-play", steps=3, warmup_steps=2), TrainConfig)
+    assert (cfg.warmup_steps, cfg.cooldown_steps) == (2, 1)
+    capsys.readouterr()
+    cfg = from_args(argparse.Namespace(config="chess-play", steps=2000), TrainConfig)
+    assert (cfg.warmup_steps, cfg.cooldown_steps) == (10, 300) and capsys.readouterr().err == ""
+    with pytest.raises(ConfigError, match="must fit"):  # what the flags themselves ask is refused as ever
+        from_args(argparse.Namespace(config="chess-play", steps=3, cooldown_steps=5), TrainConfig)

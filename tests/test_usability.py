@@ -252,9 +252,12 @@ def test_a_typo_in_a_local_model_path_is_a_missing_directory_not_a_hub_problem(t
     env.update(HF_HUB_CACHE=str(tmp_path / "hub"))
     proc = rookworld_process("train", "--output-dir", "runs/hub", "--device", "cpu", cwd=tmp_path, env=env)
     assert proc.returncode == 2 and "hub cannot be reached" in proc.stderr and len(lines_of(proc.stderr)) == 1
-    # What trains without the hub, first.
-    assert proc.stderr.startswith("rookworld train: error: offline, `rookworld train --config chess-play` trains the "
-                                  "small model that ships with rookworld; or pass --model DIR"), proc.stderr
+    # The cause first, then what trains without the hub, then how to fetch the model elsewhere.
+    assert proc.stderr.startswith("rookworld train: error: Cannot load 'jrahn/RookWorld-LM-124M': the Hugging Face hub "
+                                  "cannot be reached"), proc.stderr
+    offline = proc.stderr.index("offline, `rookworld train --config chess-play` trains the small model that ships "
+                                "with rookworld; or pass --model DIR")
+    assert proc.stderr.index("hub cannot be reached") < offline < proc.stderr.index("hf download"), proc.stderr
     assert proc.stdout == "" and not (tmp_path / "runs" / "hub").exists()
 
 

@@ -13,7 +13,7 @@ from rookworld.settings.hub import is_local_path
 def load_lm(s, **kwargs) -> RookWorldLM:
     """The model of --model/--revision on --device, with its tokenizer; a model that cannot be had, or a device
     that is not here (a ConfigError, a ValueError), is one line. A hub model out of reach (offline, and not in the
-    cache) is said by what to pass instead, first."""
+    cache) is said with what to pass instead (`not_available`)."""
     try:
         return RookWorldLM.load(s.model, revision=s.revision, device=s.device, **kwargs)
     except ModelNotAvailableError as e:
@@ -24,8 +24,9 @@ def load_lm(s, **kwargs) -> RookWorldLM:
 
 
 def not_available(model: str, e: ModelNotAvailableError, offline: str) -> str:
-    """A model that cannot be had, in one line; a hub model out of reach is said by what runs offline instead
-    (`offline`), first."""
+    """A model that cannot be had, in one line; for a hub model out of reach, the cause (the error's first
+    sentence), then what runs offline instead (`offline`), then how to fetch the model elsewhere."""
     if is_local_path(model) or isinstance(e, ModelFileError):
         return str(e)
-    return f"{offline}: {e}"
+    cause, _, advice = str(e).partition(". ")
+    return f"{cause}: {offline}. {advice}".rstrip(". ") + "."

@@ -56,7 +56,9 @@ def summary(m: dict[str, Any]) -> list[str]:
              + (f", legal best move {fmt(m, 'legal_best_move/P', '{:.0%}')}" if "legal_best_move/P" in m else ""),
              f"A: reward {fmt(m, 'reward/A/mean', '{:.2f}')}"
              + (f", next state exact {fmt(m, 'next_state_exact/A', '{:.0%}')}" if "next_state_exact/A" in m else "")]
-    return [f"reward {fmt(m, 'reward/mean')} (best {fmt(m, 'reward/best')})", *tasks, f"kl {fmt(m, 'kl/mean')}",
+    # The KL in two significant digits: its first steps' 2e-05 read "0.000", as a KL switched off.
+    return [f"reward {fmt(m, 'reward/mean')} (best {fmt(m, 'reward/best')})", *tasks,
+            f"kl {fmt(m, 'kl/mean', '{:.2g}')}",
             f"clip {fmt(m, 'clip_fraction', '{:.2f}')}", f"{fmt(m, 'time/step', '{:.2f}')} s",
             f"{fmt(m, 'samples_per_s', '{:,.0f}')} samples/s"]
 

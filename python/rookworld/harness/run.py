@@ -261,7 +261,7 @@ class Run:
         self.comm.barrier()
         if evaluated:
             m["time/eval"] = time.perf_counter() - t0
-            self.log.eval_line(self.step, m, m["time/eval"])
+            self.log.eval_line(self.step, m, m["time/eval"], self.cfg.eval_every)
         return evaluated
 
     def _evaluate(self, evaluate: Callable[[], dict[str, Any]], m: dict[str, Any]) -> bool:

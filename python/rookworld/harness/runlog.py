@@ -157,6 +157,7 @@ class RunLog:
         self._lost = False
         self._t0: float | None = None
         self._logged = 0  # the last step whose row is written
+        self._evaluation = (0.0, 0)  # the last held-out evaluation's seconds, and one every how many steps
         # A live bar on a terminal only; logs and pipes get the summary lines alone.
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.bar = Progress(total_steps, "train", "step", stream=self.stream, enabled=False)
@@ -259,9 +260,19 @@ class RunLog:
 
     def eta(self, step: int) -> float | None:
         """Seconds left once `step` is done, at the rate measured since the end of this run's first step (which
-        pays for compiling and warming up): None until there is one."""
+        pays for compiling and warming up), and each held-out evaluation to come as long as the last one took:
+        None until there is a rate."""
         self.bar.update(step - self.bar.done)
-        return self.bar.eta()
+        left = self.bar.eta()
+        seconds, every = self._evaluation
+        evaluations = self.total_steps // every - step // every if every else 0
+        return None if left is None else left + evaluations * seconds
+
+    def evaluated(self, seconds: float, every: int) -> None:
+        """A held-out evaluation (one every `every` steps) took `seconds`: left out of the steps' rate and elapsed
+        time, and counted into the time left once for each evaluation to come."""
+        self.bar.pause(seconds)
+        self._evaluation = (seconds, every)
 
     def say(self, text: str) -> None:
         if self.enabled:
@@ -307,7 +318,9 @@ class RunLog:
             self.stream.write("\r\033[K" + text)
             self.stream.flush()
 
-    def eval_line(self, step: int, m: dict[str, Any], seconds: float) -> None:
+    def eval_line(self, step: int, m: dict[str, Any], seconds: float, every: int) -> None:
+        """A held-out evaluation's line (one every `every` steps: its time goes into the time left, `evaluated`)."""
+        self.evaluated(seconds, every)
         self.say(" | ".join([f"eval at step {step}", *eval_figures(m), f"{seconds:.1f} s"]))
 
     def finish(self, command: str, step: int, last_eval: dict[str, Any] | None) -> None:

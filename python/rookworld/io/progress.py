@@ -55,6 +55,12 @@ class Progress:
                 self.stream.write(self.line(now, postfix) + "\n")
                 self.stream.flush()
 
+    def pause(self, seconds: float) -> None:
+        """`seconds` of other work (a held-out evaluation between steps) left out of the elapsed time and the rate."""
+        self.start += seconds
+        if self._origin is not None:
+            self._origin = (self._origin[0] + seconds, self._origin[1])
+
     def rate(self, now: float | None = None) -> float | None:
         """Items a second since the first update; at the end, over the whole run if no later update measured one.
         None before."""
@@ -86,10 +92,15 @@ class Progress:
         if self.shows_eta:
             left = self.eta(now)
             timing += f"<{'?' if left is None else _duration(left)}"
-        rate = self.rate(now)
-        text = (f"{self.desc} [{bar}] {self.done}/{self.total} {frac:4.0%} {timing} "
-                f"{'?' if rate is None else f'{rate:,.1f}'} {self.unit}/s")
+        text = f"{self.desc} [{bar}] {self.done}/{self.total} {frac:4.0%} {timing} {self.speed(now)}"
         return f"{text} {postfix}".rstrip()
+
+    def speed(self, now: float | None = None) -> str:
+        """The rate as it reads best: "3.2 pos/s", or below one a second "2.1 s/step" (not "0.0 step/s")."""
+        rate = self.rate(now)
+        if rate is None:
+            return f"? {self.unit}/s"
+        return f"{rate:,.1f} {self.unit}/s" if rate >= 1 else f"{1 / rate:,.1f} s/{self.unit}"
 
     def close(self) -> None:
         if self.enabled and self.tty:

@@ -76,7 +76,7 @@ def play_game(model_player: ModelPlayer, *, user: str = WHITE, start_fen: str = 
     say(board_text(game.fen, flip=user == BLACK))
     n, counts = len(game.moves), game.source_counts()
     say(f"game over: {game.result or 'no result'} ({game.reason}) after {n} half-move{'' if n == 1 else 's'}; "
-        f"the model played its B: move {counts[BEST]} time(s) and, its own move illegal, the legal move it finds "
-        f"most probable {counts[LIKELIEST]}")
+        f"the model's moves: {counts[BEST]} its own answer, {counts[LIKELIEST]} the legal move it finds most "
+        f"probable (its answer was illegal)")
     say(f"moves: {' '.join(game.moves)}")
     return game

@@ -142,6 +142,7 @@ def from_args(args: argparse.Namespace, cls: type[Settings]):
         values, source = config_values(args.config, preset, cls.config_section)
         if preset is not None:
             values = presets.placed(values)
+    from_file = dict(values)
     for f in dataclasses.fields(cls):
         if hasattr(args, f.name):
             if flag(f.name) != f.name:
@@ -151,10 +152,38 @@ def from_args(args: argparse.Namespace, cls: type[Settings]):
     if preset is not None and (missing := presets.missing(args.config, {k: v for k, v in values.items()
                                                                         if not hasattr(args, k)})):
         raise ConfigError(missing)
+    fit_schedule(values, from_file, given={f.name for f in dataclasses.fields(cls) if hasattr(args, f.name)},
+                 where=f"{'preset ' if preset is not None else ''}{args.config}" if from_file else "")
     model = cls.__dataclass_fields__.get("model")
     if model is not None and "model" not in values and _default(model) == shipped.MODEL:
         values["model"] = shipped.model()
     return cls.from_dict(values, source).validate()
+
+
+#: The schedule's lengths that --steps fits to itself when a --config file's do not fit in it.
+SCHEDULE = ("warmup_steps", "cooldown_steps")
+SCHEDULE_WORDS = {"warmup_steps": "warm-up", "cooldown_steps": "cooldown"}
+
+
+def fit_schedule(values: dict, from_file: dict, given: set[str], where: str) -> None:
+    """--steps N given over a --config whose warm-up and cooldown do not fit in N (a short first try of a preset):
+    the lengths the file set and no flag replaced are scaled to N as they were to the file's own steps (a cooldown
+    kept at 1 step at least: 0 would make it a cosine decay), and a line on stderr says so. Otherwise nothing
+    changes, and lengths that still do not fit are refused as ever."""
+    steps, file_steps = values.get("steps"), from_file.get("steps")
+    if "steps" not in given or not file_steps or not isinstance(steps, int) or steps <= 0:
+        return
+    scaled = {k: from_file[k] for k in SCHEDULE if k in from_file and k not in given}
+    if not values.get("cooldown_steps") or not scaled or sum(int(values.get(k) or 0) for k in SCHEDULE) <= steps:
+        return
+    for k, n in scaled.items():
+        values[k] = max(1 if k == "cooldown_steps" and n > 0 else 0, round(n * steps / file_steps))
+    if values.get("warmup_steps", 0) + values["cooldown_steps"] > steps and "warmup_steps" in scaled:
+        values["warmup_steps"] = max(0, steps - values["cooldown_steps"])
+    was = " and ".join(f"{SCHEDULE_WORDS[k]} {n:,}" for k, n in scaled.items())
+    now = " ".join(f"--{flag(k)} {values[k]}" for k in scaled)
+    print(f"rookworld: --steps {steps} is shorter than {where}'s schedule ({was} of its {file_steps:,} steps): "
+          f"scaled to fit, {now}", file=sys.stderr)
 
 
 def config_values(name: str, preset: Path | None, section: str) -> tuple[dict, str]:
