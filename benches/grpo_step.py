@@ -241,7 +241,8 @@ def main() -> int:
         compiling.DYNAMIC_OPTIONS = {}  # inductor's settings: another backend has none
     with tempfile.TemporaryDirectory() as out:
         cfg = TrainConfig(
-            steps=args.warmup + args.steps + 1 + bool(args.profile), prompts_per_step=args.prompts, group_size=args.group,
+            steps=args.warmup + args.steps + 1 + bool(args.profile), prompts_per_step=args.prompts,
+            group_size=args.group,
             max_new_tokens=max(lengths.values()), task_mix=args.task_mix, device=args.device, dtype=args.dtype,
             compile=not args.no_compile, micro_batch_size=args.micro_batch_size, mu=args.mu, beta=args.beta,
             stockfish_depth=args.stockfish_depth, stockfish_workers=args.stockfish_workers, output_dir=out,

@@ -115,8 +115,9 @@ def _block(block: Block, x: torch.Tensor, attend: LayerAttention
 # own widths), so it compiles with dynamic shapes from the first call: a graph for each attention (the prompts',
 # the continuations') and grad mode (the no-grad passes, the update's forward and backward).
 _BLOCK = Compiled(_block)
-describe(_block, lambda block, x, attend: f"a block of the log-prob pass{'' if torch.is_grad_enabled() else ' (no grad)'}"
-                                          f" for {x.shape[0]:,} rows x {x.shape[1]} positions "
+describe(_block, lambda block, x, attend: "a block of the log-prob pass"
+                                          f"{'' if torch.is_grad_enabled() else ' (no grad)'} for {x.shape[0]:,} "
+                                          f"rows x {x.shape[1]} positions "
                                           f"({'continuations' if type(attend) is not Causal else 'prompts'})")
 
 
