@@ -1,8 +1,8 @@
 """How a block's attention sees its keys. A pass's `Attention` gives each layer its own (`at(layer)`): a
 `LayerAttention`, called with that layer's queries, keys and values of the new tokens [B, nh, T, hd], which returns
 the attention's output [B, nh, T, hd]. `GPT` picks one for each pass: `Causal` (the tokens given, padding masked),
-`AfterPrompts` and `GroupedPrompts` (continuations of prompts whose keys and values are computed once a group) and
-`Cached` (decoding against a cache, `rookworld.net.caches`).
+`SharedPrompts` (continuations of prompts whose keys and values are computed once a group, each layer through
+`AfterPrompts` or `GroupedPrompts`) and `Cached` (decoding against a cache, `rookworld.net.caches`).
 
 A layer's attention holds that layer's tensors, not its index: a block compiled once then serves every layer
 (`rookworld.net.logprobs`), since nothing it reads tells one layer from another."""
@@ -40,21 +40,23 @@ class Causal:
                                               is_causal=self.mask is None)
 
 
+class SharedPrompts:
+    """Rows that continue g prompts whose keys and values were computed once a group (`prefix`: each layer's
+    [g, nh, P, hd], B / g consecutive rows a prompt): each layer attends through `layer` (`AfterPrompts` or
+    `GroupedPrompts`) given that layer's keys and values and `given`, the mask or bias it reads."""
+
+    def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], given: torch.Tensor,
+                 layer: type[AfterPrompts] | type[GroupedPrompts]):
+        self.prefix, self.given, self.layer = prefix, given, layer
+
+    def at(self, layer: int) -> AfterPrompts | GroupedPrompts:
+        return self.layer(*self.prefix[layer], self.given)
+
+
 class AfterPrompts:
-    """Rows that continue g prompts (`prefix`: each layer's keys and values [g, nh, P, hd], B / g consecutive rows a
-    prompt) attend to their prompt's real tokens, then causally to their own: SDPA over each row's copy of its
-    prompt under `mask` [B, 1, T, P + T] bool. A GPU's fused kernels never hold the scores, which is worth the
-    copies there."""
-
-    def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor):
-        self.prefix, self.mask = prefix, mask
-
-    def at(self, layer: int) -> AfterPrompt:
-        return AfterPrompt(*self.prefix[layer], self.mask)
-
-
-class AfterPrompt:
-    """One layer of `AfterPrompts`: its prompts' keys and values [g, nh, P, hd]."""
+    """One layer's rows attend to their prompt's real tokens, then causally to their own: SDPA over each row's copy
+    of its prompt (keys and values [g, nh, P, hd]) under `mask` [B, 1, T, P + T] bool. A GPU's fused kernels never
+    hold the scores, which is worth the copies there."""
 
     def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, mask: torch.Tensor):
         self.prefix_k, self.prefix_v, self.mask = prefix_k, prefix_v, mask
@@ -68,16 +70,6 @@ class GroupedPrompts:
     """`AfterPrompts`' attention without the copies: each prompt read once for its group (`grouped_attention`),
     under `bias` [g, 1, 1, P] (`prompt_bias`). On the CPU the copies (and their gradients' sums) cost more than
     the attention itself. No dropout."""
-
-    def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], bias: torch.Tensor):
-        self.prefix, self.bias = prefix, bias
-
-    def at(self, layer: int) -> GroupedPrompt:
-        return GroupedPrompt(*self.prefix[layer], self.bias)
-
-
-class GroupedPrompt:
-    """One layer of `GroupedPrompts`: its prompts' keys and values [g, nh, P, hd]."""
 
     def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, bias: torch.Tensor):
         self.prefix_k, self.prefix_v, self.bias = prefix_k, prefix_v, bias

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rookworld.net.attention import (AfterPrompts, Attention, Cached, Causal, GroupedPrompts, LayerAttention,
-                                     padded_causal, prompt_bias)
+                                     SharedPrompts, padded_causal, prompt_bias)
 from rookworld.net.device import resolve_device
 from rookworld.net.onednn import linear
 from rookworld.settings.base import ConfigError
@@ -334,10 +334,11 @@ class GPT(nn.Module):
         row_prompt_mask = prompt_mask.repeat_interleave(B // g, 0)
         position_ids = row_prompt_mask.sum(1, keepdim=True) + positions_from_mask(attention_mask)
         if input_ids.device.type in GROUPED_PROMPTS_ON and not (self.training and self.config.dropout > 0):
-            attend: Attention = GroupedPrompts(prefix, prompt_bias(prompt_mask))
+            attend: Attention = SharedPrompts(prefix, prompt_bias(prompt_mask), GroupedPrompts)
         else:
             seen = row_prompt_mask.unsqueeze(1).expand(B, T, P)
-            attend = AfterPrompts(prefix, torch.cat([seen, padded_causal(attention_mask)], dim=2).unsqueeze(1))
+            attend = SharedPrompts(prefix, torch.cat([seen, padded_causal(attention_mask)], dim=2).unsqueeze(1),
+                                   AfterPrompts)
         return self._layers(input_ids, position_ids, attend, products=products, blocks=blocks)[0]
 
     def _layers(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attention, keep: bool = False,
