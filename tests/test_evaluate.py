@@ -8,7 +8,7 @@ import pytest
 from conftest import cli
 from rookworld.ground import chess
 from rookworld.ground.data import Record
-from rookworld.lm.bestmove import eval_items, summarize
+from rookworld.lm.bestmove import eval_items, position_outcomes, summarize
 from rookworld.ground.rewards import RewardScorer, policy_targets
 from rookworld.lm.suites import SuiteResult, format_report
 
@@ -41,6 +41,13 @@ def test_metrics_from_scored_completions():
     assert a["format_valid"] == pytest.approx(2 / 3)
     table = format_report([SuiteResult("best-move", "greedy", m)])
     assert "best move" in table and "50.0%" in table and "next state exact" in table
+    # The same figures position by position, in the prompts' order, as a run's held-out.jsonl keeps them.
+    outcomes = position_outcomes([scores.breakdown(i) for i in range(len(prompts))])
+    assert outcomes == {"P/legal_best_move": "1110", "P/top5_accuracy": "1110", "P/best_move_accuracy": "1010",
+                        "A/next_state_exact": "110"}
+    for key, bits in outcomes.items():
+        task, figure = key.split("/")
+        assert bits.count("1") / len(bits) == pytest.approx(m[task][figure])
 
 
 def test_eval_items_cover_both_tasks():

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import cli
@@ -72,11 +73,36 @@ def test_a_run_shows_its_chess_from_step_0_to_its_end(grpo_run):
         assert f" | P: reward {row['reward/P/mean']:.2f}, legal best move {legal:.0%} | A: reward " \
                f"{row['reward/A/mean']:.2f}, next state exact {exact:.0%} | kl " in line, line
     # The closing lines: where it started, where it ended, and the eval that measures the same positions.
-    tail = lines[-5:]
+    tail = lines[-6:]
     assert tail[0] == f"held-out at step 0 (6 positions) | {figures(start)}"
     assert tail[1] == f"held-out at step 2 (6 positions) | {figures(rows[2])}"
-    assert tail[3] == (f"evaluate it on its held-out positions: rookworld eval --model {out} --data {HELD_OUT} "
+    assert tail[2] == f"change from step 0 to 2, in points, on the same 6 positions (± two standard errors: a " \
+                      f"change within it can be chance) | {changes(out, rows[0], rows[2])}", tail[2]
+    assert tail[4] == (f"evaluate it on its held-out positions: rookworld eval --model {out} --data {HELD_OUT} "
                        f"--eval-size 6 --seed 3 --stockfish-depth 4 --max-new-tokens 96")
+
+
+def changes(out, start: dict, end: dict) -> str:
+    """The closing change line's figures, from held-out.jsonl's outcomes in float64: each mean change is the
+    difference of the two evaluations' own figures, its noise twice the standard error of the positions' changes."""
+    outcomes = {row["step"]: row for row in map(json.loads, (out / "held-out.jsonl").read_text().splitlines())}
+    assert sorted(outcomes) == [0, 2]
+    parts = []
+    for task, keys in (("P", ("legal_best_move", "top5_accuracy", "best_move_accuracy")),
+                       ("A", ("next_state_exact",))):
+        shown = []
+        for key in keys:
+            a, b = (np.array([int(c) for c in outcomes[s][f"{task}/{key}"]], dtype=np.float64) for s in (0, 2))
+            assert a.mean() == pytest.approx(start[f"eval/{task}/{key}"])
+            assert b.mean() == pytest.approx(end[f"eval/{task}/{key}"])
+            d = b - a
+            noise = 2 * d.std(ddof=1) / np.sqrt(len(d))
+            label = {"legal_best_move": "legal best move", "top5_accuracy": "best move in top 5",
+                     "best_move_accuracy": "best move", "next_state_exact": "next state exact"}[key]
+            shown.append(f"{label} {100 * d.mean():+.1f} ± {100 * noise:.1f}" if noise else
+                         f"{label} {100 * d.mean():+.1f} (no position changed)")
+        parts.append(f"{task}: {', '.join(shown)}")
+    return " | ".join(parts)
 
 
 def test_the_closing_eval_measures_what_the_run_measured(grpo_run, tmp_path):
@@ -351,8 +377,9 @@ def test_a_slow_rate_reads_in_seconds_a_step_and_evaluations_are_not_steps(monke
         clock[0] += 2.0
         log.eta(log.bar.done + 1)
     assert log.bar.speed() == "2.0 s/step" and log.bar.line().split()[4] == "00:06<00:14"
-    # 7 steps of 2 s left (the first step's 2 s start the rate), and 2 evaluations of 30 s to come (at 4 and 8)
-    assert log.eta(3) == pytest.approx(7 * 2.0 + 2 * 30.0)
+    # 7 steps of 2 s left (the first step's 2 s start the rate), and 3 evaluations of 30 s to come (at 4, 8 and
+    # the last step, 10)
+    assert log.eta(3) == pytest.approx(7 * 2.0 + 3 * 30.0)
     clock[0] += 30.0
     log.evaluated(30.0, every=4)
     assert log.bar.speed() == "2.0 s/step"

@@ -90,7 +90,7 @@ def test_a_short_steps_over_a_preset_fits_its_schedule_and_says_so(capsys):
 
     cfg = from_args(argparse.Namespace(config="chess-play", steps=3), TrainConfig)
     assert (cfg.warmup_steps, cfg.cooldown_steps) == (0, 1)
-    line = capsys.readouterr().err.strip()
+    line = capsys.readouterr().err.splitlines()[0]  # the next says the evaluation it cut
     assert line == ("rookworld: --steps 3 is shorter than preset chess-play's schedule (warm-up 10 and cooldown 300 "
                     "of its 1,300 steps): scaled to fit, --warmup-steps 0 --cooldown-steps 1"), line
     cfg = from_args(argparse.Namespace(config="chess-play", steps=130), TrainConfig)
@@ -102,3 +102,38 @@ def test_a_short_steps_over_a_preset_fits_its_schedule_and_says_so(capsys):
     assert (cfg.warmup_steps, cfg.cooldown_steps) == (10, 300) and capsys.readouterr().err == ""
     with pytest.raises(ConfigError, match="must fit"):  # what the flags themselves ask is refused as ever
         from_args(argparse.Namespace(config="chess-play", steps=3, cooldown_steps=5), TrainConfig)
+
+
+def test_a_short_steps_fits_an_sft_preset_s_warm_up_too(capsys):
+    """chess-play's SFT warms up for 200 of 32,000 steps and has no cooldown: --steps 5 scales the warm-up to
+    nothing, said, rather than a warning that the rate never reaches --lr."""
+    from rookworld.settings.config import SFTConfig
+
+    cfg = from_args(argparse.Namespace(config="chess-play", steps=5, data=[__file__]), SFTConfig)
+    assert (cfg.warmup_steps, cfg.cooldown_steps) == (0, 0)
+    assert "scaled to fit, --warmup-steps 0" in capsys.readouterr().err
+    cfg = from_args(argparse.Namespace(config="chess-play", steps=400, data=[__file__]), SFTConfig)
+    assert cfg.warmup_steps == 200  # it fits: kept
+
+
+def test_a_run_shorter_than_eval_every_evaluates_a_share_of_eval_size(capsys):
+    """A run of a preset shorter than its --eval-every evaluates where it starts and ends only, on its share of
+    --eval-size (20 positions at least), said in one line; --eval-size given as a flag, and runs of --eval-every
+    steps or more, keep theirs."""
+    from rookworld.settings.config import SFTConfig, TrainConfig
+
+    cfg = from_args(argparse.Namespace(config="chess-play", steps=5), TrainConfig)
+    assert cfg.eval_size == 20 and cfg.eval_every == 100
+    assert ("rookworld: --steps 5 is shorter than --eval-every 100: its held-out evaluations, where it starts and "
+            "where it ends, take the first 20 of --eval-size 200 positions (--eval-size sets them)"
+            ) in capsys.readouterr().err
+    assert from_args(argparse.Namespace(config="chess-play", steps=50), TrainConfig).eval_size == 100
+    assert from_args(argparse.Namespace(config="chess-play", steps=300), TrainConfig).eval_size == 200
+    assert from_args(argparse.Namespace(config="chess-play", steps=5, eval_size=200), TrainConfig).eval_size == 200
+    capsys.readouterr()
+    assert from_args(argparse.Namespace(config="chess-play", steps=5, eval_size=7), TrainConfig).eval_size == 7
+    assert "--eval-every" not in capsys.readouterr().err
+    cfg = from_args(argparse.Namespace(config="chess-play", steps=5, data=[__file__]), SFTConfig)
+    assert cfg.eval_size == 20  # 200 x 5 / 2,000 is 0.5: the floor
+    # Without a --config file, what is asked is what runs (train's defaults: 128 positions every 50 steps).
+    assert from_args(argparse.Namespace(steps=25), TrainConfig).eval_size == 128

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,14 +107,17 @@ def test_train_ends_with_a_summary_and_keeps_its_model_at_the_top(tiny_dir, tmp_
     proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--sample-every", "10", "--eval-every", "2",
                               "--eval-size", "2"))
     assert proc.returncode == 0, proc.stderr
-    tail = lines_of(proc.stderr)[-6:]
+    tail = lines_of(proc.stderr)[-7:]
     assert tail[0].startswith("rookworld train: done, step 2/2 in "), tail
-    # Where the run started (its evaluation at step 0) and where it ended, the chess first, of how many positions.
+    # Where the run started (its evaluation at step 0) and where it ended, the chess first, of how many positions,
+    # and the change between them, position by position.
     for line, step in ((tail[1], 0), (tail[2], 2)):
         assert line.startswith(f"held-out at step {step} (2 positions) | P: legal best move "), line
         assert "| A: next state exact " in line, line
+    assert tail[3].startswith("change from step 0 to 2, in points, on the same 2 positions (± two standard "
+                              "errors: a change within it can be chance) | P: legal best move "), tail[3]
     # The eval that measures the run's own held-out positions: as many, of its seed, with its depth and length.
-    assert tail[3:] == [f"model: {out} (step 2; its checkpoints in {out / 'checkpoints'})",
+    assert tail[4:] == [f"model: {out} (step 2; its checkpoints in {out / 'checkpoints'})",
                         f"evaluate it on its held-out positions: rookworld eval --model {out} --eval-size 2 --seed 3 "
                         f"--stockfish-depth 4 --max-new-tokens 12", f"curves: rookworld plot {out}"]
     from rookworld.net.pretrained import from_pretrained
@@ -162,6 +166,26 @@ def test_each_held_out_figure_s_peak_is_its_best_step_the_earliest_of_a_tie_and_
     assert eval_peaks(rows[:3]) == []  # two evaluations: the first and last lines say it whole
     losses = [{"step": s, "eval/loss": v} for s, v in ((0, 2.5), (50, 1.25), (100, 1.5))]
     assert eval_peaks(losses) == ["loss 1.2500 at step 50"]
+
+
+def test_the_closing_change_is_paired_by_position_against_float64():
+    """The change a run's closing lines give: each figure's mean change over the same positions, and twice the
+    standard error of the positions' own changes, as numpy computes them in float64; nothing for what cannot be
+    paired."""
+    from rookworld.harness.heldout import paired_change
+
+    rng = np.random.default_rng(0)
+    for n in (2, 7, 200, 1000):
+        a, b = rng.integers(0, 2, n), rng.integers(0, 2, n)
+        d = (b - a).astype(np.float64)
+        mean, noise, count = paired_change("".join(map(str, a)), "".join(map(str, b)))
+        assert count == n
+        assert mean == pytest.approx(d.mean(), abs=1e-12)
+        assert noise == pytest.approx(2 * d.std(ddof=1) / np.sqrt(n), abs=1e-12)
+    assert paired_change("0110", "0110") == (0.0, 0.0, 4)
+    assert paired_change("0011", "1111") == (0.5, pytest.approx(2 * np.std([1, 1, 0, 0], ddof=1) / 2), 4)
+    for before, after in (("01", "011"), ("1", "0"), ("0a", "01"), (None, "01"), ("01", 3)):
+        assert paired_change(before, after) is None
 
 
 def test_resuming_a_finished_run_says_it_is_complete(tiny_dir, tmp_path):
@@ -223,6 +247,32 @@ def test_a_run_starts_with_a_header_and_shows_its_evaluations(tiny_dir, tmp_path
     rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]  # the evaluation before any update comes first
     assert all(r["time/eval"] > 0 and "eval/P/best_move_accuracy" in r for r in rows)
+
+
+@pytest.mark.slow
+def test_a_run_evaluates_its_last_step_and_keeps_each_position_s_outcome_through_a_resume(tiny_dir, tmp_path):
+    """A run whose length is no multiple of --eval-every is evaluated at its last step too, so that its closing
+    lines compare its end with its start; held-out.jsonl keeps each evaluation's outcome per position, and a
+    resumed run drops the rows past its checkpoint, as metrics.jsonl does."""
+    out = tmp_path / "last"
+    proc = run_cli(train_args(tiny_dir, out, "--steps", "3", "--eval-every", "2", "--eval-size", "3",
+                              "--save-every", "2"))
+    assert proc.returncode == 0, proc.stderr
+    assert [r["step"] for r in metrics(out) if "time/eval" in r] == [0, 2, 3]
+    assert "change from step 0 to 3, in points, on the same 3 positions" in proc.stderr
+    held = [json.loads(line) for line in (out / "held-out.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in held] == [0, 2, 3]
+    for h in held:
+        row = next(r for r in metrics(out) if r["step"] == h["step"])
+        for key in ("P/legal_best_move", "P/top5_accuracy", "P/best_move_accuracy", "A/next_state_exact"):
+            assert set(h[key]) <= {"0", "1"} and len(h[key]) == 3
+            assert h[key].count("1") / 3 == pytest.approx(row[f"eval/{key}"])
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    (out / "checkpoints" / "latest").write_text("step-000002")
+    more = run_cli(["train", "--resume", str(out), "--steps", "4"])
+    assert more.returncode == 0, more.stderr
+    assert [json.loads(line)["step"] for line in (out / "held-out.jsonl").read_text().splitlines()] == [0, 2, 4]
+    assert "change from step 0 to 4, in points, on the same 3 positions" in more.stderr
 
 
 def test_a_cuda_device_without_a_gpu_is_one_line_for_every_command(tiny_dir, tmp_path):

@@ -238,9 +238,9 @@ class Run:
 
     def _after_step(self, m: dict[str, Any], evaluate: Callable[[], dict[str, Any]] | None,
                     samples: Callable[[], None] | None, sample_every: int) -> bool:
-        """A step's evaluation (when due), row, line and samples; whether it was evaluated."""
+        """A step's evaluation (every --eval-every steps, and the last), row, line and samples; if it evaluated."""
         cfg, final = self.cfg, self.step == self.cfg.steps
-        evaluated = evaluate is not None and cfg.eval_every and self.step % cfg.eval_every == 0 \
+        evaluated = evaluate is not None and cfg.eval_every and (self.step % cfg.eval_every == 0 or final) \
             and self._evaluated(evaluate, m)
         m["eta_s"] = self.log.eta(self.step)
         self._report_compiles(m)

@@ -19,6 +19,8 @@ from typing import Any, TextIO
 
 from rookworld.io.files import atomic_write, kind, lines_within
 from rookworld.io.progress import Progress, _duration
+from rookworld.lm.suites import OUTCOMES_KEY
+from rookworld.harness.heldout import HELD_OUT_FILE, change_line
 from rookworld.harness.rundir import RunDirectoryLock, json_row, mark, metric_rows
 from rookworld.settings import presets
 from rookworld.settings.commands import EvalSettings
@@ -170,7 +172,8 @@ class RunLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
-        for path in (self.metrics_path, self.samples_path):
+        self.held_out_path = self.dir / HELD_OUT_FILE
+        for path in (self.metrics_path, self.samples_path, self.held_out_path):
             if os.path.lexists(path):
                 self._keep_rows(path, resume_step)
         # W&B first: it is the one that can fail (no login), and then no event files are left open.
@@ -265,7 +268,9 @@ class RunLog:
         self.bar.update(step - self.bar.done)
         left = self.bar.eta()
         seconds, every = self._evaluation
-        evaluations = self.total_steps // every - step // every if every else 0
+        total = self.total_steps
+        # One every `every` steps, and one at the last step when it is not one of those.
+        evaluations = total // every - step // every + bool(total % every and step < total) if every else 0
         return None if left is None else left + evaluations * seconds
 
     def evaluated(self, seconds: float, every: int) -> None:
@@ -319,7 +324,11 @@ class RunLog:
             self.stream.flush()
 
     def eval_line(self, step: int, m: dict[str, Any], seconds: float, every: int) -> None:
-        """A held-out evaluation's line (one every `every` steps: its time goes into the time left, `evaluated`)."""
+        """A held-out evaluation's line (one every `every` steps: its time goes into the time left, `evaluated`),
+        and its outcome per position (`OUTCOMES_KEY`, taken out of `m`) into held-out.jsonl."""
+        outcomes = m.pop(OUTCOMES_KEY, None)
+        if self.enabled and outcomes:
+            self._append(self.held_out_path, json.dumps({"step": step, **outcomes}) + "\n")
         self.evaluated(seconds, every)
         self.say(" | ".join([f"eval at step {step}", *eval_figures(m), f"{seconds:.1f} s"]))
 
@@ -334,6 +343,8 @@ class RunLog:
             width = len(str(last_eval["step"]))
             for m in (first, last_eval) if first else (last_eval,):
                 self.say(" | ".join([f"held-out at step {m['step']:>{width}}{_positions(m)}", *eval_figures(m)]))
+            if first and (change := change_line(self.held_out_path, first["step"], last_eval["step"], EVAL_FIGURES)):
+                self.say(change)
             if peaks := eval_peaks(rows):  # beside the first and last evaluations, where each figure peaked
                 self.say("held-out peaks: " + ", ".join(peaks))
         self.say(f"model: {self.dir} (step {step}; its checkpoints in {self.dir / 'checkpoints'})")

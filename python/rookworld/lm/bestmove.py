@@ -88,6 +88,25 @@ def summarize(scores: Scores, truth_sizes: np.ndarray) -> dict:
     return result
 
 
+#: The headline figures as one outcome per position (the fraction of 1s is the figure summarize gives): what a
+#: run's closing lines pair its first and last evaluations by, position by position.
+OUTCOMES = {"P": {"legal_best_move": lambda row: bool(row["best_legal"]),
+                  "top5_accuracy": lambda row: row["best_rank"] >= 1,
+                  "best_move_accuracy": lambda row: row["best_rank"] == 1},
+            "A": {"next_state_exact": lambda row: bool(row["fen_exact"])}}
+
+
+def position_outcomes(rows: Sequence[dict]) -> dict[str, str]:
+    """Each headline figure's outcome per position of `evaluate`'s rows, in their order, as a string of 0s and 1s
+    under "TASK/figure"."""
+    out = {}
+    for task, figures in OUTCOMES.items():
+        mine = [row for row in rows if row["task"] == task]
+        if mine:
+            out.update({f"{task}/{key}": "".join("01"[bool(of(row))] for row in mine) for key, of in figures.items()})
+    return out
+
+
 def evaluate(model, tokenizer: Tokenizer, records: Sequence[Record], scorer: RewardScorer, *,
              tasks: Sequence[str] = ("P", "A"), decoding: Decoding = GREEDY, seed: int = 0, batch_size: int = 64,
              max_new_tokens: int = MAX_NEW_TOKENS, compile: bool | None = None,

@@ -24,7 +24,7 @@ from typing import Any
 from rookworld.ground import chess
 from rookworld.io.quote import quoted
 from rookworld.lm.answers import GREEDY, ROOKWORLD, Decoding, RookWorldLM
-from rookworld.lm.bestmove import evaluate
+from rookworld.lm.bestmove import evaluate, position_outcomes
 from rookworld.lm.games import BLACK, WHITE, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
 from rookworld.lm.moves import LIKELIEST
 from rookworld.settings.groups import SUITES, parse_suites
@@ -262,6 +262,11 @@ def run_suites(lm: RookWorldLM, names: Sequence[str], opts: SuiteOptions, *, rec
     return out
 
 
+#: Where training_metrics puts the best-move suite's outcome per position (position_outcomes), which the run
+#: writes to held-out.jsonl, not to metrics.jsonl.
+OUTCOMES_KEY = "eval/outcomes"
+
+
 def training_metrics(model, tokenizer, cfg, records, scorer, *, compile: bool | None = None) -> dict[str, Any]:
     """Training's periodic evaluation: the config's --eval-suites, as eval/<section>/<metric> (best-move's
     sections are the tasks: eval/P/..., eval/A/...)."""
@@ -269,7 +274,11 @@ def training_metrics(model, tokenizer, cfg, records, scorer, *, compile: bool | 
                      compile=compile)
     opts = SuiteOptions(size=cfg.eval_size, games=cfg.eval_games, seed=cfg.seed, stockfish_path=cfg.stockfish_path)
     results = run_suites(lm, parse_suites(cfg.eval_suites), opts, records=records, scorer=scorer)
-    return {f"eval/{k}": v for r in results for k, v in r.metrics().items()}
+    m: dict[str, Any] = {f"eval/{k}": v for r in results for k, v in r.metrics().items()}
+    for r in results:
+        if r.suite == "best-move":
+            m[OUTCOMES_KEY] = position_outcomes(r.items)
+    return m
 
 
 _PERCENT, _FLOAT, _COUNT, _ELO = "percent", "float", "count", "elo"

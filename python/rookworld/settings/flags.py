@@ -152,8 +152,11 @@ def from_args(args: argparse.Namespace, cls: type[Settings]):
     if preset is not None and (missing := presets.missing(args.config, {k: v for k, v in values.items()
                                                                         if not hasattr(args, k)})):
         raise ConfigError(missing)
-    fit_schedule(values, from_file, given={f.name for f in dataclasses.fields(cls) if hasattr(args, f.name)},
-                 where=f"{'preset ' if preset is not None else ''}{args.config}" if from_file else "")
+    given = {f.name for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    fit_schedule(values, from_file, given, where=f"{'preset ' if preset is not None else ''}{args.config}"
+                 if from_file else "")
+    if from_file:
+        fit_evaluation(values, cls, given)
     model = cls.__dataclass_fields__.get("model")
     if model is not None and "model" not in values and _default(model) == shipped.MODEL:
         values["model"] = shipped.model()
@@ -174,16 +177,44 @@ def fit_schedule(values: dict, from_file: dict, given: set[str], where: str) -> 
     if "steps" not in given or not file_steps or not isinstance(steps, int) or steps <= 0:
         return
     scaled = {k: from_file[k] for k in SCHEDULE if k in from_file and k not in given}
-    if not values.get("cooldown_steps") or not scaled or sum(int(values.get(k) or 0) for k in SCHEDULE) <= steps:
+    if not scaled or sum(int(values.get(k) or 0) for k in SCHEDULE) <= steps:
         return
     for k, n in scaled.items():
         values[k] = max(1 if k == "cooldown_steps" and n > 0 else 0, round(n * steps / file_steps))
-    if values.get("warmup_steps", 0) + values["cooldown_steps"] > steps and "warmup_steps" in scaled:
-        values["warmup_steps"] = max(0, steps - values["cooldown_steps"])
+    cooldown = int(values.get("cooldown_steps") or 0)
+    if values.get("warmup_steps", 0) + cooldown > steps and "warmup_steps" in scaled:
+        values["warmup_steps"] = max(0, steps - cooldown)
     was = " and ".join(f"{SCHEDULE_WORDS[k]} {n:,}" for k, n in scaled.items())
     now = " ".join(f"--{flag(k)} {values[k]}" for k in scaled)
     print(f"rookworld: --steps {steps} is shorter than {where}'s schedule ({was} of its {file_steps:,} steps): "
           f"scaled to fit, {now}", file=sys.stderr)
+
+
+#: The fewest held-out positions a short run's evaluation is cut to: enough that its figures are not all 0 or 100%.
+FEWEST_EVAL_POSITIONS = 20
+
+
+def fit_evaluation(values: dict, cls: type[Settings], given: set[str]) -> None:
+    """A run of a --config file shorter than its --eval-every evaluates only where it starts and ends, and a
+    smaller share of --eval-size: its share of --eval-every (FEWEST_EVAL_POSITIONS at least), so that a 5-step try
+    of a preset does not spend most of its time evaluating. --eval-size given as a flag is kept, and a line on
+    stderr says what was cut."""
+    fields = cls.__dataclass_fields__
+    if not {"steps", "eval_every", "eval_size"} <= fields.keys() or "eval_size" in given:
+        return
+    def get(name):
+        return values[name] if name in values else _default(fields[name])
+    steps, every, size = get("steps"), get("eval_every"), get("eval_size")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (steps, every, size)) \
+            or steps >= every:
+        return
+    fitted = max(FEWEST_EVAL_POSITIONS, round(size * steps / every))
+    if fitted >= size:
+        return
+    values["eval_size"] = fitted
+    print(f"rookworld: --steps {steps} is shorter than --eval-every {every}: its held-out evaluations, where it "
+          f"starts and where it ends, take the first {fitted} of --eval-size {size} positions (--eval-size sets "
+          f"them)", file=sys.stderr)
 
 
 def config_values(name: str, preset: Path | None, section: str) -> tuple[dict, str]:
