@@ -57,3 +57,42 @@ def test_only_an_adapter_imports_its_trainer():
                 for package, allowed in FRAMEWORKS.values():
                     if top == package:
                         assert module in allowed, f"{module} imports {name} (line {node.lineno})"
+
+
+def _installed(root, name: str, version: str, *requires: str) -> None:
+    """A package's installed metadata, as pip writes it (a dist-info folder), under `root` on sys.path."""
+    info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\n"
+                                   f"Name: {name}\nVersion: {version}\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+
+
+def test_an_extra_whose_packages_another_replaced_says_so_on_import(tmp_path, monkeypatch):
+    """pip installs one extra over another without a word (verifiers 0.4's mcp==2.0.0 over OpenEnv's fastmcp): the
+    adapter reads the installed metadata and warns, naming the requirement that is no longer met and the fix."""
+    import warnings
+
+    import pytest
+
+    from rookworld.integrations import extras
+
+    _installed(tmp_path, "rw-server", "1.0", "rw-mcp-kit[client,server]>=3", "rw-web; extra == 'web'",
+               "rw-win; sys_platform == 'x'")
+    # Its own requirement's, one level down, under the extras the server asks for (and one no one asks for).
+    _installed(tmp_path, "rw-mcp-kit", "3.1", "rw-mcp<2; extra == 'client'", "rw-mcp<2; extra == 'server'",
+               "rw-mcp>=9; extra == 'other'")
+    _installed(tmp_path, "rw-mcp", "2.0.0")               # what the other extra pinned
+    _installed(tmp_path, "rw-whole", "1.0", "rw-mcp>=2", "rw-absent>=1; extra == 'more'")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert extras.unmet("rw-server") == ["rw-mcp-kit needs rw-mcp<2, and rw-mcp 2.0.0 is installed"]
+    assert extras.unmet("rw-server", depth=1) == []  # the broken requirement is the second level's
+    assert extras.unmet("rw-whole") == [] and extras.unmet("rw-not-installed") == []
+    with pytest.warns(extras.ExtrasConflict, match=r"rookworld\[openenv\]: rw-mcp-kit needs rw-mcp<2, and rw-mcp "
+                                                   r"2\.0\.0 is installed\. Another extra .* its own environment"):
+        extras.check("openenv", "rw-server")
+    _installed(tmp_path, "rw-lonely", "1.0", "rw-gone>=1")
+    assert extras.unmet("rw-lonely") == ["rw-lonely needs rw-gone>=1, which is not installed"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        extras.check("openenv", "rw-whole")  # nothing unmet: no warning

@@ -650,3 +650,12 @@ def test_clients_that_vanish_mid_step_and_a_step_stuck_at_shutdown_are_one_line_
     assert logged("gone before its answer was sent") == vanishing, said
     assert logged("was still busy when the server's grace period ended: cancelled") == 1, said
     assert "Traceback" not in said and "Exception in ASGI application" not in said, said
+
+
+def test_the_readme_s_snippet_runs_against_a_server(server, capsys):
+    """The README's OpenEnv snippet, as written but for the port: it scores its exact next state 1.0."""
+    readme = (REPO / "README.md").read_text()
+    (snippet,) = [s for s in re.findall(r"```python\n(.*?)```", readme, re.S) if "ChessEnvClient(" in s]
+    assert "http://127.0.0.1:8000" in snippet
+    exec(compile(snippet.replace("http://127.0.0.1:8000", server.url), "README.md", "exec"), {})
+    assert capsys.readouterr().out.split()[0] == "1.0"

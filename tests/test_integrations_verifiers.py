@@ -206,6 +206,27 @@ def test_the_rubric_scores_real_completions_as_rookworld_does(server):
     assert expected[1] == -0.3  # an empty answer is scored, not raised
 
 
+def test_hand_written_completions_are_scored_without_a_model_client():
+    """verifiers' own scoring needs a client even for answers written by hand; env.score needs none, and gives
+    what rookworld's scorer gives, the parts beside."""
+    env = load_environment("mixed", source=HELD_OUT, num_examples=6, seed=3, task_mix=0.5, stockfish_depth=DEPTH)
+    rows = env.get_dataset().to_list()
+    texts = [rows[0]["answer"], "", "M: e2e4 E: 0.3 B: e2e4", rows[3]["answer"][:25], "\u00a0\x00garbled",
+             rows[5]["answer"]]
+    try:
+        got = env.score(texts)
+        assert env.score(texts[2:4], start=2) == got[2:4]
+        with pytest.raises(IndexError):
+            env.score(["x"], start=len(rows))
+    finally:
+        asyncio.run(env.close_engines())
+    prompts = [r["question"].removeprefix(DOCUMENT_START) for r in rows]
+    scores = RewardScorer(None).score_batch(prompts, texts, [_truth(r) for r in rows])
+    assert [g["reward"] for g in got] == pytest.approx(list(scores.rewards), abs=1e-12)
+    assert got[0]["reward"] == 1.0 and got[1]["reward"] == -0.3
+    assert [g["well_formed"] for g in got] == [float(scores.breakdown(k)["well_formed"]) for k in range(6)]
+
+
 def test_the_rubric_asks_stockfish_for_positions_without_analysis():
     env = load_environment("policy", num_examples=3, seed=4, stockfish_depth=DEPTH)
     rows = env.get_dataset().to_list()

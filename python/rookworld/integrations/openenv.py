@@ -31,7 +31,11 @@ import re
 import threading
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
+from rookworld.integrations import extras
+
+extras.check("openenv", "openenv")  # before its imports: a replaced package fails in them
+
+from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import verifiers as vf
@@ -197,6 +197,15 @@ class ChessTaskEnv(_Engines, vf.SingleTurnEnv):
     def __init__(self, *, grading: _Grading, **kwargs):
         self.grading = grading
         super().__init__(**kwargs)
+
+    def score(self, completions: Sequence[str], start: int = 0) -> list[dict[str, float]]:
+        """Completions of the dataset's rows `start`, `start` + 1, ... scored as a rollout scores them (the reward
+        under "reward", and its parts), without a model client: verifiers' own scoring needs one, even for answers
+        written by hand."""
+        rows = self.dataset.select(range(start, start + len(completions)))  # an IndexError past the last row
+        return [self.grading.score(row["question"], completion, (info := row_info(row["info"])).get("truth_moves"),
+                                   info.get("truth_evals"), where=f"row {start + i}'s info")
+                for i, (row, completion) in enumerate(zip(rows, completions))]
 
 
 # ---- the game -------------------------------------------------------------------------------------------------

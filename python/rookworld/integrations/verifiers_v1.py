@@ -59,6 +59,7 @@ from rookworld.integrations.game import MAX_PLIES, ChessGame, GameStep
 from rookworld.integrations.rewards import DOCUMENT_START, chess_rows
 from rookworld.integrations.tasks import (KINDS, PARTS, Gradings, LiveGame, answers, new_record, record_step, records,
                                           unfinished)
+from rookworld.integrations import extras
 from rookworld.lm.answers import MAX_NEW_TOKENS
 
 #: The first verifiers release this module is written for (0.3 has an earlier `verifiers.v1`, not this one).
@@ -78,6 +79,7 @@ def _verifiers_v1():
     return verifiers.v1
 
 
+extras.check("verifiers-v1", "verifiers")  # before its imports: a replaced package fails in them
 try:
     vf = _verifiers_v1()
     from verifiers.v1.dialects.chat import message_to_wire
