@@ -462,15 +462,35 @@ def test_vocabulary_files_that_are_not_gpt2s_are_refused(tmp_path):
 
 # -- the README -------------------------------------------------------------------------------------------------------
 
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SNIPPETS = [(doc.name, k, s) for doc in DOCUMENTS
+            for k, s in enumerate(re.findall(r"```python\n(.*?)```", doc.read_text(), re.S))]
+#: The extras a snippet may import, by the module it imports: run where the extra is installed (CI installs each).
+EXTRA_MODULES = ("trl", "verifiers", "openenv")
+#: What a snippet that talks to a running `rookworld serve` calls: tests/test_integrations_openenv.py runs those
+#: against a real server.
+SERVED = "ChessEnvClient("
+
+
+def test_the_documents_have_their_snippets():
+    names = {name for name, _, _ in SNIPPETS}
+    assert {"README.md", "training.md", "using.md", "chess.md", "integrations.md"} <= names
+    readme = [s for name, _, s in SNIPPETS if name == "README.md"]
+    # The README's integrations: scoring without any trainer, then TRL, verifiers and OpenEnv, one snippet each.
+    for needed in ("RewardScorer(", "rookworld.integrations.trl", "rookworld.integrations.verifiers", SERVED):
+        assert sum(needed in s for s in readme) == 1, needed
+
+
 @pytest.mark.slow
-def test_every_python_snippet_of_the_documents_runs_as_written(tiny_dir, tmp_path, monkeypatch):
-    documents = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-    snippets = [(doc.name, s) for doc in documents for s in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)]
-    assert {"README.md", "training.md", "using.md", "chess.md", "integrations.md"} <= {name for name, _ in snippets}
+@pytest.mark.parametrize("name, k, snippet", [s for s in SNIPPETS if SERVED not in s[2]],
+                         ids=[f"{name}-{k}" for name, k, s in SNIPPETS if SERVED not in s])
+def test_every_python_snippet_of_the_documents_runs_as_written(name, k, snippet, tiny_dir, tmp_path, monkeypatch):
+    for module in EXTRA_MODULES:
+        if re.search(rf"^\s*(from|import) ({module}|rookworld\.integrations\.{module})\b", snippet, re.M):
+            pytest.importorskip(module, reason=f"pip install 'rookworld[{module}]'")
     monkeypatch.chdir(tmp_path)  # where a user who ran `rookworld sft --output-dir runs/sft` stands
     shutil.copytree(tiny_dir, tmp_path / "runs" / "sft")
     for shipped in ("models/chess-cpu-sft", "data/chess-cpu-held-out.jsonl"):  # what a clone's root holds
         (tmp_path / shipped).parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if (REPO / shipped).is_dir() else shutil.copy)(REPO / shipped, tmp_path / shipped)
-    for name, snippet in snippets:
-        exec(compile(snippet, name, "exec"), {})
+    exec(compile(snippet, name, "exec"), {})
