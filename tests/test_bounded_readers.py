@@ -419,3 +419,57 @@ def test_a_socket_or_a_symlink_loop_is_named_for_what_it_is_on_every_route(tmp_p
     path = _odd(tmp_path, what)
     err = one_line_error(cli(*(str(path) if a == "{}" else a for a in route), cwd=REPO), said, str(path))
     assert "no such" not in err
+
+
+# -- readers in linear time (the family: a scan of untrusted text whose time is more than linear in its length) -----
+
+#: Each reader's worst case at the line limit: a quadratic scan of any of them takes hours there (the JSON nesting
+#: check's regex took 34 s at 64 KB); linear, each is a fraction of a second. The bound is loose on purpose (a loaded
+#: 2-core machine): it tells linear from quadratic, it does not time the reader.
+LINEAR_S = 10.0
+
+
+def _worst_json_lines():
+    n = MAX_LINE - 100
+    yield "escaped quotes in an unterminated string", '{"fen":"' + '\\"' * (n // 2) + "[" * 65
+    yield "the same, ending on a lone backslash", '{"fen":"' + '\\"' * (n // 2) + "[" * 65 + "\\"
+    yield "empty strings then brackets", '"' * n + "[" * 65
+    yield "brackets alone", "[" * n
+    yield "many short strings in lists", '["a",' * (n // 5)
+
+
+@pytest.mark.parametrize("name, line", list(_worst_json_lines()), ids=[n for n, _ in _worst_json_lines()])
+def test_every_json_line_is_judged_in_linear_time_at_the_line_limit(name, line, tmp_path):
+    """Every JSON-lines route reads through json_value (positions files, SFT's JSONL, eval's data, TRL's dataset,
+    verifiers' info text): its worst line at the 4 MiB limit is a bad line, named, in bounded time."""
+    import time
+
+    from rookworld.io.json_line import json_value
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="invalid JSON"):
+        json_value(line)
+    assert time.perf_counter() - t0 < LINEAR_S, name
+    # And through a route: a positions file holding it is one error naming file and line, as quickly.
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"fen": "8/8/8/8/8/8/8/K6k w - - 0 1"}\n' + line + "\n")
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"{path.name}:2"):
+        data.read_records(str(path))
+    assert time.perf_counter() - t0 < LINEAR_S, name
+
+
+def test_a_target_s_move_fields_are_found_in_linear_time():
+    """SFT's legality loss finds the M: words of every target (a training file's line): a line of "M:" without an
+    "E:" was a lazy regex searched from every "M:", quadratic; found once now, the same words as before."""
+    import time
+
+    from rookworld.sft.legality import _move_words
+
+    t0 = time.perf_counter()
+    assert _move_words("M:" * (MAX_LINE // 2)) == []
+    assert _move_words("M:" * (MAX_LINE // 4) + "B: e2e4") == [(MAX_LINE // 2 + 3, "e2e4")]
+    assert time.perf_counter() - t0 < LINEAR_S
+    text = "M: e2e4 d2d4  E: 0.3 0.2  B: e2e4"
+    assert _move_words(text) == [(3, "e2e4"), (8, "d2d4"), (29, "e2e4")]
+    assert _move_words("M: e2e4 B: d2d4") == [(11, "d2d4")]  # no E: field: the B: word alone, as before

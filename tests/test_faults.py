@@ -572,3 +572,40 @@ def test_an_opponent_strength_outside_the_engine_s_range_is_refused_before_the_m
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1, "refused before the model's header line"
     assert "--opponent-elo" in proc.stderr and "UCI_Elo from" in proc.stderr and "not 5000" in proc.stderr
+
+
+def test_a_step_whose_weights_leave_their_range_is_refused_and_the_cli_saves_nothing(tiny_dir, tmp_path):
+    """Finite gradients, finite loss, and still the update carries a weight past float32's range: the step stops
+    the run (Diverged) rather than leave a NaN model to save. A learning rate that can only overflow (--lr 1e308)
+    is refused before any work, and a warning's ratio of rates cannot overflow."""
+    from rookworld.harness.optimizer import Diverged, step_if_finite
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        layer.weight.fill_(3.3e38)  # near float32's largest, 3.4e38
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=3e37, weight_decay=0.0)
+    layer(torch.ones(2, 4)).clamp(-1, 1).sum().backward()
+    layer.weight.grad.fill_(-1.0)  # every weight pushed up by about lr
+    with pytest.raises(Diverged, match=r"the weights this step made are not finite \(the learning rate was 3e\+37\)"):
+        step_if_finite(optimizer, torch.tensor(1.0), torch.tensor(0.5))
+    # A sound step on finite weights passes.
+    fine = torch.nn.Linear(4, 4)
+    good = torch.optim.AdamW(fine.parameters(), lr=1e-3)
+    fine(torch.ones(2, 4)).sum().backward()
+    step_if_finite(good, torch.tensor(1.0), torch.tensor(0.5))
+
+    # A learning rate that can only overflow is refused by its name, on every route (a flag, a TOML file).
+    (tmp_path / "lr.toml").write_text("[train]\nlr = 1e308\n")
+    for extra in (["--lr", "1e308"], ["--value-lr", "1e31", "--advantage", "gae"],
+                  ["--config", str(tmp_path / "lr.toml")]):
+        out = tmp_path / "run"
+        proc = run_cli(train_args(tiny_dir, out, "--steps", "2", "--warmup-steps", "0", *extra))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "must be at most 1e+30, got 1e+" in proc.stderr and "overflow float32" in proc.stderr, proc.stderr
+        assert not out.exists()
+    # Below the bound, a warning's ratio is said without overflowing (10^34, not inf).
+    from rookworld.settings.presets import schedule_warnings
+
+    assert "--lr 1e-300 is 10^296 times below the 0.0001" in schedule_warnings("train", 1e-300, 0, 5, 1_000_000)[0]
+    assert "--lr 1e+30 is 10^34 times above" in schedule_warnings("train", 1e30, 0, 5, 1_000_000)[0]

@@ -74,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         hint = (f"its last checkpoint, {last}, is from before: continue from it with a lower --lr, "
                 f"{_resume(command, cfg)} --lr X" if last else
                 "it saved no checkpoint: start again with a lower --lr (--overwrite)")
-        raise CliError(f"stopped at step {trainer.run.step + 1}: {e}; the step was not applied and nothing was "
-                       f"saved after it; {hint}") from None
+        raise CliError(f"stopped at step {trainer.run.step + 1}: {e}; nothing was saved after it; {hint}") from None
     except RuntimeError as e:  # gloo's word for a rank that died or stopped answering
         raise _ranks_apart(e, trainer.run.step, command, cfg) from None
     finally:

@@ -32,8 +32,8 @@ def lr_factor(step: int, cfg: RunConfig) -> float:
 
 
 class Diverged(RuntimeError):
-    """The loss or the gradients stopped being finite. The step that found it was not applied, so the weights and
-    the last checkpoint are still good."""
+    """The loss, the gradients or the weights a step made stopped being finite. The run stops there and saves
+    nothing after it, so the last checkpoint is still good; its message says whether the step was applied."""
 
 
 def step_if_finite(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor, loss: float | torch.Tensor = 0.0
@@ -43,8 +43,15 @@ def step_if_finite(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor, lo
     optimizer step, which a GRPO step takes a handful of.)"""
     if not (math.isfinite(float(grad_norm)) and math.isfinite(float(loss))):
         raise Diverged(f"the {'gradients are' if not math.isfinite(float(grad_norm)) else 'loss is'} not finite "
-                       f"(grad norm {float(grad_norm):g}, loss {float(loss):g})")
+                       f"(grad norm {float(grad_norm):g}, loss {float(loss):g}), so the step was not applied")
     optimizer.step()
+    # Finite gradients can still carry a weight past its dtype's range (a learning rate of 1e308): the weights
+    # are checked too, so that no NaN model is ever saved: each tensor's largest magnitude (a max, which cannot
+    # overflow as a 2-norm's squares do), in a few multi-tensor kernels and one sync.
+    weights = [p for group in optimizer.param_groups for p in group["params"]]
+    if weights and not bool(torch.stack(torch._foreach_norm(weights, math.inf)).isfinite().all()):
+        lr = max(float(group["lr"]) for group in optimizer.param_groups)
+        raise Diverged(f"the weights this step made are not finite (the learning rate was {lr:g})")
 
 
 def optimizer_for(policy: nn.Module, cfg: RunConfig, extra_groups: Sequence[dict] = ()) -> torch.optim.Optimizer:

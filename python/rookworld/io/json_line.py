@@ -9,7 +9,10 @@ import re
 #: The deepest nesting a JSON line may have: a record or a sample holds lists in an object (3 levels). A bound of its
 #: own, not the parser's recursion limit, which a library (torch's compiler) may have raised in the same process.
 MAX_JSON_DEPTH = 64
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+#: A string, or a bracket outside one. A string runs to its closing quote or, unterminated, to the end of the line
+#: (an odd backslash last): every match succeeds, so the scan is linear. A string that must close, as before, made
+#: each escaped quote of an unterminated string a new attempt that read to the end: quadratic (34 s at 64 KB).
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)|[\[\]{}]', re.S)
 
 
 def _too_deep(text: str) -> bool:

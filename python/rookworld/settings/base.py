@@ -83,6 +83,18 @@ def above_zero(option: str, value: Any) -> str | None:
     return None if value > 0 and not math.isnan(value) else f"{option} must be > 0, got {value}"
 
 
+#: The largest learning rate taken: above it the optimizer's first steps overflow float32 (AdamW divides the rate
+#: by 1 - 0.9 in its first step), and the weights leave their range at once.
+MAX_LR = 1e30
+
+
+def learning_rate(option: str, value: Any) -> str | None:
+    if not (value > 0 and not math.isnan(value)):
+        return f"{option} must be > 0, got {value}"
+    return None if value <= MAX_LR else f"{option} must be at most {MAX_LR:g}, got {value:g}: any step would " \
+                                        f"overflow float32"
+
+
 def share(option: str, value: Any) -> str | None:
     return None if 0.0 <= value <= 1.0 else f"{option} must lie in [0, 1], got {value}"
 

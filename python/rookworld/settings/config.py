@@ -13,7 +13,7 @@ from typing import Any
 from rookworld.ground.fields import parse_weights
 from rookworld.ground.rewards import P_REWARDS, SHAPINGS
 from rookworld.settings import objective
-from rookworld.settings.base import ConfigError, above_zero, flag, need, non_negative, positive, share
+from rookworld.settings.base import ConfigError, above_zero, flag, learning_rate, need, non_negative, positive, share
 from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, LOSS, MODEL, OPTIM, REWARDS, SAMPLING, Meaning, Settings, composed, default, group, setting)
 from rookworld.settings.flags import from_args
 from rookworld.settings.groups import (BadLinesSettings, CompletionSettings, DataSettings, DecodeBatchSettings,
@@ -161,7 +161,7 @@ class CriticSettings:
     gae_lambda: float = setting(0.95, "GAE lambda", CRITIC)
     vf_coef: float = setting(0.1, "weight of the value loss beside the policy loss", CRITIC)
     value_clip: float = setting(0.2, "clip range of the value loss around the rollout's values", CRITIC)
-    value_lr: float = setting(1e-4, "peak learning rate of the value head", CRITIC)
+    value_lr: float = setting(1e-4, "peak learning rate of the value head", CRITIC, check=learning_rate)
 
 
 @group

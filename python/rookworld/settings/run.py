@@ -8,7 +8,7 @@ import importlib.util
 from typing import Any
 
 from rookworld.io.quote import quoted
-from rookworld.settings.base import above_zero, existing_files, non_negative, positive, share
+from rookworld.settings.base import existing_files, learning_rate, non_negative, positive, share
 from rookworld.settings.declare import LOGGING, OPTIM, RUN, group, setting
 from rookworld.settings.groups import suites
 
@@ -66,7 +66,7 @@ class OptimizerSettings:
     micro_batch_size: int = setting(64, "rows per forward/backward (gradient accumulation within an optimizer step)",
                                     OPTIM, check=positive)
     lr: float = setting(3e-6, "peak learning rate (AdamW, betas 0.9/0.95)", OPTIM, main=True,
-                        check=above_zero)
+                        check=learning_rate)
     min_lr_ratio: float = setting(0.1, "the decay (cosine, or the cooldown) ends at lr x this", OPTIM, check=share)
     warmup_steps: int = setting(10, "linear learning-rate warm-up steps", OPTIM, check=non_negative)
     cooldown_steps: int = setting(0, "0: cosine decay from the warm-up to the last step; N: the peak rate held "

@@ -31,7 +31,6 @@ import torch
 from rookworld.ground import chess
 
 #: The move fields of a P: target: every word after "M:" up to "E:", and the word after "B:".
-_MOVES = re.compile(r"M:(.*?)E:", re.S)
 _BEST = re.compile(r"B:\s*(\S+)")
 #: A word spelled as a UCI move: only these have slots (the vocabulary may not spell any other word).
 _UCI = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?")
@@ -144,7 +143,7 @@ class LegalTokens:
         best = _BEST.search(text)
         if at == "B":  # the last word, when it is B:'s
             words = words[-1:] if best is not None and words and words[-1][0] == best.start(1) else []
-        elif _MOVES.search(text) is None:
+        elif _moves(text) is None:
             words = []
         if not words or words[0][0] not in written:
             return []
@@ -201,13 +200,23 @@ class LegalTokens:
         return MoveSlots(rows, columns, mask.to(device))
 
 
+def _moves(text: str) -> tuple[int, int] | None:
+    """Where the M: field's words are in `text`: from after its first "M:" to the first "E:" after it; None
+    without both. A lazy regex (M:(.*?)E:) searched from every "M:" of a line that has no "E:" read to the end from
+    each: quadratic in the line."""
+    start = text.find("M:")
+    end = text.find("E:", start + 2) if start >= 0 else -1
+    return None if end < 0 else (start + 2, end)
+
+
 def _move_words(text: str) -> list[tuple[int, str]]:
     """(offset, word) of each move the P: target `text` writes: its M: words and its B: word."""
     words = []
-    moves = _MOVES.search(text)
+    moves = _moves(text)
     if moves is not None:
-        words += [(moves.start(1) + m.start(), m.group()) for m in re.finditer(r"\S+", moves.group(1))]
-    best = _BEST.search(text, moves.end() if moves is not None else 0)
+        start, end = moves
+        words += [(start + m.start(), m.group()) for m in re.finditer(r"\S+", text[start:end])]
+    best = _BEST.search(text, moves[1] + 2 if moves is not None else 0)
     if best is not None:
         words.append((best.start(1), best.group(1)))
     return words

@@ -10,6 +10,7 @@ what it writes stays relative to the current one.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from pathlib import Path
@@ -68,7 +69,9 @@ def schedule_warnings(command: str, lr: float, warmup_steps: int, steps: int, n_
                    f"reaches --lr {lr:g}; give fewer warm-up steps")
     good = recommended_lr(command, n_params)
     if not good / 10 < lr < good * 10:
-        out.append(f"--lr {lr:g} is {max(lr / good, good / lr):.0f}x {'above' if lr > good else 'below'} the "
+        orders = abs(math.log10(lr) - math.log10(good))  # a ratio of 1e308 and 3e-6 is no float
+        times = f"{10 ** orders:.0f}x" if orders < 6 else f"10^{orders:.0f} times"
+        out.append(f"--lr {lr:g} is {times} {'above' if lr > good else 'below'} the "
                    f"{good:g} that works for a model of this size ({n_params / 1e6:.1f}M parameters) in rookworld "
                    f"{command}; the presets have settings that work (--config {' / '.join(names())})")
     return out
