@@ -413,3 +413,49 @@ def test_a_cache_whose_directory_cannot_be_made_is_one_line_before_any_work(tmp_
                        f"{command}: error: Stockfish cache {blocker / 'cache.sqlite'} cannot be made")
     assert blocker.read_text().startswith("a regular file")
     assert set(os.listdir(tmp_path)) == {"not-a-dir", "in.txt"}
+
+
+# -- what reaches a terminal (the family: input quoted back raw, or whole) ------------------------------------------
+
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J"
+
+
+def test_control_characters_of_a_name_or_a_line_reach_no_terminal(tmp_path):
+    """An ESC or a BEL in a file name or a data line would set the terminal's title or clear it: every message a
+    command writes has them escaped (one rule, at the output), on each route tried."""
+    line = tmp_path / "line.jsonl"
+    line.write_text('{"fen": "8/8/8/8/8/8/8/K6k w - - 0 1' + ESCAPES + '"}\n')
+    missing = tmp_path / f"x{ESCAPES}y.jsonl"
+    for args in (["positions", "--from", str(line), "--out", str(tmp_path / "o.jsonl")],
+                 ["positions", "--from", str(missing), "--out", str(tmp_path / "o.jsonl")],
+                 ["eval", "--data", str(missing)],
+                 ["train", "--data", str(missing), "--steps", "1", "--output-dir", str(tmp_path / "run")],
+                 ["positions", f"--cuont{ESCAPES}", "3", "--out", str(tmp_path / "o.jsonl")]):
+        err = cli(*args).stderr
+        assert "\x1b" not in err and "\x07" not in err, (args, err)
+        assert "\\x1b" in err, (args, err)
+
+
+def test_names_too_long_for_the_file_system_are_one_short_line(tmp_path):
+    """A name one part of which is over 255 bytes, a 100,000-character path, a 100,000-character engine cache: one
+    line, cut, naming the length, under each command that writes or reads it; no traceback quoting 100 KB."""
+    long_part = tmp_path / ("a" * 304 + ".jsonl")
+    deep = str(tmp_path) + "/a" * 50_000 + ".jsonl"
+    for args in (["positions", "--count", "3", "--out", str(long_part)],
+                 ["positions", "--count", "3", "--out", deep],
+                 ["train", "--stockfish-cache", str(tmp_path / ("b" * 100_000)), "--steps", "1",
+                  "--output-dir", str(tmp_path / "run")],
+                 ["positions", "--from", str(tmp_path / ("c" * 100_000)), "--out", str(tmp_path / "o.jsonl")]):
+        err = one_line_error(cli(*args))
+        assert len(err) < 4_500, (args[:2], len(err))
+
+
+def test_a_count_past_its_layer_s_bound_is_refused_with_the_settings(tmp_path):
+    """prompts_per_step = 1000000000 passed the settings and died in the Rust generator mid-run: it is refused by
+    its name with the settings, from a TOML file and from a flag alike."""
+    config = tmp_path / "big.toml"
+    config.write_text("[train]\nprompts_per_step = 1000000000\n")
+    one_line_error(cli("train", "--config", str(config), "--output-dir", str(tmp_path / "run")),
+                   "--prompts-per-step must be at most 1,000,000")
+    one_line_error(cli("train", "--group-size", "100000", "--output-dir", str(tmp_path / "run")),
+                   "--group-size must be at most 4,096")

@@ -14,7 +14,7 @@ import threading
 
 import rookworld
 from rookworld.commands.common import CliError
-from rookworld.io.quote import ECHO_LIMIT, quoted
+from rookworld.io.quote import ECHO_LIMIT, PATH_LIMIT, cut_words, for_terminal, quoted, shortened
 from rookworld.net.limits import ContextTooLong
 from rookworld.settings.base import nearest
 from rookworld.settings.commands import COMMANDS
@@ -39,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
     """A bad flag is one line (and where to look), not the whole usage."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {_cut_quotes(message)} (see {self.prog} --help)\n")
+        self.exit(2, for_terminal(f"{self.prog}: error: {_cut_quotes(message)} (see {self.prog} --help)") + "\n")
 
     def _check_value(self, action, value):
         """A mistyped command is answered with the command it is nearest to (argparse's own check, which this
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"rookworld.commands.{name}")
         return module.run(args)
     except (CliError, ContextTooLong) as e:
-        print(f"rookworld {args.command}: error: {e}", file=sys.stderr)
+        print(for_terminal(cut_words(f"rookworld {args.command}: error: {e}")), file=sys.stderr)
         return 2
     except Terminated:
         print(f"rookworld {args.command}: terminated", file=sys.stderr)
@@ -123,11 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # a name no file system takes: said, cut, under every command
+            print(for_terminal(f"rookworld {args.command}: error: a file name is too long for the file system "
+                               f"(a part of a path may have at most 255 bytes, a path 4,096): "
+                               f"{quoted(e.filename or '')} ({len(str(e.filename or '')):,} characters)"),
+                  file=sys.stderr)
+            return 2
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise
         # A full disk or a read-only file system under any command: what happened, not where in the code.
-        print(f"rookworld {args.command}: error: {e.strerror}: {e.filename or ''} (free space or choose another "
-              f"directory; a training run continues from its last checkpoint with --resume)", file=sys.stderr)
+        print(for_terminal(f"rookworld {args.command}: error: {e.strerror}: {shortened(str(e.filename or ''), PATH_LIMIT)} (free "
+                           f"space or choose another directory; a training run continues from its last checkpoint "
+                           f"with --resume)"), file=sys.stderr)
         return 2
     finally:
         if previous is not None and signal.getsignal(signal.SIGTERM) is _terminate:  # not once terminated

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from rookworld.io.files import atomic_write, kind, lines_within
 from rookworld.io.progress import Progress, _duration
+from rookworld.io.quote import for_terminal
 from rookworld.lm.suites import OUTCOMES_KEY
 from rookworld.harness.heldout import HELD_OUT_FILE, change_line
 from rookworld.harness.rundir import RunDirectoryLock, json_row, mark, metric_rows
@@ -282,7 +283,7 @@ class RunLog:
     def say(self, text: str) -> None:
         if self.enabled:
             clear = "\r\033[K" if self.tty else ""
-            self.stream.write(clear + text + "\n")
+            self.stream.write(clear + for_terminal(text) + "\n")  # a warning may quote a data line
             if self.tty and self.bar.done:
                 self.stream.write(self.bar.line())
             self.stream.flush()

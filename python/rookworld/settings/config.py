@@ -60,10 +60,18 @@ class RunConfig(ModelSettings, RunSettings, SeedSettings, OptimizerSettings, Log
         return tuple(dict.fromkeys(n.strip() for n in self.report_to.split(",") if n.strip() not in ("", "none")))
 
 
+#: The most prompts a GRPO step takes, and completions a prompt: a million prompts, or 4,096 completions of one, are
+#: more than any GPU's step holds, and the positions generator (at most 100 million a call) and the sampler can
+#: take every step they allow. Checked with the settings, on every route, not mid-run by the layer below.
+MAX_PROMPTS_PER_STEP, MAX_GROUP_SIZE = 1_000_000, 4096
+
+
 @group
 class GRPODataSettings:
-    prompts_per_step: int = setting(32, "prompts per GRPO step (over all ranks)", DATA, main=True, check=positive)
-    group_size: int = setting(16, "completions sampled per prompt (at least 2: GRPO compares them)", DATA, main=True)
+    prompts_per_step: int = setting(32, "prompts per GRPO step (over all ranks)", DATA, main=True, check=positive,
+                                    most=MAX_PROMPTS_PER_STEP)
+    group_size: int = setting(16, "completions sampled per prompt (at least 2: GRPO compares them)", DATA, main=True,
+                              most=MAX_GROUP_SIZE)
     shared_prompt: bool = setting(True, "compute each group's prompt once, in sampling and in every log-prob pass "
                                         "(--no-shared-prompt computes it for every completion, as a check)", DATA)
     task_mix: float = setting(0.8, "share of P: prompts, exact in every step (one prompt either way); the rest are "
