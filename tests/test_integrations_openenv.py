@@ -81,7 +81,7 @@ def wait_until(condition, what: str, timeout: float = WAIT_S):
 class Server:
     """A server in this process on a free port: its URL, its engines, and the Stockfish processes it runs."""
 
-    def __init__(self, max_sessions: int, idle_s: float = 300, **engine_options):
+    def __init__(self, max_sessions: int, idle_s: float = 300, first_message_s: float = 10, **engine_options):
         self.before = stockfish_children(os.getpid())  # other tests' engines, if any are left
         self.engines = ChessEngines(**dict(stockfish_depth=4, stockfish_workers=1, opponent_skill=0,
                                            opponent_nodes=200) | engine_options)
@@ -89,7 +89,7 @@ class Server:
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.ws = self.url.replace("http", "ws") + "/ws"
-        app = create_chess_app(self.engines, max_sessions=max_sessions, idle_s=idle_s)
+        app = create_chess_app(self.engines, max_sessions=max_sessions, idle_s=idle_s, first_message_s=first_message_s)
         self.runner = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
         self.thread = threading.Thread(target=self.runner.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
@@ -438,6 +438,40 @@ def test_an_idle_websocket_is_closed_and_its_place_given_to_the_next():
             assert _frame(conn, {"type": "step", "data": {"text": "Ra8#"}})["data"]["reward"] == 2.0
     finally:
         server.stop()
+
+
+def test_connections_that_never_speak_lose_their_places_soon():
+    """OpenEnv makes a session at the handshake: three WebSockets that connected and said nothing held all three
+    places for the whole idle limit (300 s), and a reconnect each 299 s held them for ever. A connection silent for
+    `first_message_s` after its handshake is closed (1001, saying why) and its place given to the next client;
+    one over the limit meanwhile is told CAPACITY_REACHED before its close."""
+    server = Server(max_sessions=3, first_message_s=1.0)
+    try:
+        silent = [ws_connect(server.ws, open_timeout=10) for _ in range(3)]
+        started = time.monotonic()
+        with ws_connect(server.ws, open_timeout=10) as late:
+            assert json.loads(late.recv(timeout=10))["data"]["code"] == "CAPACITY_REACHED"
+        for conn in silent:
+            with pytest.raises(ConnectionClosed) as closed:
+                conn.recv(timeout=20)
+            assert closed.value.rcvd.code == 1001 and "no message within 1 s of connecting" in closed.value.rcvd.reason
+        assert time.monotonic() - started < 10
+        with wait_until(lambda: _connect(server.ws), "a silent connection's place") as conn:
+            time.sleep(1.5)  # past the first wait once it has spoken: the idle limit holds from then on
+            assert _frame(conn, {"type": "reset", "data": {"fen": MATE_IN_ONE}})["type"] == "observation"
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("frame", ["[]", '"reset"', "null", "3", "true"])
+def test_a_frame_of_json_that_is_no_object_is_an_error_and_the_session_goes_on(server, frame):
+    """OpenEnv's reader ended the sender's session on `[]`, `"reset"` or `null` ("'list' object has no attribute
+    'get'"): each is an error frame saying what a message is, and the same connection resets after it."""
+    with wait_until(lambda: _connect(server.ws), "a free session") as conn:
+        conn.send(frame)
+        error = json.loads(conn.recv(timeout=10))
+        assert error["type"] == "error" and "each message is a JSON object" in error["data"]["message"], error
+        assert _frame(conn, {"type": "reset", "data": {"fen": MATE_IN_ONE}})["type"] == "observation"
 
 
 def test_input_is_quoted_back_cut_and_requests_have_a_size_limit(server):

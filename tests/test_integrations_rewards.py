@@ -258,3 +258,23 @@ def test_content_given_as_parts_is_read_as_its_text_and_anything_else_said_namin
                       "row 1: prompt: a message's content must be a string or a list of parts, got int"):
         with pytest.raises(TypeError, match="^" + re.escape(said) + "$"):
             reward(bad, ["", "", ""], **columns(rows[:3]))
+
+
+@pytest.mark.parametrize("workers", [1.5, 0, -2, True, "2"])
+def test_a_number_of_engines_that_is_no_whole_number_is_named_where_it_is_asked_for(workers):
+    """stockfish_workers=1.5 was "can't multiply sequence by non-int of type 'float'" at the first analysis, and 0
+    silently the default: each is refused by its name where the reward, the server's engines or a pool is made."""
+    from rookworld.ground.stockfish import Role, pool_for
+
+    said = "stockfish_workers must be a whole number of at least 1"
+    with pytest.raises(ValueError, match=said):
+        ChessReward("mixed", stockfish_workers=workers)
+    with pytest.raises(ValueError, match=said):
+        pool_for(Role.ANALYSIS, workers=workers)
+
+
+def test_a_malformed_a_prompt_in_a_batch_is_named_by_its_row():
+    """Every P: problem named its row; a malformed A: prompt said only its text."""
+    prompts = [chess.env_prompt(chess.START_FEN, "e2e4"), "A: not a fen+e2e4++", "A: nor this+e2e4++"]
+    with pytest.raises(ValueError, match=r"^prompt 1 \(and 1 more\): bad prompt: .*'A: not a fen\+e2e4\+\+'"):
+        RewardScorer().score_batch(prompts, ["x", "y", "z"])

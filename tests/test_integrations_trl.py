@@ -124,3 +124,32 @@ def test_load_tokenizer_of_a_directory_without_a_vocabulary_is_refused_not_a_tok
         load_tokenizer(tmp_path)
     assert len(load_tokenizer(REPO / "models" / "chess-play-sft")) == 4364
 
+
+
+def test_a_stray_tokenizer_file_beside_the_vocabulary_changes_nothing(tmp_path):
+    """TRL's tokenizer is made from the two files every rookworld command reads: a tokenizer.json left in the
+    directory was a KeyError (or, well formed, another tokenisation without a word); rookworld's own tokenizer
+    and TRL's agree on a real prompt."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(MODEL, model)
+    (model / "tokenizer.json").write_text('{"broken": true}')
+    prompt = "P: r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
+    ours = get_tokenizer(str(MODEL))
+    assert load_tokenizer(model)(prompt)["input_ids"] == ours.encode(prompt)
+
+
+def test_a_dataset_source_may_be_a_path_of_any_kind_and_anything_else_is_named():
+    """chess_dataset(Path(...)) was "'PosixPath' object is not iterable", a bytes path an AttributeError."""
+    import os
+    from pathlib import Path
+
+    held_out = REPO / "data" / "chess-cpu-held-out.jsonl"
+    as_str = chess_dataset(str(held_out), count=8, seed=1)
+    for source in (held_out, os.fsencode(str(held_out))):
+        assert chess_dataset(source, count=8, seed=1)["prompt"] == as_str["prompt"]
+    for bad, name in ((3, "int"), ([1, 2], "list"), ({"fen": "x"}, "dict")):
+        with pytest.raises(TypeError, match=f"a sequence of Records or None, not {name}"):
+            chess_dataset(bad)
+    assert isinstance(Path(held_out), os.PathLike)

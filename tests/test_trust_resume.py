@@ -361,3 +361,15 @@ def test_a_config_that_is_a_pipe_or_too_large_is_one_line(tmp_path):
     digits = tmp_path / "digits.toml"
     digits.write_text("steps = " + "9" * 5000 + "\n")
     one_line_error(run_cli(["train", "--config", digits]), "a number too long for any setting")
+
+
+def test_a_resume_given_data_where_the_run_had_none_says_what_the_run_had(run, tmp_path):
+    """The run drew generated positions (no --data): resuming it with --data FILE warned "instead of the run's "
+    and stopped mid-sentence."""
+    data = tmp_path / "positions.jsonl"
+    data.write_text("".join(json.dumps({"fen": fen}) + "\n" for fen in (
+        "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3",
+        "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2")))
+    proc = run_cli(["train", "--resume", run, "--steps", "3", "--data", data])
+    assert proc.returncode == 0, proc.stderr
+    assert f"warning: --data {data} instead of the run's none (generated positions)" in proc.stderr, proc.stderr

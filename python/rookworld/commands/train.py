@@ -180,6 +180,9 @@ def _within(path: Any, directory: str) -> bool:
 
 
 def _shown(value: Any) -> str:
+    """A setting's value in a note; an empty list or none (a run of generated positions, no --data) in words."""
+    if value is None or value == []:
+        return "none (generated positions)"
     return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 

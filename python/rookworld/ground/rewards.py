@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rookworld import _core
+from rookworld.io.quote import quoted
 
 __all__ = ["P_QUALITY_WEIGHTS", "P_REWARDS", "SHAPINGS", "GroundTruth", "RewardScorer", "Scores", "policy_prompt", "policy_targets", "prompt_fen",
            "task_of"]
@@ -207,8 +208,9 @@ class RewardScorer:
             index.append(k)
         cols, errors = _core.score(prompts, completions, index, truths, self.shaping, self.p_reward)
         if errors:
-            i, message = errors[0]
-            raise ValueError(f"{message}: {prompts[i][:200]!r}")
+            i, message = errors[0]  # its row, as every P: problem names its own
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise ValueError(f"prompt {i}{more}: {message}: {quoted(prompts[i])}")
         # frombuffer views are read-only; the copies are ordinary arrays users may modify.
         f64 = {k: np.frombuffer(cols[k], dtype="<f8").astype(np.float64) for k in
                ("reward", "quality", "best", "candidates", "evals", "eval_error", "best_loss",

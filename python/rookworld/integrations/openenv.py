@@ -51,11 +51,13 @@ from rookworld.ground import chess
 from rookworld.ground.data import Record
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import RewardScorer
+from rookworld.ground.stockfish.limits import workers_count_problem
 from rookworld.ground.stockfish import Role, find_stockfish, pool_for
 from rookworld.ground.stockfish.engine import EngineOptionError
 from rookworld.integrations.game import (MAX_PLIES, OPPONENT_MOVE_S, ChessGame, GameStep, OpponentError,
                                          read_action)
-from rookworld.integrations.openenv_guard import IDLE_S, MAX_REQUEST_BYTES, MESSAGE_LIMIT, ConnectionGuard, cut_errors
+from rookworld.integrations.openenv_guard import (FIRST_MESSAGE_S, IDLE_S, MAX_REQUEST_BYTES, MESSAGE_LIMIT,
+                                                  ConnectionGuard, cut_errors)
 from rookworld.integrations.rewards import chess_rows
 
 #: The name clients and `openenv.yaml` know the environment by.
@@ -170,6 +172,8 @@ class ChessEngines:
                  max_plies: int = MAX_PLIES, opponent_move_s: float = OPPONENT_MOVE_S):
         if opponent_elo is not None and opponent_skill is not None:
             raise ValueError("give opponent_elo or opponent_skill, not both")
+        if problem := workers_count_problem("stockfish_workers", stockfish_workers):
+            raise ValueError(problem)  # at start, not at the first session's first answer
         self.stockfish_path = find_stockfish(stockfish_path)  # a missing binary is said at start, not per session
         self._pool_settings = dict(path=self.stockfish_path, depth=stockfish_depth, workers=stockfish_workers,
                                    cache_path=stockfish_cache)
@@ -353,10 +357,10 @@ def _a_move(fen: str, text: str) -> str:
 
 
 def create_chess_app(engines: ChessEngines, *, max_sessions: int = 8, idle_s: float = IDLE_S,
-                     max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
+                     max_request_bytes: int = MAX_REQUEST_BYTES, first_message_s: float = FIRST_MESSAGE_S) -> FastAPI:
     """The OpenEnv server's FastAPI app: `max_sessions` WebSocket sessions at once, each with its own
     `ChessEnvironment` on `engines`, which the app's shutdown closes; each connection held to `ConnectionGuard`'s
-    bounds (`idle_s`, `max_request_bytes`). Run it with uvicorn (`rookworld serve`)."""
+    bounds (`idle_s`, `first_message_s`, `max_request_bytes`). Run it with uvicorn (`rookworld serve`)."""
     app = create_app(functools.partial(ChessEnvironment, engines), ChessAction, ChessObservation,
                      env_name=ENV_NAME, max_concurrent_envs=max_sessions)
 
@@ -374,7 +378,8 @@ def create_chess_app(engines: ChessEngines, *, max_sessions: int = 8, idle_s: fl
     app.add_exception_handler(ChessEnvError, refused)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(HTTPException, http_error)
-    app.add_middleware(ConnectionGuard, idle_s=idle_s, max_request_bytes=max_request_bytes)
+    app.add_middleware(ConnectionGuard, idle_s=idle_s, max_request_bytes=max_request_bytes,
+                       first_message_s=first_message_s)
     app.router.on_shutdown.append(engines.close)
     return app
 

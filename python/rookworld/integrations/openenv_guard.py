@@ -14,6 +14,9 @@ from rookworld.io.quote import ECHO_LIMIT, shortened
 
 #: Seconds a WebSocket session may wait on its client before the server closes the connection and frees its place.
 IDLE_S = 300.0
+#: Seconds a new WebSocket may stay silent before its first message: OpenEnv makes its session at the handshake, so
+#: connections that never speak held every place for IDLE_S (a client resets at once; ChessEnvClient does).
+FIRST_MESSAGE_S = 10.0
 #: The largest request taken, in bytes, an HTTP body or a WebSocket message: a move, a P: answer or a reset with a
 #: long game's history takes a few kilobytes.
 MAX_REQUEST_BYTES = 1 << 20
@@ -64,15 +67,19 @@ def _error_frame(text: str) -> str:
 CLOSE_METHOD = "openenv/session/close"
 
 
+#: What `_parsed` gives for text that is no JSON (JSON's null is None).
+NOT_JSON = object()
+
+
 def _parsed(text: str | bytes) -> tuple[Any, str | None]:
-    """(a message's JSON value, or None; why the guard refuses it, or None). Text that is no JSON is the app's to
-    answer; JSON nested past the parser's depth would be its traceback (HTTP 500), so it is refused here."""
+    """(a message's JSON value, or NOT_JSON; why the guard refuses it, or None). Text that is no JSON is the app's
+    to answer; JSON nested past the parser's depth would be its traceback (HTTP 500), so it is refused here."""
     try:
         return json.loads(text), None
     except RecursionError:
-        return None, "the message's JSON is nested too deep"
+        return NOT_JSON, "the message's JSON is nested too deep"
     except ValueError:
-        return None, None
+        return NOT_JSON, None
 
 
 def _closes_a_session(message: Any) -> bool:
@@ -134,15 +141,19 @@ class ConnectionGuard:
     - `POST /mcp` cannot make, close or reach a session (`_json_rpc_refusal`), and a WebSocket can neither join
       another's session (`/ws?session_id=`) nor close one (`openenv/session/close`): each session is the
       connection's that made it, ended when that ends.
-    - A WebSocket that leaves its session waiting `idle_s` seconds is closed (code 1001), which ends its session;
-      a request body that has not come within `BODY_S` is answered 408.
+    - A WebSocket that leaves its session waiting `idle_s` seconds, or `first_message_s` before its first message,
+      is closed (code 1001), which ends its session; a request body that has not come within `BODY_S` is
+      answered 408.
+    - A frame that is JSON but no object (`[]`, `"reset"`, `null`) is answered with an error frame, the session
+      kept (OpenEnv's reader ended the session on it).
     - Each frame and body is judged parsed (`_parsed`): JSON nested past the parser's depth is refused (400, or an
       error frame), a binary frame is answered, and a session close is recognised however it is spelt.
     - A client gone before its answer, and a request still running when the shutdown's grace period ends, are one
       line each in the log, where OpenEnv and uvicorn would print a traceback each."""
 
-    def __init__(self, app, *, idle_s: float, max_request_bytes: int):
+    def __init__(self, app, *, idle_s: float, max_request_bytes: int, first_message_s: float = FIRST_MESSAGE_S):
         self.app, self.idle_s, self.max_request_bytes = app, idle_s, max_request_bytes
+        self.first_message_s = min(first_message_s, idle_s)
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -200,7 +211,7 @@ class ConnectionGuard:
                 return b"".join(chunks) if size <= self.max_request_bytes else None
 
     async def _websocket(self, scope, receive, send) -> None:
-        connection = _Connection(scope, receive, send, self.idle_s, self.max_request_bytes)
+        connection = _Connection(scope, receive, send, self.idle_s, self.max_request_bytes, self.first_message_s)
         try:
             if "session_id" in parse_qs(scope.get("query_string", b"").decode("latin-1")):
                 await connection.refuse("a session belongs to the connection that made it: connect to /ws without "
@@ -237,9 +248,10 @@ class _Connection:
     """One WebSocket as its session's app sees it: a receive that ends the connection after `idle_s` without a
     word or on a message over the limit, and a send that stops, in one line, once the client is gone."""
 
-    def __init__(self, scope, receive, send, idle_s: float, max_bytes: int):
+    def __init__(self, scope, receive, send, idle_s: float, max_bytes: int, first_message_s: float):
         self.client, self._receive, self._send = _client(scope), receive, send
-        self.idle_s, self.max_bytes = idle_s, max_bytes
+        self.idle_s, self.max_bytes, self.first_message_s = idle_s, max_bytes, first_message_s
+        self.heard = False  # a message of the client's has come (the handshake is none)
         self.ended = False  # the client left or the server closed it: nothing more is said
         self._pending: asyncio.Future | None = None
 
@@ -248,11 +260,15 @@ class _Connection:
         # could lose the message it was reading.
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._receive())
-        done, _ = await asyncio.wait({self._pending}, timeout=self.idle_s)
+        wait = self.idle_s if self.heard else self.first_message_s
+        done, _ = await asyncio.wait({self._pending}, timeout=wait)
         if not done:
-            LOG.warning("%s: no message for %g s: connection closed, its session ended", self.client, self.idle_s)
-            return await self._close(1001, f"idle for {self.idle_s:g} s: connect again for a new session")
+            said = "no message" if self.heard else "no first message"
+            LOG.warning("%s: %s for %g s: connection closed, its session ended", self.client, said, wait)
+            return await self._close(1001, f"idle for {wait:g} s: connect again for a new session" if self.heard
+                                     else f"no message within {wait:g} s of connecting: connect again, and send")
         message, self._pending = self._pending.result(), None
+        self.heard |= message["type"] == "websocket.receive"
         if message["type"] == "websocket.disconnect":
             self.ended = True
         elif message["type"] == "websocket.receive" and self._size(message) > self.max_bytes:
@@ -276,6 +292,9 @@ class _Connection:
         value, why = _parsed(text)
         if why is not None:
             return why
+        if value is not NOT_JSON and not isinstance(value, dict):  # text that is no JSON: OpenEnv answers it
+            return (f"each message is a JSON object, such as {{\"type\": \"reset\", \"data\": {{}}}}, not "
+                    f"{shortened(text, ECHO_LIMIT)}")
         if _closes_a_session(value):  # OpenEnv would end any session named, another connection's too
             return "a session ends when its connection closes: close the WebSocket"
         return None

@@ -5,6 +5,8 @@ own verifiers' classes."""
 
 from __future__ import annotations
 
+import os
+
 import asyncio
 import math
 import threading
@@ -25,9 +27,14 @@ KINDS = ("policy", "env", "mixed", "game")
 PARTS = {"P": ("best_legal", "best", "candidates", "evals"), "A": ("fen_exact", "fen_similarity")}
 
 
-def positions_file(source: str) -> str:
-    """`source` as a positions file a library call reads: a regular file (a FIFO nobody writes blocked the call for
-    ever; the command line reads pipes and FIFOs once, the Python API does not); ValueError saying why not."""
+def positions_file(source: str | bytes | os.PathLike) -> str:
+    """`source` as a positions file a library call reads: a path (str, bytes or a Path) of a regular file (a FIFO
+    nobody writes blocked the call for ever; the command line reads pipes and FIFOs once, the Python API does not);
+    ValueError saying why not, TypeError for what is no path."""
+    if isinstance(source, (bytes, os.PathLike)):
+        source = os.fsdecode(source)
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a positions file's path (a str or a Path), not a {type(source).__name__}")
     if (why := not_regular(source)) is not None:
         raise ValueError(f"source {source}: {why}: give a positions file")
     return source

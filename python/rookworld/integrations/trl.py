@@ -22,6 +22,9 @@ with (2.2 lower on average), and TRL's KL ran away within a few steps. Models wi
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import types
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,7 +54,13 @@ def chess_dataset(source: str | Sequence[Record] | None = None, *, count: int | 
     """A plain-text GRPO dataset: a `prompt` column and the columns the reward reads (`task`, `fen`,
     `truth_moves`, `truth_evals`). `source` is a positions file (`rookworld positions --out`, annotated or not),
     records, or None for `count` generated positions of `seed`."""
-    records = read_records(positions_file(source))[0] if isinstance(source, str) else source
+    if source is None or isinstance(source, (str, bytes, os.PathLike)):
+        records = source if source is None else read_records(positions_file(source))[0]
+    elif isinstance(source, Sequence) and all(isinstance(r, Record) for r in source):
+        records = source
+    else:
+        raise TypeError(f"source must be a positions file's path, a sequence of Records or None, not "
+                        f"{type(source).__name__}")
     rows = chess_rows(records, count=count, seed=seed, task_mix=task_mix, document_start=document_start)
     return Dataset.from_list(rows)
 
@@ -63,10 +72,19 @@ def load_tokenizer(model: str | Path) -> transformers.GPT2TokenizerFast:
     id, so the `<|endoftext|>` that begins every prompt is kept (and `mask_positions` numbers positions from those
     masks). A local directory without vocab.json and merges.txt is refused (transformers gave a tokenizer of 0
     tokens), as every rookworld command refuses it."""
-    if is_local_path(str(model)) and not has_own_vocabulary(Path(model)):
-        raise TokenizerUnavailableError(f"{model} has no vocab.json and merges.txt: give the model directory "
-                                        f"rookworld saved (its vocabulary beside its weights)")
-    tokenizer = transformers.GPT2TokenizerFast.from_pretrained(model)
+    if is_local_path(str(model)):
+        if not has_own_vocabulary(Path(model)):
+            raise TokenizerUnavailableError(f"{model} has no vocab.json and merges.txt: give the model directory "
+                                            f"rookworld saved (its vocabulary beside its weights)")
+        # The two files rookworld's own loader reads, and no others: a stray tokenizer.json or tokenizer_config
+        # in the directory would tokenise otherwise than every rookworld command does, without a word. (Read from
+        # a folder holding those two alone: transformers' constructors take them differently from 4.x to 5.x.)
+        with tempfile.TemporaryDirectory() as only:
+            for name in ("vocab.json", "merges.txt"):
+                shutil.copyfile(Path(model) / name, Path(only) / name)
+            tokenizer = transformers.GPT2TokenizerFast.from_pretrained(only)
+    else:
+        tokenizer = transformers.GPT2TokenizerFast.from_pretrained(model)
     tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "left"
     return tokenizer
 

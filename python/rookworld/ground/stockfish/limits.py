@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rookworld.io.quote import quoted
+from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 
 #: Engines a core may carry. More only share it, and so many starting at once outlast the handshake's limit.
 WORKERS_PER_CORE = 4
@@ -43,6 +43,18 @@ def default_timeout(depth: int | None, nodes: int | None) -> float:
 def max_workers() -> int:
     """The most engines this machine runs: `WORKERS_PER_CORE` a core."""
     return WORKERS_PER_CORE * (os.cpu_count() or 1)
+
+
+def workers_count_problem(option: str, workers: Any) -> str | None:
+    """What is wrong with a number of engines asked for through the Python API (None: the default), or None: a whole
+    number of at least 1, within `workers_problem`'s bound. 1.5 was a TypeError deep in the pool, and 0 silently the
+    default."""
+    if workers is None:
+        return None
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        return f"{option} must be a whole number of at least 1 (or None: one a core), not " \
+               f"{shortened(repr(workers), ECHO_LIMIT)}"
+    return workers_problem(option, workers)
 
 
 def workers_problem(option: str, workers: int) -> str | None:

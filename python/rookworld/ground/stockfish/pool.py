@@ -24,7 +24,7 @@ from rookworld.io.quote import quoted
 from rookworld.ground.stockfish.analysis import Analysis
 from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
 from rookworld.ground.stockfish.engine import StockfishError, find_stockfish
-from rookworld.ground.stockfish.limits import default_timeout, search_problem, workers_problem
+from rookworld.ground.stockfish.limits import default_timeout, search_problem, workers_count_problem, workers_problem
 from rookworld.ground.stockfish.workers import Job, Search, Workers
 
 
@@ -322,6 +322,8 @@ def pool_workers(role: Role, workers: int | None = None, *, cores: int | None = 
 def pool_for(role: Role, *, cores: int | None = None, beside_gpu: bool = False, **settings) -> StockfishPool:
     """The one builder of a `StockfishPool` for a role: `settings` are the pool's (path, depth, nodes, workers,
     cache_path, multipv), its workers decided by `pool_workers`."""
+    if problem := workers_count_problem("stockfish_workers", settings.get("workers")):
+        raise ValueError(problem)
     workers = pool_workers(role, settings.pop("workers", None), cores=cores, beside_gpu=beside_gpu)
     return StockfishPool(workers=workers, **settings)
 
@@ -332,7 +334,8 @@ class LazyPool:
     an analysis never starts. `close` ends it, and a later `get` starts none."""
 
     def __init__(self, role: Role, **settings):
-        problem = search_problem(settings.get("depth", 10), settings.get("nodes"))
+        problem = search_problem(settings.get("depth", 10), settings.get("nodes")) \
+            or workers_count_problem("stockfish_workers", settings.get("workers"))
         if problem is not None:  # said where the pool is asked for, not at its first analysis
             raise ValueError(problem)
         self._role, self._settings = role, settings
