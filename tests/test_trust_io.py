@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from rookworld.ground import chess
 from conftest import REPO, TORCHRUN_BOUND_S, cli, free_port, transformers_gpt2
 from test_bad_input import one_line_error
 from test_trainer import train_args
@@ -152,7 +153,10 @@ def test_quit_mid_search_ends_the_engine_at_once(long_context_dir):
             engine.kill()
             engine.wait()
     assert engine.returncode == 0 and err == "", err  # no abort of a thread killed mid-computation
-    assert "bestmove" not in out, "a search that did not finish plays no move"
+    # Cut, it still answers, as Stockfish does: the first legal move, said not to be the model's.
+    lines = out.splitlines()
+    assert lines[-1] in {f"bestmove {m}" for m in chess.legal_moves(chess.START_FEN)}, lines[-3:]
+    assert "info string stopped before the model wrote its move" in out, out[-500:]
     assert took < 15, f"quit took {took:.1f} s: the whole generation was waited for"
 
 
@@ -162,8 +166,51 @@ def test_the_end_of_the_input_mid_search_ends_the_engine_at_once(long_context_di
     took = time.monotonic() - started
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     out = proc.stdout.splitlines()
-    assert "readyok" in out and not any(line.startswith("bestmove") for line in out), out
+    assert "readyok" in out and out[-1].startswith("bestmove "), out[-3:]
     assert took < 15, f"the end of the input took {took:.1f} s: the whole generation was waited for"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("go, most_s", [("go movetime 300", 0.3), ("go wtime 4000 btime 4000", 0.2),
+                                        ("go wtime 60000 winc 1000 btime 60000 binc 1000 movestogo 30", 2.5)])
+def test_an_answer_comes_within_its_time_whatever_the_generation_would_take(long_context_dir, go, most_s):
+    """`go movetime` and the clock's share bound each answer, as a GUI's clock counts it: a generation of 8,000
+    tokens (tens of seconds here) is cut at its time, and the search answers a legal move, said not to be the
+    model's; `stop` cuts one at once. Piped in whole, `go movetime 500` then `quit` answers too (no bestmove was
+    said at all)."""
+    engine = process(uci_args(long_context_dir), env={"OMP_NUM_THREADS": "1"}, bufsize=1)
+    try:
+        engine.stdin.write("uci\nisready\n")
+        engine.stdin.flush()
+        for line in engine.stdout:
+            if line.startswith("readyok"):
+                break
+        legal = {f"bestmove {m}" for m in chess.legal_moves(chess.START_FEN)}
+        for command in (go, "go infinite"):
+            engine.stdin.write(f"position startpos\n{command}\n")
+            engine.stdin.flush()
+            started = time.monotonic()
+            if command == "go infinite":
+                time.sleep(0.3)
+                engine.stdin.write("stop\n")
+                engine.stdin.flush()
+            for line in engine.stdout:
+                if line.startswith("bestmove"):
+                    break
+            took = time.monotonic() - started
+            assert line.strip() in legal, line
+            assert took < most_s + 3.0, f"{command}: {took:.1f} s"  # one decoding step past it, on a loaded CPU
+        engine.stdin.write("quit\n")
+        engine.stdin.flush()
+        engine.communicate(timeout=30)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+    proc = cli(*uci_args(long_context_dir), input="position startpos moves e2e4\ngo movetime 500\nquit\n")
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1].split()[0] == "bestmove", proc.stdout
+    assert proc.stdout.splitlines()[-1].split()[1] in chess.legal_moves(
+        "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1")
 
 
 def test_quit_after_a_fast_search_still_gives_its_move(tiny_dir):

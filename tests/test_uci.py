@@ -201,7 +201,7 @@ def test_transcript_of_uci_isready_position_go(tiny_dir):
     after 1. e4 with the info lines saying how it was chosen; a line that is not even text is ignored."""
     expected, _ = likeliest_by_transformers(tiny_dir, f"P: {AFTER_E4} B:",
                                             [m.uci() for m in pychess.Board(AFTER_E4).legal_moves])
-    session = b"uci\n\xff\xfe not UTF-8\nisready\nposition startpos moves e2e4\ngo movetime 100\n"
+    session = b"uci\n\xff\xfe not UTF-8\nisready\nposition startpos moves e2e4\ngo movetime 10000\n"
     # quit once the bestmove is out, as a GUI does: piped in at once, it would give a search slowed by a loaded
     # machine only QUIT_WAIT_S to answer.
     lines, code, err = session_until_bestmove(uci_argv(tiny_dir), session)
@@ -307,8 +307,9 @@ def test_options_are_set_and_their_defaults_come_from_the_flags(tmp_path):
     """The shipped model writes real answers: MultiPV cuts the lines; a seed gives the same sampled answer again;
     a device that is not here is refused and the model stays where it is."""
     argv = uci_argv(SHIPPED, "--protocol", "rookworld", "--seed", "7")
-    session = ["uci", "isready", "position startpos moves e2e4", "go movetime 50", "setoption name multipv value 1",
-               "go movetime 50", "setoption name Seed value 8", "setoption name Seed value 7", "go movetime 50"]
+    go = "go movetime 10000"  # time enough for the model's own answer
+    session = ["uci", "isready", "position startpos moves e2e4", go, "setoption name multipv value 1", go,
+               "setoption name Seed value 8", "setoption name Seed value 7", go]
     if not torch.cuda.is_available():
         session += ["setoption name Device value cuda", "isready"]
     proc = subprocess.run(argv, input="\n".join(session) + "\nquit\n", capture_output=True, text=True, timeout=300,
@@ -354,7 +355,7 @@ def test_python_chess_reads_the_models_candidates_as_multipv_lines():
     (answer,) = lm.policy([AFTER_E4])
     (chosen,) = choose_moves(lm, [AFTER_E4])
     with chess.engine.SimpleEngine.popen_uci(uci_argv(SHIPPED), cwd=REPO, timeout=ENGINE_TIMEOUT_S) as engine:
-        infos = engine.analyse(board, chess.engine.Limit(time=0.1), multipv=5)
+        infos = engine.analyse(board, chess.engine.Limit(time=10), multipv=5)  # within its time: whole
     legal = {m.uci() for m in board.legal_moves}
     evals = {}
     for move, pawns in zip(answer.moves, answer.evals):
@@ -445,3 +446,23 @@ def test_a_line_without_end_and_counters_at_their_limit_are_answered_and_the_gam
     for move in near_end.split()[9:]:
         board.push_uci(move)
     assert len(best) == 1 and pychess.Move.from_uci(best[0]) in board.legal_moves
+
+
+def test_a_move_s_time_is_its_movetime_or_its_share_of_the_clock():
+    """The most an answer may take, from the `go` line: movetime less the margin kept for the answer to travel; else
+    a twentieth of the side to move's clock (or movestogo's share) plus half its increment, never past the clock;
+    nothing when the search waits for stop or no time is given."""
+    from rookworld.lm.uci_protocol import MARGIN_MS
+
+    def budget(line: str, white: bool = True):
+        return parse_go(line.split())[0].budget_s(white)
+
+    assert budget("movetime 1000") == pytest.approx((1000 - MARGIN_MS) / 1000)
+    assert budget("movetime 1") == 0.0
+    assert budget("wtime 60000 btime 30000") == pytest.approx(3.0)
+    assert budget("wtime 60000 btime 30000", white=False) == pytest.approx(1.5)
+    assert budget("wtime 60000 winc 2000 btime 60000 movestogo 10") == pytest.approx(7.0)
+    assert budget("wtime 40 btime 40") == 0.0  # under the margin: answer at once
+    assert budget("wtime -500 btime 100") == 0.0  # a flag fallen already
+    for waits in ("infinite", "ponder wtime 60000", "depth 5", "nodes 1000", ""):
+        assert budget(waits) is None, waits

@@ -8,9 +8,12 @@ shown as UCI thinking: one `info multipv N score ... pv MOVE` line per legal can
 A reader thread feeds the input lines to the loop, and the model's work runs in a search thread, so that `stop`,
 `isready` and `quit` are read while the model thinks. The model loads at the first `isready` (or `go`), never
 before `uciok`, so that a GUI's handshake does not time out. Bad input is an `info string` saying what is wrong
-(quoting at most ECHO_LIMIT characters of it); unknown commands are ignored, as the protocol says. `quit`, or the
-end of the input, ends the engine at once even mid-search: the generation stops between two decoding steps, and
-the move it did not finish is never said.
+(quoting at most ECHO_LIMIT characters of it); unknown commands are ignored, as the protocol says.
+
+Every search answers `bestmove`, as Stockfish does, and within its time: `stop`, `quit` (or the end of the input,
+after QUIT_WAIT_S) and the end of `go movetime` or of the clock's share (`Go.budget_s`) cut the generation between
+two decoding steps, and a search cut before the model wrote its move answers the first legal move, saying so in
+an info string. (A compiled decoding, a GPU's, is one graph a step that cannot be cut: it runs to its end, fast.)
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
@@ -34,8 +38,8 @@ from rookworld.net.decoding import decodes_eagerly
 # -- the engine -----------------------------------------------------------------------------------------------------
 
 class SearchAbandoned(Exception):
-    """Raised in the search thread as the model starts a pass after the engine quit: the generation ends between
-    two decoding steps rather than after all of them."""
+    """Raised in the search thread as the model starts a pass once the search was cut (`stop`, `quit`, its time):
+    the generation ends between two decoding steps rather than after all of them."""
 
 
 class UciEngine:
@@ -53,7 +57,8 @@ class UciEngine:
         self._write = threading.Lock()
         self._search: threading.Thread | None = None
         self._stop = threading.Event()
-        self._abandon = threading.Event()
+        self._abandon = threading.Event()  # cut the search under way at the model's next pass
+        self._deadline: float | None = None  # time.monotonic() by which the search answers
         self.closed = False
 
     def say(self, *lines: str) -> None:
@@ -115,8 +120,9 @@ class UciEngine:
             self.say(f"id name {self.name}", f"id author {AUTHOR}",
                      *(o.declaration() for o in self.options.values()), "uciok")
         elif command in ("setoption", "ucinewgame", "position", "go"):
-            # The GUI should have stopped a search first; one left running ends here, with its bestmove.
-            self._end_search()
+            # The GUI should have stopped a search first; one left running finishes here (within its time, if it
+            # has one), with its bestmove, as Stockfish waits for its search: a session piped in whole gets answers.
+            self._finish_search()
             getattr(self, f"_{command}")(rest)
         return True
 
@@ -155,8 +161,11 @@ class UciEngine:
         if self.fen is None:
             self.say("info string no position to play: the last position line was malformed", "bestmove 0000")
             return
+        budget = go.budget_s(self.fen.split()[1] == "w")
+        self._deadline = None if budget is None else time.monotonic() + budget  # counted from `go`, as a clock is
         self._ensure_model()
         self._stop.clear()
+        self._abandon.clear()
         self._search = threading.Thread(target=self._think, args=(self.fen, go), name="uci-search", daemon=True)
         self._search.start()
 
@@ -186,27 +195,27 @@ class UciEngine:
         return self._search is not None and self._search.is_alive()
 
     def _end_search(self) -> None:
+        """`stop`: the search is cut at the model's next pass and answers its bestmove before the next command is
+        read."""
+        self._abandon.set()
+        self._finish_search()
+
+    def _finish_search(self) -> None:
+        """The search under way to its answer (one waiting for `stop` answers at once)."""
         if self._search is not None:
             self._stop.set()
             self._search.join()
             self._search = None
 
     def _quit_search(self) -> None:
-        """The search at `quit` or the end of the input: one waiting for `stop` ends with its bestmove, as `stop`
-        ends it; one still thinking has QUIT_WAIT_S to finish, then is abandoned at the model's next pass, its
-        move never said (a GUI that quit reads no bestmove, and no move but the model's is ever played)."""
+        """The search at `quit` or the end of the input: one waiting for `stop` answers at once; one still thinking
+        has QUIT_WAIT_S to finish (a session piped in whole gets the model's own move), then is cut, and answers
+        too, as Stockfish does. A thread left running would be killed mid-computation as the interpreter exits."""
         if self._search is None:
             return
         self._stop.set()
         self._search.join(QUIT_WAIT_S)
-        if self._search.is_alive():
-            with self._write:
-                self.closed = True
-            self._abandon.set()
-            # Each pass checks: the wait is one decoding step (or, compiled on a GPU, the rest of a fast generation).
-            # A thread left running instead would be killed mid-computation as the interpreter exits: an abort.
-            self._search.join()
-        self._search = None
+        self._end_search()
 
     @contextlib.contextmanager
     def _abandonable(self):
@@ -217,8 +226,10 @@ class UciEngine:
             yield
             return
 
+        deadline = self._deadline
+
         def check(module, args):
-            if self._abandon.is_set():
+            if self._abandon.is_set() or (deadline is not None and time.monotonic() >= deadline):
                 raise SearchAbandoned
 
         # The token embedding starts every pass: the prompt's, each decoding step's, and the scoring of moves.
@@ -244,7 +255,10 @@ class UciEngine:
             try:
                 best = self._move(fen, allowed)
             except SearchAbandoned:
-                return
+                why = "stopped" if self._abandon.is_set() else "out of time"
+                self.say(f"info string {why} before the model wrote its move: {allowed[0]} is the first legal move, "
+                         f"not the model's")
+                best = allowed[0]
             except Exception as e:  # a GUI waits for bestmove: the failure is said, never left hanging
                 self.say(f"info string the model failed: {type(e).__name__}: {e}")
                 best = "0000"

@@ -24,9 +24,12 @@ MAX_MULTIPV = 5
 SEED_STRIDE = 7919
 #: The longest info string: what the engine says about bad input is one readable line.
 INFO_LIMIT = 400
-#: How long `quit`, or the end of the input, lets a search that is still thinking run on: a session piped in whole
-#: ("go" then "quit") gets its bestmove from a fast model, and a long generation ends within about this long.
+#: How long `quit`, or the end of the input, lets a search that is still thinking run on before it is cut: a session
+#: piped in whole ("go" then "quit") gets the model's own move from a fast model.
 QUIT_WAIT_S = 0.5
+#: Of a clock's remaining time, the share one move may take (plus half the increment), and the time kept back for
+#: the answer to travel: the move's time is an upper bound, as a GUI's clock counts it.
+MOVES_TO_GO, MARGIN_MS = 20, 50
 #: The longest command read, in characters: `position startpos moves ...` through the longest legal game (17,697
 #: plies) takes about 90,000. A longer line is read past to its end, never held: a GUI (or /dev/zero) that sends
 #: gigabytes without a newline costs no memory.
@@ -144,6 +147,21 @@ class Go:
     @property
     def waits(self) -> bool:
         return self.infinite or self.ponder
+
+    def budget_s(self, white_to_move: bool) -> float | None:
+        """The most seconds this answer may take: `movetime`, or a share of the side to move's clock (`wtime` or
+        `btime`: a `MOVES_TO_GO`th, or `movestogo`'s, plus half the increment), less `MARGIN_MS`; None when the
+        search waits for `stop` or no time is given."""
+        if self.waits:
+            return None
+        if "movetime" in self.limits:
+            return max(0.0, self.limits["movetime"] - MARGIN_MS) / 1000
+        clock = self.limits.get("wtime" if white_to_move else "btime")
+        if clock is None:
+            return None
+        increment = self.limits.get("winc" if white_to_move else "binc", 0)
+        share = max(clock, 0) / max(1, self.limits.get("movestogo", MOVES_TO_GO)) + max(increment, 0) / 2
+        return max(0.0, min(share, max(clock, 0) - MARGIN_MS)) / 1000
 
 
 def parse_go(words: Sequence[str]) -> tuple[Go, list[str]]:
