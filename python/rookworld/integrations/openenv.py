@@ -51,8 +51,7 @@ from rookworld.ground import chess
 from rookworld.ground.data import Record
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
 from rookworld.ground.rewards import RewardScorer
-from rookworld.ground.stockfish.limits import workers_count_problem
-from rookworld.ground.stockfish import Role, find_stockfish, pool_for
+from rookworld.ground.stockfish import Role, find_stockfish, pool_for, workers_count_problem
 from rookworld.ground.stockfish.engine import EngineOptionError
 from rookworld.integrations.game import (MAX_PLIES, OPPONENT_MOVE_S, ChessGame, GameStep, OpponentError,
                                          read_action)

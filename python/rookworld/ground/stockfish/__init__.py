@@ -21,8 +21,9 @@ search and a pool may be asked for), `analysis` (the results).
 
 from rookworld.ground.stockfish.analysis import MATE_SCORE, Analysis, Candidate
 from rookworld.ground.stockfish.engine import StockfishError, StockfishNotFoundError, find_stockfish
-from rookworld.ground.stockfish.limits import default_timeout
+from rookworld.ground.stockfish.limits import default_timeout, workers_count_problem
 from rookworld.ground.stockfish.pool import LazyPool, Role, StockfishPool, StockfishStats, pool_for, pool_workers
 
 __all__ = ["Analysis", "Candidate", "LazyPool", "MATE_SCORE", "Role", "StockfishError", "StockfishNotFoundError",
-           "StockfishPool", "StockfishStats", "default_timeout", "find_stockfish", "pool_for", "pool_workers"]
+           "StockfishPool", "StockfishStats", "default_timeout", "find_stockfish", "pool_for", "pool_workers",
+           "workers_count_problem"]
