@@ -38,7 +38,7 @@ def policy_fields(target: str) -> tuple[str, str, str] | None:
     """(moves, evals, best) of a P: target `M: ... E: ... B: best`, in that order, each stripped; None when it does
     not read so. Read as the regex `\\s*M:\\s*(.*?)\\s*E:\\s*(.*?)\\s*B:\\s*(\\S+)\\s*$` read it (the first E:, then the
     first B: after it that one word ends), but in one pass: that regex backtracked polynomially on fields padded
-    with blanks and no best move (150 blanks never ended, issue 71)."""
+    with blanks and no best move (a few hundred blanks never ended)."""
     text = target.lstrip()
     if not text.startswith("M:"):
         return None

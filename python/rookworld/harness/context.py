@@ -24,11 +24,11 @@ from rookworld.settings.config import RunConfig
 def compute_dtype(dtype: str, kind: str) -> tuple[bool, str]:
     """Whether a run on a `kind` device computes under bf16 autocast, and why, for the run's header (empty when
     --dtype said so). --dtype auto takes bf16 where the hardware multiplies bf16 several times faster than float32:
-    on CUDA, and on a CPU with AMX (`cpu_bf16`). AVX-512 BF16 only doubles the products' rate, which a step turned
-    into 0.9-1.3x by command and shape (BENCHMARKS.md, issues 44 and 68: SFT 1.00x on the chess-cpu shape, 1.28x
-    on the chess-play shape, 1.22x on GPT-2 small; GRPO 0.8-0.9x on GPT-2 small, whose update cannot reuse
-    sampling's products under autocast), so there and elsewhere it keeps float32, which is also what reproduces
-    the shipped models bit for bit; --dtype bf16 takes the gain where there is one."""
+    on CUDA, and on a CPU with AMX (`cpu_bf16`). AVX-512 BF16 only doubles the products' rate, which a whole step
+    turns into a gain for some commands and shapes and a loss for others (GRPO's update cannot reuse sampling's
+    products under autocast; BENCHMARKS.md, "bf16 on the CPU", has the figures), so there and elsewhere it keeps
+    float32, which is also what reproduces the shipped models bit for bit; --dtype bf16 takes the gain where there
+    is one."""
     if dtype != "auto":
         return dtype == "bf16", ""
     if kind == "cuda":

@@ -115,7 +115,7 @@ def _logged_steps(out: Path) -> int:
 def check_resume(command: str, checkpoint_dir: Path) -> None:
     """--resume of a run made by the other command says what to type instead. The settings a resume loads decide
     whose run it is: a run.json that disagreed with them had sent `sft --resume` to a GRPO run's settings, a
-    TypeError (issue 71)."""
+    TypeError."""
     out = run_directory(checkpoint_dir)
     owner = settings_owner(checkpoint_dir)
     if owner != command:

@@ -10,7 +10,7 @@ positions as a dataset, and TRL's trainer made to score a GPT-2 where it sampled
 The reward functions are coroutines, so TRL awaits them beside its other reward functions; they score each batch
 at once in Rust, P: prompts against the dataset's own analyses or a Stockfish pool (close them after training).
 
-Why a GRPOTrainer of our own (issue 60): GPT-2 adds a learned embedding of each token's absolute position. TRL
+Why a GRPOTrainer of our own: GPT-2 adds a learned embedding of each token's absolute position. TRL
 left-pads a batch's prompts; transformers' `generate` gives each row's first real token position 0 (position ids
 from the attention mask), but TRL's log-prob forwards (the policy's and the reference's) pass no position ids, and
 transformers' GPT-2 then numbers every column from 0, pads included. A prompt padded by k tokens was sampled at

@@ -327,7 +327,7 @@ def open_fifo(path: str, wait_s: float) -> int | None:
 
 
 #: Room a stream's copy leaves on its disk: an endless source with newlines (/dev/urandom) stops there, not at a full
-#: disk (issue 71), checked every `ROOM_CHECK_BYTES` copied.
+#: disk, checked every `ROOM_CHECK_BYTES` copied.
 DISK_RESERVE, ROOM_CHECK_BYTES = 1 << 30, 64 << 20
 
 

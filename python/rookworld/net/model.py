@@ -237,7 +237,7 @@ BlockRunner = Callable[[Block, torch.Tensor, LayerAttention], tuple[torch.Tensor
 
 
 #: The device types whose continuations read their group's prompt through `GroupedPrompts`: on the CPU the copies
-#: of `AfterPrompts` cost more than the attention (BENCHMARKS.md, issue 33); a GPU's fused SDPA is worth them.
+#: of `AfterPrompts` cost more than the attention (BENCHMARKS.md, "Every core busy"); a GPU's fused SDPA is worth them.
 GROUPED_PROMPTS_ON = frozenset({"cpu"})
 
 

@@ -1,7 +1,7 @@
 """The CPU's products: oneDNN's inner product for a Linear in float32, with its gradients.
 
 oneDNN's inner product (the op inductor emits for a CPU linear) multiplies by the dense float32 weight as it is,
-with no packing; BENCHMARKS.md ("Issue 33, fourth pass") has what it gains over F.linear (MKL's sgemm) at the
+with no packing; BENCHMARKS.md ("Every core busy") has what it gains over F.linear (MKL's sgemm) at the
 step's shapes. Everywhere else (CUDA, other dtypes, autocast, compiled code, a torch built without the op)
 `linear` is F.linear.
 """

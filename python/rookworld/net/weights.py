@@ -196,7 +196,7 @@ def check_dtypes(dtypes: dict[str, str], weights: Path) -> None:
 
 
 #: The largest weight taken: a trained GPT-2's are within a few units; one of 3e38 is finite but overflows the first
-#: product it enters, and the model answers `+++...` (issue 71).
+#: product it enters, and the model answers `+++...`.
 MAX_WEIGHT = 1e4
 
 

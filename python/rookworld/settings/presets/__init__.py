@@ -26,7 +26,7 @@ READS = ("model", "data", "eval_data")
 #: The peak learning rate that works for a model of fewer parameters than the bound, per command (cpu-demo and
 #: learning for the 8.9M-parameter model, rookworld-lm-124m and the defaults for 124M). A run 10x or more away
 #: from it is warned: 3e-6, right for GRPO at 124M, leaves a fresh small model where it was. (chess-play's GRPO
-#: runs at 2e-5, the rate its SFT model ended on: at 1e-4 it lost next states, LEARNING.md's issue 70.)
+#: runs at 2e-5, the rate its SFT model ended on: at 1e-4 it lost next states; LEARNING.md, "In short".)
 LEARNING_RATES = {"sft": ((50e6, 1e-3), (float("inf"), 3e-4)), "train": ((50e6, 1e-4), (float("inf"), 3e-6))}
 
 
