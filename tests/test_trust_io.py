@@ -131,15 +131,21 @@ def uci_args(model, tokens: int = LONG_GENERATION) -> list:
     return ["uci", "--model", model, "--device", "cpu", "--max-new-tokens", str(tokens)]
 
 
+def ready_engine(model) -> subprocess.Popen:
+    """`rookworld uci` as a process on one thread, its model loaded: `readyok` read."""
+    engine = process(uci_args(model), env={"OMP_NUM_THREADS": "1"}, bufsize=1)
+    engine.stdin.write("uci\nisready\n")
+    engine.stdin.flush()
+    for line in engine.stdout:
+        if line.startswith("readyok"):
+            break
+    return engine
+
+
 @pytest.mark.slow
 def test_quit_mid_search_ends_the_engine_at_once(long_context_dir):
-    engine = process(uci_args(long_context_dir), env={"OMP_NUM_THREADS": "1"}, bufsize=1)
+    engine = ready_engine(long_context_dir)
     try:
-        engine.stdin.write("uci\nisready\n")
-        engine.stdin.flush()
-        for line in engine.stdout:
-            if line.startswith("readyok"):
-                break
         engine.stdin.write("position startpos\ngo\n")
         engine.stdin.flush()
         time.sleep(0.2)  # the search is under way
@@ -178,13 +184,8 @@ def test_an_answer_comes_within_its_time_whatever_the_generation_would_take(long
     tokens (tens of seconds here) is cut at its time, and the search answers a legal move, said not to be the
     model's; `stop` cuts one at once. Piped in whole, `go movetime 500` then `quit` answers too (no bestmove was
     said at all)."""
-    engine = process(uci_args(long_context_dir), env={"OMP_NUM_THREADS": "1"}, bufsize=1)
+    engine = ready_engine(long_context_dir)
     try:
-        engine.stdin.write("uci\nisready\n")
-        engine.stdin.flush()
-        for line in engine.stdout:
-            if line.startswith("readyok"):
-                break
         legal = {f"bestmove {m}" for m in chess.legal_moves(chess.START_FEN)}
         for command in (go, "go infinite"):
             engine.stdin.write(f"position startpos\n{command}\n")
