@@ -255,7 +255,8 @@ def main() -> int:
         mcfg = model_config(args, tokenizer.vocab_size)
         policy = GPT(mcfg).to(args.device)
         reference = copy.deepcopy(policy) if args.beta > 0 else None
-        trainer = Trainer(cfg, policy=policy, reference=reference, tokenizer=tokenizer, stream=open(os.devnull, "w"))
+        trainer = Trainer(cfg, policy=policy, reference=reference, tokenizer=tokenizer, stream=open(os.devnull, "w"),
+                          process_settings=True)
         trainer.sampler = FixedLengths(trainer.models, cfg, trainer.run.tokenizer.eos_id, lengths)
         if args.rehearse_cuda:
             rehearse_cuda(trainer)

@@ -21,13 +21,17 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import torch
+# One thread and MKL's reproducible mode, whatever a run of the package sets: a product's last bits depend on both.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-from rookworld.grpo.trainer import Trainer
-from rookworld.net.model import GPT, GPTConfig
-from rookworld.net.tokenizer import get_tokenizer
-from rookworld.settings.config import SFTConfig, TrainConfig
-from rookworld.sft.trainer import SFTTrainer
+import torch  # noqa: E402
+
+from rookworld.grpo.trainer import Trainer  # noqa: E402
+from rookworld.net.model import GPT, GPTConfig  # noqa: E402
+from rookworld.net.tokenizer import get_tokenizer  # noqa: E402
+from rookworld.settings.config import SFTConfig, TrainConfig  # noqa: E402
+from rookworld.sft.trainer import SFTTrainer  # noqa: E402
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "rookworld"
 

@@ -118,7 +118,7 @@ def compare(shape: str, args: argparse.Namespace, peaks: dict[str, float], tmp: 
                         steps=warmup + steps, rows_per_step=rows, micro_batch_size=rows, loss_on="target",
                         lr=args.lr, warmup_steps=0, eval_every=0, save_every=0, log_every=10**6,
                         report_to="none", device="cpu", dtype=dtype).validate()
-        trainers[dtype] = SFTTrainer(cfg, stream=open(os.devnull, "w"))
+        trainers[dtype] = SFTTrainer(cfg, stream=open(os.devnull, "w"), process_settings=True)
     n_params = sum(p.numel() for p in trainers["fp32"].run.policy.parameters())
     assert all(torch.equal(a, b) for a, b in zip(trainers["fp32"].run.policy.parameters(),
                                                  trainers["bf16"].run.policy.parameters()))
@@ -171,7 +171,7 @@ def main() -> int:
     args = ap.parse_args()
 
     name, flags = cpu_name()
-    # The threads a run takes (`harness.context.use_every_core`), for the mm figures too.
+    # The threads a run takes (`harness.process.settle_process`), for the mm figures too.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)
     print(f"CPU: {name}; {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads; "

@@ -54,7 +54,7 @@ def trainer(arm: str, args: argparse.Namespace, out: str) -> SFTTrainer:
                     warmup_steps=0, eval_every=0, save_every=0, log_every=10**6, report_to="none", device="cpu",
                     legal_weight=1.0, candidate_order="ranked", dtype="bf16" if arm.endswith("bf16") else "fp32",
                     optimizer="muon" if arm == "muon" else "adamw").validate()
-    t = SFTTrainer(cfg, stream=open(os.devnull, "w"))
+    t = SFTTrainer(cfg, stream=open(os.devnull, "w"), process_settings=True)
     if arm.startswith("compiled"):
         t.run.context = dataclasses.replace(t.run.context, compile=True, compile_logprobs=True)
         t.logprobs = LogProbs(t.run.policy, PassOptions(compile=True, keep_hidden=True))

@@ -25,7 +25,7 @@ from pathlib import Path
 # process are then as reproducible bit for bit as in a fresh `rookworld` process (resume tests compare weights).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 # One thread a test process, through the setting a user has: runs take every core
-# (`harness.context.use_every_core`) unless OMP_NUM_THREADS says otherwise, and beside pytest-xdist's other workers
+# (`harness.process.settle_process`) unless OMP_NUM_THREADS says otherwise, and beside pytest-xdist's other workers
 # every core is oversubscription.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -813,3 +813,34 @@ def test_the_updates_first_pass_takes_samplings_products_and_gets_the_same_gradi
     assert not torch.allclose(wrong["transformer.h.0.mlp.c_fc.weight"], made["transformer.h.0.mlp.c_fc.weight"],
                               rtol=1e-3, atol=1e-5)
     trainer.close()
+
+
+# -- what a run changes in its process ----------------------------------------------------------------------------
+
+def _process_state():
+    return (torch.get_num_threads(), torch.random.get_rng_state(), torch.initial_seed(),
+            torch.get_float32_matmul_precision())
+
+
+def test_a_trainer_made_from_python_changes_no_process_setting_unless_asked(tmp_path):
+    """A library user's threads, torch's generator and matmul precision stand through a whole run; with
+    process_settings=True the run sets them, and its header says which."""
+    tok = get_tokenizer()
+    outputs = {}
+    for asked in (False, True):
+        cfg = TrainConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=2, beta=0.0, warmup_steps=0,
+                          eval_every=0, save_every=1, sample_every=0, output_dir=str(tmp_path / str(asked)),
+                          compile=False, log_every=100, seed=99, dtype="fp32").validate()
+        policy, lines = tiny_gpt(seed=1), Lines()  # tiny_gpt seeds torch itself: before the run's start
+        before = _process_state()
+        t = Trainer(cfg, policy=policy, tokenizer=tok, reward_fn=StartsWith("a"),
+                    prompts=FixedPrompts("P: x", 2), stream=lines, process_settings=asked)
+        t.train()
+        t.close()
+        after, outputs[asked] = _process_state(), str(lines)
+        if not asked:
+            assert after[0] == before[0] and torch.equal(after[1], before[1]) and after[2:] == before[2:]
+        else:
+            assert after[2] == 99, "the run's --seed seeded torch"
+    assert "process:" not in outputs[False]
+    assert "process: torch's seed 99" in outputs[True]

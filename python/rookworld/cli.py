@@ -20,11 +20,6 @@ from rookworld.settings.base import nearest
 from rookworld.settings.commands import COMMANDS
 from rookworld.settings.flags import add_arguments
 
-# Bitwise-reproducible MKL on the CPU (read when torch first calls it, after this): without it, a matrix product's
-# last bits depend on where the allocator put its operands, so a resumed run drifted from an unbroken one by
-# an ulp once the vocabulary pass worked in chunks small enough to be reused memory. It cost no measurable speed.
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
-
 #: A word of argparse's message longer than this is typed input, not a path: it is cut to ECHO_LIMIT characters.
 LONGEST_WORD = 256
 
@@ -99,6 +94,11 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Bitwise-reproducible MKL on the CPU, read when torch first calls it (later than this): without it, a matrix
+    # product's last bits depend on where the allocator put its operands, so a resumed run drifted from an unbroken
+    # one by an ulp once the vocabulary pass worked in chunks small enough to be reused memory. The command sets it,
+    # not the package: a library user's process keeps its own.
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

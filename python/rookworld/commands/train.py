@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
 
     try:
-        trainer = trainer_class(cfg)
+        trainer = trainer_class(cfg, process_settings=True)
     except ModelNotAvailableError as e:  # sft's default is a fresh model: no offline preset stands in for its hub one
         raise CliError(str(e) if command != "train" else not_available(
             cfg.model, e, "offline, `rookworld train --config chess-play` trains the small model that ships with "

@@ -103,7 +103,8 @@ class Trainer:
     frozen reference, tokenizer, reward function (`RewardFn`) or prompt source (anything with `batch(step)`)."""
 
     def __init__(self, cfg: TrainConfig, *, policy: nn.Module | None = None, reference: nn.Module | None = None,
-                 tokenizer: Tokenizer | None = None, reward_fn: RewardFn | None = None, prompts=None, stream=None):
+                 tokenizer: Tokenizer | None = None, reward_fn: RewardFn | None = None, prompts=None, stream=None,
+                 process_settings: bool = False):
         self.cfg = cfg
         if cfg.auto_batch and not (cfg.device.startswith("cuda") or
                                    (cfg.device == "auto" and torch.cuda.is_available())):
@@ -126,7 +127,8 @@ class Trainer:
         # Before the run starts: a resumed run whose reference is not its own is one line, and no header.
         fingerprint = reference_fingerprint(cfg) if reference is None and self.objective.measures_kl \
             else None
-        self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary)
+        self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
+                             process_settings=process_settings)
         run.fingerprints["reference"] = fingerprint
         self.pool = None
         try:  # a start that fails (an engine that is not there) leaves no engine running, no log open, nothing locked

@@ -4,7 +4,6 @@ resumes and the model it loads found, its output directory locked and its log op
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,8 @@ from rookworld.harness.compiles import CompileReport
 from rookworld.harness.distributed import Comm, DistInfo, init_distributed, name_ranks
 from rookworld.harness.rundir import RunDirectoryLock, prepare_output_dir
 from rookworld.harness.runlog import Reporting, RunLog, Summary
-from rookworld.net.device import BF16_FLAGS, cpu_bf16, keep_freed_memory, resolve_device
+from rookworld.harness.process import cores_of, settle_process
+from rookworld.net.device import BF16_FLAGS, cpu_bf16, resolve_device
 from rookworld.net.pretrained import model_directory
 from rookworld.settings.base import ConfigError
 from rookworld.settings.config import RunConfig
@@ -60,6 +60,7 @@ class Context:
     log: RunLog
     lock: RunDirectoryLock | None
     compiles: CompileReport | None  # what compiling costs, said where the user sees it; None when nothing compiles
+    process_settings: bool  # it set the process's seed, threads and precision (`settle_process`)
 
     @property
     def cores(self) -> int:
@@ -67,11 +68,8 @@ class Context:
         return cores_of(self.dist)
 
 
-def cores_of(dist: DistInfo) -> int:
-    return max(1, (os.cpu_count() or 1) // dist.local_world)
-
-
-def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summary: Summary | None = None) -> Context:
+def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summary: Summary | None = None,
+          process_settings: bool = False) -> Context:
     """A command started: its ranks, device and precision placed, the checkpoint it resumes and the model it loads
     found, its output directory locked and made ready, its log opened, and its header said. Everything a user can
     get wrong is checked before the slow parts (models, engines) and before the header: a model that cannot be
@@ -80,13 +78,8 @@ def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summa
     dist = init_distributed(kind)
     device = resolve_device(cfg.device, dist.local_rank)
     comm = Comm(dist, device)
-    use_every_core(device, dist)
-    if kind == "cuda":
-        # TF32 for the float32 products (fp32 runs, the optimizer's): the API every torch since 1.12 has, which
-        # newer ones map to their own fp32_precision settings.
-        torch.set_float32_matmul_precision("high")
+    changed = settle_process(device, dist, cfg.seed) if process_settings else []
     bf16, why = compute_dtype(cfg.dtype, kind)
-    torch.manual_seed(cfg.seed)
     try:
         resume_from, model_dir, lock = _agreed(cfg, command, loads_model, comm)
         log = _open_output_dir(cfg, command, resume_from, lock, stream, summary)
@@ -103,8 +96,10 @@ def start(cfg: RunConfig, command: str, *, loads_model: bool, stream=None, summa
     steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
     log.say(f"rookworld {command}: {steps} into {cfg.output_dir} on {device} "
             f"({'bf16 autocast' if bf16 else 'fp32'}{why}{', compiled' if compile else ''}{ranks})")
+    if changed:
+        log.say(f"process: {', '.join(changed)}")
     return Context(dist, comm, device, torch.bfloat16 if bf16 else None, compile,
-                   compile and cfg.compile_logprobs, resume_from, model_dir, log, lock, compiles)
+                   compile and cfg.compile_logprobs, resume_from, model_dir, log, lock, compiles, process_settings)
 
 
 def _agreed(cfg: RunConfig, command: str, loads_model: bool,
@@ -155,15 +150,3 @@ def _open_output_dir(cfg: RunConfig, command: str, resume_from: Path | None, loc
     if leftovers:
         log.say(f"removed what a save cut short left: {', '.join(p.name for p in leftovers)}")
     return log
-
-
-def use_every_core(device: torch.device, dist: DistInfo) -> None:
-    """On the CPU, torch takes every core of this rank's share for every phase (an explicit OMP_NUM_THREADS
-    is obeyed). Nothing else computes while it does: Stockfish analyses while torch waits (the reward phase,
-    an evaluation's scoring), so no core is kept for it; kept, it idled through generation and the update
-    for the second or so an engine works in a step. Freed memory is kept for reuse (`keep_freed_memory`)."""
-    if device.type != "cpu":
-        return
-    keep_freed_memory()
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(cores_of(dist))

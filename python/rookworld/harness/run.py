@@ -41,11 +41,13 @@ class Run:
     the optimizer and its schedule, a stop asked for); `loop` calls the command's step until the end."""
 
     def __init__(self, cfg: RunConfig, *, command: str, policy: nn.Module | None = None, tokenizer=None,
-                 stream=None, summary: Summary | None = None, label: str | None = None):
+                 stream=None, summary: Summary | None = None, label: str | None = None,
+                 process_settings: bool = False):
         """``label`` names a `policy` given fresh, for the header. Every checkpoint also writes the model into the
         output directory itself, which then loads as a model (``--model``, ``rookworld eval``, transformers)."""
         self.cfg, self.command = cfg, command
-        self.context = context = start(cfg, command, loads_model=policy is None, stream=stream, summary=summary)
+        self.context = context = start(cfg, command, loads_model=policy is None, stream=stream, summary=summary,
+                                       process_settings=process_settings)
         #: The fingerprints of what the run started from besides its policy (GRPO's reference), saved with each
         #: checkpoint.
         self.fingerprints: dict[str, str | None] = {}
@@ -113,7 +115,8 @@ class Run:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"its step is {step!r}")
         self.step = step
-        checkpoint.set_rng_state(state["rng"])
+        if self.context.process_settings:  # the generators are the process's: set only when it was asked to
+            checkpoint.set_rng_state(state["rng"])
 
     def save(self, state: dict[str, Any], modules: dict[str, nn.Module] | None = None,
              rng: dict[str, Any] | None = None) -> Path | None:

@@ -43,9 +43,12 @@ def summary(m: dict[str, Any]) -> list[str]:
 
 
 def fresh_model(cfg: SFTConfig, vocab_size: int) -> nn.Module:
+    """A GPT of --init's shape drawn from --seed, leaving the process's own generator as it was."""
     layers, heads, width = cfg.model_shape
-    torch.manual_seed(cfg.seed)
-    return fresh_gpt(GPTConfig(n_layer=layers, n_head=heads, n_embd=width, vocab_size=vocab_size), cfg.device).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return fresh_gpt(GPTConfig(n_layer=layers, n_head=heads, n_embd=width, vocab_size=vocab_size),
+                         cfg.device).eval()
 
 
 def step_flops(model: nn.Module, tokens: float, counted: float, context: float) -> float:
@@ -85,7 +88,7 @@ def every_move_shares(cfg: SFTConfig, fens: list[str], say) -> dict[str, dict[st
 
 
 class SFTTrainer:
-    def __init__(self, cfg: SFTConfig, *, stream=None, tokenizer=None):
+    def __init__(self, cfg: SFTConfig, *, stream=None, tokenizer=None, process_settings: bool = False):
         self.cfg = cfg
         data = read_samples(cfg.data, cfg.skip_bad)  # a bad line is reported before any model is loaded
         held_out = read_samples([cfg.eval_data], cfg.skip_bad) if cfg.eval_data else None
@@ -99,7 +102,7 @@ class SFTTrainer:
             if cfg.vocabulary != "gpt2":
                 label += f", the {cfg.vocabulary} vocabulary"
         self.run = run = Run(cfg, command="sft", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
-                             label=label)
+                             label=label, process_settings=process_settings)
         for line in data.report():
             run.log.say(f"warning: --data: {line}")
         if held_out is not None:
