@@ -341,9 +341,9 @@ def main() -> int:
         "gflops": {k: phase_flops[k] / med(f"time/{k}") / 1e9 for k in phase_flops},
         "step_gflops": flops / step_time / 1e9,
         # A rehearsal measures compiling, not this CPU's speed (and bf16 products without AMX take minutes here).
-        "mm_peak_gflops": (mm_peak_gflops(dtype=trainer.run.amp_dtype or torch.float32)
+        "mm_peak_gflops": (mm_peak_gflops(dtype=trainer.run.context.amp_dtype or torch.float32)
                            if args.device == "cpu" and not args.rehearse_cuda else None),
-        "dtype": "bf16" if trainer.run.amp_dtype is not None else "fp32",
+        "dtype": "bf16" if trainer.run.context.amp_dtype is not None else "fp32",
     }
     figures = {**progress, **figures, "complete": True}
     print(f"\n{'samples/s':<22}{figures['samples_per_s']:>12,.2f}")

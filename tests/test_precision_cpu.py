@@ -77,7 +77,7 @@ def _sft_losses(tmp_path, dtype: str, steps: int) -> list[float]:
                     dtype=dtype, seed=1).validate()
     trainer = SFTTrainer(cfg, stream=open(os.devnull, "w"))
     try:
-        assert trainer.run.amp_dtype == (torch.bfloat16 if dtype == "bf16" else None)
+        assert trainer.run.context.amp_dtype == (torch.bfloat16 if dtype == "bf16" else None)
         return [trainer.train_step()["loss"] for _ in range(steps)]
     finally:
         trainer.close()

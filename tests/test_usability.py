@@ -235,8 +235,10 @@ def test_a_run_starts_with_a_header_and_shows_its_evaluations(tiny_dir, tmp_path
     from rookworld.net.pretrained import from_pretrained
 
     n_params = sum(p.numel() for p in from_pretrained(tiny_dir).parameters())
-    assert shown[1] == f"model: {tiny_dir} ({n_params / 1e6:.1f}M parameters)"
-    header = "\n".join(shown[:6])
+    # The command sets its process's seed (and, here, malloc's habit; threads only where OMP_NUM_THREADS is unset)
+    assert shown[1].startswith("process: torch's seed 3")
+    assert shown[2] == f"model: {tiny_dir} ({n_params / 1e6:.1f}M parameters)"
+    header = "\n".join(shown[:7])
     assert "rewards: Stockfish" in header and "(depth 4, 1 worker)" in header
     assert "prompts: 4 x group 4 per step, 80% P: / 20% A:, from generated positions" in header
     evals = [line for line in shown if line.startswith("eval at step")]

@@ -13,9 +13,8 @@ import sys
 import threading
 
 import rookworld
-from rookworld.commands.common import CliError
+from rookworld.io.errors import RookworldError
 from rookworld.io.quote import ECHO_LIMIT, PATH_LIMIT, cut_words, for_terminal, quoted, shortened
-from rookworld.net.limits import ContextTooLong
 from rookworld.settings.base import nearest
 from rookworld.settings.commands import COMMANDS
 from rookworld.settings.flags import add_arguments
@@ -111,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         name = "own_positions" if getattr(args, "from_model", None) else MODULES[args.command]
         module = importlib.import_module(f"rookworld.commands.{name}")
         return module.run(args)
-    except (CliError, ContextTooLong) as e:
+    except RookworldError as e:  # every failure rookworld expects: what went wrong and what to do, one line
         print(for_terminal(cut_words(f"rookworld {args.command}: error: {e}")), file=sys.stderr)
         return 2
     except Terminated:

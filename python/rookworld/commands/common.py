@@ -18,12 +18,13 @@ from typing import BinaryIO
 from rookworld.ground import data
 from rookworld.io import files
 from rookworld.ground.stockfish import Role, StockfishError, StockfishNotFoundError, StockfishPool, pool_for
+from rookworld.io.errors import RookworldError
 from rookworld.settings.base import ConfigError
 from rookworld.settings.declare import Settings
 from rookworld.settings.flags import from_args
 
 
-class CliError(Exception):
+class CliError(RookworldError):
     """A user error: printed as one line, exit status 2, no traceback."""
 
 

@@ -11,81 +11,77 @@ from typing import Any
 
 from rookworld.commands.common import CliError
 from rookworld.commands.model import not_available
-from rookworld.ground.data import DataError
-from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
+from rookworld.ground.stockfish import StockfishNotFoundError, find_stockfish
 from rookworld.grpo.trainer import Trainer
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import DistributedError, lost_rank, rerun
-from rookworld.harness.optimizer import Diverged
-from rookworld.harness.run import complete_message
+from rookworld.harness.run import complete_message, last_checkpoint, resume_command
 from rookworld.harness.rundir import check_resume, run_directory
+from rookworld.io.errors import RookworldError
 from rookworld.net.pretrained import ModelNotAvailableError
-from rookworld.net.tokenizer import TokenizerUnavailableError
 from rookworld.settings.config import ConfigError, SFTConfig, TrainConfig, from_args
 from rookworld.sft.trainer import SFTTrainer
 
 
 def run(args: argparse.Namespace) -> int:
-    command = args.command
-    cls, trainer_class = (TrainConfig, Trainer) if command == "train" else (SFTConfig, SFTTrainer)
-    resume_from, notes = None, []
+    """The command: its settings, its trainer, the run. An expected failure is a `RookworldError` that says what
+    to do next, printed by the command line as one line; an interrupted run says how to go on."""
+    command, trainer = args.command, None
+    cfg, notes = settings_of(args, command)
+    if cfg is None:
+        return 0
     try:
-        if getattr(args, "resume", None):
-            resume_from, notes = resumed_settings(args, command)
-        cfg = from_args(args, cls)
-        done = checkpoint.step_of(resume_from) if resume_from is not None else None
-        if done is not None and done >= cfg.steps:  # said before any model or engine starts
-            print(complete_message(command, cfg, done), file=sys.stderr)
-            return 0
-        if command == "train":
-            find_stockfish(cfg.stockfish_path)  # a missing engine is reported before any model is loaded
-    except (ConfigError, checkpoint.CheckpointError, StockfishNotFoundError) as e:
-        raise CliError(str(e)) from None
-
-    try:
-        trainer = trainer_class(cfg, process_settings=True)
-    except ModelNotAvailableError as e:  # sft's default is a fresh model: no offline preset stands in for its hub one
-        raise CliError(str(e) if command != "train" else not_available(
-            cfg.model, e, "offline, `rookworld train --config chess-play` trains the small model that ships with "
-                          "rookworld; or pass --model DIR, a model directory")) from None
-    except (ConfigError, DataError, TokenizerUnavailableError, StockfishError,
-            checkpoint.CheckpointError, FileNotFoundError, NotADirectoryError) as e:
-        raise CliError(str(e)) from None
-    except RuntimeError as e:  # a rank that never came, or was lost at the start
-        raise _ranks_apart(e, 0, command, cfg) from None
-    for note in notes:  # once nothing refuses the run: an error stays one line
-        print(f"warning: {note}", file=sys.stderr)
-    try:
+        trainer = trainer_for(command, cfg)
+        for note in notes:  # once nothing refuses the run: an error stays one line
+            print(f"warning: {note}", file=sys.stderr)
         trainer.train()
-    except (StockfishNotFoundError, StockfishError) as e:  # sft's evaluation starts Stockfish only when it first
-        raise CliError(str(e)) from None                   # needs it; an engine that stopped scoring stops a run
-    except checkpoint.SaveFailed as e:
-        last = _last_checkpoint(cfg)
-        raise CliError(f"{e}; " + (f"its last checkpoint, {last.name}, is intact: once there is room, continue "
-                                   f"with {_resume(command, cfg)}" if last else
-                                   "it saved no checkpoint before: start again once there is room")) from None
-    except KeyboardInterrupt:  # a third Ctrl-C: nothing saved past the last checkpoint
-        last = _last_checkpoint(cfg)
-        raise CliError(f"aborted at step {trainer.run.step} without saving; " + (
-            f"its last checkpoint is {last.name}: continue with {_resume(command, cfg)}"
-            if last else "it saved no checkpoint")) from None
-    except Diverged as e:
-        last = _last_checkpoint(cfg)
-        hint = (f"its last checkpoint, {last}, is from before: continue from it with a lower --lr, "
-                f"{_resume(command, cfg)} --lr X" if last else
-                "it saved no checkpoint: start again with a lower --lr (--overwrite)")
-        raise CliError(f"stopped at step {trainer.run.step + 1}: {e}; nothing was saved after it; {hint}") from None
-    except RuntimeError as e:  # gloo's word for a rank that died or stopped answering
-        raise _ranks_apart(e, trainer.run.step, command, cfg) from None
+    except RuntimeError as e:  # a rank that died or stopped answering: gloo's word, or ours (DistributedError)
+        if isinstance(e, RookworldError) and not isinstance(e, DistributedError):
+            raise
+        raise _ranks_apart(e, trainer.run.step if trainer is not None else 0, command, cfg) from None
     finally:
-        trainer.close()
-    if trainer.run.interrupted:
-        ended = "terminated" if trainer.run.stop.terminated else "interrupted"
-        print(f"rookworld {command}: {ended} at step {trainer.run.step}; " +
-              (f"continue with {_resume(command, cfg)}" if _last_checkpoint(cfg) is not None else
-               "no step was saved, so there is nothing to resume: run the same command again"), file=sys.stderr)
-        return 143 if trainer.run.stop.terminated else 130
-    return 0
+        if trainer is not None:
+            trainer.close()
+    return stopped(trainer, command, cfg)
+
+
+def settings_of(args: argparse.Namespace, command: str) -> tuple[TrainConfig | SFTConfig | None, list[str]]:
+    """The run's settings (a resumed run's own, filled in) and notes on where it departs from them; None when the
+    run it resumes is complete (said here, before any model or engine starts)."""
+    resume_from, notes = None, []
+    if getattr(args, "resume", None):
+        resume_from, notes = resumed_settings(args, command)
+    cfg = from_args(args, TrainConfig if command == "train" else SFTConfig)
+    done = checkpoint.step_of(resume_from) if resume_from is not None else None
+    if done is not None and done >= cfg.steps:
+        print(complete_message(command, cfg, done), file=sys.stderr)
+        return None, notes
+    if command == "train":
+        find_stockfish(cfg.stockfish_path)  # a missing engine is reported before any model is loaded
+    return cfg, notes
+
+
+def trainer_for(command: str, cfg: TrainConfig | SFTConfig) -> Trainer | SFTTrainer:
+    """The command's trainer, with the process settings a command takes (`harness.process`)."""
+    if command == "sft":  # sft's default is a fresh model: no offline preset stands in for a hub one
+        return SFTTrainer(cfg, process_settings=True)
+    try:
+        return Trainer(cfg, process_settings=True)
+    except ModelNotAvailableError as e:
+        raise CliError(not_available(cfg.model, e, "offline, `rookworld train --config chess-play` trains the small "
+                                                   "model that ships with rookworld; or pass --model DIR, a model "
+                                                   "directory")) from None
+
+
+def stopped(trainer: Trainer | SFTTrainer, command: str, cfg) -> int:
+    """0 for a run that went to its end; for one stopped by Ctrl-C or SIGTERM (after saving), how to go on."""
+    if not trainer.run.interrupted:
+        return 0
+    ended = "terminated" if trainer.run.stop.terminated else "interrupted"
+    print(f"rookworld {command}: {ended} at step {trainer.run.step}; " +
+          (f"continue with {resume_command(command, cfg.output_dir)}" if last_checkpoint(cfg.output_dir) else
+           "no step was saved, so there is nothing to resume: run the same command again"), file=sys.stderr)
+    return 143 if trainer.run.stop.terminated else 130
 
 
 #: The saved settings --resume does not take as they are: where the run writes, the engine it runs (settings that
@@ -193,16 +189,7 @@ def _ranks_apart(e: RuntimeError, step: int, command: str, cfg) -> Exception:
         e = lost_rank(e, step) or e
         if not isinstance(e, DistributedError):
             return e
-    last = _last_checkpoint(cfg)
+    last = last_checkpoint(cfg.output_dir)
     return CliError(f"{e}; " + (f"its last checkpoint, {last.name}, is intact: continue with "
-                                f"{rerun(_resume(command, cfg))}" if last else
+                                f"{rerun(resume_command(command, cfg.output_dir))}" if last else
                                 "it saved no checkpoint: start it again on every rank"))
-
-
-def _last_checkpoint(cfg) -> Path | None:
-    saved = checkpoint.list_checkpoints(cfg.output_dir)
-    return saved[-1] if saved else None
-
-
-def _resume(command: str, cfg) -> str:
-    return f"rookworld {command} --resume {cfg.output_dir}"

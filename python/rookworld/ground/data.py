@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rookworld.ground import chess
+from rookworld.io.errors import RookworldError
 from rookworld.io.files import MAX_LINE, LineTooLong, atomic_write, read_bounded
 from rookworld.io.json_line import json_value
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
@@ -41,7 +42,7 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _PGN_TAG = re.compile(r'^\[[A-Za-z0-9_]+\s+".*"\]$')
 
 
-class DataError(ValueError):
+class DataError(RookworldError, ValueError):
     """A position file that cannot be read, with the file and line."""
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.profiler import record_function
 from torch import nn
 
-from rookworld.ground.data import assign_moves, finished_message, playable, position_key, read_records
+from rookworld.ground.data import Record, assign_moves, finished_message, playable, position_key, read_records
 from rookworld.ground.rewards import RewardScorer, analysis_width
 from rookworld.ground.stockfish import Role, StockfishError, pool_for
 from rookworld.grpo.auto_batch import BatchSearch
@@ -98,6 +99,42 @@ def reference_fingerprint(cfg: TrainConfig) -> str | None:
                       f"{cfg.output_dir} --output-dir NEW_DIR")
 
 
+@dataclass(frozen=True)
+class TrainingData:
+    """What a run trains on, read and checked before any model loads: --data's playable positions (None: generated
+    ones), the finished games left out of it, and the held-out positions training never sees."""
+
+    records: list[Record] | None
+    finished: list[Record]
+    held_out: frozenset[str]
+    files: str
+
+    @property
+    def count(self) -> int:
+        return len(self.records or []) + len(self.finished)
+
+
+def check_auto_batch(cfg: TrainConfig) -> None:
+    if cfg.auto_batch and not (cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())):
+        raise ConfigError("--auto-batch measures GPU memory: it needs a CUDA device")
+
+
+def training_data(cfg: TrainConfig) -> TrainingData:
+    """--data read and checked against --eval-data. A file of one's own is checked against --eval-data only: the
+    generated evaluation set holds the common openings, which a small file may be made of."""
+    records, finished, files = None, [], ", ".join(cfg.data)
+    if cfg.data:
+        records, finished = playable([r for path in cfg.data for r in read_records(path)[0]])
+        if not records:
+            raise ConfigError(f"--data {files}: no position with a legal move")
+        records = assign_moves(records, cfg.seed)
+    held_out = held_out_keys(cfg) if cfg.eval_data or records is None else frozenset()
+    if records is not None and held_out and all(position_key(r.fen) in held_out for r in records):
+        raise ConfigError(f"--data {files}: every position is among the held-out ones of --eval-data "
+                          f"{cfg.eval_data}: train on other positions, or hold out others")
+    return TrainingData(records, finished, held_out, files)
+
+
 class Trainer:
     """`rookworld train`. Each piece defaults to what the config says; a library user may bring their own policy,
     frozen reference, tokenizer, reward function (`RewardFn`) or prompt source (anything with `batch(step)`)."""
@@ -106,58 +143,49 @@ class Trainer:
                  tokenizer: Tokenizer | None = None, reward_fn: RewardFn | None = None, prompts=None, stream=None,
                  process_settings: bool = False):
         self.cfg = cfg
-        if cfg.auto_batch and not (cfg.device.startswith("cuda") or
-                                   (cfg.device == "auto" and torch.cuda.is_available())):
-            raise ConfigError("--auto-batch measures GPU memory: it needs a CUDA device")
-        records, finished = None, []
-        files = ", ".join(cfg.data)
-        if cfg.data and prompts is None:  # a bad line is reported before any model is loaded
-            records, finished = playable([r for path in cfg.data for r in read_records(path)[0]])
-            if not records:
-                raise ConfigError(f"--data {files}: no position with a legal move")
-            records = assign_moves(records, cfg.seed)
-        # A file of one's own is checked against --eval-data only: the generated evaluation set holds the common
-        # openings, which a small file may be made of.
-        held_out = held_out_keys(cfg) if prompts is None and (cfg.eval_data or records is None) else frozenset()
-        if records is not None and held_out and all(position_key(r.fen) in held_out for r in records):
-            raise ConfigError(f"--data {files}: every position is among the held-out ones of --eval-data "
-                              f"{cfg.eval_data}: train on other positions, or hold out others")
+        check_auto_batch(cfg)
+        data = training_data(cfg) if prompts is None else None  # a bad line is reported before any model is loaded
         self.objective = Objective(cfg, reference_given=reference is not None)
         self.rollout_settings, self.update_settings = RolloutSettings.of(cfg), UpdateSettings.of(cfg)
         # Before the run starts: a resumed run whose reference is not its own is one line, and no header.
-        fingerprint = reference_fingerprint(cfg) if reference is None and self.objective.measures_kl \
-            else None
-        self.run = run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
-                             process_settings=process_settings)
-        run.fingerprints["reference"] = fingerprint
-        self.pool = None
+        fingerprint = reference_fingerprint(cfg) if reference is None and self.objective.measures_kl else None
+        self.run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
+                       process_settings=process_settings)
+        self.run.fingerprints["reference"] = fingerprint
+        self.pool, self._eval_records, self._last_rollout = None, None, None
+        #: Why Stockfish could not score, once it could not: the run stops with it, its last step saved.
+        self.engine_failure: StockfishError | None = None
         try:  # a start that fails (an engine that is not there) leaves no engine running, no log open, nothing locked
-            if finished:
-                run.log.say(f"warning: --data {files}: {finished_message(finished, len(records) + len(finished))}")
-            self.models = self._models(reference)
-            self.sampler = Sampler(self.models, cfg, run.tokenizer.eos_id)
-            head = self.models.value_head
-            state = run.build_optimizer([{"params": list(head.parameters()), "weight_decay": 0.0, "lr": cfg.value_lr}]
-                                        if head is not None else [])
-            self.load_state(state)
-            self.reward_fn = reward_fn if reward_fn is not None else self._rollout_reward()
-            if prompts is None:
-                prompts = PromptSource(cfg, records, run.dist.rank, run.dist.world, held_out)
-                left_out = f" less {prompts.left_out} held out" if prompts.left_out else ""
-                apart = f", none of the {len(held_out)} held-out positions" if held_out else ""
-                run.log.say(f"prompts: {cfg.prompts_per_step} x group {cfg.group_size} per step, "
-                            f"{100 * cfg.task_mix:.0f}% P: / {100 * (1 - cfg.task_mix):.0f}% A:, from "
-                            f"{files or 'generated positions'}{left_out}{apart}")
-            self.prompts = prompts
+            self._build(reference, reward_fn, prompts, data)
         except BaseException:
             if self.pool is not None:
                 self.pool.close()
-            run.close()
+            self.run.close()
             raise
-        self._eval_records = None
-        self._last_rollout: Rollout | None = None
-        #: Why Stockfish could not score, once it could not: the run stops with it, its last step saved.
-        self.engine_failure: StockfishError | None = None
+
+    def _build(self, reference: nn.Module | None, reward_fn: RewardFn | None, prompts, data: TrainingData | None):
+        """The networks, the sampler, the optimizer (a resumed run's state restored), the rewards and the prompts."""
+        cfg, run = self.cfg, self.run
+        if data is not None and data.finished:
+            run.log.say(f"warning: --data {data.files}: {finished_message(data.finished, data.count)}")
+        self.models = self._models(reference)
+        self.sampler = Sampler(self.models, cfg, run.tokenizer.eos_id)
+        head = self.models.value_head
+        state = run.build_optimizer([{"params": list(head.parameters()), "weight_decay": 0.0, "lr": cfg.value_lr}]
+                                    if head is not None else [])
+        self.load_state(state)
+        self.reward_fn = reward_fn if reward_fn is not None else self._rollout_reward()
+        self.prompts = prompts if prompts is not None else self._prompt_source(data)
+
+    def _prompt_source(self, data: TrainingData) -> PromptSource:
+        cfg, run = self.cfg, self.run
+        prompts = PromptSource(cfg, data.records, run.dist.rank, run.dist.world, data.held_out)
+        left_out = f" less {prompts.left_out} held out" if prompts.left_out else ""
+        apart = f", none of the {len(data.held_out)} held-out positions" if data.held_out else ""
+        run.log.say(f"prompts: {cfg.prompts_per_step} x group {cfg.group_size} per step, "
+                    f"{100 * cfg.task_mix:.0f}% P: / {100 * (1 - cfg.task_mix):.0f}% A:, from "
+                    f"{data.files or 'generated positions'}{left_out}{apart}")
+        return prompts
 
     def _models(self, reference: nn.Module | None) -> Models:
         """The policy (the run's), the frozen reference (loaded when the objective measures a KL and none was
@@ -172,15 +200,15 @@ class Trainer:
             value_head = ValueHead(run.policy.config.n_embd).to(run.device)
             if run.resume_from is not None:
                 checkpoint.load_module(run.resume_from, VALUE_HEAD_NAME, value_head)
-        placement = Placement(run.device, run.amp_dtype, run.compile, run.dist.enabled, run.autocast)
-        options = PassOptions(temperature=cfg.temperature, entropy=True, compile=run.compile_logprobs,
+        placement = Placement(run.device, run.context.amp_dtype, run.context.compile, run.dist.enabled, run.autocast)
+        options = PassOptions(temperature=cfg.temperature, entropy=True, compile=run.context.compile_logprobs,
                               kl_weights=self.objective.kl_weights,
                               rows_per_prompt=cfg.group_size if cfg.shared_prompt else 1)
         return Models(run.policy, reference, value_head, placement, options)
 
     def _rollout_reward(self) -> RolloutReward:
         cfg, run = self.cfg, self.run
-        self.pool = pool_for(Role.REWARDS, cores=run.cores, beside_gpu=run.device.type == "cuda",
+        self.pool = pool_for(Role.REWARDS, cores=run.context.cores, beside_gpu=run.device.type == "cuda",
                              path=cfg.stockfish_path, workers=cfg.stockfish_workers, depth=cfg.stockfish_depth,
                              cache_path=cfg.stockfish_cache, multipv=analysis_width(cfg.p_reward))
         workers = self.pool.workers
@@ -220,7 +248,7 @@ class Trainer:
             self.engine_failure = e
             raise StepAbandoned from None
         t_update = time.perf_counter()
-        with run.applying():  # from the first weight changed to the step's end, a step is done whole
+        with run.writing():  # from the first weight changed to the step's end, a step is done whole
             with record_function("rookworld.update"):  # the update's range in a profile, as the rollout's phases
                 sums = update(self.update_settings, self.objective, models, run.optimizer, comm, rollout, step)
                 lr = run.optimizer.param_groups[0]["lr"]
@@ -255,7 +283,7 @@ class Trainer:
                                                  warn=lambda text: self.run.log.say(f"warning: --eval-data {text}"))
         try:
             return training_metrics(self.run.policy, self.run.tokenizer, cfg, self._eval_records, scorer,
-                                    compile=self.run.compile)
+                                    compile=self.run.context.compile)
         except StockfishError as e:  # the step it follows stands and is saved; an engine given up on stops the run
             self.run.log.say(f"warning: the evaluation at step {self.run.step} is left out: {e}")
             return {}
@@ -291,24 +319,46 @@ class Trainer:
         return {VALUE_HEAD_NAME: value_head} if value_head is not None else {}
 
     def train(self) -> dict[str, Any]:
-        """The run; `StockfishError` when Stockfish stopped scoring, saying which step is saved and how to go on."""
-        cfg, run = self.cfg, self.run
+        """The run: GRPO steps to --steps, each logged, and evaluated, sampled and saved when due; a stop asked for
+        ends it after the step in progress, saved. `StockfishError` when Stockfish stopped scoring, saying which
+        step is saved and how to go on. Returns the last step's metrics."""
+        cfg, run, last = self.cfg, self.run, {}
         try:
-            if cfg.auto_batch:
-                if run.resume_from is not None:
-                    run.log.say(f"auto-batch: keeping the resumed run's {cfg.prompts_per_step} prompts per step")
-                elif run.step < cfg.steps:
-                    self.auto_batch()
-            last = run.loop(self.train_step, state=self.state, modules=self.modules, evaluate=self.evaluate,
-                            samples=self.write_samples, sample_every=cfg.sample_every)
-        except StepAbandoned:  # a trial step of --auto-batch, outside the loop
+            self._auto_batch_if_asked()
+            if not run.begin():
+                return {}
+            with run.looping():
+                last_eval = run.first_evaluation(self.evaluate)
+                while run.step < cfg.steps and not run.interrupted:
+                    m = run.step_or_keep(self.train_step, self.state, self.modules)
+                    if m is None:
+                        break
+                    if run.due(cfg.eval_every) and run.evaluate(self.evaluate, m):
+                        last_eval = m
+                    run.record(m)
+                    if run.due(cfg.sample_every) and run.dist.main:
+                        self.write_samples()
+                    if cfg.save_every and run.step % cfg.save_every == 0:
+                        run.save(self.state(), self.modules())
+                    last = m
+                    if run.stop_asked():
+                        break
+                run.finish(self.state(), self.modules(), last_eval)
+        except StepAbandoned:  # a trial step of --auto-batch, before the loop
             if self.engine_failure is None:
                 raise
-            last = {}
         failure = self.engine_failure or (self.pool.failure if self.pool is not None else None)
         if failure is not None:
             raise StockfishError(f"{failure}; {self._kept()}") from None
         return last
+
+    def _auto_batch_if_asked(self) -> None:
+        if not self.cfg.auto_batch:
+            return
+        if self.run.resume_from is not None:
+            self.run.log.say(f"auto-batch: keeping the resumed run's {self.cfg.prompts_per_step} prompts per step")
+        elif self.run.step < self.cfg.steps:
+            self.auto_batch()
 
     def _kept(self) -> str:
         """What a run stopped by its engine keeps, and the command that goes on from it."""

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from rookworld.io.errors import RookworldError
 from rookworld.settings.base import ConfigError
 
 
@@ -38,7 +39,7 @@ _POLL_S = 0.1
 _ONE_PROCESS = "for one process set none of RANK and WORLD_SIZE; torchrun sets them all"
 
 
-class DistributedError(RuntimeError):
+class DistributedError(RookworldError, RuntimeError):
     """The ranks could not work together: a rank that never joined, or one lost on the way. One line, without what
     to run next (the command adds that). An environment that cannot work is a ConfigError."""
 

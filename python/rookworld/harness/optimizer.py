@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from rookworld.harness.checkpoint import CheckpointError
+from rookworld.io.errors import RookworldError
 from rookworld.net.muon import Muon
 from rookworld.settings.config import RunConfig
 
@@ -31,7 +32,7 @@ def lr_factor(step: int, cfg: RunConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class Diverged(RuntimeError):
+class Diverged(RookworldError, RuntimeError):
     """The loss, the gradients or the weights a step made stopped being finite. The run stops there and saves
     nothing after it, so the last checkpoint is still good; its message says whether the step was applied."""
 

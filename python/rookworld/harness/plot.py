@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rookworld.harness.checkpoint import JSON_BYTES
+from rookworld.io.errors import RookworldError
 from rookworld.io.files import Output, no_directory_there, read_json_object
 from rookworld.harness.rundir import read_rows
 from rookworld.net.sources import CONFIG_FILE
@@ -48,7 +49,7 @@ RATE_LIMITS = (-0.02, 1.02)
 SMOOTH_FROM = 20
 
 
-class PlotError(ValueError):
+class PlotError(RookworldError, ValueError):
     """A run that cannot be read, or no matplotlib."""
 
 

@@ -1,6 +1,7 @@
-"""What every training command shares: device and dtype, DDP, the policy and its tokenizer, the optimizer and
-its schedule, checkpoints and resume, Ctrl-C and SIGTERM, the run log, and the loop that calls a command's step,
-evaluation and samples. `rookworld train` (GRPO) and `rookworld sft` each plug their step into `Run.loop`.
+"""What every training command's loop calls on: a `Run` holds the policy and its tokenizer, the optimizer and its
+schedule, and the step; it saves and resumes them, runs a step so that a stop leaves no half of it, evaluates, logs
+and says when something is due. The loop itself is the command's (`Trainer.train`, `SFTTrainer.train`), top to
+bottom in one screen.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from torch import nn
 
 from rookworld.harness import checkpoint
 from rookworld.harness.context import start
-from rookworld.harness.optimizer import check_saved_optimizer, lr_factor, optimizer_for
+from rookworld.harness.optimizer import Diverged, check_saved_optimizer, lr_factor, optimizer_for
 from rookworld.harness.runlog import Summary
 from rookworld.harness.stop import Doing, EvaluationStopped, StepAbandoned, Stop
+from rookworld.io.errors import RookworldError
 from rookworld.net.pretrained import from_pretrained, save_pretrained
 from rookworld.net.tokenizer import get_tokenizer
 from rookworld.settings.config import RunConfig
@@ -30,6 +32,37 @@ from rookworld.settings.presets import schedule_warnings
 def complete_message(command: str, cfg: RunConfig, step: int) -> str:
     return (f"the run is complete: step {step} of --steps {cfg.steps}; to train longer, rookworld {command} "
             f"--resume {cfg.output_dir} --steps N with N > {step}")
+
+
+def last_checkpoint(output_dir: str | Path) -> Path | None:
+    saved = checkpoint.list_checkpoints(output_dir)
+    return saved[-1] if saved else None
+
+
+def resume_command(command: str, output_dir: str | Path) -> str:
+    return f"rookworld {command} --resume {output_dir}"
+
+
+def hint(command: str, output_dir: str | Path, saved: str, unsaved: str) -> str:
+    """What to do next: `saved` with the run's last checkpoint ({name}, {path}) and the command that resumes from
+    it ({resume}), or `unsaved` when the run has no checkpoint."""
+    last = last_checkpoint(output_dir)
+    return saved.format(name=last.name, path=last, resume=resume_command(command, output_dir)) if last else unsaved
+
+
+def room_needed(cfg: RunConfig, step: int, policy: nn.Module) -> tuple[int, int]:
+    """What the run's saves still need on its disk at their fullest (`checkpoint.room_needed`): one save every
+    --save-every steps to --steps (and the last), beside the checkpoints and model already there."""
+    left = cfg.steps - step
+    saves = -(-left // cfg.save_every) if cfg.save_every else 1
+    kept = min(len(checkpoint.list_checkpoints(cfg.output_dir)), cfg.keep_checkpoints)
+    model_there = (Path(cfg.output_dir) / "model.safetensors").is_file()
+    stages = checkpoint.kept_stages(step, cfg.steps, cfg.keep_every)
+    return checkpoint.room_needed(weights_bytes(policy), saves, kept, cfg.keep_checkpoints, model_there, stages)
+
+
+class Aborted(RookworldError):
+    """A third Ctrl-C or SIGTERM: the run stopped at once, the step in progress not saved."""
 
 
 def weights_bytes(model: nn.Module) -> int:
@@ -48,6 +81,9 @@ class Run:
         self.cfg, self.command = cfg, command
         self.context = context = start(cfg, command, loads_model=policy is None, stream=stream, summary=summary,
                                        process_settings=process_settings)
+        # What the context settled that the trainers read at every step, as plain fields (never changed).
+        self.dist, self.comm, self.device, self.log = context.dist, context.comm, context.device, context.log
+        self.resume_from = context.resume_from
         #: The fingerprints of what the run started from besides its policy (GRPO's reference), saved with each
         #: checkpoint.
         self.fingerprints: dict[str, str | None] = {}
@@ -67,19 +103,8 @@ class Run:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
         self.interrupted = False  # set when a run stopped early on Ctrl-C or SIGTERM (after saving)
+        self.saved_at: int | None = None  # the step of the last checkpoint this process saved
         self.stop = Stop(self.log.say, lambda: self.step, alone=not self.dist.enabled)
-
-    # What the run's context settled, read as the run's own (and, as the context's, never changed).
-    dist = property(lambda self: self.context.dist)
-    comm = property(lambda self: self.context.comm)
-    device = property(lambda self: self.context.device)
-    amp_dtype = property(lambda self: self.context.amp_dtype)
-    compile = property(lambda self: self.context.compile)
-    compile_logprobs = property(lambda self: self.context.compile_logprobs)
-    resume_from = property(lambda self: self.context.resume_from)
-    log = property(lambda self: self.context.log)
-    compiles = property(lambda self: self.context.compiles)
-    cores = property(lambda self: self.context.cores)
 
     def build_optimizer(self, extra_groups: Sequence[dict] = ()) -> dict[str, Any]:
         """--optimizer over the policy and `extra_groups` (`optimizer_for`) and its schedule (`lr_factor`); on resume,
@@ -126,7 +151,7 @@ class Run:
             return None
         full = {"step": self.step, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": rng or checkpoint.rng_state(), "world_size": self.dist.world, **state}
-        with self.applying():  # a Ctrl-C during the save lets it finish; the save is atomic against harder stops
+        with self.writing():  # a Ctrl-C during the save lets it finish; the save is atomic against harder stops
             try:
                 saved = checkpoint.Saved(self.policy, full, self.cfg.to_dict(), modules or {}, self.tokenizer,
                                          self.fingerprints, self.command)
@@ -136,27 +161,15 @@ class Run:
                 self.tokenizer.save_pretrained(self.cfg.output_dir)
             except (OSError, RuntimeError, SafetensorError) as e:  # safetensors' full disk is none of the others
                 # about what a save writes: the weights here and in the output directory, and AdamW's two moments
-                raise checkpoint.save_failure(self.cfg.output_dir, self.step, e, 4 * weights_bytes(self.policy)) \
-                    from None
+                failure = checkpoint.save_failure(self.cfg.output_dir, self.step, e, 4 * weights_bytes(self.policy))
+                raise checkpoint.SaveFailed(failure.message, self._room_hint()) from None
         self.log.say(f"saved checkpoint {path}")
+        self.saved_at = self.step
         return path
 
-    def room_needed(self) -> tuple[int, int]:
-        """What the run's saves still need on its disk at their fullest (`checkpoint.room_needed`): one save every
-        --save-every steps to --steps (and the last), beside the checkpoints and model already there."""
-        cfg = self.cfg
-        left = cfg.steps - self.step
-        saves = -(-left // cfg.save_every) if cfg.save_every else 1
-        kept = min(len(checkpoint.list_checkpoints(cfg.output_dir)), cfg.keep_checkpoints)
-        weights = weights_bytes(self.policy)
-        model_there = (Path(cfg.output_dir) / "model.safetensors").is_file()
-        stages = checkpoint.kept_stages(self.step, cfg.steps, cfg.keep_every)
-        return checkpoint.room_needed(weights, saves, kept, cfg.keep_checkpoints, model_there, stages)
-
     def autocast(self):
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+        dtype = self.context.amp_dtype
+        return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
     def decided(self, **settings: Any) -> RunConfig:
         """Settings the run decides as it starts (--auto-batch's prompts per step): its settings from now on, saved
@@ -164,58 +177,15 @@ class Run:
         self.cfg = dataclasses.replace(self.cfg, **settings)
         return self.cfg
 
-    def applying(self):
+    def writing(self):
         """The weights (or a checkpoint) are being written: a second Ctrl-C lets this finish, a third aborts."""
-        return self.stop.during(Doing.APPLYING)
+        return self.stop.during(Doing.WRITING)
 
-    def loop(self, step: Callable[[], dict[str, Any]], *, state: Callable[[], dict[str, Any]],
-             modules: Callable[[], dict[str, nn.Module]] = dict, evaluate: Callable[[], dict[str, Any]] | None = None,
-             samples: Callable[[], None] | None = None, sample_every: int = 0) -> dict[str, Any]:
-        """Calls `step` (which advances `self.step` and returns its metrics) until `cfg.steps`, with periodic
-        evaluation (rank 0; the first at step 0, before any update), samples, checkpoints, and a checkpoint on
-        Ctrl-C/SIGTERM or at the end."""
-        cfg = self.cfg
-        if not self._ready_to_loop():
-            return {}
-        last: dict[str, Any] = {}
-        saved_at = self.step
-        try:
-            with self.stop.receiving():
-                self.log.begin_steps()
-                last_eval = self._first_evaluation(evaluate)
-                while self.step < cfg.steps and not self.interrupted:
-                    # What a checkpoint of the last step holds that the next one changes before its weights (the
-                    # generators, the EMA baselines): kept, so that an abandoned step leaves no trace.
-                    before = checkpoint.rng_state(), state()
-                    try:
-                        m = step()
-                    except StepAbandoned:
-                        self.log.say(f"step {self.step + 1} dropped before it changed a weight; saving step "
-                                     f"{self.step}")
-                        self.interrupted = True
-                        if saved_at != self.step:
-                            self.save(before[1], modules(), rng=before[0])
-                            saved_at = self.step
-                        break
-                    if self._after_step(m, evaluate, samples if sample_every else None, sample_every):
-                        last_eval = m
-                    last = m
-                    if cfg.save_every and self.step % cfg.save_every == 0:
-                        self.save(state(), modules())
-                        saved_at = self.step
-                    if self.comm.any(self.stop.requested):
-                        self.interrupted = self.step < cfg.steps
-                        break
-                if saved_at != self.step:
-                    self.save(state(), modules())
-                if not self.interrupted:
-                    self.log.finish(self.command, self.step, last_eval)
-        finally:
-            self.close()
-        return last
+    # -- what the loop calls --------------------------------------------------------------------------------------
 
-    def _ready_to_loop(self) -> bool:
-        """Whether the loop has steps to run (else the run is closed, said complete), with room for a checkpoint."""
+    def begin(self) -> bool:
+        """Whether the run has steps to do (else it is closed and said complete), with room for its checkpoints."""
+        self.saved_at = self.step
         if self.resume_from is not None:
             self.log.say(f"resumed from {self.resume_from} at step {self.step}")
         if self.step >= self.cfg.steps:
@@ -223,41 +193,93 @@ class Run:
             self.close()
             return False
         if self.dist.main:
-            checkpoint.check_room(self.cfg.output_dir, self.room_needed())
+            try:
+                checkpoint.check_room(self.cfg.output_dir, room_needed(self.cfg, self.step, self.policy))
+            except checkpoint.SaveFailed as e:
+                raise checkpoint.SaveFailed(e.message, self._room_hint()) from None
         return True
 
-    def _first_evaluation(self, evaluate: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
+    @contextlib.contextmanager
+    def looping(self):
+        """The loop's frame: Ctrl-C and SIGTERM go to `self.stop` while it runs (a third one, which stops at once,
+        comes out as `Aborted`), and the run is closed after it, however it ended."""
+        try:
+            with contextlib.closing(self), self.stop.receiving():
+                yield
+        except KeyboardInterrupt as e:
+            if isinstance(e, (StepAbandoned, EvaluationStopped)):
+                raise
+            raise Aborted(f"aborted at step {self.step} without saving", self._hint(
+                "its last checkpoint is {name}: continue with {resume}", "it saved no checkpoint")) from None
+
+    def first_evaluation(self, evaluate: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
         """Where the run starts, before any update: every curve (metrics.jsonl, TensorBoard, plot) begins at step
         0, and the closing lines compare the end with it. A resumed run has its row already."""
-        if evaluate is None or not self.cfg.eval_every or self.step != 0:
+        self.log.begin_steps()
+        if not self.cfg.eval_every or self.step != 0:
             return None
         m, last_eval = {"step": 0}, None
-        if self._evaluated(evaluate, m):
+        if self.evaluate(evaluate, m):
             self._report_compiles(m)
             self.log.step(m, log_line=False)
             last_eval = m
         self.interrupted = self.comm.any(self.stop.requested)
         return last_eval
 
-    def _after_step(self, m: dict[str, Any], evaluate: Callable[[], dict[str, Any]] | None,
-                    samples: Callable[[], None] | None, sample_every: int) -> bool:
-        """A step's evaluation (every --eval-every steps, and the last), row, line and samples; if it evaluated."""
-        cfg, final = self.cfg, self.step == self.cfg.steps
-        evaluated = evaluate is not None and cfg.eval_every and (self.step % cfg.eval_every == 0 or final) \
-            and self._evaluated(evaluate, m)
+    def step_or_keep(self, step: Callable[[], dict[str, Any]], state: Callable[[], dict[str, Any]],
+                     modules: Callable[[], dict[str, nn.Module]]) -> dict[str, Any] | None:
+        """`step()`'s metrics; None when a stop dropped it before it changed a weight (`StepAbandoned`), the step
+        before then saved as it ended: the generators and `state()` (the EMA baselines) as they were before it."""
+        before = checkpoint.rng_state(), state()
+        try:
+            return step()
+        except Diverged as e:
+            raise Diverged(f"stopped at step {self.step + 1}: {e.message}; nothing was saved after it", self._hint(
+                "its last checkpoint, {path}, is from before: continue from it with a lower --lr, {resume} --lr X",
+                "it saved no checkpoint: start again with a lower --lr (--overwrite)")) from None
+        except StepAbandoned:
+            self.log.say(f"step {self.step + 1} dropped before it changed a weight; saving step {self.step}")
+            self.interrupted = True
+            if self.saved_at != self.step:
+                self.save(before[1], modules(), rng=before[0])
+            return None
+
+    def due(self, every: int) -> bool:
+        """Whether something done every `every` steps (0: never) is due after this step; the last step's always is."""
+        return bool(every) and (self.step % every == 0 or self.step == self.cfg.steps)
+
+    def record(self, m: dict[str, Any]) -> None:
+        """A step's row in metrics.jsonl and the trackers, and its line every --log-every steps (and the last)."""
         m["eta_s"] = self.log.eta(self.step)
         self._report_compiles(m)
-        self.log.step(m, log_line=self.step % cfg.log_every == 0 or final)
-        # The last step's samples too, so that a run shorter than --sample-every still shows some.
-        if samples is not None and (self.step % sample_every == 0 or final) and self.dist.main:
-            samples()
-        return bool(evaluated)
+        self.log.step(m, log_line=self.due(self.cfg.log_every))
+
+    def stop_asked(self) -> bool:
+        """Whether any rank was asked to stop (the step just done is then saved by `finish`)."""
+        if not self.comm.any(self.stop.requested):
+            return False
+        self.interrupted = self.step < self.cfg.steps
+        return True
+
+    def finish(self, state: dict[str, Any], modules: dict[str, nn.Module], last_eval: dict[str, Any] | None) -> None:
+        """The last step saved (unless it is already), and a run that went to its end said done."""
+        if self.saved_at != self.step:
+            self.save(state, modules)
+        if not self.interrupted:
+            self.log.finish(self.command, self.step, last_eval)
+
+    def _hint(self, saved: str, unsaved: str) -> str:
+        return hint(self.command, self.cfg.output_dir, saved, unsaved)
+
+    def _room_hint(self) -> str:
+        return self._hint("its last checkpoint, {name}, is intact: once there is room, continue with {resume}",
+                          "it saved no checkpoint before: start again once there is room")
 
     def _report_compiles(self, m: dict[str, Any]) -> None:
-        if self.compiles is not None:
-            self.compiles.after_step(m)
+        if self.context.compiles is not None:
+            self.context.compiles.after_step(m)
 
-    def _evaluated(self, evaluate: Callable[[], dict[str, Any]], m: dict[str, Any]) -> bool:
+    def evaluate(self, evaluate: Callable[[], dict[str, Any]], m: dict[str, Any]) -> bool:
         """The held-out evaluation into `m`, timed, and its line; False when Ctrl-C stopped it."""
         t0 = time.perf_counter()
         evaluated = self._evaluate(evaluate, m)

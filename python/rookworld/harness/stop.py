@@ -21,7 +21,7 @@ class StepAbandoned(KeyboardInterrupt):
 class Doing(enum.Enum):
     STEPPING = "stepping"      # sampling, scoring, the loss: nothing written yet
     EVALUATING = "evaluating"  # a held-out evaluation: its figures can be dropped
-    APPLYING = "applying"      # the weights or a checkpoint are being written: stopping now leaves them half done
+    WRITING = "writing"        # the weights or a checkpoint are being written: stopping now leaves them half done
 
 
 class Stop:
@@ -71,7 +71,7 @@ class Stop:
                 raise EvaluationStopped
             self.say(f"stopping after step {done + 1} and saving it ({again} again to stop at once, keeping "
                      f"step {done})")
-        elif self.signals == 2 and self.doing is not Doing.APPLYING and self.alone:
+        elif self.signals == 2 and self.doing is not Doing.WRITING and self.alone:
             raise StepAbandoned
         elif self.signals == 2:
             self.say(f"the weights are being written: step {done + 1} ends and is saved first ({again} again "

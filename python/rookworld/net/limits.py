@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rookworld.io.errors import RookworldError
 
-class ContextTooLong(ValueError):
+
+class ContextTooLong(RookworldError, ValueError):
     """A prompt and the new tokens asked for do not fit the model's context (a user's --max-new-tokens)."""

@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 from rookworld.io.files import publish, temporary_directory, what_is_at
 from rookworld.net.model import GPT, GPTConfig, check_memory
 from rookworld.net.tokenizer import model_tokenizer
-from rookworld.net.weights import (CONV1D_SUFFIXES, ModelFileError, ModelNotAvailableError, check_dtypes,
-                                   check_finite, check_shapes, from_hf_state_dict, read_bin, read_safetensors,
-                                   regular, safetensors_header, weights_file)
+from rookworld.net.weights import (CONV1D_SUFFIXES, ModelFileError, ModelNotAvailableError, NoModelFile,
+                                   NotAModelDirectory, check_dtypes, check_finite, check_shapes, from_hf_state_dict,
+                                   read_bin, read_safetensors, regular, safetensors_header, weights_file)
 from rookworld.settings.hub import is_local_path
 
 DEFAULT_REPO = "jrahn/RookWorld-LM-124M"
@@ -119,9 +119,9 @@ def model_directory(name_or_path: str | os.PathLike = DEFAULT_REPO, revision: st
     if path.is_dir():
         return path
     if (what := what_is_at(path)) != "nothing":
-        raise NotADirectoryError(f"{name_or_path} is {what}, not a model directory")
+        raise NotAModelDirectory(f"{name_or_path} is {what}, not a model directory")
     if is_local_path(str(name_or_path)):
-        raise FileNotFoundError(f"no such model directory: {name_or_path}")
+        raise NoModelFile(f"no such model directory: {name_or_path}")
     return _resolve_hub(str(name_or_path), revision, cache_dir)
 
 
@@ -160,7 +160,7 @@ def _read_config(directory: Path) -> GPTConfig:
     regular(config_file)
     if not config_file.is_file():
         inside = sorted(p.parent.name for p in directory.glob("*/config.json"))
-        raise FileNotFoundError(f"{directory} has no config.json" + (
+        raise NoModelFile(f"{directory} has no config.json" + (
             f"; the models in it: {', '.join(inside[:8])}{' ...' if len(inside) > 8 else ''} (pass one, such as "
             f"--model {directory / inside[0]})" if inside else ""))
     try:

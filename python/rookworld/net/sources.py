@@ -9,6 +9,7 @@ import os
 import re
 from pathlib import Path
 
+from rookworld.io.errors import RookworldError
 from rookworld.io.files import no_directory_there
 
 STATE_FILE = "trainer_state.pt"
@@ -17,7 +18,7 @@ LATEST = "latest"
 _STEP_DIR = re.compile(r"step-(\d+)$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(RookworldError, ValueError):
     """A checkpoint that cannot be found or read."""
 
 

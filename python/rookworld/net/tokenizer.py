@@ -34,6 +34,7 @@ from typing import NamedTuple
 import tiktoken
 import torch
 
+from rookworld.io.errors import RookworldError
 from rookworld.io.files import read_json_object, read_small
 
 ENV_VAR = "ROOKWORLD_TIKTOKEN_FILE"
@@ -52,7 +53,7 @@ except ImportError:  # tiktoken_ext is an implementation detail; this is the sam
 CHESS_ALPHABET = frozenset("ABEKMNPQR" "abcdefghknpqrw" "0123456789" ":/ -+." "\n")
 
 
-class TokenizerUnavailableError(RuntimeError):
+class TokenizerUnavailableError(RookworldError, RuntimeError):
     """The GPT-2 vocabulary could not be loaded."""
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from rookworld.io.errors import RookworldError
 from rookworld.net.model import GPTConfig
 
 # HF's GPT-2 uses Conv1D, which stores weights as [in, out]; nn.Linear wants [out, in].
@@ -22,13 +23,21 @@ CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight"
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
 
-class ModelNotAvailableError(OSError):
+class ModelNotAvailableError(RookworldError, OSError):
     """The checkpoint could not be found locally and could not be fetched from the hub."""
 
 
 class ModelFileError(ModelNotAvailableError, ValueError):
     """A model directory whose config.json or weights cannot be read: cut short, corrupt, or not what they say (a
     ValueError too, as an unsupported config always was to the Python API)."""
+
+
+class NoModelFile(RookworldError, FileNotFoundError):
+    """A model directory, or a file a model directory needs, is not there."""
+
+
+class NotAModelDirectory(RookworldError, NotADirectoryError):
+    """What was named as a model directory is a file (or something else), not a directory."""
 
 
 def regular(file: Path) -> None:
@@ -42,7 +51,7 @@ def weights_file(directory: Path) -> Path:
         regular(directory / name)
         if (directory / name).is_file():
             return directory / name
-    raise FileNotFoundError(
+    raise NoModelFile(
         f"{directory} has neither model.safetensors nor pytorch_model.bin (sharded checkpoints are not supported)"
     )
 

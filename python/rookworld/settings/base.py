@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rookworld.io.errors import RookworldError
 from rookworld.io.files import no_file_there
 from rookworld.settings import shipped
 
@@ -26,7 +27,7 @@ class Slice:
         return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 
-class ConfigError(ValueError):
+class ConfigError(RookworldError, ValueError):
     """A setting that cannot work, said in one line."""
 
 

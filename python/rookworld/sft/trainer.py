@@ -121,7 +121,8 @@ class SFTTrainer:
                     f"tokens, {self.rows.per_pass} {rows} a pass; {cfg.rows_per_step} rows a step, "
                     f"loss on {cfg.loss_on} tokens")
         # The hidden states kept for the legality loss, which reads the move slots' logits off them.
-        self.logprobs = LogProbs(run.policy, PassOptions(compile=run.compile_logprobs, keep_hidden=not cfg.pack))
+        options = PassOptions(compile=run.context.compile_logprobs, keep_hidden=not cfg.pack)
+        self.logprobs = LogProbs(run.policy, options)
         self.logprobs = data_parallel(self.logprobs, run.device, run.dist.enabled)
         run.build_optimizer()
         self.eval_docs = tokenize(laid_out(held_out.samples), run.tokenizer, cfg.loss_on) if held_out else None
@@ -163,7 +164,7 @@ class SFTTrainer:
         # Rows are right-padded, so under plain causal attention no real token sees a pad: no attention mask,
         # and SDPA may take its fused causal kernel. Only counted positions go through the lm_head.
         keep = (slots is not None and len(slots) > 0) or (soft is not None and len(soft) > 0)
-        options = PassOptions(compile=self.run.compile_logprobs, keep_hidden=keep)
+        options = PassOptions(compile=self.run.context.compile_logprobs, keep_hidden=keep)
         with self.run.autocast():
             if backward:  # the NLL's gradients made in the same pass over the vocabulary
                 out = self.logprobs(ids, None, 1, wanted=counted, loss=NLL(normalizer, weights.reshape(-1)))
@@ -220,7 +221,7 @@ class SFTTrainer:
                 soft_total += part.soft
         params = [p for g in run.optimizer.param_groups for p in g["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-        with run.applying():  # from the first weight changed to the counter, a step is done whole
+        with run.writing():  # from the first weight changed to the counter, a step is done whole
             step_if_finite(run.optimizer, norm, total)
             lr = run.optimizer.param_groups[0]["lr"]
             run.scheduler.step()
@@ -288,11 +289,31 @@ class SFTTrainer:
             self.pool = pool_for(Role.ANALYSIS, path=cfg.stockfish_path, workers=cfg.stockfish_workers,
                                  depth=cfg.stockfish_depth, cache_path=cfg.stockfish_cache)
         m.update(training_metrics(self.run.policy, self.run.tokenizer, cfg, records, RewardScorer(self.pool),
-                                  compile=self.run.compile))
+                                  compile=self.run.context.compile))
         return m
 
     def train(self) -> dict[str, Any]:
-        return self.run.loop(self.train_step, state=dict, evaluate=self.evaluate)
+        """The run: SFT steps to --steps, each logged, and evaluated and saved when due; a stop asked for ends it
+        after the step in progress, saved. Returns the last step's metrics."""
+        cfg, run, last = self.cfg, self.run, {}
+        if not run.begin():
+            return {}
+        with run.looping():
+            last_eval = run.first_evaluation(self.evaluate)
+            while run.step < cfg.steps and not run.interrupted:
+                m = run.step_or_keep(self.train_step, dict, dict)
+                if m is None:
+                    break
+                if run.due(cfg.eval_every) and run.evaluate(self.evaluate, m):
+                    last_eval = m
+                run.record(m)
+                if cfg.save_every and run.step % cfg.save_every == 0:
+                    run.save({})
+                last = m
+                if run.stop_asked():
+                    break
+            run.finish({}, {}, last_eval)
+        return last
 
     def close(self) -> None:
         if self.pool is not None:

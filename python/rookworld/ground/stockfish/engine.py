@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from rookworld.ground import chess
 from rookworld.ground.stockfish.analysis import Analysis
+from rookworld.io.errors import RookworldError
 from rookworld.io.quote import quoted_path
 from rookworld.ground.stockfish.reading import (answer_problem, mate_problem, parse_info, position_after,
                                                 ranked_candidates)
@@ -35,11 +36,11 @@ _INSTALL_HINT = (
 )
 
 
-class StockfishNotFoundError(FileNotFoundError):
+class StockfishNotFoundError(RookworldError, FileNotFoundError):
     """No usable Stockfish binary was found."""
 
 
-class StockfishError(RuntimeError):
+class StockfishError(RookworldError, RuntimeError):
     """An engine failed to analyse a position (after restarts and retries), or misbehaved."""
 
 
