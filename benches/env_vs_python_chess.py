@@ -1,7 +1,7 @@
 """A: environment throughput: rookworld's Rust core against plain python-chess.
 
-Builds the same A: prompts for both (``rookworld.ground.chess.generate_positions(count, seed)`` ->
-``p.env_prompt``), times ``rookworld.ground.chess.env_targets(prompts)`` (best of a few runs after a
+Builds the same A: prompts for both (``rookworld.chess.rules.generate_positions(count, seed)`` ->
+``p.env_prompt``), times ``rookworld.chess.rules.env_targets(prompts)`` (best of a few runs after a
 warm-up) and the python-chess reference implementation in tests/oracle.py, checks that the
 targets are identical, and prints both throughputs and their ratio. Exits non-zero on any
 mismatch.
@@ -51,7 +51,7 @@ def main() -> int:
         os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before rookworld starts its pool
     import chess
 
-    import rookworld.ground.chess as rc
+    import rookworld.chess.rules as rc
 
     oracle = load_oracle()
 

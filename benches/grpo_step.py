@@ -118,7 +118,7 @@ def rehearse_cuda(trainer: Trainer) -> None:
     trainer.run.context = dataclasses.replace(trainer.run.context, compile=True,
                                               compile_logprobs=trainer.cfg.compile_logprobs)
     trainer.models.compile = True
-    passes = trainer.models.logprobs
+    passes = trainer.models.policy_pass
     passes.options = dataclasses.replace(passes.options, compile=trainer.cfg.compile_logprobs)
     trainer.sampler.options = dataclasses.replace(trainer.sampler.options, compile=True)
 

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from rookworld.ground.rewards import P_QUALITY_WEIGHTS, RewardScorer, policy_prompt
+from rookworld.chess.rewards import P_QUALITY_WEIGHTS, RewardScorer, policy_prompt
 from rookworld.grpo.formulas import group_advantages, group_std
 from rookworld.lm.answers import Decoding, RookWorldLM
 

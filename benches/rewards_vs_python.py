@@ -3,7 +3,7 @@
     python benches/rewards_vs_python.py [--count 100000] [--seed 0] [--threads N] [--python-count N]
 
 Builds ``--count`` (prompt, completion) pairs, 80% P: and 20% A:, from
-``rookworld.ground.chess.generate_positions``: exact targets and mutated completions (swapped, repeated,
+``rookworld.chess.rules.generate_positions``: exact targets and mutated completions (swapped, repeated,
 illegal and extra moves, wrong and non-numeric evals, bad B: moves, missing markers, truncations,
 unicode junk, trailing text; for A: edited FENs, reward/flag variants, missing fields), as built by
 ``tests/reward_oracle.py``. P: ground truth is synthetic, one per position in the shape of a MultiPV-5
@@ -59,7 +59,7 @@ def build_pairs(count: int, seed: int, per_position: int, oracle):
     """(prompts, completions, truths, tasks): 80% P:, 20% A:, shuffled."""
     import chess
 
-    from rookworld.ground.chess import env_targets, generate_positions
+    from rookworld.chess.rules import env_targets, generate_positions
 
     rng = random.Random(seed)
     n_policy = round(0.8 * count)
@@ -115,7 +115,7 @@ def main() -> int:
     import numpy as np
 
     from rookworld import _core
-    from rookworld.ground.rewards import RewardScorer
+    from rookworld.chess.rewards import RewardScorer
 
     oracle = load_oracle()
     t0 = time.perf_counter()

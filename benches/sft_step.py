@@ -57,7 +57,7 @@ def trainer(arm: str, args: argparse.Namespace, out: str) -> SFTTrainer:
     t = SFTTrainer(cfg, stream=open(os.devnull, "w"), process_settings=True)
     if arm.startswith("compiled"):
         t.run.context = dataclasses.replace(t.run.context, compile=True, compile_logprobs=True)
-        t.logprobs = LogProbs(t.run.policy, PassOptions(compile=True, keep_hidden=True))
+        t.policy_pass = LogProbs(t.run.policy, PassOptions(compile=True, keep_hidden=True))
     return t
 
 

@@ -2,7 +2,7 @@
 
     python benches/stockfish.py [--depth 10] [--count 60] [--workers N] [--multipv 5] [--stockfish-path P]
 
-Positions are ``--count`` distinct FENs from ``rookworld.ground.chess.generate_positions``; no cache, engines
+Positions are ``--count`` distinct FENs from ``rookworld.chess.rules.generate_positions``; no cache, engines
 started and warmed up before the clock starts. "per core" divides by the cores the run can use
 (min(workers * threads, cpu count)).
 """
@@ -15,8 +15,8 @@ import statistics
 import sys
 import time
 
-from rookworld.ground import chess as rchess
-from rookworld.ground.stockfish import StockfishPool, find_stockfish
+from rookworld.chess import rules as rchess
+from rookworld.chess.stockfish import StockfishPool, find_stockfish
 
 
 def distinct_positions(count: int, seed: int) -> list[str]:

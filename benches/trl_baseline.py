@@ -62,11 +62,11 @@ def main() -> int:
     # TRL's GRPOTrainer with its log-prob passes at the positions generate sampled at (GPT-2's are absolute: issue 60)
     from rookworld.integrations.trl import GRPOTrainer
 
-    from rookworld.ground.chess import generate_positions
+    from rookworld.chess.rules import generate_positions
     from rookworld.net.model import GPT, GPTConfig
     from rookworld.net.pretrained import save_pretrained
-    from rookworld.ground.rewards import RewardScorer
-    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.chess.rewards import RewardScorer
+    from rookworld.chess.stockfish import StockfishPool
     from rookworld.net.tokenizer import EOS_ID
 
     cuda = args.device.startswith("cuda")

@@ -32,7 +32,7 @@ def main() -> int:
                         compile=False, device="cpu", dtype="fp32").validate()  # compared to float32's rounding
         wrappers = check_teardown_order()
         trainer = SFTTrainer(cfg, stream=open(os.devnull, "w"))
-        wrappers.append(weakref.ref(trainer.logprobs))
+        wrappers.append(weakref.ref(trainer.policy_pass))
         m = trainer.train_step()
         if int(os.environ.get("RANK", 0)) == 0:
             torch.save({k: p.grad for k, p in trainer.run.policy.named_parameters()}, out / "grads.pt")

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import check_teardown_order, fixed_lengths, tiny_gpt  # noqa: E402
 from rookworld.settings.config import TrainConfig  # noqa: E402
 from rookworld.net.tokenizer import get_tokenizer  # noqa: E402
-from rookworld.ground.rewards import Scores  # noqa: E402
+from rookworld.chess.rewards import Scores  # noqa: E402
 from rookworld.grpo.prompts import Prompt  # noqa: E402
 from rookworld.grpo.trainer import Trainer  # noqa: E402
 
@@ -87,7 +87,7 @@ def main() -> int:
                               reference=tiny_gpt(seed=3, scale=3.0).requires_grad_(False), tokenizer=get_tokenizer(),
                               reward_fn=ByPlace(), prompts=Shard(rank, world), stream=open(os.devnull, "w"))
             fixed_lengths(trainer, {"P": 3, "A": 9})
-            wrappers.append(weakref.ref(trainer.models.logprobs))
+            wrappers.append(weakref.ref(trainer.models.policy_pass))
             m = trainer.train_step()
             if rank == 0:
                 grads = {f"policy.{k}": p.grad for k, p in trainer.run.policy.named_parameters()}

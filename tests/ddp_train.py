@@ -25,7 +25,7 @@ def main() -> int:
     wrappers = check_teardown_order()
 
     def close_with_digest(self: Trainer) -> None:
-        wrappers.append(weakref.ref(self.models.logprobs))
+        wrappers.append(weakref.ref(self.models.policy_pass))
         h = hashlib.sha256()
         for name, p in sorted(self.run.policy.state_dict().items()):
             h.update(name.encode())

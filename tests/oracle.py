@@ -1,6 +1,6 @@
 """A plain python-chess reference implementation of the RookWorld A: environment.
 
-This is the oracle the tests (and ``benches/env_vs_python_chess.py``) compare ``rookworld.ground.chess``
+This is the oracle the tests (and ``benches/env_vs_python_chess.py``) compare ``rookworld.chess.rules``
 against. It depends on python-chess only, never on rookworld, and follows the contract in
 ROOKWORLD.md literally:
 

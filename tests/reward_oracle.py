@@ -1,7 +1,7 @@
 """An independent plain-Python reference for the reward rules of docs/rewards.md.
 
 The tests (``tests/test_rewards_oracle.py``) and ``benches/rewards_vs_python.py`` compare the Rust
-scorer (``rookworld._core.score``, ``rookworld.ground.rewards.RewardScorer``) against this module. It uses
+scorer (``rookworld._core.score``, ``rookworld.chess.rewards.RewardScorer``) against this module. It uses
 python-chess and the standard library only, never rookworld, and was written from the
 documentation. Where the documentation once left a detail open, the choice made here is named in a
 comment marked ``RESOLVED``; ``EDGE_CASES`` at the end lists inputs on which the documentation and

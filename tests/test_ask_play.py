@@ -7,10 +7,10 @@ import chess as pychess
 import pytest
 
 from conftest import cli
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.lm.answers import RookWorldLM, read_env_answers, read_policy_answers
 from rookworld.lm.play import board_text
-from rookworld.ground.rewards import policy_targets
+from rookworld.chess.rewards import policy_targets
 
 FEN = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
 
@@ -27,9 +27,9 @@ def test_answers_are_read_as_the_scorer_reads_them():
     assert a.best == "f1b5"
     (bad,) = read_policy_answers(["M: e2e4 E: x"])
     assert not bad.well_formed and bad.best is None and bad.moves == ()
-    target = chess.env_targets([chess.env_prompt(FEN, "f1b5")])[0]
+    target = rules.env_targets([rules.env_prompt(FEN, "f1b5")])[0]
     (e,) = read_env_answers([target])
-    assert e.well_formed and e.fen == chess.env_steps([FEN], ["f1b5"])[0].fen
+    assert e.well_formed and e.fen == rules.env_steps([FEN], ["f1b5"])[0].fen
     assert (e.reward, e.terminated, e.truncated) == (0.001, False, False)
     (g,) = read_env_answers(["garbage"])
     assert not g.well_formed
@@ -45,9 +45,9 @@ def test_load_and_answer_in_python(tiny_dir):
 
 
 def test_board_text_from_both_sides():
-    board = board_text(chess.START_FEN)
+    board = board_text(rules.START_FEN)
     assert board.splitlines()[0] == "8 r n b q k b n r" and board.splitlines()[-1] == "  a b c d e f g h"
-    flipped = board_text(chess.START_FEN, flip=True)
+    flipped = board_text(rules.START_FEN, flip=True)
     assert flipped.splitlines()[0] == "1 R N B K Q B N R" and flipped.splitlines()[-1] == "  h g f e d c b a"
 
 
@@ -59,20 +59,20 @@ def test_ask_with_a_move_json(tiny_dir):
     p = got["policy"]
     assert p["prompt"] == f"P: {FEN}" and p["well_formed"] is False and p["best"] is None
     assert len(p["stockfish"]) == 5 and p["score"]["reward"] == pytest.approx(-0.3)  # malformed: the floor
-    assert chess.is_legal([FEN], [p["stockfish"][0]["move"]]) == [True]
+    assert rules.is_legal([FEN], [p["stockfish"][0]["move"]]) == [True]
     e = got["env"]
-    assert e["prompt"] == chess.env_prompt(FEN, "f1b5")  # SAN read as the UCI move
-    assert e["truth"]["fen"] == chess.env_steps([FEN], ["f1b5"])[0].fen and e["truth"]["reward"] == 0.001
+    assert e["prompt"] == rules.env_prompt(FEN, "f1b5")  # SAN read as the UCI move
+    assert e["truth"]["fen"] == rules.env_steps([FEN], ["f1b5"])[0].fen and e["truth"]["reward"] == 0.001
 
 
 def test_ask_prints_and_rejects_bad_input(tiny_dir):
-    proc = run_cli("ask", chess.START_FEN, "--model", str(tiny_dir), "--device", "cpu", "--stockfish-depth", "2")
+    proc = run_cli("ask", rules.START_FEN, "--model", str(tiny_dir), "--device", "cpu", "--stockfish-depth", "2")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"P: {chess.START_FEN}\n  completion") and "Stockfish" in proc.stdout
+    assert proc.stdout.startswith(f"P: {rules.START_FEN}\n  completion") and "Stockfish" in proc.stdout
     assert "reward      -0.300 (malformed)" in proc.stdout
     for args, message in ((["8/8/8/8/8/8/8/8 w - - 0 1"], "king"),
-                          ([chess.START_FEN, "Ke2"], "illegal move in this position"),
-                          ([chess.START_FEN, "hello"], "not a move")):
+                          ([rules.START_FEN, "Ke2"], "illegal move in this position"),
+                          ([rules.START_FEN, "hello"], "not a move")):
         proc = run_cli("ask", *args, "--model", str(tiny_dir), "--device", "cpu")
         assert proc.returncode == 2 and message in proc.stderr.lower() and "Traceback" not in proc.stderr, args
 

@@ -14,9 +14,9 @@ import chess as pychess
 import pytest
 
 from conftest import REPO, cli, one_line_error
-from rookworld.ground import chess, data
-from rookworld.ground.stockfish import StockfishPool, find_stockfish
-from rookworld.ground.stockfish.cache import DiskCache, StockfishCacheError
+from rookworld.chess import data, rules
+from rookworld.chess.stockfish import StockfishPool, find_stockfish
+from rookworld.chess.stockfish.cache import DiskCache, StockfishCacheError
 
 STOCKFISH = find_stockfish()
 MODEL = REPO / "models" / "chess-cpu-sft"
@@ -59,10 +59,10 @@ def game_positions(games: int, seed: int) -> list[tuple[pychess.Board, pychess.B
 def test_a_board_field_python_chess_refuses_is_refused_naming_the_rank(fen, why):
     with pytest.raises(ValueError):
         pychess.Board(fen)
-    assert chess.fen_problem(fen) == f"invalid board part in FEN: {why}"
-    assert chess.normalize_fens([fen]) == [None]
+    assert rules.fen_problem(fen) == f"invalid board part in FEN: {why}"
+    assert rules.normalize_fens([fen]) == [None]
     with pytest.raises(ValueError, match="invalid board part"):
-        chess.legal_moves(fen)
+        rules.legal_moves(fen)
 
 
 def test_every_board_field_python_chess_refuses_is_refused():
@@ -90,18 +90,18 @@ def test_every_board_field_python_chess_refuses_is_refused():
             pychess.Board(fen)
         except ValueError:
             refused += 1
-            assert chess.fen_problem(fen) is not None, fen
+            assert rules.fen_problem(fen) is not None, fen
     assert refused > 300
 
 
 def test_a_bad_board_in_a_data_file_names_file_line_and_rank_and_skip_bad_skips_it(tmp_path):
     path = tmp_path / "positions.txt"
-    path.write_text(f"{chess.START_FEN}\n4k3/8/8/8/8/8/8/4K3/Q w - - 0 1\n4k3/8/8/8/8/8/44/4K3 w - - 0 1\n")
+    path.write_text(f"{rules.START_FEN}\n4k3/8/8/8/8/8/8/4K3/Q w - - 0 1\n4k3/8/8/8/8/8/44/4K3 w - - 0 1\n")
     with pytest.raises(data.DataError) as e:
         data.read_records(path)
     assert str(e.value).startswith(f"{path}:2: not a legal position (invalid board part in FEN: 9 ranks")
     records, skipped = data.read_records(path, skip_bad=True)
-    assert [r.fen for r in records] == [chess.START_FEN] and skipped == 2
+    assert [r.fen for r in records] == [rules.START_FEN] and skipped == 2
 
 
 def test_a_bad_board_is_one_line_from_ask_play_and_positions(tmp_path):
@@ -124,13 +124,13 @@ def test_every_real_history_passes_and_a_wrong_last_move_is_caught():
     one-square move ends on a square the castling also filled (that takes the start position to see)."""
     tried = 0
     for before, after, move, history in game_positions(40, seed=11):
-        assert chess.history_problem(after.fen(), history) is None, (after.fen(), history)
+        assert rules.history_problem(after.fen(), history) is None, (after.fen(), history)
         if before.is_castling(move):
             continue
         for other in before.legal_moves:
             if other != move:
                 tried += 1
-                problem = chess.history_problem(after.fen(), [*history[:-1], other.uci()])
+                problem = rules.history_problem(after.fen(), [*history[:-1], other.uci()])
                 assert problem is not None and problem.startswith(f'the last history move "{other.uci()}"'), \
                     (after.fen(), history, other)
     assert tried > 10_000
@@ -171,7 +171,7 @@ def test_the_last_move_is_refused_exactly_when_no_piece_could_have_made_it_pytho
                 if after.piece_type_at(to) == pychess.KING and abs(frm - to) == 2:
                     continue  # castling
                 cases.append((after, fen, [*history[:-1], pychess.Move(frm, to).uci()]))
-    problems = chess.history_problems([fen for _, fen, _ in cases], [h for _, _, h in cases])
+    problems = rules.history_problems([fen for _, fen, _ in cases], [h for _, _, h in cases])
     agreed = refused = 0
     for (after, _, history), problem in zip(cases, problems):
         move = pychess.Move.from_uci(history[-1])
@@ -196,18 +196,18 @@ def test_the_last_move_is_refused_exactly_when_no_piece_could_have_made_it_pytho
                'to move, so white moved last)'),
 ])
 def test_a_history_that_cannot_lead_to_the_position_is_refused_saying_why(history, why):
-    assert chess.history_problem(AFTER_E4, history).startswith(why)
+    assert rules.history_problem(AFTER_E4, history).startswith(why)
 
 
 def test_castling_and_promotion_as_the_last_move():
     castled = pychess.Board(ITALIAN)
     castled.push_uci("e1g1")
-    assert chess.history_problem(castled.fen(), ["e1g1"]) is None
-    assert chess.history_problem(castled.fen(), ["e1h1"]) is None  # king takes rook, as python-chess reads it
+    assert rules.history_problem(castled.fen(), ["e1g1"]) is None
+    assert rules.history_problem(castled.fen(), ["e1h1"]) is None  # king takes rook, as python-chess reads it
     promoted = pychess.Board("8/4P1k1/8/8/8/8/8/4K3 w - - 0 1")
     promoted.push_uci("e7e8n")
-    assert chess.history_problem(promoted.fen(), ["e7e8n"]) is None
-    assert "e8 holds no white queen" in chess.history_problem(promoted.fen(), ["e7e8q"])
+    assert rules.history_problem(promoted.fen(), ["e7e8n"]) is None
+    assert "e8 holds no white queen" in rules.history_problem(promoted.fen(), ["e7e8q"])
 
 
 def test_a_bad_history_in_a_data_file_names_file_and_line_and_skip_bad_skips_it(tmp_path):
@@ -273,7 +273,7 @@ def test_a_bad_analysis_in_a_data_file_names_file_and_line_and_skip_bad_skips_it
 def test_analyses_stockfish_wrote_read_back(tmp_path):
     """What `positions --annotate` writes (real Stockfish, mates included) passes the checks it is read with."""
     src = tmp_path / "in.txt"
-    src.write_text("\n".join([chess.START_FEN, ITALIAN, "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"]) + "\n")
+    src.write_text("\n".join([rules.START_FEN, ITALIAN, "6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"]) + "\n")
     out = tmp_path / "out.jsonl"
     result = cli("positions", "--from", src, "--annotate", "--stockfish-depth", "6", "--quiet", "--out", out)
     assert result.returncode == 0, result.stderr
@@ -289,7 +289,7 @@ def cache_rows(path) -> dict[str, dict]:
 
 def test_cached_analyses_that_do_not_check_out_are_recomputed_and_overwritten_with_one_warning(tmp_path):
     src = tmp_path / "in.txt"
-    src.write_text(f"{chess.START_FEN}\n{ITALIAN}\n{AFTER_E4}\n")
+    src.write_text(f"{rules.START_FEN}\n{ITALIAN}\n{AFTER_E4}\n")
     db = tmp_path / "cache.sqlite"
     args = ["positions", "--from", src, "--annotate", "--stockfish-depth", "5", "--stockfish-cache", db, "--quiet"]
     first = cli(*args, "--out", tmp_path / "first.jsonl")
@@ -297,7 +297,7 @@ def test_cached_analyses_that_do_not_check_out_are_recomputed_and_overwritten_wi
     truth = cache_rows(db)
     # What a stale or damaged cache could hold: an illegal move as a mate in one (it became a P: target), a
     # repeated move, a score too big for the format.
-    start, italian, after_e4 = chess.START_FEN, ITALIAN, AFTER_E4
+    start, italian, after_e4 = rules.START_FEN, ITALIAN, AFTER_E4
     bad = {start: {**truth[start], "candidates": [{"move": "e7e5", "cp": None, "mate": 1}]},
            italian: {**truth[italian], "candidates": [truth[italian]["candidates"][0]] * 2},
            after_e4: {**truth[after_e4], "candidates": [{"move": "e7e5", "cp": 10**12, "mate": None}]}}
@@ -324,7 +324,7 @@ def test_a_cached_row_of_another_position_or_malformed_is_a_miss(tmp_path):
     cache = DiskCache(path)
     key = (AFTER_E4, 4, None, 5)
     assert cache.get_many([key]) == {key: real}
-    for result in [{**real.to_dict(), "fen": chess.START_FEN},
+    for result in [{**real.to_dict(), "fen": rules.START_FEN},
                    {**real.to_dict(), "candidates": [{"move": "e7e5", "cp": 20, "mate": 3}]},
                    {**real.to_dict(), "candidates": [{"move": "e7e5", "cp": None, "mate": 0}]},
                    {**real.to_dict(), "depth": "deep"},
@@ -379,7 +379,7 @@ def test_a_cache_file_that_cannot_be_read_is_set_aside_with_one_warning_and_a_fr
     why = spoil(db)
     spoiled = db.read_bytes()
     src = tmp_path / "in.txt"
-    src.write_text(f"{chess.START_FEN}\n{ITALIAN}\n")
+    src.write_text(f"{rules.START_FEN}\n{ITALIAN}\n")
     out = tmp_path / "out.jsonl"
     result = cli("positions", "--from", src, "--annotate", "--stockfish-depth", "4", "--stockfish-cache", db,
                  "--quiet", "--out", out)
@@ -390,14 +390,14 @@ def test_a_cache_file_that_cannot_be_read_is_set_aside_with_one_warning_and_a_fr
     assert warning.endswith(f"moved it to {aside} and started a fresh cache")
     assert aside.read_bytes() == spoiled  # nothing of what was there is lost
     assert len(out.read_text().splitlines()) == 2
-    assert set(cache_rows(db)) == {chess.START_FEN, ITALIAN}  # the fresh cache keeps this run's analyses
+    assert set(cache_rows(db)) == {rules.START_FEN, ITALIAN}  # the fresh cache keeps this run's analyses
 
 
 def test_a_cache_whose_directory_cannot_be_made_is_one_line_before_any_work(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a regular file where the cache's directory should be\n")
     src = tmp_path / "in.txt"
-    src.write_text(f"{chess.START_FEN}\n")
+    src.write_text(f"{rules.START_FEN}\n")
     out = tmp_path / "out.jsonl"
     for path in [blocker / "cache.sqlite", blocker / "deeper" / "cache.sqlite"]:
         result = cli("positions", "--from", src, "--annotate", "--stockfish-cache", path, "--out", out)

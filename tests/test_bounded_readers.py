@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from conftest import REPO, cli, one_line_error
 from rookworld import _core
-from rookworld.ground import chess, data
+from rookworld.chess import data, rules
 from rookworld.io.files import MAX_LINE
-from rookworld.ground.pgn import HISTORY_WINDOW, pgn_positions, read_games
+from rookworld.chess.pgn import HISTORY_WINDOW, pgn_positions, read_games
 from rookworld.harness.rundir import read_rows
 
 FAMOUS = REPO / "tests" / "data" / "famous.pgn"
@@ -57,7 +57,7 @@ def limited(code: str, *args: str, limit: int = MEMORY_LIMIT) -> subprocess.Comp
 
 READ_UNDER_A_LIMIT = """
 import sys
-from rookworld.ground.pgn import pgn_positions
+from rookworld.chess.pgn import pgn_positions
 s = pgn_positions(sys.argv[1], dedup=False, skip_bad=True)
 print(len(s.positions), s.bad_games, max(len(p.history) for p in s.positions) if s.positions else 0)
 """
@@ -101,7 +101,7 @@ def test_histories_are_the_window_a_prompt_shows_unless_asked_for_whole():
     for cut, full in zip(sample.positions, whole.positions):
         assert full.history == moves[:full.ply]
         assert cut.history == full.history[-HISTORY_WINDOW:] if full.ply else cut.history == ()
-        assert chess.history_problem(cut.fen, cut.history) is None
+        assert rules.history_problem(cut.fen, cut.history) is None
     # Whole histories grow with the square of a game's length: past a bound they are refused, not built.
     with pytest.raises(ValueError, match="the histories asked for hold 20483200 moves in all") as raised:
         pgn_positions(text=dance(6_400), dedup=False, history_len=None)  # 6,401 positions: 1 + 2 + ... + 6,400
@@ -113,7 +113,7 @@ def test_histories_are_the_window_a_prompt_shows_unless_asked_for_whole():
 
 READ_OR_SAY_WHY = """
 import sys
-from rookworld.ground.pgn import read_games
+from rookworld.chess.pgn import read_games
 try:
     read_games(sys.argv[1])
 except ValueError as e:
@@ -180,13 +180,13 @@ def test_wide_numbers_that_cannot_be_limits_are_refused_by_name():
         (lambda: _core.generate_positions(5, 2**70), "seed must be at most"),
         (lambda: _core.generate_positions(5, 1, 2**64 - 2), "start must be at most 18446744073709551610"),
         (lambda: _core.mate_in_one_positions(1, 1, -1), "start must be >= 0"),
-        (lambda: _core.perft(chess.START_FEN, 2**40), "depth must be at most 4294967295"),
+        (lambda: _core.perft(rules.START_FEN, 2**40), "depth must be at most 4294967295"),
         (lambda: _core.pgn_games([], "1. e4 *", "t", False, -5), "max_games must be >= 0"),
     ]:
         with pytest.raises(ValueError, match=why):
             call()
     assert len(_core.pgn_games([], "1. e4 *", "t", False, 10**30)[0]) == 1
-    assert len(_core.analysis_problems([chess.START_FEN], [["e2e4"]], [[0.3]], 10**30)) == 1
+    assert len(_core.analysis_problems([rules.START_FEN], [["e2e4"]], [[0.3]], 10**30)) == 1
 
 
 @pytest.mark.parametrize("flag", ["--min-elo", "--per-game", "--min-base-time", "--count"])
@@ -237,7 +237,7 @@ def test_quoted_input_is_cut_to_80_characters(tmp_path):
     # Named from its folder: the line's length is the message's, whatever TMPDIR's is.
     err = one_line_error(cli("positions", "--pgn", path.name, "--out", "o.jsonl", cwd=tmp_path), "its FEN header")
     assert len(err) < 400, len(err)
-    problem = chess.history_problem(chess.START_FEN, ["e2e4" * 250_000])
+    problem = rules.history_problem(rules.START_FEN, ["e2e4" * 250_000])
     assert len(problem) < 200 and problem.startswith(f'history move 1 "{("e2e4" * 20)}..."'), problem
 
 
@@ -346,12 +346,12 @@ def test_a_bad_line_and_a_megabyte_move_in_an_analysis_are_quoted_in_80_characte
     """A position file's bad line and an analysis' bad move are named, not copied into the message whole."""
     huge = "e2e4" + "x" * 1_000_000
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"fen": chess.START_FEN, "history": [], "move": "e2e4",
+    bad.write_text(json.dumps({"fen": rules.START_FEN, "history": [], "move": "e2e4",
                                "analysis": {"moves": [huge], "evals": [0.1]}}) + "\n")
     with pytest.raises(data.DataError) as e:
         data.read_records(bad)
     assert len(str(e.value)) < 600 and "xxx..." in str(e.value), str(e.value)[:700]
-    assert chess.analysis_problems([chess.START_FEN], [[huge, huge]], [[0.1, 0.2]])[0].count("x") < 200
+    assert rules.analysis_problems([rules.START_FEN], [[huge, huge]], [[0.1, 0.2]])[0].count("x") < 200
 
 
 def test_a_run_s_metrics_with_a_line_past_any_row_plot_without_holding_it(tmp_path):

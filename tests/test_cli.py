@@ -10,9 +10,9 @@ import pytest
 
 import rookworld
 from conftest import cli, rookworld_process
-from rookworld.ground import chess
-from rookworld.ground.rewards import RewardScorer
-from rookworld.ground.stockfish import find_stockfish
+from rookworld.chess import rules
+from rookworld.chess.rewards import RewardScorer
+from rookworld.chess.stockfish import find_stockfish
 
 
 def run(*args, check=True):
@@ -84,7 +84,7 @@ def test_positions_writes_the_same_file_for_the_same_seed(tmp_path):
     assert a.read_text() == b.read_text() != c.read_text()
     lines = [json.loads(line) for line in a.read_text().splitlines()]
     assert len(lines) == 300
-    assert lines == [p.to_dict() for p in chess.generate_positions(300, 9)]
+    assert lines == [p.to_dict() for p in rules.generate_positions(300, 9)]
     for line in lines[:50]:
         board = pychess.Board()
         for move in line["history"]:
@@ -112,7 +112,7 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, args, message):
 
 def test_annotate_user_file_names_the_bad_line(tmp_path):
     src = tmp_path / "mine.fen"
-    src.write_text(f"{chess.START_FEN}\n8/8/8/8/8/8/8/8 w - - 0 1\n")
+    src.write_text(f"{rules.START_FEN}\n8/8/8/8/8/8/8/8 w - - 0 1\n")
     proc = run("positions", "--from", str(src), "--out", str(tmp_path / "o.jsonl"), check=False)
     assert proc.returncode == 2 and f"{src}:2:" in proc.stderr and "Traceback" not in proc.stderr
     run("positions", "--from", str(src), "--skip-bad", "--out", str(tmp_path / "o.jsonl"))
@@ -130,10 +130,10 @@ def test_annotate_writes_targets_that_score_one(tmp_path):
         assert line["p_prompt"] == f"P: {line['fen']}"
         a = line["analysis"]
         assert 1 <= len(a["moves"]) <= 5 and len(a["moves"]) == len(a["evals"])
-        legal = set(chess.legal_moves(line["fen"]))
+        legal = set(rules.legal_moves(line["fen"]))
         assert set(a["moves"]) <= legal
-        assert line["a_prompt"] == chess.env_prompt(line["fen"], line["move"], line["history"])
-        assert chess.env_targets([line["a_prompt"]]) == [line["a_target"]]
+        assert line["a_prompt"] == rules.env_prompt(line["fen"], line["move"], line["history"])
+        assert rules.env_targets([line["a_prompt"]]) == [line["a_target"]]
     scorer = RewardScorer()
     prompts = [l["p_prompt"] for l in lines] + [l["a_prompt"] for l in lines]
     completions = [l["p_target"] for l in lines] + [l["a_target"] for l in lines]

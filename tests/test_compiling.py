@@ -69,7 +69,7 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     # A run compiles on CUDA alone; here every switch a CUDA run sets is set by hand.
     t.run.context = dataclasses.replace(t.run.context, compile=True)
     t.models.compile = True
-    t.models.logprobs.options = dataclasses.replace(t.models.logprobs.options, compile=True)
+    t.models.policy_pass.options = dataclasses.replace(t.models.policy_pass.options, compile=True)
     t.sampler.options = dataclasses.replace(t.sampler.options, compile=True)
     before = compiling.graphs_compiled()
     try:

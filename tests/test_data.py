@@ -5,8 +5,8 @@ import json
 import chess as pychess
 import pytest
 
-from rookworld.ground import data
-from rookworld.ground.chess import START_FEN
+from rookworld.chess import data
+from rookworld.chess.rules import START_FEN
 from rookworld.io.quote import ECHO_LIMIT, shortened
 
 

@@ -62,7 +62,7 @@ class ByPlace:
         pass
 
     def __call__(self, prompts, completions):
-        from rookworld.ground.rewards import Scores
+        from rookworld.chess.rewards import Scores
 
         r = (np.arange(len(completions)) % 2 == 0).astype(float)
         return Scores(r, np.array([p.task for p in prompts]), np.ones(len(r), dtype=bool))

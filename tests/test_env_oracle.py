@@ -1,4 +1,4 @@
-"""rookworld.ground.chess against python-chess as the oracle (tests/oracle.py).
+"""rookworld.chess.rules against python-chess as the oracle (tests/oracle.py).
 
 Positions are built independently of rookworld's own generator: random games played with
 python-chess from the start position, random-placement endgames, and hand-made positions for
@@ -18,7 +18,7 @@ from pathlib import Path
 import chess
 import pytest
 
-import rookworld.ground.chess as rc
+import rookworld.chess.rules as rc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import oracle  # noqa: E402
@@ -786,7 +786,7 @@ def test_move_counters_do_not_saturate_when_a_move_is_played():
 
 
 # ---------------------------------------------------------------------------------------------
-# Tests: rookworld.ground.chess.generate_positions
+# Tests: rookworld.chess.rules.generate_positions
 # ---------------------------------------------------------------------------------------------
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from conftest import cli
-from rookworld.ground import chess
-from rookworld.ground.data import Record
+from rookworld.chess import rules
+from rookworld.chess.data import Record
 from rookworld.lm.bestmove import eval_items, position_outcomes, summarize
-from rookworld.ground.rewards import RewardScorer, policy_targets
+from rookworld.chess.rewards import RewardScorer, policy_targets
 from rookworld.lm.suites import SuiteResult, format_report
 
 FEN = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
@@ -20,8 +20,8 @@ def test_metrics_from_scored_completions():
     exact = policy_targets([FEN], [TRUTH[0]], [TRUTH[1]], ["f1b5"])[0]
     second = exact.replace("B: f1b5", "B: d2d4")
     evals_off = policy_targets([FEN], [TRUTH[0]], [[e + 1.0 for e in TRUTH[1]]], ["f1b5"])[0]
-    a_prompt = chess.env_prompt(FEN, "f1b5", [])
-    a_target = chess.env_targets([a_prompt])[0]
+    a_prompt = rules.env_prompt(FEN, "f1b5", [])
+    a_target = rules.env_targets([a_prompt])[0]
     prompts = [f"P: {FEN}"] * 4 + [a_prompt] * 3
     completions = [exact, second, evals_off, "garbage", a_target, a_target.replace("+0.001+", "+0.5+"), "x"]
     truth = [TRUTH] * 4 + [None] * 3
@@ -52,7 +52,7 @@ def test_metrics_from_scored_completions():
 
 def test_eval_items_cover_both_tasks():
     records = [Record(fen=FEN, move="f1b5", analysis={"moves": TRUTH[0], "evals": TRUTH[1]}),
-               Record(fen=chess.START_FEN)]
+               Record(fen=rules.START_FEN)]
     items = eval_items(records)
     assert [i.task for i in items] == ["P", "P", "A"]
     assert items[0].truth == (TRUTH[0], TRUTH[1]) and items[1].truth is None
@@ -61,7 +61,7 @@ def test_eval_items_cover_both_tasks():
 
 def test_eval_command_end_to_end(tiny_dir, tmp_path):
     data = tmp_path / "held_out.fen"
-    data.write_text("\n".join(p.fen for p in chess.generate_positions(6, 11)) + "\n")
+    data.write_text("\n".join(p.fen for p in rules.generate_positions(6, 11)) + "\n")
     out = tmp_path / "results.json"
     proc = cli("eval", "--model", str(tiny_dir), "--data", str(data), "--stockfish-depth", "4", "--max-new-tokens",
                "16", "--device", "cpu", "--out", str(out))
@@ -87,7 +87,7 @@ def test_eval_bad_input(tiny_dir, tmp_path):
     proc = run("--model", str(tmp_path / "none"), "--data", str(tmp_path / "none.fen"))
     assert proc.returncode == 2 and "no such file" in proc.stderr and "Traceback" not in proc.stderr
     data = tmp_path / "d.fen"
-    data.write_text(chess.START_FEN + "\n")
+    data.write_text(rules.START_FEN + "\n")
     proc = run("--model", str(tmp_path / "none"), "--data", str(data), "--tasks", "A")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     proc = run("--model", str(tiny_dir), "--data", str(data), "--tasks", "Q")
@@ -96,6 +96,6 @@ def test_eval_bad_input(tiny_dir, tmp_path):
 
 def test_eval_checks_its_output_before_any_work(tiny_dir, tmp_path):
     data = tmp_path / "d.fen"
-    data.write_text(chess.START_FEN + "\n")
+    data.write_text(rules.START_FEN + "\n")
     proc = cli("eval", "--model", str(tiny_dir), "--data", str(data), "--out", str(tmp_path / "missing" / "r.json"))
     assert proc.returncode == 2 and f"its directory {tmp_path / 'missing'} does not exist" in proc.stderr

@@ -189,7 +189,7 @@ class RandomRewards:
         pass
 
     def __call__(self, prompts, completions):
-        from rookworld.ground.rewards import Scores
+        from rookworld.chess.rewards import Scores
 
         self.calls += 1
         if self.calls == self.interrupt_at:

@@ -391,7 +391,7 @@ def test_each_tasks_mean_advantage_size_is_over_its_own_usable_tokens():
     loss_mask = torch.rand(6, 5, generator=g) < 0.7
     loss_mask[5] = False  # a row with no usable token counts in neither
     env = torch.tensor([False, False, True, True, False, False])
-    rollout = SimpleNamespace(advantages=advantages, loss_mask=loss_mask, is_env=env)
+    rollout = SimpleNamespace(advantages=advantages, loss_mask=loss_mask, a_rows=env)
     got = advantage_metrics(Comm(DistInfo(), torch.device("cpu")), rollout)
     for task, rows in (("P", [0, 1, 4, 5]), ("A", [2, 3])):
         values = [abs(float(advantages[i, j])) for i in rows for j in range(5) if loss_mask[i, j]]

@@ -12,9 +12,9 @@ import time
 import chess as pychess
 import pytest
 
-from rookworld.ground import chess
-from rookworld.ground.rewards import RewardScorer, policy_prompt
-from rookworld.ground.stockfish import StockfishPool
+from rookworld.chess import rules
+from rookworld.chess.rewards import RewardScorer, policy_prompt
+from rookworld.chess.stockfish import StockfishPool
 from rookworld.integrations.game import ILLEGAL, RESULT, ChessGame, GameStep, OpponentError
 
 from test_trust_engine import fake_engine
@@ -52,11 +52,11 @@ def replayed(step: GameStep, start: str) -> pychess.Board:
 
 def test_a_legal_move_is_played_and_answered(game):
     start = game.reset()
-    assert start.fen == chess.START_FEN and not start.done and start.reward == 0.0 and start.opponent_move is None
+    assert start.fen == rules.START_FEN and not start.done and start.reward == 0.0 and start.opponent_move is None
     step = game.step("e2e4")
     assert step.legal and step.move == "e2e4" and not step.done and step.outcome is None
     assert step.moves == ["e2e4", step.opponent_move]
-    replayed(step, chess.START_FEN)
+    replayed(step, rules.START_FEN)
     assert step.reward == step.move_reward and step.result_reward == 0.0
     assert 0.05 <= step.move_reward <= 1.0
 
@@ -65,7 +65,7 @@ ITALIAN = "r1bqk1nr/pppp1ppp/2n5/2b1p3/2B1P3/5N2/PPPP1PPP/RNBQK2R w KQkq - 4 4"
 
 
 @pytest.mark.parametrize("fen, action, move", [
-    (chess.START_FEN, "Nf3", "g1f3"), (chess.START_FEN, "g1f3", "g1f3"), (ITALIAN, "O-O", "e1g1"),
+    (rules.START_FEN, "Nf3", "g1f3"), (rules.START_FEN, "g1f3", "g1f3"), (ITALIAN, "O-O", "e1g1"),
     (ITALIAN, "e1g1", "e1g1"), (ITALIAN, " Bxf7+ ", "c4f7"), ("8/P6k/8/8/8/8/8/K7 w - - 0 1", "a8=Q", "a7a8q")])
 def test_san_and_uci_name_the_same_move(game, fen, action, move):
     game.reset(fen)
@@ -79,7 +79,7 @@ def test_a_move_s_reward_is_its_rank_among_stockfish_s_and_a_whole_answer_gets_t
     best = pool.analyse_one(fen).candidates[0].move
     game.reset(fen)
     assert game.step(best).move_reward == 1.0
-    outside = [m for m in chess.legal_moves(fen) if m not in {c.move for c in pool.analyse_one(fen).candidates}]
+    outside = [m for m in rules.legal_moves(fen) if m not in {c.move for c in pool.analyse_one(fen).candidates}]
     game.reset(fen)
     assert game.step(outside[0]).move_reward == 0.05
     answer = f"M: {best} d2d4 E: 0.3 0.2 B: {best}"
@@ -108,7 +108,7 @@ def test_an_illegal_or_unreadable_move_loses_the_game(game, action, reason):
     step = game.step(action)
     assert step.done and not step.legal and step.move is None and step.outcome == "loss"
     assert (step.move_reward, step.result_reward, step.reward) == (ILLEGAL, RESULT["loss"], -2.0)
-    assert step.fen == chess.START_FEN and step.moves == [] and step.legal_moves == []
+    assert step.fen == rules.START_FEN and step.moves == [] and step.legal_moves == []
     assert step.reason.startswith(reason) and step.reason.endswith("by white"), step.reason
 
 
@@ -116,11 +116,11 @@ def test_black_is_answered_after_stockfish_moves_first(game):
     start = game.reset(colour="b")
     assert start.opponent_move is not None and start.moves == [start.opponent_move]
     assert start.fen.split()[1] == "b" and game.colour == "b"
-    board = replayed(start, chess.START_FEN)
+    board = replayed(start, rules.START_FEN)
     reply = random.Random(0).choice(sorted(m.uci() for m in board.legal_moves))
     step = game.step(reply)
     assert step.legal and step.moves[:2] == [start.opponent_move, reply] and len(step.moves) == 3
-    replayed(step, chess.START_FEN)
+    replayed(step, rules.START_FEN)
 
 
 def test_the_side_to_move_is_played_unless_told(game):
@@ -138,7 +138,7 @@ def test_the_ply_limit_ends_a_game_unfinished(pool):
         assert step.done and step.outcome == "unfinished" and step.reason == "ply limit"
         assert step.result_reward == RESULT["unfinished"] == 0.0 and step.opponent_move is None
         assert len(step.moves) == 3
-        replayed(step, chess.START_FEN)
+        replayed(step, rules.START_FEN)
 
 
 def test_bad_requests_raise_and_leave_the_game_usable(game):
@@ -157,7 +157,7 @@ def test_bad_requests_raise_and_leave_the_game_usable(game):
 @pytest.mark.parametrize("seed", range(6))
 def test_whole_games_of_random_moves_end_as_python_chess_says(pool, seed):
     rng = random.Random(seed)
-    start = chess.START_FEN if seed == 0 else ENDGAMES[seed % len(ENDGAMES)]
+    start = rules.START_FEN if seed == 0 else ENDGAMES[seed % len(ENDGAMES)]
     with ChessGame(opponent_skill=0, opponent_nodes=200, analysis=pool, max_plies=80) as game:
         step = game.reset(start, colour=rng.choice("wb"))
         total = 0.0
@@ -196,7 +196,7 @@ def test_the_opponent_s_move_is_bounded_in_time_whatever_its_node_limit(pool):
         assert start.opponent_move is not None and took < 4, took
         step, took = timed(lambda: game.step(start.legal_moves[0]))
         assert step.legal and step.opponent_move is not None and took < 4, took
-        replayed(step, chess.START_FEN)
+        replayed(step, rules.START_FEN)
 
 
 @pytest.mark.slow

@@ -33,8 +33,8 @@ import uvicorn  # noqa: E402  (an OpenEnv dependency)
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect as ws_connect  # noqa: E402
 
-from rookworld.ground import chess  # noqa: E402
-from rookworld.ground.rewards import RewardScorer, policy_targets  # noqa: E402
+from rookworld.chess import rules  # noqa: E402
+from rookworld.chess.rewards import RewardScorer, policy_targets  # noqa: E402
 from rookworld.integrations.openenv import (MAX_REQUEST_BYTES, ChessAction, ChessEngines,  # noqa: E402
                                             ChessEnvClient, create_chess_app)
 
@@ -145,7 +145,7 @@ def play(url: str, seed: int, start: str, colour: str, max_plies: int = 30) -> t
 
 def test_whole_games_in_sessions_at_once(server):
     url = server.url
-    starts = [(chess.START_FEN, "w"), (KQK, "b"), (chess.START_FEN, "b")]
+    starts = [(rules.START_FEN, "w"), (KQK, "b"), (rules.START_FEN, "b")]
     with ThreadPoolExecutor(len(starts)) as pool:
         games = list(pool.map(lambda seed, start, colour: play(url, seed, start, colour), range(len(starts)),
                               *zip(*starts)))
@@ -174,7 +174,7 @@ def test_a_mate_in_one_wins_and_the_client_reads_reward_and_done(server):
         assert (obs.move_reward, obs.result_reward) == (1.0, 1.0)
         # A whole P: answer is a move too; the seed of a reset names a generated position.
         first = env.reset(seed=7).observation
-        assert first.fen == env.reset(seed=7).observation.fen != chess.START_FEN
+        assert first.fen == env.reset(seed=7).observation.fen != rules.START_FEN
         move = first.legal_moves[0]
         result = env.step(ChessAction(text=f"M: {move} E: 0.1 B: {move}"))
         assert result.observation.move == move and result.observation.legal
@@ -195,7 +195,7 @@ def test_a_bad_move_in_a_game_is_a_lost_game_and_the_session_goes_on(server, tex
         assert result.observation.legal is False and result.observation.move is None
         with pytest.raises(RuntimeError, match="the episode is over"):
             env.step(ChessAction(text="e2e4"))
-        assert env.reset().observation.fen == chess.START_FEN
+        assert env.reset().observation.fen == rules.START_FEN
         assert env.step(ChessAction(text="e4")).observation.legal
 
 
@@ -208,7 +208,7 @@ def test_a_bad_move_in_a_game_is_a_lost_game_and_the_session_goes_on(server, tex
     ({"task": "policy", "colour": "w"}, "colour: options of task 'game'"),
     ({"task": "env", "fen": MATE_IN_ONE, "move": "zz"}, "bad move"),
     ({"task": "env", "fen": "R5k1/5ppp/8/8/8/8/8/6K1 b - - 1 1"}, "no move to make"),
-    ({"task": "env", "fen": chess.START_FEN, "move": "e2e4", "history": ["e7e5"]}, "bad history"),
+    ({"task": "env", "fen": rules.START_FEN, "move": "e2e4", "history": ["e7e5"]}, "bad history"),
 ])
 def test_bad_requests_are_errors_and_the_session_goes_on(server, reset, said):
     url = server.url
@@ -224,7 +224,7 @@ def test_bad_requests_are_errors_and_the_session_goes_on(server, reset, said):
 def answers(prompt: str, fen: str, scorer: RewardScorer) -> list[str]:
     """A right answer to a P: or A: prompt, a half of it, a wrong one and rubbish."""
     if prompt.startswith("A:"):
-        right = chess.env_targets([prompt])[0]
+        right = rules.env_targets([prompt])[0]
     else:
         moves, evals = scorer.ground_truth([prompt])[0]
         right = policy_targets([fen], [moves], [evals], [moves[0]], layout="compact")[0]
@@ -254,12 +254,12 @@ def test_single_turn_tasks_are_scored_as_rookworld_scores_them(server):
             seen.add(first.prompt[:2])
         assert seen == {"P:", "A:"}
         # A FEN of one's own, with the A: move and history given.
-        prompt = env.reset(task="env", fen=chess.START_FEN, move="Nf3").observation.prompt
-        assert prompt == chess.env_prompt(chess.START_FEN, "g1f3")
+        prompt = env.reset(task="env", fen=rules.START_FEN, move="Nf3").observation.prompt
+        assert prompt == rules.env_prompt(rules.START_FEN, "g1f3")
         after_e4 = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
         prompt = env.reset(task="env", fen=after_e4, move="e7e5", history=["e2e4"]).observation.prompt
-        assert prompt == chess.env_prompt(after_e4, "e7e5", ["e2e4"])
-        assert env.step(ChessAction(text=chess.env_targets([prompt])[0])).reward == 1.0
+        assert prompt == rules.env_prompt(after_e4, "e7e5", ["e2e4"])
+        assert env.step(ChessAction(text=rules.env_targets([prompt])[0])).reward == 1.0
 
 
 def test_the_sessions_are_bounded_and_protocol_abuse_is_answered():
@@ -299,7 +299,7 @@ def protocol_abuse(url: str) -> None:
     assert refused.value.code == 400 and "bad fen" in json.loads(refused.value.read())["detail"]
     assert _post(url + "/reset", {"fen": KQK})["observation"]["fen"] == KQK
     with client(url) as env:  # and the server still serves
-        assert env.reset().observation.fen == chess.START_FEN
+        assert env.reset().observation.fen == rules.START_FEN
 
 
 def _connect(ws: str):
@@ -480,7 +480,7 @@ def test_input_is_quoted_back_cut_and_requests_have_a_size_limit(server):
     code, body = _refused(url + "/reset", {"fen": megabyte})
     detail = json.loads(body)["detail"]
     assert code == 400 and len(body) < 300 and "x" * 80 in detail and "x" * 81 not in detail, body[:300]
-    code, body = _refused(url + "/reset", {"fen": chess.START_FEN, "y" * 100_000: 1})
+    code, body = _refused(url + "/reset", {"fen": rules.START_FEN, "y" * 100_000: 1})
     assert code == 400 and len(body) < 300, body[:300]
     code, body = _refused(url + "/step", {"action": {"move": megabyte}})  # OpenEnv's 422 quotes pydantic's errors
     assert code == 422 and len(body) < 1000, body[:300]

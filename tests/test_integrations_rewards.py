@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from rookworld.ground.data import DataError, read_records
-from rookworld.ground.rewards import RewardScorer, policy_targets
-from rookworld.ground.stockfish import StockfishPool
-from rookworld.ground import chess
-from rookworld.integrations.rewards import AsyncChessReward, ChessReward, chess_rows
+from rookworld.chess.data import DataError, read_records
+from rookworld.chess.rewards import RewardScorer, policy_targets
+from rookworld.chess.stockfish import StockfishPool
+from rookworld.chess import rules
+from rookworld.integrations.chess_reward import AsyncChessReward, ChessReward, chess_rows
 
 from conftest import REPO
 
@@ -28,7 +28,7 @@ def annotated_rows(n: int, task_mix: float = 0.5) -> list[dict]:
 
 def right_answer(row: dict) -> str:
     if row["task"] == "A":
-        return chess.env_targets([row["prompt"]])[0]
+        return rules.env_targets([row["prompt"]])[0]
     moves, evals = row["truth_moves"], row["truth_evals"]
     return policy_targets([row["fen"]], [moves], [evals], [moves[0]], layout="compact")[0]
 
@@ -223,13 +223,13 @@ def test_the_rows_of_another_task_are_not_asked_for_an_analysis():
     rows = annotated_rows(20)
     rows = [_spoiled(r, moves=["a1a1"], evals=[math.nan]) if r["task"] == "A" else r for r in rows]
     got = ChessReward("mixed")([r["prompt"] for r in rows], [right_answer(r) if r["task"] == "P" else
-                                                            chess.env_targets([r["prompt"]])[0] for r in rows],
+                                                            rules.env_targets([r["prompt"]])[0] for r in rows],
                                **columns(rows))
     assert got == [pytest.approx(1.0)] * len(rows)
 
 
 def test_a_policy_prompt_stockfish_cannot_analyse_is_refused_naming_its_row_before_an_engine_starts():
-    prompts = ["P: " + chess.START_FEN, "P: 8/8/8/8/8/8/8/8 w - - 0 1"]  # no kings
+    prompts = ["P: " + rules.START_FEN, "P: 8/8/8/8/8/8/8/8 w - - 0 1"]  # no kings
     with ChessReward("policy") as reward:
         with pytest.raises(ValueError, match=r"^row 1: the P: prompt's position is not legal \(.+\): '8/8/8/8"):
             reward(prompts, ["", ""])
@@ -264,7 +264,7 @@ def test_content_given_as_parts_is_read_as_its_text_and_anything_else_said_namin
 def test_a_number_of_engines_that_is_no_whole_number_is_named_where_it_is_asked_for(workers):
     """stockfish_workers=1.5 was "can't multiply sequence by non-int of type 'float'" at the first analysis, and 0
     silently the default: each is refused by its name where the reward, the server's engines or a pool is made."""
-    from rookworld.ground.stockfish import Role, pool_for
+    from rookworld.chess.stockfish import Role, pool_for
 
     said = "stockfish_workers must be a whole number of at least 1"
     with pytest.raises(ValueError, match=said):
@@ -275,6 +275,6 @@ def test_a_number_of_engines_that_is_no_whole_number_is_named_where_it_is_asked_
 
 def test_a_malformed_a_prompt_in_a_batch_is_named_by_its_row():
     """Every P: problem named its row; a malformed A: prompt said only its text."""
-    prompts = [chess.env_prompt(chess.START_FEN, "e2e4"), "A: not a fen+e2e4++", "A: nor this+e2e4++"]
+    prompts = [rules.env_prompt(rules.START_FEN, "e2e4"), "A: not a fen+e2e4++", "A: nor this+e2e4++"]
     with pytest.raises(ValueError, match=r"^prompt 1 \(and 1 more\): bad prompt: .*'A: not a fen\+e2e4\+\+'"):
         RewardScorer().score_batch(prompts, ["x", "y", "z"])

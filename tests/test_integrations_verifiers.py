@@ -21,12 +21,12 @@ if not hasattr(vf, "SingleTurnEnv"):
     pytest.skip(f"verifiers {vf.__version__} has no classic API: tests/test_integrations_verifiers_v1.py tests it",
                 allow_module_level=True)
 
-import chess as python_chess  # noqa: E402  (python-chess; rookworld.ground.chess has the same name)
+import chess as python_chess  # noqa: E402  (python-chess; rookworld.chess.rules has the same name)
 
-from rookworld.ground import chess  # noqa: E402
-from rookworld.ground.rewards import RewardScorer, prompt_fen  # noqa: E402
+from rookworld.chess import rules  # noqa: E402
+from rookworld.chess.rewards import RewardScorer, prompt_fen  # noqa: E402
 from rookworld.integrations.game import ILLEGAL, RESULT  # noqa: E402
-from rookworld.integrations.rewards import DOCUMENT_START  # noqa: E402
+from rookworld.integrations.chess_reward import DOCUMENT_START  # noqa: E402
 from rookworld.integrations.verifiers import ChessGameEnv, load_environment  # noqa: E402
 from rookworld.io.quote import ECHO_LIMIT, shortened  # noqa: E402
 from rookworld.lm.answers import RookWorldLM  # noqa: E402
@@ -132,10 +132,10 @@ def test_the_game_loads_starting_positions():
     start = load_environment("game", source="start")
     assert isinstance(start, ChessGameEnv) and isinstance(start, vf.MultiTurnEnv)
     (row,) = start.get_dataset().to_list()
-    assert row["info"] == {"fen": chess.START_FEN}
-    assert row["question"] == f"{DOCUMENT_START}P: {chess.START_FEN}"
+    assert row["info"] == {"fen": rules.START_FEN}
+    assert row["question"] == f"{DOCUMENT_START}P: {rules.START_FEN}"
     generated = load_environment("game", num_examples=5, seed=2, document_start=False).get_dataset().to_list()
-    assert [r["info"]["fen"] for r in generated] == [p.fen for p in chess.generate_positions(5, 2)]
+    assert [r["info"]["fen"] for r in generated] == [p.fen for p in rules.generate_positions(5, 2)]
     assert all(r["question"] == f"P: {r['info']['fen']}" for r in generated)
     with pytest.raises(ValueError, match="task must be one of"):
         load_environment("chess")

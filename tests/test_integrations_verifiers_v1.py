@@ -21,14 +21,14 @@ import pytest
 
 verifiers = pytest.importorskip("verifiers", reason="pip install 'verifiers>=0.4'")
 
-import chess as python_chess  # noqa: E402  (python-chess; rookworld.ground.chess has the same name)
+import chess as python_chess  # noqa: E402  (python-chess; rookworld.chess.rules has the same name)
 
-from rookworld.ground import chess  # noqa: E402
-from rookworld.ground.rewards import RewardScorer, prompt_fen  # noqa: E402
-from rookworld.ground.stockfish import find_stockfish  # noqa: E402
+from rookworld.chess import rules  # noqa: E402
+from rookworld.chess.rewards import RewardScorer, prompt_fen  # noqa: E402
+from rookworld.chess.stockfish import find_stockfish  # noqa: E402
 from rookworld.integrations import verifiers_v1  # noqa: E402
 from rookworld.integrations.game import ILLEGAL, RESULT  # noqa: E402
-from rookworld.integrations.rewards import DOCUMENT_START  # noqa: E402
+from rookworld.integrations.chess_reward import DOCUMENT_START  # noqa: E402
 from rookworld.lm.answers import MAX_NEW_TOKENS  # noqa: E402
 
 from conftest import REPO, stockfish_children  # noqa: E402
@@ -109,7 +109,7 @@ class ChatServer(ThreadingHTTPServer):
             time.sleep(STALL)
         if model.endswith("player"):
             fen = re.findall(r"^(?:<\|endoftext\|>)?P: (.+)$", text, re.MULTILINE)[-1].strip()
-            return chess.legal_moves(fen)[0]
+            return rules.legal_moves(fen)[0]
         return self.answers[text]
 
 
@@ -170,7 +170,7 @@ def test_the_module_imports_without_verifiers_0_4(monkeypatch):
     else:
         module = verifiers_v1
     assert module.vf is None
-    assert module.task_rows("game", source="start")[0]["fen"] == chess.START_FEN
+    assert module.task_rows("game", source="start")[0]["fen"] == rules.START_FEN
     with pytest.raises(ImportError, match=r"needs verifiers 0.4 or later .*rookworld.integrations.verifiers"):
         module.RookWorldTaskset  # noqa: B018
     with pytest.raises(ImportError, match="needs verifiers 0.4 or later"):
@@ -201,10 +201,10 @@ def test_each_kind_loads_as_tasks(kind, heads):
 @needs_v1
 def test_the_game_loads_starting_positions():
     (start,) = verifiers_v1.load_environment("game", source="start").taskset
-    assert start.data.chess_task == "game" and start.data.fen == chess.START_FEN
-    assert start.data.prompt == f"{DOCUMENT_START}P: {chess.START_FEN}"
+    assert start.data.chess_task == "game" and start.data.fen == rules.START_FEN
+    assert start.data.prompt == f"{DOCUMENT_START}P: {rules.START_FEN}"
     generated = list(verifiers_v1.load_environment("game", num_examples=5, seed=2, document_start=False).taskset)
-    assert [t.data.fen for t in generated] == [p.fen for p in chess.generate_positions(5, 2)]
+    assert [t.data.fen for t in generated] == [p.fen for p in rules.generate_positions(5, 2)]
     assert all(t.data.prompt == f"P: {t.data.fen}" for t in generated)
     from pydantic import ValidationError
 
@@ -246,7 +246,7 @@ def test_rollouts_score_correct_wrong_and_garbage_answers_as_rookworld_does(serv
     wrong = []
     for t in tasks:
         if t.data.chess_task == "P":
-            move = next(m for m in chess.legal_moves(t.data.fen) if m != t.data.truth_moves[0])
+            move = next(m for m in rules.legal_moves(t.data.fen) if m != t.data.truth_moves[0])
             wrong.append(f"M: {move} E: 0.0 B: {move}")
         else:
             wrong.append(t.data.fen + "+" + t.data.answer.split("+", 1)[1])  # the position before the move

@@ -14,10 +14,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "rookworld"
 
 #: Bottom to top; a module may import its own layer and the ones below. grpo and sft share a floor and stay apart.
-LAYERS = [("_core", "__init__"), ("io",), ("ground",), ("settings",), ("net",), ("lm",), ("integrations",), ("harness",),
+LAYERS = [("_core", "__init__"), ("io",), ("chess",), ("settings",), ("net",), ("lm",), ("integrations",), ("harness",),
           ("grpo", "sft"), ("commands",), ("cli", "__main__")]
 #: Layers that load no torch, so that parsing flags and reading files stay quick.
-TORCH_FREE = ("io", "ground", "settings")
+TORCH_FREE = ("io", "chess", "settings")
 
 
 def floor(module: str) -> int:
@@ -55,7 +55,7 @@ def imports(path: Path, known: set[str]) -> list[tuple[str, bool, int]]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from rookworld.ground import chess` imports the module rookworld.ground.chess
+            # `from rookworld.chess import rules` imports the module rookworld.chess.rules
             targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
                        for a in node.names]
         for t in targets:

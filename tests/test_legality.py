@@ -116,7 +116,7 @@ def test_move_slots_match_python_chess(vocab, layout):
     """On 60 held-out positions of real play, with targets of legal, illegal and promotion moves, every slot's
     allowed tokens are python-chess's legal continuations, character by character, and a slot stops where the
     written move leaves every legal move."""
-    from rookworld.ground.rewards import policy_targets
+    from rookworld.chess.rewards import policy_targets
 
     tokenizer = vocabulary("chess") if vocab == "chess" else get_tokenizer()
     legal = LegalTokens(tokenizer)

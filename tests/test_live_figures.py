@@ -211,7 +211,7 @@ def test_a_real_best_move_suite_estimates_from_the_work_done():
     """The bar starts before the model loads (as `rookworld eval`'s): the load and the first batch are start-up, and
     every time left it shows after them comes from the batches since."""
     from rookworld.io.progress import Progress
-    from rookworld.ground.rewards import RewardScorer
+    from rookworld.chess.rewards import RewardScorer
     from rookworld.lm.answers import RookWorldLM
     from rookworld.lm.bestmove import heldout_records
     from rookworld.lm.suites import SuiteOptions, run_suites

@@ -7,7 +7,7 @@ import functools
 import chess as pychess
 import pytest
 
-import rookworld.ground.chess as rc
+import rookworld.chess.rules as rc
 
 START = pychess.STARTING_FEN
 SCHOLAR = "r1bqkbnr/pppp1ppp/2n5/4p3/2B1P3/5Q2/PPPP1PPP/RNB1K1NR w KQkq - 2 3"

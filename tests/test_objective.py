@@ -21,7 +21,7 @@ from rookworld.settings.config import ConfigError, TrainConfig
 from rookworld.net.tokenizer import get_tokenizer
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt
-from rookworld.ground.rewards import Scores
+from rookworld.chess.rewards import Scores
 from rookworld.grpo.trainer import Trainer
 from rookworld.harness.distributed import Comm, DistInfo
 from rookworld.grpo.loss import Experience, GRPOLoss
@@ -207,7 +207,7 @@ def test_the_ratio_is_to_the_same_pass_unless_the_policy_moves_within_a_step():
     for mu in (1, 2):
         # k1 makes the rollout run the sampling policy's pass even with --mu 1.
         objective = Objective(TrainConfig(mu=mu, kl_estimator="k1", beta=0.1).validate())
-        assert objective.sampler_pass and objective.policy_moves == (mu > 1)
+        assert objective.sampler_pass and objective.several_updates == (mu > 1)
         per_token, clipped, _ = token_loss(objective, lp, torch.zeros_like(lp), None, advantages=adv,
                                                      old_logprobs=rollout_pass, ref_logprobs=None)
         grad = torch.autograd.grad(per_token.sum(), lp)[0]
@@ -457,7 +457,7 @@ def test_each_part_of_a_step_holds_a_frozen_slice_of_the_settings_it_reads():
 
     cfg = TrainConfig(group_size=4, beta=0.1, a_beta_scale=4.0, mu=2, seed=7).validate()
     objective = Objective(cfg)
-    parts = {ObjectiveSettings: objective.cfg, RolloutSettings: RolloutSettings.of(cfg),
+    parts = {ObjectiveSettings: objective.settings, RolloutSettings: RolloutSettings.of(cfg),
              UpdateSettings: UpdateSettings.of(cfg)}
     declared = {f.name for f in dataclasses.fields(TrainConfig)}
     for kind, part in parts.items():
@@ -468,7 +468,7 @@ def test_each_part_of_a_step_holds_a_frozen_slice_of_the_settings_it_reads():
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(part, names[0], 0)
     cfg.group_size = 8
-    assert objective.cfg.group_size == 4 and objective.cfg.a_beta_scale == 4.0 and parts[UpdateSettings].mu == 2
+    assert objective.settings.group_size == 4 and objective.settings.a_beta_scale == 4.0 and parts[UpdateSettings].mu == 2
 
 
 # -- --a-likelihood-weight: the rules' A: targets beside the GRPO loss ------------------------------------------
@@ -491,7 +491,7 @@ class Listed:
 def _target_nll(model, prompts, max_new_tokens):
     """The A: prompts' targets' mean NLL per token, in float64, apart from the trainer: each prompt's own row
     (EOS, prompt, target, EOS; no padding), a plain forward and log_softmax, the target cut as completions are."""
-    from rookworld.ground.chess import env_targets
+    from rookworld.chess.rules import env_targets
 
     tok, total, count = get_tokenizer(), 0.0, 0
     for p in (p for p in prompts if p.task == "A"):

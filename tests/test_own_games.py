@@ -11,7 +11,7 @@ import chess as pychess
 import pytest
 
 from conftest import cli
-from rookworld.ground import data
+from rookworld.chess import data
 from rookworld.lm.answers import GREEDY, RookWorldLM
 from rookworld.lm.games import Game, ModelPlayer, play_games
 from rookworld.lm.moves import BEST

@@ -15,8 +15,8 @@ import chess
 import chess.pgn
 import pytest
 
-from rookworld.ground import chess as rw_chess
-from rookworld.ground.pgn import HISTORY_WINDOW, pgn_positions, read_games
+from rookworld.chess import rules as rw_chess
+from rookworld.chess.pgn import HISTORY_WINDOW, pgn_positions, read_games
 
 DATA = Path(__file__).parent / "data"
 FAMOUS = DATA / "famous.pgn"
@@ -168,7 +168,7 @@ def test_the_positions_command_reads_pgn_files(tmp_path):
     import json
 
     from conftest import cli
-    from rookworld.ground.data import position_key
+    from rookworld.chess.data import position_key
 
     out = tmp_path / "games.jsonl"
     result = cli("positions", "--pgn", FAMOUS, "--pgn", STUDY, "--annotate", "--stockfish-depth", "2", "--quiet",

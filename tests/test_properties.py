@@ -1,4 +1,4 @@
-"""Hypothesis property tests: rookworld.ground.chess on any text.
+"""Hypothesis property tests: rookworld.chess.rules on any text.
 
 Every function gives a result or the documented ``ValueError``: never another exception, never a
 crash. Where python-chess reads the same FEN as a valid position (``board.is_valid()``), results
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-import rookworld.ground.chess as rc
+import rookworld.chess.rules as rc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import oracle  # noqa: E402

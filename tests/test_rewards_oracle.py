@@ -29,8 +29,8 @@ import chess
 import numpy as np
 import pytest
 
-from rookworld.ground.chess import START_FEN, env_prompt, env_targets, generate_positions
-from rookworld.ground.rewards import RewardScorer, Scores, policy_targets
+from rookworld.chess.rules import START_FEN, env_prompt, env_targets, generate_positions
+from rookworld.chess.rewards import RewardScorer, Scores, policy_targets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reward_oracle as oracle  # noqa: E402
@@ -416,7 +416,7 @@ SAMPLE_FEN = "2b3k1/Q4rqn/p2p4/4p3/p6p/2PP3P/BP3PP1/R5K1 b - - 0 34"
 
 @pytest.fixture(scope="module")
 def pool():
-    stockfish = pytest.importorskip("rookworld.ground.stockfish")
+    stockfish = pytest.importorskip("rookworld.chess.stockfish")
     try:
         stockfish.find_stockfish()
     except stockfish.StockfishNotFoundError:
@@ -426,7 +426,7 @@ def pool():
 
 
 def test_scorer_end_to_end_with_stockfish(pool):
-    from rookworld.ground.data import Record, annotated
+    from rookworld.chess.data import Record, annotated
 
     positions = generate_positions(10, 77)
     records = [Record(fen=p.fen, history=p.history, move=p.move) for p in positions]
@@ -502,8 +502,8 @@ def test_cp_loss_reward_with_stockfish_grades_every_legal_move(pool):
     """With a real analysis of every legal move (MultiPV 256, depth 6), the cp-loss reward puts Stockfish's best
     first, a quiet move above a blunder, and a blunder (still legal) above an illegal move; the rank reward gives
     every legal move outside the five the same 0.05. A pool of five is refused: it would grade silently by rank."""
-    from rookworld.ground.rewards import analysis_width
-    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.chess.rewards import analysis_width
+    from rookworld.chess.stockfish import StockfishPool
 
     with pytest.raises(ValueError, match="MultiPV"):
         RewardScorer(pool, p_reward="cp-loss")

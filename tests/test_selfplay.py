@@ -12,10 +12,10 @@ import chess as pychess
 import pytest
 
 from conftest import cli
-from rookworld.ground import chess, data, selfplay
-from rookworld.ground.selfplay import SelfPlay
-from rookworld.ground.stockfish import StockfishPool
-from rookworld.ground.stockfish.analysis import Candidate
+from rookworld.chess import data, rules, selfplay
+from rookworld.chess.selfplay import SelfPlay
+from rookworld.chess.stockfish import StockfishPool
+from rookworld.chess.stockfish.analysis import Candidate
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_every_position_replays_from_the_start_and_its_move_is_legal(games):
         for ply, (record, analysis) in enumerate(zip(g.records, g.analyses)):
             assert record.fen == board.fen(en_passant="legal"), (g.index, ply)
             assert list(record.history) == [m.uci() for m in board.move_stack]
-            assert chess.history_problem(record.fen, record.history) is None
+            assert rules.history_problem(record.fen, record.history) is None
             assert pychess.Move.from_uci(record.move) in board.legal_moves
             # The move played is one of the analysis's candidates, which are the best of the legal moves.
             assert record.move in analysis.moves and len(analysis.moves) == min(5, board.legal_moves.count())
@@ -108,7 +108,7 @@ def test_the_positions_command_writes_new_self_play_positions(tmp_path):
         assert pychess.Move.from_uci(d["move"]) in board.legal_moves
         assert d["move"] in d["analysis"]["moves"]
         assert d["a_prompt"].startswith("A: " + d["fen"] + "+" + d["move"] + "+")
-        assert chess.env_steps([d["fen"]], [d["move"]])[0].target == d["a_target"]
+        assert rules.env_steps([d["fen"]], [d["move"]])[0].target == d["a_target"]
     assert cli("positions", *common, "--count", "30", "--seed", "2", "--exclude", out,
                "--out", held_out).returncode == 0
     held = [data.position_key(json.loads(line)["fen"]) for line in held_out.read_text().splitlines()]

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.ground.data import DataError
-from rookworld.ground.fields import field_starts, policy_fields
+from rookworld.chess.data import DataError
+from rookworld.chess.fields import field_starts, policy_fields
 from rookworld.net.tokenizer import EOS_ID, get_tokenizer
 from rookworld.sft.samples import Rows, eval_rows, positions, read_samples, relayout, tokenize
 

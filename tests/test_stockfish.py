@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 
-from rookworld.ground import chess as rchess
-from rookworld.ground.stockfish import (
+from rookworld.chess import rules as rchess
+from rookworld.chess.stockfish import (
     Analysis,
     Candidate,
     LazyPool,
@@ -23,10 +23,10 @@ from rookworld.ground.stockfish import (
     pool_for,
     pool_workers,
 )
-from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
-from rookworld.ground.stockfish import engine as stockfish_engine
-from rookworld.ground.stockfish.engine import Engine, EngineFailure
-from rookworld.ground.stockfish.reading import parse_info
+from rookworld.chess.stockfish.cache import DiskCache, MemoryCache
+from rookworld.chess.stockfish import engine as stockfish_engine
+from rookworld.chess.stockfish.engine import Engine, EngineFailure
+from rookworld.chess.stockfish.reading import parse_info
 
 try:
     STOCKFISH = find_stockfish()
@@ -454,7 +454,7 @@ def test_one_rule_decides_how_many_engines_a_pool_runs():
 def test_a_stockfish_path_is_quoted_back_cut_whether_a_flag_or_the_environment_gave_it(monkeypatch):
     """--stockfish-path and ROOKWORLD_STOCKFISH were quoted back whole: a 100 KB line (issue 71). A name is said
     whole up to PATH_MAX (4,096), the longest the system opens."""
-    from rookworld.ground.stockfish import StockfishNotFoundError
+    from rookworld.chess.stockfish import StockfishNotFoundError
 
     long = "/no/such/" + "x" * 100_000
     with pytest.raises(StockfishNotFoundError) as given:

@@ -11,13 +11,13 @@ import chess as pychess
 import pytest
 
 from conftest import cli
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.lm.games import BLACK, WHITE, Choice, Game, ModelPlayer, StockfishPlayer, elo_difference
 from rookworld.lm.answers import GREEDY, RookWorldLM, read_policy_answers
-from rookworld.ground.rewards import policy_targets
+from rookworld.chess.rewards import policy_targets
 from rookworld.lm.suites import (SuiteResult, format_report, mate_in_one, mate_positions, parse_suites, selfplay,
                               vs_stockfish)
-from rookworld.ground.stockfish import find_stockfish
+from rookworld.chess.stockfish import find_stockfish
 
 try:
     find_stockfish()
@@ -94,7 +94,7 @@ def test_mate_in_one_positions_and_scores_against_python_chess():
 
     def pick(fen):
         best = by_fen[fen][-1] if pick_mate[fen] else non_mating[fen]
-        return [best, *chess.legal_moves(fen)[:4]], best
+        return [best, *rules.legal_moves(fen)[:4]], best
 
     result = mate_in_one(ScriptedLM(pick), positions)
     m = result.sections["mate-in-one"]
@@ -114,7 +114,7 @@ def _mates(board: pychess.Board, move: pychess.Move) -> bool:
 
 @needs_stockfish
 def test_mate_in_one_beside_stockfish_first_move():
-    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.chess.stockfish import StockfishPool
 
     positions = mate_positions(6, seed=1)
     with StockfishPool(depth=4, workers=1) as pool:
@@ -172,9 +172,9 @@ def test_model_player_plays_its_likeliest_legal_move_when_its_own_is_illegal_and
     lm = ScriptedLM(lambda fen: (["e2e5", "a7a6", "g1f3", "d2d4"], "e2e5"))
     lm.continuation_logprobs = RookWorldLM.load(str(tiny_dir), device="cpu").continuation_logprobs
     (choice,) = ModelPlayer(lm, GREEDY, fallback=True).choose([game])
-    text = answer_text(chess.START_FEN, ["e2e5", "a7a6", "g1f3", "d2d4"], "e2e5")
-    legal = chess.legal_moves(chess.START_FEN)
-    scores = lm.continuation_logprobs(f"P: {chess.START_FEN}" + text[: text.index("B:")] + "B:",
+    text = answer_text(rules.START_FEN, ["e2e5", "a7a6", "g1f3", "d2d4"], "e2e5")
+    legal = rules.legal_moves(rules.START_FEN)
+    scores = lm.continuation_logprobs(f"P: {rules.START_FEN}" + text[: text.index("B:")] + "B:",
                                       [" " + m for m in legal])
     assert choice.move == legal[max(range(len(legal)), key=scores.__getitem__)] and choice.source == "likeliest"
     assert "e2e5" in choice.note and choice.move in choice.note
@@ -273,7 +273,7 @@ def test_eval_every_suite_with_a_tiny_model(tiny_dir, tmp_path):
     and game's record, and the protocol is named."""
     data = tmp_path / "mates.fen"
     fens = [fen for fen, _ in mate_positions(3, seed=9)]
-    data.write_text("\n".join([*fens, chess.START_FEN]) + "\n")
+    data.write_text("\n".join([*fens, rules.START_FEN]) + "\n")
     out = tmp_path / "r.json"
     proc = run_cli("eval", "--model", str(tiny_dir), "--suite", "mate-in-one,selfplay,vs-stockfish", "--data",
                    str(data), "--games", "2", "--max-new-tokens", "8", "--device", "cpu", "--stockfish-depth", "2",
@@ -336,8 +336,8 @@ def test_a_training_runs_evaluation_decodes_in_batches_of_decode_batch_size():
     """--micro-batch-size is rows per forward/backward; a training run's evaluation decodes --decode-batch-size
     prompts at once."""
     from conftest import tiny_gpt
-    from rookworld.ground.rewards import RewardScorer
-    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.chess.rewards import RewardScorer
+    from rookworld.chess.stockfish import StockfishPool
     from rookworld.lm.bestmove import heldout_records
     from rookworld.lm.suites import training_metrics
     from rookworld.net.tokenizer import get_tokenizer

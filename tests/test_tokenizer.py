@@ -159,7 +159,7 @@ def chess_texts(n: int, seed: int) -> list[str]:
     moves, evaluations as Python prints floats), and their A: prompts with targets from the Rust core."""
     import random
 
-    from rookworld.ground.chess import env_targets, generate_positions, legal_moves_batch
+    from rookworld.chess.rules import env_targets, generate_positions, legal_moves_batch
 
     positions = generate_positions(n, seed)
     fens = [p.fen for p in positions]

@@ -19,11 +19,11 @@ import torch
 
 from rookworld.settings.config import TrainConfig
 from rookworld.grpo.prompts import Prompt
-from rookworld.ground.rewards import Scores
+from rookworld.chess.rewards import Scores
 from rookworld.grpo.trainer import Trainer, held_out_keys
 from rookworld.grpo.prompts import PromptSource
-from rookworld.ground.chess import generate_positions
-from rookworld.ground.data import Record, assign_moves, position_key
+from rookworld.chess.rules import generate_positions
+from rookworld.chess.data import Record, assign_moves, position_key
 from rookworld.lm.bestmove import heldout_records
 from rookworld.net.tokenizer import get_tokenizer
 
@@ -100,10 +100,10 @@ def test_grpo_raises_a_simple_verifiable_reward(tmp_path):
 
 
 def test_the_learning_test_fails_when_the_advantage_sign_is_flipped(tmp_path, monkeypatch):
-    from rookworld.grpo import formulas as grpo
+    from rookworld.grpo import formulas
 
-    original = grpo.group_advantages
-    monkeypatch.setattr(grpo, "group_advantages", lambda *a, **k: -original(*a, **k))
+    original = formulas.group_advantages
+    monkeypatch.setattr(formulas, "group_advantages", lambda *a, **k: -original(*a, **k))
     chance, rewards = _learning_run(tmp_path)
     assert np.mean(rewards[-3:]) < chance, (chance, rewards)
 
@@ -312,7 +312,7 @@ def test_auto_batch_keeps_the_largest_batch_under_the_target_and_a_trial_step_re
     assert round(m["samples_per_s"] * m["time/step"]) == 8 * 2, "the trial sampled 8 prompts x 2"
     # Its parts were its own: the run's prompts, collectives and DDP-less module are as they were.
     assert t.cfg.prompts_per_step == 2 and len(t.prompts.batch(0)) == 2
-    assert t.models.logprobs is t.models.trained and t.run.comm.info.world == 1
+    assert t.models.policy_pass is t.models.trained and t.run.comm.info.world == 1
 
 
 def test_auto_batch_needs_cuda(tmp_path):
@@ -347,8 +347,8 @@ def test_ctrl_c_finishes_the_step_saves_and_exits(tiny_dir, tmp_path):
 
 
 def test_prompts_from_a_file_are_deterministic_and_cover_every_record(tmp_path):
-    from rookworld.ground.chess import generate_positions
-    from rookworld.ground.data import Record, assign_moves
+    from rookworld.chess.rules import generate_positions
+    from rookworld.chess.data import Record, assign_moves
     from rookworld.grpo.prompts import PromptSource
 
     records = assign_moves([Record(fen=p.fen) for p in generate_positions(10, 5)], seed=0)
@@ -448,8 +448,8 @@ def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):
 
 
 def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fake_engine, tmp_path):
-    from rookworld.ground.rewards import RewardScorer
-    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.chess.rewards import RewardScorer
+    from rookworld.chess.stockfish import StockfishPool
     from rookworld.grpo.rewards import RolloutReward
 
     crashing = "6k1/5ppp/8/8/8/8/5PPP/6K1 w - - 0 1"  # the scripted engine dies on this one, every time
@@ -482,8 +482,8 @@ def test_the_next_step_s_analyses_asked_for_early_are_what_its_rewards_read():
     """On CUDA the trainer asks Stockfish for the next step's P: positions while the GPU samples (`prefetch`):
     real Stockfish, three positions; their rewards then come from the pool's cache, equal to the rewards of a pool
     that was not asked early. A: prompts and P: prompts whose data carries the analysis ask for nothing."""
-    from rookworld.ground.rewards import RewardScorer
-    from rookworld.ground.stockfish import StockfishPool
+    from rookworld.chess.rewards import RewardScorer
+    from rookworld.chess.stockfish import StockfishPool
     from rookworld.grpo.rewards import RolloutReward
 
     fens = ["rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1",
@@ -602,9 +602,9 @@ def test_rollout_logprobs_of_cut_micro_batches_equal_the_padded_pass(tmp_path):
 
 @pytest.mark.parametrize("mix", [0.8, 0.75, 0.5, 0.33, 0.0, 1.0])
 def test_a_prompts_come_at_an_exact_rate(mix):
-    from rookworld.grpo.prompts import is_env_task
+    from rookworld.grpo.prompts import a_prompt_at
 
-    flags = np.array([is_env_task(i, mix) for i in range(5000)])
+    flags = np.array([a_prompt_at(i, mix) for i in range(5000)])
     assert abs(flags.mean() - (1 - mix)) < 1e-3
     for n in (7, 16, 128):  # any n consecutive prompts: floor or ceil of n x (1 - mix) are A:
         counts = {int(flags[s : s + n].sum()) for s in range(0, 5000 - n, 13)}

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from rookworld.ground import chess
-from rookworld.ground.stockfish import StockfishError, StockfishPool
-from rookworld.ground.stockfish.limits import max_workers
+from rookworld.chess import rules
+from rookworld.chess.stockfish import StockfishError, StockfishPool
+from rookworld.chess.stockfish.limits import max_workers
 from rookworld.lm.games import Choice, Game, StockfishPlayer
 
 from test_trainer import run_cli, train_args
@@ -26,7 +26,7 @@ from test_trainer import run_cli, train_args
 FAKE = textwrap.dedent(
     """\
     import sys
-    from rookworld.ground import chess
+    from rookworld.chess import rules
     fen = ""
     for line in sys.stdin:
         cmd = line.split()
@@ -40,9 +40,9 @@ FAKE = textwrap.dedent(
             fen = " ".join(cmd[2:8])
             if "moves" in cmd:
                 for move in cmd[cmd.index("moves") + 1:]:
-                    fen = chess.env_steps([fen], [move])[0].fen
+                    fen = rules.env_steps([fen], [move])[0].fen
         elif cmd[0] == "go":
-            legal = sorted(chess.legal_moves(fen))
+            legal = sorted(rules.legal_moves(fen))
             lines = ANSWER
             if lines is not None:
                 print("\\n".join(lines), flush=True)
@@ -218,7 +218,7 @@ def test_an_engine_silent_at_the_handshake_is_given_up_in_seconds(tmp_path):
 
 def test_closing_a_pool_that_waits_on_a_silent_engine_is_prompt(tmp_path):
     pool = StockfishPool(fake_engine(tmp_path, SILENT), workers=1)
-    futures = pool.submit([chess.START_FEN])
+    futures = pool.submit([rules.START_FEN])
     time.sleep(0.5)
     started = time.monotonic()
     pool.close(cancel_pending=True)
@@ -232,7 +232,7 @@ def test_an_opponent_that_never_answers_is_given_up_in_seconds(tmp_path):
     try:
         started = time.monotonic()
         with pytest.raises(StockfishError, match="gave no answer to `go nodes 20000` within 5 s"):
-            player.choose([Game(chess.START_FEN)])
+            player.choose([Game(rules.START_FEN)])
         assert time.monotonic() - started < 8
     finally:
         player.close()
@@ -270,7 +270,7 @@ def test_positions_never_writes_an_engine_s_nonsense(tmp_path, answer, said):
 def test_a_position_the_engine_talks_nonsense_about_fails_alone_and_the_others_stand(tmp_path):
     bad = "rnbqkbnr/pppp1ppp/8/4p3/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 2"
     answer = f'({scored("cp 12")} if fen != {bad!r} else {scored("mate 0")})'
-    fens = [chess.START_FEN, bad, MATE_IN_ONE.replace("R5K1", "R4K2")]
+    fens = [rules.START_FEN, bad, MATE_IN_ONE.replace("R5K1", "R4K2")]
     with StockfishPool(fake_engine(tmp_path, answer), workers=1) as pool:
         futures = pool.submit(fens)
         with pytest.raises(StockfishError, match="4 times; last: .*mate 0 where there is a legal move"):
@@ -294,7 +294,7 @@ def test_true_mates_in_one_and_scores_at_the_ends_of_the_range_are_taken(tmp_pat
 def test_an_opponent_s_illegal_move_is_refused(tmp_path):
     player = StockfishPlayer(fake_engine(tmp_path, scored("cp 1", move="'e2e4'")), retries=1)
     try:
-        game = Game(chess.START_FEN)
+        game = Game(rules.START_FEN)
         assert player.choose([game])[0].move == "e2e4"
         game.play(Choice("e2e4"))
         with pytest.raises(StockfishError, match="bestmove 'e2e4', not a legal move in the game"):
@@ -317,4 +317,4 @@ def test_more_engines_than_the_machine_can_run_are_refused_up_front(tmp_path):
     assert f"give at most {most}" in line
     assert time.monotonic() - started < 10
     with StockfishPool(workers=most, depth=1) as pool:  # as many as it allows do start
-        assert len(pool.engine_pids()) == most and pool.analyse([chess.START_FEN])[0].candidates
+        assert len(pool.engine_pids()) == most and pool.analyse([rules.START_FEN])[0].candidates

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from rookworld.ground import chess
+from rookworld.chess import rules
 from conftest import REPO, TORCHRUN_BOUND_S, cli, free_port, transformers_gpt2
 from test_bad_input import one_line_error
 from test_trainer import train_args
@@ -161,7 +161,7 @@ def test_quit_mid_search_ends_the_engine_at_once(long_context_dir):
     assert engine.returncode == 0 and err == "", err  # no abort of a thread killed mid-computation
     # Cut, it still answers, as Stockfish does: the first legal move, said not to be the model's.
     lines = out.splitlines()
-    assert lines[-1] in {f"bestmove {m}" for m in chess.legal_moves(chess.START_FEN)}, lines[-3:]
+    assert lines[-1] in {f"bestmove {m}" for m in rules.legal_moves(rules.START_FEN)}, lines[-3:]
     assert "info string stopped before the model wrote its move" in out, out[-500:]
     assert took < 15, f"quit took {took:.1f} s: the whole generation was waited for"
 
@@ -186,7 +186,7 @@ def test_an_answer_comes_within_its_time_whatever_the_generation_would_take(long
     said at all)."""
     engine = ready_engine(long_context_dir)
     try:
-        legal = {f"bestmove {m}" for m in chess.legal_moves(chess.START_FEN)}
+        legal = {f"bestmove {m}" for m in rules.legal_moves(rules.START_FEN)}
         for command in (go, "go infinite"):
             engine.stdin.write(f"position startpos\n{command}\n")
             engine.stdin.flush()
@@ -210,7 +210,7 @@ def test_an_answer_comes_within_its_time_whatever_the_generation_would_take(long
             engine.wait()
     proc = cli(*uci_args(long_context_dir), input="position startpos moves e2e4\ngo movetime 500\nquit\n")
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1].split()[0] == "bestmove", proc.stdout
-    assert proc.stdout.splitlines()[-1].split()[1] in chess.legal_moves(
+    assert proc.stdout.splitlines()[-1].split()[1] in rules.legal_moves(
         "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1")
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import rookworld_process, tiny_gpt
-from rookworld.ground.stockfish import find_stockfish
+from rookworld.chess.stockfish import find_stockfish
 from rookworld.harness import checkpoint
 from rookworld.net.pretrained import from_pretrained, save_pretrained
 from test_bad_input import one_line_error

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from conftest import REPO, cli
-from rookworld.ground import chess as rules
-from rookworld.ground.rewards import policy_targets
+from rookworld.chess import rules as rules
+from rookworld.chess.rewards import policy_targets
 from rookworld.lm.answers import GREEDY, RookWorldLM, read_policy_answers
 from rookworld.lm.moves import BEST, LIKELIEST, ModelMove, choose_moves
 from rookworld.lm.uci_protocol import info_lines, parse_go, uci_score

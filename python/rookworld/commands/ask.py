@@ -8,8 +8,8 @@ import sys
 
 from rookworld.commands.common import CliError, settings, stockfish_pool
 from rookworld.commands.model import load_lm
-from rookworld.ground import chess
-from rookworld.ground.stockfish import StockfishNotFoundError, find_stockfish
+from rookworld.chess import rules
+from rookworld.chess.stockfish import StockfishNotFoundError, find_stockfish
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.ask import ask_env, ask_policy, format_env, format_policy
 from rookworld.settings.commands import AskSettings
@@ -18,14 +18,14 @@ from rookworld.settings.commands import AskSettings
 def run(args: argparse.Namespace) -> int:
     s = settings(args, AskSettings)
     try:
-        fen = chess.normalize_fen(s.position)
-        move = chess.parse_move(fen, s.move) if s.move else None
+        fen = rules.normalize_fen(s.position)
+        move = rules.parse_move(fen, s.move) if s.move else None
     except ValueError as e:
         raise CliError(str(e)) from None
     history = s.history.replace(",", " ").split()
-    if (problem := chess.history_problem(fen, history)) is not None:
+    if (problem := rules.history_problem(fen, history)) is not None:
         raise CliError(f"--history: {problem}")
-    if not chess.legal_moves(fen):
+    if not rules.legal_moves(fen):
         raise CliError(f"the game is over in this position (no legal move): {fen}")
     try:
         find_stockfish(s.stockfish_path)

@@ -15,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
-from rookworld.ground import data
+from rookworld.chess import data
 from rookworld.io import files
-from rookworld.ground.stockfish import Role, StockfishError, StockfishNotFoundError, StockfishPool, pool_for
+from rookworld.chess.stockfish import Role, StockfishError, StockfishNotFoundError, StockfishPool, pool_for
 from rookworld.io.errors import RookworldError
 from rookworld.settings.base import ConfigError
 from rookworld.settings.declare import Settings

@@ -9,12 +9,12 @@ import sys
 from rookworld.commands.common import (CliError, opened_output, read_positions, settings, stockfish_pool,
                                        write_failed)
 from rookworld.commands.model import load_lm
-from rookworld.ground import data
+from rookworld.chess import data
 from rookworld.io.files import Output
 from rookworld.io.progress import Progress
-from rookworld.ground.rewards import RewardScorer
-from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
-from rookworld.ground.stockfish.engine import EngineOptionError
+from rookworld.chess.rewards import RewardScorer
+from rookworld.chess.stockfish import StockfishError, StockfishNotFoundError, find_stockfish
+from rookworld.chess.stockfish.engine import EngineOptionError
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.games import StockfishPlayer

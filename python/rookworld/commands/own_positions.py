@@ -9,8 +9,8 @@ from types import SimpleNamespace
 from rookworld.commands import positions
 from rookworld.commands.common import CliError
 from rookworld.commands.model import load_lm
-from rookworld.ground import data
-from rookworld.ground.data import position_key
+from rookworld.chess import data
+from rookworld.chess.data import position_key
 from rookworld.io.progress import Progress
 from rookworld.lm.own_games import ROUND_GAMES, own_game_rounds
 from rookworld.settings.commands import PositionsSettings

@@ -7,7 +7,7 @@ import sys
 
 from rookworld.commands.common import CliError, settings
 from rookworld.commands.model import load_lm
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.games import BLACK, WHITE, ModelPlayer
 from rookworld.lm.play import play_game
@@ -18,10 +18,10 @@ from rookworld.settings.commands import PlaySettings
 def run(args: argparse.Namespace) -> int:
     s = settings(args, PlaySettings)
     try:
-        start = chess.normalize_fen(s.fen) if s.fen else chess.START_FEN
+        start = rules.normalize_fen(s.fen) if s.fen else rules.START_FEN
     except ValueError as e:
         raise CliError(str(e)) from None
-    if not chess.legal_moves(start):
+    if not rules.legal_moves(start):
         raise CliError(f"the game is over in this position (no legal move): {start}")
     lm = load_lm(s)
     player = ModelPlayer(lm, PROTOCOLS[s.protocol], seed=s.seed, fallback=True)

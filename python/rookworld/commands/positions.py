@@ -11,14 +11,14 @@ from concurrent.futures import as_completed
 
 from rookworld.commands.common import (CliError, as_given, opened_output, read_from, read_positions, settings,
                                        stockfish_pool, write_failed)
-from rookworld.ground import data, pgn, selfplay
-from rookworld.ground.chess import generate_positions
-from rookworld.ground.data import position_key
+from rookworld.chess import data, pgn, selfplay
+from rookworld.chess.rules import generate_positions
+from rookworld.chess.data import position_key
 from rookworld.io.files import Output
 from rookworld.io.progress import Progress
 from rookworld.io.quote import quoted
-from rookworld.ground.selfplay import SelfPlay
-from rookworld.ground.stockfish import StockfishError
+from rookworld.chess.selfplay import SelfPlay
+from rookworld.chess.stockfish import StockfishError
 from rookworld.settings.commands import PositionsSettings
 
 POSITIONS_CHUNK = 20_000

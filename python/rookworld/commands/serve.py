@@ -8,7 +8,7 @@ import socket
 import sys
 
 from rookworld.commands.common import CliError, settings
-from rookworld.ground.stockfish import StockfishError, StockfishNotFoundError
+from rookworld.chess.stockfish import StockfishError, StockfishNotFoundError
 from rookworld.settings.commands import ServeSettings
 
 try:

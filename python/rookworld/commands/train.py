@@ -11,7 +11,7 @@ from typing import Any
 
 from rookworld.commands.common import CliError
 from rookworld.commands.model import not_available
-from rookworld.ground.stockfish import StockfishNotFoundError, find_stockfish
+from rookworld.chess.stockfish import StockfishNotFoundError, find_stockfish
 from rookworld.grpo.trainer import Trainer
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import DistributedError, lost_rank, rerun

@@ -84,6 +84,10 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 K3_EXP_LIMIT = 20.0
 
 
+#: The KL estimators of sampled tokens by --kl-estimator's name ("full", the exact KL, is `net.vocab_grad`'s).
+SAMPLED_KL = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
 def _exp_linear_above(r: torch.Tensor, limit: float) -> torch.Tensor:
     """e^r up to `limit`, e^limit (1 + r - limit) beyond: finite, and its gradient keeps e^r's sign (a clamp's
     would be 0, turning k3's gradient from about -e^20 into +1 and pushing such a token further down)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.grpo.models import Models
 from rookworld.grpo.prompts import Prompt
 from rookworld.harness.distributed import Comm
@@ -47,7 +47,7 @@ def env_targets(prompts: list[Prompt], tokenizer, max_new_tokens: int, device: t
     texts = [prompts[i].text for i in groups]
     ids, pmask = tokenizer.encode_batch(texts, bos=True, device=device)
     targets = [[*t, tokenizer.eos_id][:max_new_tokens]
-               for t in tokenizer.encoding.encode_ordinary_batch(chess.env_targets(texts))]
+               for t in tokenizer.encoding.encode_ordinary_batch(rules.env_targets(texts))]
     width = max(len(t) for t in targets)
     tids = torch.full((len(targets), width), tokenizer.pad_id, dtype=ids.dtype)
     tmask = torch.zeros((len(targets), width), dtype=torch.bool)

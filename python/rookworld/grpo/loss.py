@@ -10,12 +10,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from rookworld.grpo import formulas as grpo
+from rookworld.grpo import formulas
 from rookworld.net.fused_head import TokenTerms
 
 Tensor = torch.Tensor
-#: The KL estimators made of the sampled token's log-probs (the exact KL, "full", is the vocabulary pass's).
-SAMPLED_KL = {"k1": grpo.kl_k1, "k2": grpo.kl_k2, "k3": grpo.kl_k3}
 
 
 @dataclass(frozen=True)
@@ -50,15 +48,14 @@ class GRPOLoss:
     def of(cls, objective, experience: Experience) -> GRPOLoss:
         """The loss of `objective`'s current step (its switches and beta: `grpo.objective.Objective`) over a
         micro-batch's `experience`."""
-        cfg = objective.cfg
-        return cls(experience, (cfg.clip_low, cfg.clip_high), objective.policy_moves,
-                   objective.step_beta if objective.kl_in_loss else 0.0, SAMPLED_KL.get(cfg.kl_estimator),
-                   cfg.entropy_coef)
+        s = objective.settings
+        return cls(experience, (s.clip_low, s.clip_high), objective.several_updates,
+                   objective.step_beta if objective.kl_in_loss else 0.0, objective.sampled_kl, s.entropy_coef)
 
     def __call__(self, logprobs: Tensor, entropy: Tensor | None, kl: Tensor | None, positions: Tensor) -> TokenTerms:
         x = self.experience.at(positions)
         old = x.old_logprobs if self.ratio_to_old else logprobs.detach()
-        loss, clipped = grpo.clipped_surrogate(logprobs, old, x.advantages, *self.clip)
+        loss, clipped = formulas.clipped_surrogate(logprobs, old, x.advantages, *self.clip)
         if x.ref_logprobs is not None:
             kl = self.sampled_kl(logprobs, x.ref_logprobs)
         if kl is not None:

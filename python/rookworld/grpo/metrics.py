@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rookworld.grpo import formulas as grpo
+from rookworld.grpo import formulas
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.rollout import Rollout
 from rookworld.grpo.update import UpdateSums
@@ -122,7 +122,7 @@ def advantage_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
         return {}
     size = (rollout.advantages.abs() * rollout.loss_mask).sum(1)
     count = rollout.loss_mask.sum(1).to(size.dtype)
-    env = rollout.is_env
+    env = rollout.a_rows
     sums = comm.sum([float(size[~env].sum()), float(count[~env].sum()), float(size[env].sum()),
                      float(count[env].sum())])
     return {f"advantage/abs/{task}": total / n if n else None
@@ -142,7 +142,7 @@ def sampling_metrics(comm: Comm, rollout: Rollout) -> dict[str, Any]:
     """Completion lengths, truncation and reward spread of the sampled groups."""
     G = rollout.group_size
     scored_groups = rollout.scores.valid[::G]
-    flat_groups = (~grpo.group_has_spread(rollout.rewards, G).cpu().numpy()[::G]) & scored_groups
+    flat_groups = (~formulas.group_has_spread(rollout.rewards, G).cpu().numpy()[::G]) & scored_groups
     gen_tokens, truncated, zero_spread, n_groups, rows = comm.sum(
         [float(rollout.completion_mask.sum()), float((~rollout.stopped).sum()), float(flat_groups.sum()),
          float(scored_groups.sum()), float(len(rollout.completions))])

@@ -58,12 +58,12 @@ class Models:
         self.device, self.amp_dtype, self.compile, self.autocast = (placement.device, amp_dtype, placement.compile,
                                                                     placement.autocast)
         #: The update's pass (DDP's wrapper of it under torchrun, which is called alike).
-        self.logprobs: LogProbs = data_parallel(LogProbs(policy, options, value_head), self.device, placement.ddp)
+        self.policy_pass: LogProbs = data_parallel(LogProbs(policy, options, value_head), self.device, placement.ddp)
 
     @property
     def options(self) -> PassOptions:
         """The log-prob passes' options."""
-        return unwrapped(self.logprobs).options
+        return unwrapped(self.policy_pass).options
 
     @property
     def compile_logprobs(self) -> bool:
@@ -94,19 +94,19 @@ class Models:
     @property
     def trained(self) -> nn.Module:
         """Every trained parameter (policy and value head), as one module."""
-        return unwrapped(self.logprobs)
+        return unwrapped(self.policy_pass)
 
     def alone(self) -> Models:
         """These networks as one rank alone runs them (auto-batch's trial steps): the trained module without the DDP
         wrapper, whose gradient all-reduce is a collective. A new object over the same modules; this one keeps
         its wrapper."""
         fresh = copy.copy(self)
-        fresh.logprobs = self.trained
+        fresh.policy_pass = self.trained
         return fresh
 
     def close(self) -> None:
         """The DDP wrapper let go, before the process group goes (`Comm.close`)."""
-        self.logprobs = self.trained
+        self.policy_pass = self.trained
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The GRPO objective, decided once from the config: which log-prob passes a rollout runs, how advantages are
 formed, which terms each token's loss has (read by `grpo.loss.GRPOLoss.of`), how tokens are weighed, and beta.
-`collect_rollout` and `update` ask it rather than the config; the formulas themselves are `grpo`'s pure functions.
+`collect_rollout` and `update` ask it rather than the config; the formulas themselves are `grpo.formulas`' pure
+functions.
 
 The option names a user gives and the checks of how they combine are `rookworld.settings.objective`'s.
 """
@@ -14,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from rookworld.grpo import formulas as grpo
+from rookworld.grpo import formulas
 from rookworld.harness.distributed import Comm
 from rookworld.settings.base import Slice
 from rookworld.settings.objective import KL_DIRECTIONS
@@ -91,11 +92,13 @@ class Objective:
     beta and the EMA baselines, goes into every checkpoint (`state()`)."""
 
     def __init__(self, cfg, *, reference_given: bool = False):
-        self.cfg = cfg = ObjectiveSettings.of(cfg)
+        self.settings = cfg = ObjectiveSettings.of(cfg)
         #: A frozen reference is there, so the KL to it is measured (and, with beta > 0, penalised).
         self.measures_kl = reference_given or cfg.beta > 0
         #: The exact KL runs the reference inside the update's pass, over the whole vocabulary.
         self.exact_kl = self.measures_kl and cfg.kl_estimator == "full"
+        #: The per-token KL estimate of sampled tokens (`formulas.SAMPLED_KL`; None: the exact KL, over the vocabulary)
+        self.sampled_kl = formulas.SAMPLED_KL.get(cfg.kl_estimator)
         self.kl_weights = KL_DIRECTIONS[cfg.kl_direction]
         # As a loss term k1's gradient is zero in expectation: it enters as a per-token reward instead.
         self.kl_in_advantages = self.measures_kl and cfg.kl_estimator == "k1" and cfg.beta > 0
@@ -116,7 +119,7 @@ class Objective:
         return {"beta": self.beta, "baselines": dict(self.baselines)}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.beta = state.get("beta", self.cfg.beta)
+        self.beta = state.get("beta", self.settings.beta)
         self.baselines = dict(state.get("baselines", {}))
 
     # -- which passes a rollout runs ---------------------------------------------------------------------------
@@ -128,17 +131,17 @@ class Objective:
         return self.measures_kl and not self.exact_kl
 
     @property
-    def policy_moves(self) -> bool:
+    def several_updates(self) -> bool:
         """The policy takes more than one optimizer step per rollout, so the importance ratio's denominator is
         the sampling policy's log-probs. Otherwise it is the update's own pass, detached: a second pass's
         rounding (a GPU's) would read as a ratio away from 1."""
-        return self.cfg.mu > 1 or self.cfg.minibatches > 1
+        return self.settings.mu > 1 or self.settings.minibatches > 1
 
     @property
     def sampler_pass(self) -> bool:
         """The sampling policy's log-probs (and the critic's values), once per rollout: the importance ratio's
         denominator when the policy moves within a step, k1's penalty, and GAE's values."""
-        return self.policy_moves or self.kl_in_advantages or self.critic
+        return self.several_updates or self.kl_in_advantages or self.critic
 
     # -- beta ----------------------------------------------------------------------------------------------------
 
@@ -148,17 +151,17 @@ class Objective:
 
     def beta_at(self, step: int) -> float:
         """beta in step `step` (from 0): ramped up linearly over --beta-warmup-steps."""
-        if self.cfg.beta_warmup_steps:
-            return self.beta * min(1.0, (step + 1) / self.cfg.beta_warmup_steps)
+        if self.settings.beta_warmup_steps:
+            return self.beta * min(1.0, (step + 1) / self.settings.beta_warmup_steps)
         return self.beta
 
     def observe_kl(self, kl: float | None) -> None:
         """Proportional control toward --kl-target (Ziegler et al.): beta grows when the KL overshoots, shrinks
         below it. A step that measured no KL is no evidence to move beta on."""
-        if self.cfg.kl_target is None or kl is None:
+        if self.settings.kl_target is None or kl is None:
             return
-        error = max(-0.2, min(0.2, kl / self.cfg.kl_target - 1.0))
-        self.beta = max(1e-6, self.beta * (1.0 + error / self.cfg.kl_horizon))
+        error = max(-0.2, min(0.2, kl / self.settings.kl_target - 1.0))
+        self.beta = max(1e-6, self.beta * (1.0 + error / self.settings.kl_horizon))
 
     # -- advantages ----------------------------------------------------------------------------------------------
 
@@ -168,18 +171,18 @@ class Objective:
         per the options none of a completion cut off at its limit (`stopped` [n]: it ended with EOS) or of a group
         whose `rewards` [n] do not vary."""
         mask = completion_mask & valid.unsqueeze(1)
-        if self.cfg.mask_truncated:
+        if self.settings.mask_truncated:
             mask &= stopped.unsqueeze(1)
-        if self.cfg.drop_zero_spread:
-            mask &= grpo.group_has_spread(rewards, self.cfg.group_size).unsqueeze(1)
+        if self.settings.drop_zero_spread:
+            mask &= formulas.group_has_spread(rewards, self.settings.group_size).unsqueeze(1)
         return mask
 
     def kl_scale(self, tasks: np.ndarray, width: int, device: torch.device) -> torch.Tensor | None:
         """Each completion token's KL weight as a multiple of beta [n, width]: --a-beta-scale on A: rows, 1 on the
         others; None when every row's is 1 (nothing to multiply)."""
-        if self.cfg.a_beta_scale == 1.0 or not self.measures_kl:
+        if self.settings.a_beta_scale == 1.0 or not self.measures_kl:
             return None
-        rows = torch.from_numpy(np.where(np.asarray(tasks) == "A", self.cfg.a_beta_scale, 1.0)).float()
+        rows = torch.from_numpy(np.where(np.asarray(tasks) == "A", self.settings.a_beta_scale, 1.0)).float()
         return rows.to(device)[:, None].expand(-1, width)
 
     def advantages(self, r: Scored, comm: Comm) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
@@ -189,31 +192,33 @@ class Objective:
         k1's KL is a per-token reward -beta k1 (the sampling policy's log-probs against the reference's): its
         return-to-go is subtracted from GRPO's advantages, or enters GAE with the task reward (PPO-RLHF)."""
         cm = r.completion_mask.float()
-        penalty = self.step_beta * grpo.kl_k1(r.old_logprobs, r.ref_logprobs) * cm if self.kl_in_advantages else None
+        penalty = None
+        if self.kl_in_advantages:
+            penalty = self.step_beta * formulas.kl_k1(r.old_logprobs, r.ref_logprobs) * cm
         if penalty is not None and r.kl_scale is not None:
             penalty = penalty * r.kl_scale
         if self.critic:
             return *self._gae(r.rewards, cm, r.loss_mask, penalty, r.old_values, comm), {}
         advantages, info = self._completion_advantages(r.rewards, r.valid, r.tasks, comm)
-        if self.cfg.a_advantage_scale != 1.0:
+        if self.settings.a_advantage_scale != 1.0:
             env = torch.from_numpy(np.asarray(r.tasks) == "A").to(advantages.device)
-            advantages = torch.where(env, advantages * self.cfg.a_advantage_scale, advantages)
+            advantages = torch.where(env, advantages * self.settings.a_advantage_scale, advantages)
         per_token = advantages[:, None] * cm
-        return (per_token if penalty is None else per_token - grpo.penalty_to_go(penalty, cm)), None, info
+        return (per_token if penalty is None else per_token - formulas.penalty_to_go(penalty, cm)), None, info
 
     def _completion_advantages(self, rewards: torch.Tensor, valid: torch.Tensor, tasks: np.ndarray, comm: Comm
                                ) -> tuple[torch.Tensor, dict[str, float]]:
         """GRPO's per-completion advantages [n]; the batch std and the EMA baselines span every rank. The EMA
         baseline is the average of earlier steps (a first step has only its own mean), so it does not depend on
         this step's samples; this step's mean updates it afterwards."""
-        G = self.cfg.group_size
+        G = self.settings.group_size
         std = None
         if self.std_scaling == "group":
-            std = grpo.group_std(rewards, G)
+            std = formulas.group_std(rewards, G)
         elif self.std_scaling == "batch":
             std = math.sqrt(comm.moments(rewards, valid)[2])
-        if self.cfg.baseline == "group":
-            return grpo.group_advantages(rewards, G, std=std), {}
+        if self.settings.baseline == "group":
+            return formulas.group_advantages(rewards, G, std=std), {}
         keys = np.array([t if t in ("P", "A") else "other" for t in tasks])
         baseline = torch.zeros_like(rewards, dtype=torch.float64)
         info = {}
@@ -225,8 +230,8 @@ class Objective:
             value = self.baselines.get(key, total / n)
             baseline[rows] = value
             info[f"baseline/{key}"] = value
-            self.baselines[key] = grpo.ema(self.baselines.get(key), total / n, self.cfg.ema_decay)
-        return grpo.group_advantages(rewards, G, baseline=baseline, std=std), info
+            self.baselines[key] = formulas.ema(self.baselines.get(key), total / n, self.settings.ema_decay)
+        return formulas.group_advantages(rewards, G, baseline=baseline, std=std), info
 
     def _gae(self, rewards: torch.Tensor, cm: torch.Tensor, loss_mask: torch.Tensor, penalty: torch.Tensor | None,
              old_values: torch.Tensor, comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,7 +242,8 @@ class Objective:
         token_rewards[torch.arange(len(last), device=cm.device), last] = rewards.float()
         if penalty is not None:
             token_rewards = token_rewards - penalty
-        per_token, returns = grpo.gae(token_rewards * cm, old_values, cm, self.cfg.gamma, self.cfg.gae_lambda)
+        s = self.settings
+        per_token, returns = formulas.gae(token_rewards * cm, old_values, cm, s.gamma, s.gae_lambda)
         if self.std_scaling == "batch":
             _, mean, var = comm.moments(per_token, loss_mask)
             per_token = (per_token - mean) / (math.sqrt(var) + 1e-6) * cm
@@ -248,16 +254,16 @@ class Objective:
     def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The critic's term of each token's loss (weighted by --vf-coef), and its clipped value loss."""
-        v_loss = grpo.value_loss(values, old_values, returns, self.cfg.value_clip)
-        return self.cfg.vf_coef * v_loss, v_loss
+        v_loss = formulas.value_loss(values, old_values, returns, self.settings.value_clip)
+        return self.settings.vf_coef * v_loss, v_loss
 
     def weights(self, mask: torch.Tensor, totals: Totals) -> torch.Tensor:
         """Each token's weight in its minibatch's loss [b, W], 0 off the mask: with the minibatch's counts, the
         micro-batches' weighted sums add up to the minibatch's aggregated loss."""
-        how = self.cfg.loss_aggregation
+        how = self.settings.loss_aggregation
         if how == "token":
-            return grpo.token_weights(mask, totals.tokens)
+            return formulas.token_weights(mask, totals.tokens)
         if how == "sequence":
-            return grpo.sequence_weights(mask, totals.sequences)
-        return grpo.constant_weights(mask, self.cfg.max_new_tokens, totals.rows)
+            return formulas.sequence_weights(mask, totals.sequences)
+        return formulas.constant_weights(mask, self.settings.max_new_tokens, totals.rows)
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from rookworld.ground import chess
-from rookworld.ground.data import Record, position_key
-from rookworld.ground.rewards import GroundTruth
+from rookworld.chess import rules
+from rookworld.chess.data import Record, position_key
+from rookworld.chess.rewards import GroundTruth
 from rookworld.settings.base import Slice
 
 
@@ -23,7 +23,7 @@ class Prompt:
     truth: GroundTruth | None = None
 
 
-def is_env_task(index: int, task_mix: float) -> bool:
+def a_prompt_at(index: int, task_mix: float) -> bool:
     """Whether prompt `index` of the stream is an A: prompt (given positions that can be A:).
 
     A: prompts come at an exact rate rather than by coin flips: of any n consecutive prompts, the floor or the
@@ -87,14 +87,14 @@ class PromptSource:
             self._order_epoch = epoch
         return self.records[self._order[index % n]]
 
-    def _generated(self, start: int) -> list[chess.Position]:
+    def _generated(self, start: int) -> list[rules.Position]:
         cfg = self.cfg
-        positions = chess.generate_positions(self.per_rank, cfg.seed, start=start, illegal_share=cfg.illegal_share)
+        positions = rules.generate_positions(self.per_rank, cfg.seed, start=start, illegal_share=cfg.illegal_share)
         for i, p in enumerate(positions):
             k = 0
             while position_key(p.fen) in self.held_out and k < MAX_REDRAWS:
                 k += 1
-                p = chess.generate_positions(1, cfg.seed + k * REDRAW_SEED_STRIDE, start=start + i,
+                p = rules.generate_positions(1, cfg.seed + k * REDRAW_SEED_STRIDE, start=start + i,
                                              illegal_share=cfg.illegal_share)[0]
             positions[i] = p
         return positions
@@ -110,7 +110,7 @@ class PromptSource:
             records = [Record.from_position(p) for p in self._generated(start)]
         prompts = []
         for i, r in enumerate(records):
-            if r.move is None or not is_env_task(start + i, cfg.task_mix):
+            if r.move is None or not a_prompt_at(start + i, cfg.task_mix):
                 prompts.append(Prompt("P", r.policy_prompt, r.truth))
             else:
                 prompts.append(Prompt("A", r.env_prompt))

@@ -1,6 +1,6 @@
 """A GRPO rollout's rewards, as the trainer asks for them (`RewardFn`): Stockfish for P:, the rules for A:
-(`rookworld.ground.rewards`, the one scorer), over a step's `Prompt`s, and the wait on Stockfish that a stop can cut
-short. (Other trainers' reward function over the same scorer is `rookworld.integrations.rewards.ChessReward`.)"""
+(`rookworld.chess.rewards`, the one scorer), over a step's `Prompt`s, and the wait on Stockfish that a stop can cut
+short. (Other trainers' reward function over the same scorer is `rookworld.integrations.chess_reward.ChessReward`.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rookworld.ground.rewards import RewardScorer, Scores
+from rookworld.chess.rewards import RewardScorer, Scores
 from rookworld.grpo.prompts import Prompt
 from rookworld.harness.stop import StepAbandoned
 
@@ -23,8 +23,8 @@ class RewardFn(Protocol):
 
 
 class RolloutReward:
-    """A rollout's rewards: Stockfish for P:, the rules for A: (`rookworld.ground.rewards`), over the step's
-    `Prompt`s. (Other trainers' reward function is `rookworld.integrations.rewards.ChessReward`.)"""
+    """A rollout's rewards: Stockfish for P:, the rules for A: (`rookworld.chess.rewards`), over the step's
+    `Prompt`s. (Other trainers' reward function is `rookworld.integrations.chess_reward.ChessReward`.)"""
 
     def __init__(self, scorer):
         self.scorer = scorer

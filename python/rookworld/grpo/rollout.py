@@ -19,7 +19,7 @@ import torch
 from torch.profiler import record_function
 from torch import nn
 
-from rookworld.ground.rewards import Scores
+from rookworld.chess.rewards import Scores
 from rookworld.grpo.likelihood import EnvTargets, env_targets
 from rookworld.grpo.loss import Experience
 from rookworld.grpo.models import Models, Sampler
@@ -91,7 +91,7 @@ class Rollout:
         return np.repeat([p.task for p in self.prompts], self.group_size)
 
     @cached_property
-    def is_env(self) -> torch.Tensor:
+    def a_rows(self) -> torch.Tensor:
         """[n] bool, on the model's device: the row answers an A: prompt (the metrics' per-task KL and advantages)."""
         return torch.from_numpy(self.tasks == "A").to(self.ids.device)
 
@@ -178,16 +178,16 @@ class RolloutSettings(Slice):
     temperature: float
 
 
-def collect_rollout(cfg: RolloutSettings, parts: RolloutParts, comm: Comm, prompts: list[Prompt], step: int
+def collect_rollout(settings: RolloutSettings, parts: RolloutParts, comm: Comm, prompts: list[Prompt], step: int
                     ) -> Rollout:
     objective, models, sampler, tokenizer = parts.objective, parts.models, parts.sampler, parts.tokenizer
-    G, device = cfg.group_size, models.device
+    G, device = settings.group_size, models.device
     objective.begin_step(step)
     t0 = time.perf_counter()
     # Each phase a range of its own in a profile (torch.profiler): what a kernel's time is spent on.
     with record_function("rookworld.generate"):  # 1. Sample G completions per prompt.
         ids, pmask = tokenizer.encode_batch([p.text for p in prompts], bos=True, device=device)
-        generator = torch.Generator(device=device).manual_seed(seed_of(cfg.seed, step, comm.info.rank))
+        generator = torch.Generator(device=device).manual_seed(seed_of(settings.seed, step, comm.info.rank))
         out = sampler(ids, pmask, np.array([p.task for p in prompts]), G, generator)
         ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
         _sync(device)
@@ -207,14 +207,14 @@ def collect_rollout(cfg: RolloutSettings, parts: RolloutParts, comm: Comm, promp
 
     # 3. The reference's (and the sampling policy's) log-probs, once per rollout; then the advantages.
     with record_function("rookworld.reference"):
-        batches = r.micro_batches(np.arange(len(completions)), cfg.micro_batch_size, models.rows_per_prompt)
+        batches = r.micro_batches(np.arange(len(completions)), settings.micro_batch_size, models.rows_per_prompt)
         if objective.reference_pass:
-            r.ref_logprobs, _ = rollout_logprobs(models, models.reference, r, batches, cfg.temperature)
+            r.ref_logprobs, _ = rollout_logprobs(models, models.reference, r, batches, settings.temperature)
         if objective.sampler_pass:
-            r.old_logprobs, r.old_values = rollout_logprobs(models, models.policy, r, batches, cfg.temperature,
+            r.old_logprobs, r.old_values = rollout_logprobs(models, models.policy, r, batches, settings.temperature,
                                                             values=objective.critic)
         if objective.a_likelihood_weight > 0:
-            r.targets = env_targets(prompts, tokenizer, objective.cfg.max_new_tokens, device)
+            r.targets = env_targets(prompts, tokenizer, objective.settings.max_new_tokens, device)
         with torch.no_grad():
             r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
             r.kl_scale = objective.kl_scale(r.tasks, r.completion_mask.shape[1], device)

@@ -26,9 +26,9 @@ import torch
 from torch.profiler import record_function
 from torch import nn
 
-from rookworld.ground.data import Record, assign_moves, finished_message, playable, position_key, read_records
-from rookworld.ground.rewards import RewardScorer, analysis_width
-from rookworld.ground.stockfish import Role, StockfishError, pool_for
+from rookworld.chess.data import Record, assign_moves, finished_message, playable, position_key, read_records
+from rookworld.chess.rewards import RewardScorer, analysis_width
+from rookworld.chess.stockfish import Role, StockfishError, pool_for
 from rookworld.grpo.auto_batch import BatchSearch
 from rookworld.grpo.metrics import step_metrics, warn_about
 from rookworld.grpo.models import Models, Placement, Sampler

@@ -47,17 +47,17 @@ class UpdateSettings(Slice):
     seed: int
 
 
-def update(cfg: UpdateSettings, objective: Objective, models: Models, optimizer: torch.optim.Optimizer, comm: Comm,
+def update(settings: UpdateSettings, objective: Objective, models: Models, optimizer: torch.optim.Optimizer, comm: Comm,
            rollout: Rollout, step: int) -> UpdateSums:
     G = rollout.group_size
     # Running sums stay on the device: a host sync per micro-batch would stall the GPU between them.
     acc = UpdateSums({k: torch.zeros((), dtype=torch.float64, device=models.device) for k in _SUMS})
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    for epoch in range(cfg.mu):
+    for epoch in range(settings.mu):
         # Whole groups, shuffled: a micro-batch computes each of its prompts once.
-        order = torch.randperm(len(rollout.prompts), generator=torch.Generator().manual_seed(seed_of(cfg.seed, step,
-                                                                                                     epoch)))
-        for groups in order.chunk(cfg.minibatches):
+        shuffle = torch.Generator().manual_seed(seed_of(settings.seed, step, epoch))
+        order = torch.randperm(len(rollout.prompts), generator=shuffle)
+        for groups in order.chunk(settings.minibatches):
             mb = (groups[:, None] * G + torch.arange(G)).reshape(-1)
             # The token mean is over every rank's tokens: DDP averages the ranks' gradients, so each rank
             # divides its sum by the global count over the number of ranks.
@@ -70,17 +70,18 @@ def update(cfg: UpdateSettings, objective: Objective, models: Models, optimizer:
             optimizer.zero_grad(set_to_none=True)
             if objective.a_likelihood_weight > 0:  # before the micro-batches: the last one all-reduces its gradient
                 nll, counted = likelihood_backward(models, rollout.targets, groups.numpy(),
-                                                   objective.a_likelihood_weight, comm, cfg.micro_batch_size)
+                                                   objective.a_likelihood_weight, comm, settings.micro_batch_size)
                 acc.sums["nll_A"] += nll
                 acc.sums["targets_A"] += counted
             # Gradients add up over micro-batches, so their order and make-up within the minibatch are free.
-            micro = rollout.micro_batches(mb.numpy(), cfg.micro_batch_size, models.rows_per_prompt)
+            micro = rollout.micro_batches(mb.numpy(), settings.micro_batch_size, models.rows_per_prompt)
             for j, b in enumerate(micro):
-                with accumulating(models.logprobs, last=j == len(micro) - 1):
+                with accumulating(models.policy_pass, last=j == len(micro) - 1):
                     micro_batch_loss(objective, models, rollout, b, acc, totals)
             rollout.memo = None  # sampling's products are the weights' before this optimizer step
             grads = [p for p in params if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(grads, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+            limit = settings.max_grad_norm if settings.max_grad_norm > 0 else math.inf
+            norm = torch.nn.utils.clip_grad_norm_(grads, limit)
             acc.grad_norms.append(norm.detach())
             step_if_finite(optimizer, norm)
             acc.done += 1
@@ -97,7 +98,7 @@ def micro_batch_loss(objective: Objective, models: Models, r: Rollout, b: MicroB
     weights = objective.weights(m, totals)
     replay = None if r.memo is None else Replay(r.memo, rows, b.left, W)
     with models.autocast():
-        out = models.logprobs(r.ids[rows, cols], r.mask[rows, cols], P - b.left, wanted=m,
+        out = models.policy_pass(r.ids[rows, cols], r.mask[rows, cols], P - b.left, wanted=m,
                               loss=GRPOLoss.of(objective, r.experience(rows, W, weights)), replay=replay,
                               reference=models.reference if objective.exact_kl else None)
     loss, v_loss = out.loss, None
@@ -105,7 +106,7 @@ def micro_batch_loss(objective: Objective, models: Models, r: Rollout, b: MicroB
         v_term, v_loss = objective.value_loss(out.values.float(), r.old_values[rows, :W], r.returns[rows, :W])
         loss = loss + (v_term * weights).sum()
     loss.backward()
-    _count(acc, out, m, m & r.is_env[rows, None], loss.detach(), v_loss)
+    _count(acc, out, m, m & r.a_rows[rows, None], loss.detach(), v_loss)
     # Token slots the passes computed: each micro-batch's prompts (once a group when shared), and its completions.
     prompts = b.rows[:: models.rows_per_prompt]
     acc.slots += len(prompts) * (P - b.left) + len(b.rows) * W

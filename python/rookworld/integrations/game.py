@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.io.quote import shortened
-from rookworld.ground.rewards import RewardScorer, policy_prompt
-from rookworld.ground.stockfish import Role, StockfishError, StockfishPool, pool_for
-from rookworld.ground.stockfish.engine import ANSWER_S
+from rookworld.chess.rewards import RewardScorer, policy_prompt
+from rookworld.chess.stockfish import Role, StockfishError, StockfishPool, pool_for
+from rookworld.chess.stockfish.engine import ANSWER_S
 from rookworld.lm.answers import read_policy_answers
 from rookworld.lm.games import WHITE, Choice, Game, StockfishPlayer
 
@@ -85,7 +85,7 @@ def read_action(fen: str, action: str) -> tuple[str | None, str | None, bool]:
     if text is None:
         return None, None, answer.well_formed
     try:
-        return chess.parse_move(fen, text), text, answer.well_formed
+        return rules.parse_move(fen, text), text, answer.well_formed
     except ValueError:
         return None, text[:20], answer.well_formed
 
@@ -113,8 +113,8 @@ class ChessGame:
         self.colour = WHITE
 
     def reset(self, fen: str | None = None, colour: str | None = None) -> GameStep:
-        start = chess.normalize_fen(fen) if fen else chess.START_FEN
-        if not chess.legal_moves(start):
+        start = rules.normalize_fen(fen) if fen else rules.START_FEN
+        if not rules.legal_moves(start):
             raise ValueError(f"the game is over in this position: {start}")
         if colour not in (None, "w", "b"):
             raise ValueError(f"colour must be 'w' or 'b', got {colour!r}")
@@ -179,7 +179,7 @@ class ChessGame:
         game = self.game
         outcome = self._outcome() if game.ended else None
         return GameStep(fen=game.fen, prompt=policy_prompt(game.fen),
-                        legal_moves=[] if game.ended else chess.legal_moves(game.fen),
+                        legal_moves=[] if game.ended else rules.legal_moves(game.fen),
                         opponent_move=opponent_move, move=move, legal=legal, move_reward=move_reward,
                         result_reward=RESULT[outcome] if outcome else 0.0, done=game.ended, outcome=outcome,
                         reason=game.reason, moves=list(game.moves))

@@ -47,17 +47,17 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rookworld.ground import chess
-from rookworld.ground.data import Record
+from rookworld.chess import rules
+from rookworld.chess.data import Record
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
-from rookworld.ground.rewards import RewardScorer
-from rookworld.ground.stockfish import Role, find_stockfish, pool_for, workers_count_problem
-from rookworld.ground.stockfish.engine import EngineOptionError
+from rookworld.chess.rewards import RewardScorer
+from rookworld.chess.stockfish import Role, find_stockfish, pool_for, workers_count_problem
+from rookworld.chess.stockfish.engine import EngineOptionError
 from rookworld.integrations.game import (MAX_PLIES, OPPONENT_MOVE_S, ChessGame, GameStep, OpponentError,
                                          read_action)
 from rookworld.integrations.openenv_guard import (FIRST_MESSAGE_S, IDLE_S, MAX_REQUEST_BYTES, MESSAGE_LIMIT,
                                                   ConnectionGuard, cut_errors)
-from rookworld.integrations.rewards import chess_rows
+from rookworld.integrations.chess_reward import chess_rows
 
 #: The name clients and `openenv.yaml` know the environment by.
 ENV_NAME = "rookworld_chess"
@@ -88,7 +88,7 @@ class ChessObservation(Observation):
     """The position and what the last step did. `prompt` is the P: prompt of the position to move in (a game) or
     the task's P: or A: prompt. `move` is the UCI move read from the action, `legal` whether it was legal (None
     where no move applies). A game's reward is `move_reward` plus `result_reward`; a single-turn task's is
-    rookworld's reward, made of `breakdown` (`rookworld.ground.rewards.Scores.breakdown`)."""
+    rookworld's reward, made of `breakdown` (`rookworld.chess.rewards.Scores.breakdown`)."""
 
     fen: str = ""
     prompt: str = ""
@@ -253,7 +253,7 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
         elif o.seed is not None:
             start = chess_rows(count=1, seed=o.seed, document_start=False)[0]["fen"]
         else:
-            start = chess.START_FEN
+            start = rules.START_FEN
         strength = self._engines.opponent
         if o.opponent_elo is not None or o.opponent_skill is not None:
             strength = (o.opponent_elo, o.opponent_skill)
@@ -278,7 +278,7 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
             row = chess_rows(count=1, seed=seed, task_mix=TASK_MIX[o.task], document_start=False)[0]
         else:
             record = Record(_fen(o.fen), tuple(o.history), _a_move(o.fen, o.move) if o.move else None)
-            problem = chess.history_problem(record.fen, record.history) if record.history else None
+            problem = rules.history_problem(record.fen, record.history) if record.history else None
             if problem is not None:
                 raise ChessEnvError(f"bad history: {problem}")
             row = chess_rows([record], seed=seed, task_mix=TASK_MIX[o.task], document_start=False)[0]
@@ -289,7 +289,7 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
         self._close_game()
         self._state = ChessState(episode_id=o.episode_id, task=o.task, seed=seed, start_fen=row["fen"],
                                  fen=row["fen"], prompt=row["prompt"])
-        return ChessObservation(fen=row["fen"], prompt=row["prompt"], legal_moves=chess.legal_moves(row["fen"]))
+        return ChessObservation(fen=row["fen"], prompt=row["prompt"], legal_moves=rules.legal_moves(row["fen"]))
 
     def step(self, action: ChessAction, timeout_s: float | None = None, **kwargs: Any) -> ChessObservation:
         state = self._state
@@ -311,7 +311,7 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
         if breakdown["task"] == "P":
             move, legal = read_action(state.fen, action.text)[0], breakdown["best_legal"]
         state.done = True
-        return ChessObservation(fen=state.fen, prompt=state.prompt, legal_moves=chess.legal_moves(state.fen),
+        return ChessObservation(fen=state.fen, prompt=state.prompt, legal_moves=rules.legal_moves(state.fen),
                                 move=move, legal=legal, breakdown=breakdown, reward=breakdown["reward"], done=True)
 
     def _observe_game(self, step: GameStep, **fields: Any) -> ChessObservation:
@@ -339,7 +339,7 @@ class ChessEnvironment(Environment[ChessAction, ChessObservation, ChessState]):
 
 def _fen(text: str) -> str:
     try:
-        return chess.normalize_fen(text)
+        return rules.normalize_fen(text)
     except ValueError as e:
         # The reason may quote the FEN whole: a megabyte FEN must not come back as a megabyte error.
         raise ChessEnvError(f"bad fen: {str(e).replace(text, shortened(text, ECHO_LIMIT))}") from None
@@ -348,7 +348,7 @@ def _fen(text: str) -> str:
 def _a_move(fen: str, text: str) -> str:
     """An A: prompt's move in UCI: a legal one in UCI or SAN, or any well-formed one (an A: task may be illegal)."""
     try:
-        return chess.parse_move(_fen(fen), text)
+        return rules.parse_move(_fen(fen), text)
     except ValueError:
         if UCI_MOVE.fullmatch(text.strip()):
             return text.strip()

@@ -13,13 +13,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from rookworld.ground import chess
-from rookworld.ground.data import Record, read_records
+from rookworld.chess import rules
+from rookworld.chess.data import Record, read_records
 from rookworld.io.files import not_regular
-from rookworld.ground.rewards import GroundTruth, RewardScorer, policy_targets, task_of
-from rookworld.ground.stockfish import LazyPool, Role, StockfishPool
+from rookworld.chess.rewards import GroundTruth, RewardScorer, policy_targets, task_of
+from rookworld.chess.stockfish import LazyPool, Role, StockfishPool
 from rookworld.integrations.game import RESULT, ChessGame, GameStep
-from rookworld.integrations.rewards import DOCUMENT_START, ChessReward, given_truths
+from rookworld.integrations.chess_reward import DOCUMENT_START, ChessReward, given_truths
 
 #: Which tasks an environment serves: P: prompts, A: prompts, about `task_mix` of them P:, or games.
 KINDS = ("policy", "env", "mixed", "game")
@@ -45,10 +45,10 @@ def records(source: str | None, num_examples: int | None, seed: int) -> list[Rec
     if source is None:
         if num_examples is None:
             raise ValueError("give a positions file as source, or a number of positions to generate")
-        found = [Record.from_position(p) for p in chess.generate_positions(num_examples, seed)]
+        found = [Record.from_position(p) for p in rules.generate_positions(num_examples, seed)]
     else:
         found = read_records(positions_file(source))[0]
-    found = [r for r, moves in zip(found, chess.legal_moves_batch([r.fen for r in found])) if moves]
+    found = [r for r, moves in zip(found, rules.legal_moves_batch([r.fen for r in found])) if moves]
     return found if num_examples is None else found[:num_examples]
 
 
@@ -64,7 +64,7 @@ def answers(rows: list[dict[str, Any]]) -> list[str]:
         for i, t in zip(policy, targets):
             out[i] = t
     if env:
-        targets = chess.env_targets([rows[i]["prompt"].removeprefix(DOCUMENT_START) for i in env])
+        targets = rules.env_targets([rows[i]["prompt"].removeprefix(DOCUMENT_START) for i in env])
         for i, t in zip(env, targets):
             out[i] = t
     return out

@@ -34,8 +34,8 @@ import transformers
 import trl
 from datasets import Dataset
 
-from rookworld.ground.data import Record, read_records
-from rookworld.integrations.rewards import AsyncChessReward, chess_rows
+from rookworld.chess.data import Record, read_records
+from rookworld.integrations.chess_reward import AsyncChessReward, chess_rows
 from rookworld.integrations.tasks import positions_file
 from rookworld.net.tokenizer import TokenizerUnavailableError, has_own_vocabulary
 from rookworld.settings.hub import is_local_path

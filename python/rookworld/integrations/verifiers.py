@@ -40,12 +40,12 @@ if not hasattr(vf, "SingleTurnEnv"):  # verifiers 0.4 took the classic API away
 
 from datasets import Dataset  # noqa: E402
 
-from rookworld.ground import chess  # noqa: E402
+from rookworld.chess import rules  # noqa: E402
 from rookworld.io.json_line import json_value  # noqa: E402
-from rookworld.ground.rewards import policy_prompt, task_of  # noqa: E402
-from rookworld.ground.stockfish import StockfishError, find_stockfish  # noqa: E402
+from rookworld.chess.rewards import policy_prompt, task_of  # noqa: E402
+from rookworld.chess.stockfish import StockfishError, find_stockfish  # noqa: E402
 from rookworld.integrations.game import MAX_PLIES, ChessGame, GameStep  # noqa: E402
-from rookworld.integrations.rewards import DOCUMENT_START, chess_rows, message_text  # noqa: E402
+from rookworld.integrations.chess_reward import DOCUMENT_START, chess_rows, message_text  # noqa: E402
 from rookworld.integrations.tasks import (PARTS, Grading, LiveGame, answers, new_record, record_step,  # noqa: E402
                                           records, unfinished)
 from rookworld.io.quote import ECHO_LIMIT, shortened  # noqa: E402
@@ -120,7 +120,7 @@ def _task_rows(task: str, source: str | None, num_examples: int | None, seed: in
 
 def _game_rows(source: str | None, num_examples: int | None, seed: int,
                document_start: bool) -> list[dict[str, Any]]:
-    fens = [chess.START_FEN] if source == "start" else [r.fen for r in records(source, num_examples, seed)]
+    fens = [rules.START_FEN] if source == "start" else [r.fen for r in records(source, num_examples, seed)]
     start = DOCUMENT_START if document_start else ""
     return [{"question": start + policy_prompt(f), "answer": "", "info": {"fen": f}} for f in fens]
 

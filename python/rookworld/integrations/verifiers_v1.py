@@ -51,12 +51,12 @@ import sys
 import weakref
 from typing import Any, Literal
 
-from rookworld.ground import chess
-from rookworld.ground.rewards import SHAPINGS, policy_prompt
-from rookworld.ground.stockfish import find_stockfish
-from rookworld.ground.stockfish.limits import MAX_DEPTH
+from rookworld.chess import rules
+from rookworld.chess.rewards import SHAPINGS, policy_prompt
+from rookworld.chess.stockfish import find_stockfish
+from rookworld.chess.stockfish.limits import MAX_DEPTH
 from rookworld.integrations.game import MAX_PLIES, ChessGame, GameStep
-from rookworld.integrations.rewards import DOCUMENT_START, chess_rows
+from rookworld.integrations.chess_reward import DOCUMENT_START, chess_rows
 from rookworld.integrations.tasks import (KINDS, PARTS, Gradings, LiveGame, answers, new_record, record_step, records,
                                           unfinished)
 from rookworld.integrations import extras
@@ -112,7 +112,7 @@ def task_rows(kind: str, *, source: str | None = None, num_examples: int | None 
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     start = DOCUMENT_START if document_start else ""
     if kind == "game":
-        fens = [chess.START_FEN] if source == "start" else [r.fen for r in records(source, num_examples, seed)]
+        fens = [rules.START_FEN] if source == "start" else [r.fen for r in records(source, num_examples, seed)]
         return [{"chess_task": "game", "prompt": start + policy_prompt(f), "fen": f, "answer": "",
                  "truth_moves": [], "truth_evals": []} for f in fens]
     mix = {"policy": 1.0, "env": 0.0}.get(kind, task_mix)

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from rookworld import _core
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.io.progress import Progress
-from rookworld.ground.rewards import policy_prompt
+from rookworld.chess.rewards import policy_prompt
 from rookworld.net.device import resolve_device
 from rookworld.net.limits import ContextTooLong
 from rookworld.net.logprobs import PassOptions, token_logprobs
@@ -184,5 +184,5 @@ class RookWorldLM:
             decoding: Decoding = GREEDY, seed: int = 0) -> list[EnvAnswer]:
         """The model's A: answer for playing each move in its position after its history (oldest first)."""
         histories = histories if histories is not None else [()] * len(fens)
-        prompts = chess.env_prompts(fens, moves, histories)
+        prompts = rules.env_prompts(fens, moves, histories)
         return read_env_answers(self.complete(prompts, decoding=decoding, seed=seed))

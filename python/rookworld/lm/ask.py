@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rookworld.ground import chess
-from rookworld.ground.rewards import RewardScorer, policy_prompt
+from rookworld.chess import rules
+from rookworld.chess.rewards import RewardScorer, policy_prompt
 from rookworld.lm.answers import GREEDY, Decoding, RookWorldLM
 
 
 def _san(fen: str, move: str) -> str | None:
     try:
-        return chess.san(fen, move)
+        return rules.san(fen, move)
     except ValueError:
         return None
 
@@ -23,13 +23,13 @@ def ask_policy(lm: RookWorldLM, fen: str, *, decoding: Decoding = GREEDY, seed: 
     the answer's reward and its parts."""
     (answer,) = lm.policy([fen], decoding=decoding, seed=seed)
     moves = list(answer.moves)
-    legal = chess.is_legal([fen] * len(moves), moves) if moves else []
+    legal = rules.is_legal([fen] * len(moves), moves) if moves else []
     out = {"prompt": policy_prompt(fen), "completion": answer.text, "well_formed": answer.well_formed,
            "candidates": [{"move": m, "san": _san(fen, m), "legal": ok,
                            "eval": answer.evals[i] if i < len(answer.evals) else None}
                           for i, (m, ok) in enumerate(zip(moves, legal))],
            "best": answer.best, "best_san": _san(fen, answer.best) if answer.best else None,
-           "best_legal": bool(answer.best) and chess.is_legal([fen], [answer.best])[0]}
+           "best_legal": bool(answer.best) and rules.is_legal([fen], [answer.best])[0]}
     if stockfish is not None:
         scorer = RewardScorer(stockfish)
         (truth,) = scorer.ground_truth([out["prompt"]])
@@ -42,9 +42,9 @@ def ask_policy(lm: RookWorldLM, fen: str, *, decoding: Decoding = GREEDY, seed: 
 def ask_env(lm: RookWorldLM, fen: str, move: str, history: Sequence[str] = (), *, decoding: Decoding = GREEDY,
             seed: int = 0) -> dict:
     """The model's A: answer for playing `move` (UCI) in `fen` after `history`, beside the true transition."""
-    prompt = chess.env_prompt(fen, move, history)
+    prompt = rules.env_prompt(fen, move, history)
     (answer,) = lm.env([fen], [move], [history], decoding=decoding, seed=seed)
-    (truth,) = chess.env_steps([fen], [move])
+    (truth,) = rules.env_steps([fen], [move])
     scores = RewardScorer().score_batch([prompt], [answer.text])
     return {"prompt": prompt, "completion": answer.text,
             "model": {"fen": answer.fen, "reward": answer.reward, "terminated": answer.terminated,

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rookworld.ground import chess
-from rookworld.ground.data import Record, assign_moves, finished_message, playable, read_records
+from rookworld.chess import rules
+from rookworld.chess.data import Record, assign_moves, finished_message, playable, read_records
 from rookworld.io.progress import Progress
-from rookworld.ground.rewards import GroundTruth, RewardScorer, Scores
+from rookworld.chess.rewards import GroundTruth, RewardScorer, Scores
 from rookworld.lm.answers import GREEDY, MAX_NEW_TOKENS, Decoding, complete
 from rookworld.net.tokenizer import Tokenizer
 
@@ -29,7 +29,7 @@ def heldout_records(size: int, seed: int = 0, path: str | None = None, illegal_s
         if finished and warn is not None:
             warn(f"{path}: {finished_message(finished, len(records) + len(finished))}")
     else:
-        records = [Record.from_position(p) for p in chess.generate_positions(size, seed + EVAL_SEED_OFFSET,
+        records = [Record.from_position(p) for p in rules.generate_positions(size, seed + EVAL_SEED_OFFSET,
                                                                              illegal_share=illegal_share)]
     return assign_moves(records[:size], seed)
 

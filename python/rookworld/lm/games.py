@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Protocol
 
-from rookworld.ground import chess
-from rookworld.ground.stockfish.engine import STARTUP_S, Engine, EngineFailure, StockfishError, find_stockfish
+from rookworld.chess import rules
+from rookworld.chess.stockfish.engine import STARTUP_S, Engine, EngineFailure, StockfishError, find_stockfish
 from rookworld.lm.moves import SOURCES, choose_moves
 
 WHITE, BLACK = "w", "b"
@@ -34,7 +34,7 @@ def _repetition_key(fen: str) -> str:
 
 def draw_reason(fen: str) -> str:
     """Why the A: environment called the position after a move a draw."""
-    if not chess.legal_moves(fen):
+    if not rules.legal_moves(fen):
         return "stalemate"
     if int(fen.split()[4]) >= 150:
         return "75-move rule"
@@ -55,7 +55,7 @@ class Choice:
 
 @dataclass
 class Game:
-    start_fen: str = chess.START_FEN
+    start_fen: str = rules.START_FEN
     fen: str = ""
     #: Legal moves played, UCI, oldest first.
     moves: list[str] = field(default_factory=list)
@@ -89,7 +89,7 @@ class Game:
         self.answers.append(choice.answer)
         self.notes.append(choice.note)
         self.sources.append(choice.source)
-        step = chess.env_steps([self.fen], [choice.move or ""])[0]
+        step = rules.env_steps([self.fen], [choice.move or ""])[0]
         if step.truncated:
             self.illegal_by = mover
             what = f"illegal move {choice.move!r}" if choice.move else "no move in its answer"

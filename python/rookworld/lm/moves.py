@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rookworld.ground import chess
-from rookworld.ground.rewards import policy_prompt
+from rookworld.chess import rules
+from rookworld.chess.rewards import policy_prompt
 from rookworld.lm.answers import GREEDY, Decoding, PolicyAnswer
 from rookworld.net.limits import ContextTooLong
 
@@ -68,7 +68,7 @@ def choose_moves(lm, fens: Sequence[str], *, decoding: Decoding = GREEDY, seed: 
     """The model's move in each position, from one batched P: generation. `allowed[i]` restricts position i's
     moves (UCI's `go searchmoves`); by default they are its legal moves."""
     fens = list(fens)
-    legal = chess.legal_moves_batch(fens)
+    legal = rules.legal_moves_batch(fens)
     if allowed is not None:
         legal = [[m for m in moves if m in only] for moves, only in zip(legal, map(set, allowed))]
     answers = lm.policy(fens, decoding=decoding, seed=seed)

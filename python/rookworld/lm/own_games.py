@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rookworld.ground import chess
-from rookworld.ground.data import Record
+from rookworld.chess import rules
+from rookworld.chess.data import Record
 from rookworld.lm.answers import ROOKWORLD, Decoding, RookWorldLM
 from rookworld.lm.games import Game, ModelPlayer, play_games
 from rookworld.lm.moves import BEST
@@ -31,7 +31,7 @@ def game_records(game: Game, source: str, failures_only: bool) -> list[Record]:
     steps = []
     for move in game.moves:  # the FENs one move at a time: each depends on the last
         steps.append(fen)
-        fen = chess.env_steps([fen], [move])[0].fen
+        fen = rules.env_steps([fen], [move])[0].fen
     for i, (before, move) in enumerate(zip(steps, game.moves)):
         if failures_only and game.sources[i] == BEST:
             continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TextIO
 
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.lm.games import BLACK, COLOUR_NAMES, WHITE, Choice, Game, ModelPlayer
 from rookworld.lm.moves import BEST, LIKELIEST
 
@@ -29,12 +29,12 @@ def board_text(fen: str, *, flip: bool = False) -> str:
 
 def _describe(fen: str, move: str) -> str:
     try:
-        return f"{move} ({chess.san(fen, move)})"
+        return f"{move} ({rules.san(fen, move)})"
     except ValueError:
         return move
 
 
-def play_game(model_player: ModelPlayer, *, user: str = WHITE, start_fen: str = chess.START_FEN,
+def play_game(model_player: ModelPlayer, *, user: str = WHITE, start_fen: str = rules.START_FEN,
               read: Callable[[str], str] = input, out: TextIO, max_plies: int = 400) -> Game:
     """Plays one game: the user's moves from `read` (EOF or `quit` resigns), the model's from `model_player`."""
     game = Game(start_fen=start_fen)
@@ -56,7 +56,7 @@ def play_game(model_player: ModelPlayer, *, user: str = WHITE, start_fen: str = 
                 game.stop(f"{COLOUR_NAMES[user]} resigned", "0-1" if user == WHITE else "1-0")
                 break
             try:
-                move = chess.parse_move(game.fen, text)
+                move = rules.parse_move(game.fen, text)
             except ValueError as e:
                 say(f"  {e}")
                 continue

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.io.quote import quoted
 from rookworld.lm.answers import GREEDY, ROOKWORLD, Decoding, RookWorldLM
 from rookworld.lm.bestmove import evaluate, position_outcomes
@@ -84,12 +84,12 @@ def best_move(lm: RookWorldLM, records, scorer, *, tasks=("P", "A"), decoding: D
 
 def mate_positions(size: int, seed: int) -> list[tuple[str, list[str]]]:
     """`size` generated positions with a mate in one, (fen, its mating moves), of a stream of their own."""
-    return [(p.fen, list(p.mates)) for p in chess.mate_in_one_positions(size, seed + MATE_SEED_OFFSET)]
+    return [(p.fen, list(p.mates)) for p in rules.mate_in_one_positions(size, seed + MATE_SEED_OFFSET)]
 
 
 def mates_of(fens: Sequence[str]) -> tuple[list[tuple[str, list[str]]], int]:
     """The positions of a file that have a mate in one, with their mating moves, and how many had none."""
-    found = [(f, m) for f, m in zip(fens, chess.mating_moves_batch(fens)) if m]
+    found = [(f, m) for f, m in zip(fens, rules.mating_moves_batch(fens)) if m]
     return found, len(fens) - len(found)
 
 
@@ -103,7 +103,7 @@ def mate_in_one(lm: RookWorldLM, positions: Sequence[tuple[str, list[str]]], *, 
     answers = lm.policy(fens, decoding=decoding, seed=seed, progress=progress)
     engine_moves = ([a.candidates[0].move if a.candidates else None for a in stockfish.analyse(fens)]
                     if stockfish is not None else [None] * len(fens))
-    legal = chess.is_legal(fens, [a.best or "" for a in answers])
+    legal = rules.is_legal(fens, [a.best or "" for a in answers])
     items = []
     for (fen, mates), a, ok, sf in zip(positions, answers, legal, engine_moves):
         items.append({"fen": fen, "mates": mates, "completion": a.text, "best": a.best, "legal": ok,
@@ -121,9 +121,9 @@ def mate_in_one(lm: RookWorldLM, positions: Sequence[tuple[str, list[str]]], *, 
 
 def opening_fens(games: int, seed: int) -> list[str]:
     """The start position, then `games` - 1 positions along the opening book's lines (seeded)."""
-    book = chess.generate_positions(max(games - 1, 0), seed + OPENING_SEED_OFFSET, opening_share=1.0,
+    book = rules.generate_positions(max(games - 1, 0), seed + OPENING_SEED_OFFSET, opening_share=1.0,
                                     endgame_share=0.0, illegal_share=0.0)
-    return [chess.START_FEN, *(p.fen for p in book)][:games]
+    return [rules.START_FEN, *(p.fen for p in book)][:games]
 
 
 def selfplay_metrics(games: Sequence[Game]) -> dict[str, Any]:

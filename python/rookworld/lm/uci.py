@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.io.quote import quoted, shortened
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.moves import choose_moves
@@ -52,7 +52,7 @@ class UciEngine:
         self.options = engine_options(protocol, seed, device)
         self.values = {key: o.default for key, o in self.options.items()}
         self.lm, self._lm_device = None, None
-        self.fen: str | None = chess.START_FEN
+        self.fen: str | None = rules.START_FEN
         self.counts: Counter = Counter()
         self._write = threading.Lock()
         self._search: threading.Thread | None = None
@@ -243,7 +243,7 @@ class UciEngine:
         """The search thread: the model's move and its info lines, then, after `stop` when the search waits,
         bestmove."""
         best = "(none)"
-        legal = chess.legal_moves(fen)
+        legal = rules.legal_moves(fen)
         if not legal:
             self.say("info string no legal move: the game is over")
         else:

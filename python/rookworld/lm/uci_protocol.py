@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.io.files import next_line
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
-from rookworld.ground.stockfish.analysis import MATE_SCORE
+from rookworld.chess.stockfish.analysis import MATE_SCORE
 from rookworld.lm.answers import PROTOCOLS
 from rookworld.lm.moves import BEST, LIKELIEST, ModelMove
 from rookworld.settings.groups import device_name
@@ -75,7 +75,7 @@ def info_lines(fen: str, chosen: ModelMove, multipv: int = MAX_MULTIPV) -> list[
     the answer's other legal candidates, best eval first; illegal candidates are left out, GUIs reject them."""
     if chosen.move is None:
         return []
-    legal = set(chess.legal_moves(fen))
+    legal = set(rules.legal_moves(fen))
     evals: dict[str, float | None] = {}
     for i, move in enumerate(chosen.answer.moves):
         if move in legal and move not in evals:
@@ -109,18 +109,18 @@ def parse_position(words: Sequence[str]) -> tuple[str, list[str], str]:
     if words[0] == "startpos":
         if end != 1:
             raise PositionError(f"unexpected {quoted(' '.join(words[1:end]))} after startpos")
-        start = chess.START_FEN
+        start = rules.START_FEN
     else:
         text = " ".join(words[1:end])
         if not text:
             raise PositionError("position fen needs a FEN")
-        problem = chess.fen_problem(text)
+        problem = rules.fen_problem(text)
         if problem is not None:
             raise PositionError(f"bad FEN {quoted(text)}: {problem}")
-        start = chess.normalize_fen(text)
+        start = rules.normalize_fen(text)
     moves, fen = list(words[end + 1 :]), start
     for i, move in enumerate(moves):
-        step = chess.env_steps([fen], [move])[0]
+        step = rules.env_steps([fen], [move])[0]
         if step.truncated:
             raise PositionError(f"move {i + 1} of the moves, {quoted(move)}, is not legal in {fen}")
         fen = step.fen

@@ -1,2 +1,2 @@
 """The network: the GPT-2 port, its tokenizer, sampling, log-prob passes, and where its weights come from.
-Imports `ground` and `settings` only."""
+Imports `chess` and `settings` only."""

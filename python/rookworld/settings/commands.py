@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rookworld.io.quote import quoted
-from rookworld.ground.stockfish.limits import MAX_NODES
+from rookworld.chess.stockfish.limits import MAX_NODES
 from rookworld.settings import shipped
 from rookworld.settings.base import existing_files, non_negative, positive, share
 from rookworld.settings.config import SFTConfig, TrainConfig

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rookworld.ground.fields import parse_weights
-from rookworld.ground.rewards import P_REWARDS, SHAPINGS
+from rookworld.chess.fields import parse_weights
+from rookworld.chess.rewards import P_REWARDS, SHAPINGS
 from rookworld.settings import objective
 from rookworld.settings.base import ConfigError, above_zero, flag, learning_rate, need, non_negative, positive, share
 from rookworld.settings.declare import (ADVANTAGES, CRITIC, DATA, KL, LOGGING, LOSS, MODEL, OPTIM, REWARDS, SAMPLING, Meaning, Settings, composed, default, group, setting)

@@ -9,8 +9,8 @@ from typing import Any
 
 from rookworld.io.files import no_directory_there
 from rookworld.io.quote import quoted
-from rookworld.ground.stockfish.cache import cache_path_problem
-from rookworld.ground.stockfish.limits import MAX_DEPTH, MAX_NODES, workers_problem
+from rookworld.chess.stockfish.cache import cache_path_problem
+from rookworld.chess.stockfish.limits import MAX_DEPTH, MAX_NODES, workers_problem
 from rookworld.settings import shipped
 from rookworld.settings.base import MAX_SEED, existing_files, positive, seed_range, share
 from rookworld.settings.declare import (DATA, DECODING, GAME, LOGGING, MODEL, OUTPUT, RUN, SAMPLING, STOCKFISH, group,

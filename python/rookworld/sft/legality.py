@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rookworld.ground import chess
+from rookworld.chess import rules
 
 #: The move fields of a P: target: every word after "M:" up to "E:", and the word after "B:".
 _BEST = re.compile(r"B:\s*(\S+)")
@@ -122,7 +122,7 @@ class LegalTokens:
     def slots(self, fen: str, target: Sequence[int]) -> list[tuple[int, list[int]]]:
         """(index in `target` of a move token, the token ids that continue a legal move there), for every token of
         every move the target writes, while its tokens so far begin some legal move."""
-        legal = [self.spell(m) for m in chess.legal_moves(fen)]
+        legal = [self.spell(m) for m in rules.legal_moves(fen)]
         out = []
         for first, spelled in self._written(target)[1].values():
             for k in range(len(spelled)):

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rookworld.ground import chess
-from rookworld.ground.data import DataError, Record, read_lines
+from rookworld.chess import rules
+from rookworld.chess.data import DataError, Record, read_lines
 from rookworld.io.json_line import json_value
-from rookworld.ground.fields import FIELDS, OTHER, field_starts, policy_fields
+from rookworld.chess.fields import FIELDS, OTHER, field_starts, policy_fields
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
-from rookworld.ground.rewards import policy_targets
+from rookworld.chess.rewards import policy_targets
 from rookworld.net.tokenizer import OutsideVocabularyError
 
 _P_TEXT = re.compile(r"P:\s+(\S+\s+\S+\s+\S+\s+\S+\s+\S+\s+\S+)(\s.*)$", re.S)
@@ -84,7 +84,7 @@ def _policy_sample(text: str, source: str) -> Sample:
         [float(e) for e in evals]
     except ValueError:
         raise ValueError(f"evals must be numbers: {quoted(t[1])}") from None
-    problem = chess.fen_problem(fen)
+    problem = rules.fen_problem(fen)
     if problem is not None:
         raise ValueError(f"not a legal position ({problem})")
     return Sample("P", f"P: {fen}", target, source)
@@ -160,7 +160,7 @@ def _check_env_targets(samples: list[Sample]) -> tuple[list[Sample], list[Sample
     truth: list[str | None] = []
     for s in env:  # one by one only for a prompt the batch call refuses
         try:
-            truth.append(chess.env_targets([s.prompt])[0])
+            truth.append(rules.env_targets([s.prompt])[0])
         except ValueError:
             truth.append(None)
     wrong = {id(s) for s, t in zip(env, truth) if t != s.target}
@@ -178,7 +178,7 @@ def _check_env_histories(samples: list[Sample]) -> tuple[list[Sample], list[tupl
     to their position, with why. Every A: prompt here parsed, as its target was checked against the rules."""
     env = [s for s in samples if s.task == "A"]
     fields = [_env_fields(s) for s in env]
-    problems = chess.history_problems([fen for fen, _, _ in fields], [history[:-1] for _, _, history in fields])
+    problems = rules.history_problems([fen for fen, _, _ in fields], [history[:-1] for _, _, history in fields])
     bad = {}
     for s, (_, move, history), problem in zip(env, fields, problems):
         if history[-1:] != [move]:
@@ -194,7 +194,7 @@ def positions(samples: Sequence[Sample], limit: int | None = None) -> list[Recor
     by_fen: dict[str, Record] = {}
     for s in samples:
         if s.task == "P":
-            fen = chess.normalize_fen(s.prompt[3:].strip())
+            fen = rules.normalize_fen(s.prompt[3:].strip())
             moves, evals, _ = policy_fields(s.target)
             ranked = sorted(zip(moves.split(), map(float, evals.split())), key=lambda me: -me[1])
             analysis = {"moves": [m for m, _ in ranked], "evals": [e for _, e in ranked]}
@@ -202,7 +202,7 @@ def positions(samples: Sequence[Sample], limit: int | None = None) -> list[Recor
             by_fen[fen] = Record(old.fen, old.history, old.move, old.phase, analysis, old.source)
         else:
             fen_text, move, history = _env_fields(s)
-            fen = chess.normalize_fen(fen_text)
+            fen = rules.normalize_fen(fen_text)
             old = by_fen.get(fen) or Record(fen=fen, source=s.source)
             by_fen[fen] = Record(old.fen, tuple(history[:-1]), move, old.phase, old.analysis, old.source)
     return list(by_fen.values())[:limit]
@@ -255,7 +255,7 @@ def tokenize(samples: Sequence[Sample], tokenizer, loss_on: str = "all",
              field_weights: dict[str, float] | None = None) -> Documents:
     """With ``loss_on="target"`` the loss counts the target and the EOS that opens a document (which the
     previous document's last token predicts: the end of its completion), not the prompt. Each counted target token
-    weighs its field's `field_weights` (`rookworld.ground.fields`; None: all 1); the prompt and EOS weigh 1. A
+    weighs its field's `field_weights` (`rookworld.chess.fields`; None: all 1); the prompt and EOS weigh 1. A
     sample with text the vocabulary cannot spell is an error naming its file and line."""
     for s in samples:
         try:

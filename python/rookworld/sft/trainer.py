@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from rookworld.ground.fields import FIELDS, parse_weights
-from rookworld.ground.rewards import EVERY_MOVE, RewardScorer
-from rookworld.ground.stockfish import Role, pool_for
+from rookworld.chess.fields import FIELDS, parse_weights
+from rookworld.chess.rewards import EVERY_MOVE, RewardScorer
+from rookworld.chess.stockfish import Role, pool_for
 from rookworld.harness.distributed import accumulating, data_parallel, unwrapped
 from rookworld.harness.optimizer import step_if_finite
 from rookworld.harness.run import Run
@@ -122,8 +122,8 @@ class SFTTrainer:
                     f"loss on {cfg.loss_on} tokens")
         # The hidden states kept for the legality loss, which reads the move slots' logits off them.
         options = PassOptions(compile=run.context.compile_logprobs, keep_hidden=not cfg.pack)
-        self.logprobs = LogProbs(run.policy, options)
-        self.logprobs = data_parallel(self.logprobs, run.device, run.dist.enabled)
+        self.policy_pass = LogProbs(run.policy, options)
+        self.policy_pass = data_parallel(self.policy_pass, run.device, run.dist.enabled)
         run.build_optimizer()
         self.eval_docs = tokenize(laid_out(held_out.samples), run.tokenizer, cfg.loss_on) if held_out else None
         self.eval_records = positions(held_out.samples, cfg.eval_size) if held_out else None
@@ -167,7 +167,7 @@ class SFTTrainer:
         options = PassOptions(compile=self.run.context.compile_logprobs, keep_hidden=keep)
         with self.run.autocast():
             if backward:  # the NLL's gradients made in the same pass over the vocabulary
-                out = self.logprobs(ids, None, 1, wanted=counted, loss=NLL(normalizer, weights.reshape(-1)))
+                out = self.policy_pass(ids, None, 1, wanted=counted, loss=NLL(normalizer, weights.reshape(-1)))
                 nll = out.loss
             else:
                 out = token_logprobs(self.run.policy, ids, None, options, wanted=counted)
@@ -211,7 +211,7 @@ class SFTTrainer:
         aux = (max(n_slots, 1.0) / run.dist.world, max(n_soft, 1.0) / run.dist.world)
         legal_total, soft_total = torch.zeros((), device=run.device), torch.zeros((), device=run.device)
         for j, (batch, batch_slots, batch_soft) in enumerate(zip(micro, slots, soft)):
-            with accumulating(self.logprobs, last=j == len(micro) - 1):
+            with accumulating(self.policy_pass, last=j == len(micro) - 1):
                 part = self._loss(batch, max(weight, 1e-12) / run.dist.world, backward=True, slots=batch_slots,
                                   soft=batch_soft, aux_normalizers=aux)
             total += part.nll
@@ -248,7 +248,7 @@ class SFTTrainer:
     def _heldout_loss(self) -> dict[str, float]:
         """The token mean NLL on --eval-data's samples (every target token weighs 1, whatever --field-weights
         says, so that runs compare), the legal mass of their move slots, and with one document a row each field's
-        own mean NLL (`rookworld.ground.fields`)."""
+        own mean NLL (`rookworld.chess.fields`)."""
         cfg, docs = self.cfg, self.eval_docs
         rows = eval_rows(docs, cfg.seq_len, cfg.pack)
         total = counted = legal = 0.0
@@ -319,6 +319,6 @@ class SFTTrainer:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
-        self.logprobs = unwrapped(self.logprobs)  # before the process group goes (`Comm.close`)
+        self.policy_pass = unwrapped(self.policy_pass)  # before the process group goes (`Comm.close`)
         self.run.comm.close()
         self.run.close()  # the output directory is free for the next run, in this process too

@@ -15,11 +15,11 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from rookworld.ground import chess
-from rookworld.ground.data import Record, analysis_problems, assign_moves
+from rookworld.chess import rules
+from rookworld.chess.data import Record, analysis_problems, assign_moves
 from rookworld.io.quote import quoted, shortened
-from rookworld.ground.rewards import GroundTruth, RewardScorer, prompt_fen, task_of
-from rookworld.ground.stockfish import LazyPool, Role
+from rookworld.chess.rewards import GroundTruth, RewardScorer, prompt_fen, task_of
+from rookworld.chess.stockfish import LazyPool, Role
 
 #: Which prompts a reward function scores; the others get None, TRL's word for "this reward does not apply".
 TASKS = {"policy": ("P",), "env": ("A",), "mixed": ("P", "A")}
@@ -174,9 +174,9 @@ def given_truths(prompts: Sequence[str], moves: Sequence, evals: Sequence,
 def _check_positions(prompts: Sequence[str], rows: Sequence[int]) -> None:
     """P: prompts for Stockfish to analyse hold legal positions: said naming the row, before an engine is asked."""
     fens = [prompt_fen(p) for p in prompts]
-    for row, fen, legal in zip(rows, fens, chess.normalize_fens(fens)):
+    for row, fen, legal in zip(rows, fens, rules.normalize_fens(fens)):
         if legal is None:
-            raise ValueError(f"row {row}: the P: prompt's position is not legal ({chess.fen_problem(fen)}): "
+            raise ValueError(f"row {row}: the P: prompt's position is not legal ({rules.fen_problem(fen)}): "
                              f"{quoted(fen)}")
 
 
@@ -193,14 +193,14 @@ def chess_rows(records: Sequence[Record] | None = None, *, count: int | None = N
                task_mix: float = 0.8, document_start: bool = True) -> list[dict[str, Any]]:
     """The rows of a chess RL dataset: a `prompt` (P: or A:), its `task`, the position's `fen`, and Stockfish's
     analysis as `truth_moves` / `truth_evals` where the record has one (empty lists otherwise: the reward asks
-    Stockfish). `records` are a positions file's (`rookworld.ground.data.read_records`); without them, `count`
+    Stockfish). `records` are a positions file's (`rookworld.chess.data.read_records`); without them, `count`
     generated positions of `seed`. About `task_mix` of the rows are P: (`rookworld train --task-mix`), the rest A:
     (for positions with a move to make). Each prompt begins with `DOCUMENT_START`, as RookWorld's training documents
     did, unless `document_start` is False."""
     if records is None:
         if count is None:
             raise ValueError("give records, or a count of positions to generate")
-        records = [Record.from_position(p) for p in chess.generate_positions(count, seed)]
+        records = [Record.from_position(p) for p in rules.generate_positions(count, seed)]
     elif count is not None:
         records = list(records)[:count]
     records = assign_moves(records, seed)

@@ -18,11 +18,11 @@ import threading
 import time
 from collections.abc import Sequence
 
-from rookworld.ground import chess
-from rookworld.ground.stockfish.analysis import Analysis
+from rookworld.chess import rules
+from rookworld.chess.stockfish.analysis import Analysis
 from rookworld.io.errors import RookworldError
 from rookworld.io.quote import quoted_path
-from rookworld.ground.stockfish.reading import (answer_problem, mate_problem, parse_info, position_after,
+from rookworld.chess.stockfish.reading import (answer_problem, mate_problem, parse_info, position_after,
                                                 ranked_candidates)
 
 #: Where Debian/Ubuntu's ``stockfish`` package installs the binary (often not on PATH).
@@ -259,7 +259,7 @@ class Engine:
             candidates, depth = ranked_candidates(lines, legal, multipv)
             analysis = Analysis(fen, candidates, depth)
             problem = (mate_problem(fen, candidates) or
-                       chess.analysis_problems([fen], [analysis.moves], [analysis.evals], max_moves=multipv)[0])
+                       rules.analysis_problems([fen], [analysis.moves], [analysis.evals], max_moves=multipv)[0])
         if problem is not None:
             raise BadAnswer(f"engine pid {self.pid} answered `{go}` in {fen} with nonsense: {problem}")
         return analysis
@@ -270,7 +270,7 @@ class Engine:
         legal move there. The moves let the engine see repetitions."""
         _lines, move = self._search("position fen " + fen + (" moves " + " ".join(moves) if moves else ""), go,
                                     timeout)
-        if move not in chess.legal_moves(position_after(fen, moves)):
+        if move not in rules.legal_moves(position_after(fen, moves)):
             raise BadAnswer(f"engine pid {self.pid} answered `{go}` with bestmove {move!r}, not a legal move in the "
                             f"game from {fen} after {' '.join(moves) or 'no moves'}")
         return move

@@ -25,12 +25,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rookworld.ground import chess
+from rookworld.chess import rules
 from rookworld.io.errors import RookworldError
 from rookworld.io.files import MAX_LINE, LineTooLong, atomic_write, read_bounded
 from rookworld.io.json_line import json_value
 from rookworld.io.quote import ECHO_LIMIT, quoted, shortened
-from rookworld.ground.rewards import GroundTruth, policy_prompt, policy_targets
+from rookworld.chess.rewards import GroundTruth, policy_prompt, policy_targets
 
 __all__ = ["DataError", "PgnGiven", "Record", "assign_moves", "playable", "read_records", "write_records"]
 
@@ -64,8 +64,8 @@ class Record:
     source: str = field(default="", compare=False)
 
     @classmethod
-    def from_position(cls, p: chess.Position) -> "Record":
-        """A generated position (`rookworld.ground.chess.generate_positions`) as a record."""
+    def from_position(cls, p: rules.Position) -> "Record":
+        """A generated position (`rookworld.chess.rules.generate_positions`) as a record."""
         return cls(fen=p.fen, history=p.history, move=p.move, phase=p.phase)
 
     @property
@@ -83,7 +83,7 @@ class Record:
     def env_prompt(self) -> str:
         if self.move is None:
             raise ValueError(f"no A: move for {quoted(self.fen)} ({self.source}); call assign_moves first")
-        return chess.env_prompt(self.fen, self.move, self.history)
+        return rules.env_prompt(self.fen, self.move, self.history)
 
     def to_dict(self) -> dict:
         d: dict = {"fen": self.fen, "history": list(self.history)}
@@ -153,11 +153,11 @@ def _pawns(value: int | float) -> float:
 
 def analysis_problems(fens: Sequence[str], moves: Sequence, evals: Sequence) -> list[str | None]:
     """What is wrong with each analysis from outside this run (a positions file's line, a dataset's row), or None:
-    its moves a list of UCI strings and its evals a list of numbers, then `chess.analysis_problems`: legal and
+    its moves a list of UCI strings and its evals a list of numbers, then `rules.analysis_problems`: legal and
     distinct moves, best first, one finite eval in pawns a move. `--data` and the reward functions both ask it."""
     problems = [_analysis_shape(m, e) for m, e in zip(moves, evals)]
     typed = [i for i, problem in enumerate(problems) if problem is None]
-    verdicts = chess.analysis_problems([fens[i] for i in typed], [list(moves[i]) for i in typed],
+    verdicts = rules.analysis_problems([fens[i] for i in typed], [list(moves[i]) for i in typed],
                                        [[_pawns(e) for e in evals[i]] for i in typed])
     for i, verdict in zip(typed, verdicts):
         problems[i] = verdict
@@ -255,9 +255,9 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
             bad(lineno, str(e))
 
     # The whole file's FENs, histories and analyses in batches through the Rust core.
-    normalized = chess.normalize_fens([d["fen"] for _, d in parsed])
+    normalized = rules.normalize_fens([d["fen"] for _, d in parsed])
     fens = [fen or d["fen"] for (_, d), fen in zip(parsed, normalized)]
-    history_problems = chess.history_problems(fens, [d.get("history", ()) for _, d in parsed])
+    history_problems = rules.history_problems(fens, [d.get("history", ()) for _, d in parsed])
     with_analysis = [i for i, (_, d) in enumerate(parsed) if d.get("analysis") is not None]
     bad_analyses = dict(zip(with_analysis, analysis_problems(
         [fens[i] for i in with_analysis], [parsed[i][1]["analysis"]["moves"] for i in with_analysis],
@@ -265,7 +265,7 @@ def read_records(path: str | os.PathLike, *, skip_bad: bool = False) -> tuple[li
     records = []
     for i, ((lineno, d), fen) in enumerate(zip(parsed, normalized)):
         if fen is None:
-            bad(lineno, f"not a legal position ({chess.fen_problem(d['fen'])})")
+            bad(lineno, f"not a legal position ({rules.fen_problem(d['fen'])})")
             continue
         if history_problems[i] is not None:
             bad(lineno, f"bad history: {history_problems[i]}")
@@ -287,7 +287,7 @@ def position_key(fen: str) -> str:
 
 def playable(records: Sequence[Record]) -> tuple[list[Record], list[Record]]:
     """(positions with a legal move, finished ones: checkmate or stalemate, which no task can be asked about)."""
-    moves = chess.legal_moves_batch([r.fen for r in records])
+    moves = rules.legal_moves_batch([r.fen for r in records])
     return [r for r, m in zip(records, moves) if m], [r for r, m in zip(records, moves) if not m]
 
 
@@ -301,7 +301,7 @@ def assign_moves(records: Sequence[Record], seed: int) -> list[Record]:
     """Gives every record without an A: move a random legal one (records without legal moves keep none)."""
     rng = random.Random(seed)
     need = [i for i, r in enumerate(records) if r.move is None]
-    moves = chess.legal_moves_batch([records[i].fen for i in need])
+    moves = rules.legal_moves_batch([records[i].fen for i in need])
     out = list(records)
     for i, legal in zip(need, moves):
         if legal:
@@ -319,7 +319,7 @@ def cut_histories(records: Sequence[Record], seed: int, lengths: str) -> list[Re
         return list(records)
     out = []
     for r in records:
-        keep = random.Random(f"{seed}:history:{r.fen}").randint(0, chess.HISTORY_LEN - 1)
+        keep = random.Random(f"{seed}:history:{r.fen}").randint(0, rules.HISTORY_LEN - 1)
         out.append(replace(r, history=r.history[-keep:] if keep else ()))
     return out
 
@@ -353,7 +353,7 @@ def annotated(records: Sequence[Record], analyses: Sequence, seed: int = 0, layo
         layout,
     )
     with_move = [r for r in records if r.move is not None]
-    env_targets = iter(chess.env_targets([r.env_prompt for r in with_move]))
+    env_targets = iter(rules.env_targets([r.env_prompt for r in with_move]))
     lines = []
     for r, a, target in zip(records, analyses, targets):
         d = r.to_dict()

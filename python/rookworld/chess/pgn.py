@@ -64,7 +64,7 @@ class PgnPosition:
     source: str = field(compare=False)
 
     def to_dict(self) -> dict:
-        """As `rookworld.ground.chess.Position.to_dict` writes a position (``move`` may be ``None`` here)."""
+        """As `rookworld.chess.rules.Position.to_dict` writes a position (``move`` may be ``None`` here)."""
         return {"fen": self.fen, "history": list(self.history), "move": self.move, "phase": self.phase}
 
 
@@ -122,7 +122,7 @@ def pgn_positions(paths: PathLike | Iterable[PathLike] | None = None, *, text: s
     ``[min_elo, max_elo]`` and the TimeControl's base at least ``min_base_seconds`` (``300+3``:
     300); a game without the header is left out while its filter is set. ``dedup`` keeps a position the
     first time only (board, side to move, castling, en passant; not the clocks, as
-    `rookworld.ground.data.position_key`). ``held_out`` is the share of games held out whole, chosen by a
+    `rookworld.chess.data.position_key`). ``held_out`` is the share of games held out whole, chosen by a
     seeded hash of their moves (copies of a game fall together); a held-out position that occurs in any
     training game is dropped. Reading stops after ``max_games`` games or ``max_positions`` positions. Each
     position keeps the last ``history_len`` moves of its history, or all when it is None.

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from rookworld.ground import chess
-from rookworld.ground.stockfish.analysis import Candidate
+from rookworld.chess import rules
+from rookworld.chess.stockfish.analysis import Candidate
 
-#: The largest centipawn score taken from an engine: the data files' range (`chess.MAX_EVAL` pawns, a mate in 1).
-MAX_CP = round(chess.MAX_EVAL * 100)
+#: The largest centipawn score taken from an engine: the data files' range (`rules.MAX_EVAL` pawns, a mate in 1).
+MAX_CP = round(rules.MAX_EVAL * 100)
 #: The longest mate taken from an engine, in moves: past any engine's horizon (Stockfish's is 246 plies), and short
 #: enough that a mate's eval stays on its side's end of the scale.
 MAX_MATE = 250
@@ -129,7 +129,7 @@ def answer_problem(lines: dict[int, tuple[int, int, int | None, int | None, str]
 def position_after(fen: str, moves: Sequence[str]) -> str:
     """The position of a game from ``fen`` after its ``moves``."""
     for move in moves:
-        fen = chess.env_steps([fen], [move])[0].fen
+        fen = rules.env_steps([fen], [move])[0].fen
     return fen
 
 
@@ -137,8 +137,8 @@ def mate_problem(fen: str, candidates: Sequence[Candidate]) -> str | None:
     """What is wrong with the mates in one the candidates claim, the mates the rules check at once, or ``None``: a
     mate in 1 must be a move that mates, a mated-in-1 a move after which the other side has one."""
     for c in candidates:
-        if c.mate == 1 and c.move not in chess.mating_moves(fen):
+        if c.mate == 1 and c.move not in rules.mating_moves(fen):
             return f"it scores {c.move} a mate in 1, which does not mate"
-        if c.mate == -1 and not chess.mating_moves(position_after(fen, [c.move])):
+        if c.mate == -1 and not rules.mating_moves(position_after(fen, [c.move])):
             return f"it scores {c.move} mated in 1, though no mate in 1 follows it"
     return None

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rookworld.io.quote import quoted
-from rookworld.ground.stockfish.analysis import Analysis
-from rookworld.ground.stockfish.engine import Engine, EngineFailure, EngineHung, StockfishError
+from rookworld.chess.stockfish.analysis import Analysis
+from rookworld.chess.stockfish.engine import Engine, EngineFailure, EngineHung, StockfishError
 
 #: Positions that fail in a row, none analysed between, before the pool takes its engine for one that cannot
 #: analyse. More than one: a position may fail alone (it is retried behind the others, which go on).

@@ -19,10 +19,10 @@ and an engine each, restarts, retries and giving up), `reading` (what an engine 
 search and a pool may be asked for), `analysis` (the results).
 """
 
-from rookworld.ground.stockfish.analysis import MATE_SCORE, Analysis, Candidate
-from rookworld.ground.stockfish.engine import StockfishError, StockfishNotFoundError, find_stockfish
-from rookworld.ground.stockfish.limits import default_timeout, workers_count_problem
-from rookworld.ground.stockfish.pool import LazyPool, Role, StockfishPool, StockfishStats, pool_for, pool_workers
+from rookworld.chess.stockfish.analysis import MATE_SCORE, Analysis, Candidate
+from rookworld.chess.stockfish.engine import StockfishError, StockfishNotFoundError, find_stockfish
+from rookworld.chess.stockfish.limits import default_timeout, workers_count_problem
+from rookworld.chess.stockfish.pool import LazyPool, Role, StockfishPool, StockfishStats, pool_for, pool_workers
 
 __all__ = ["Analysis", "Candidate", "LazyPool", "MATE_SCORE", "Role", "StockfishError", "StockfishNotFoundError",
            "StockfishPool", "StockfishStats", "default_timeout", "find_stockfish", "pool_for", "pool_workers",

@@ -15,9 +15,9 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from rookworld.ground import chess
-from rookworld.ground.data import Record, position_key
-from rookworld.ground.stockfish.analysis import Analysis, Candidate
+from rookworld.chess import rules
+from rookworld.chess.data import Record, position_key
+from rookworld.chess.stockfish.analysis import Analysis, Candidate
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Game:
 
     index: int
     rng: random.Random
-    fen: str = chess.START_FEN
+    fen: str = rules.START_FEN
     moves: list[str] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     analyses: list[Analysis] = field(default_factory=list)
@@ -88,7 +88,7 @@ def play(pool, games: int | None, seed: int, how: SelfPlay = SelfPlay(), *, in_f
                                     source=f"selfplay:{seed}:{g.index}:{len(g.moves)}"))
             g.analyses.append(analysis)
             playing.append((g, move))
-        steps = chess.env_steps([g.fen for g, _ in playing], [m for _, m in playing])
+        steps = rules.env_steps([g.fen for g, _ in playing], [m for _, m in playing])
         for (g, move), step in zip(playing, steps):
             g.moves.append(move)
             g.fen = step.fen

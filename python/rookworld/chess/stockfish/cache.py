@@ -18,9 +18,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
-from rookworld.ground import chess
-from rookworld.ground.stockfish.analysis import MATE_SCORE, Analysis
-from rookworld.ground.stockfish.engine import StockfishError
+from rookworld.chess import rules
+from rookworld.chess.stockfish.analysis import MATE_SCORE, Analysis
+from rookworld.chess.stockfish.engine import StockfishError
 
 COLUMNS = ("fen", "depth", "nodes", "multipv", "result")
 
@@ -208,7 +208,7 @@ class DiskCache:
         for key in found:
             by_multipv.setdefault(key[3], []).append(key)
         for multipv, keys in by_multipv.items():
-            verdicts = chess.analysis_problems([k[0] for k in keys], [found[k].moves for k in keys],
+            verdicts = rules.analysis_problems([k[0] for k in keys], [found[k].moves for k in keys],
                                                [found[k].evals for k in keys], max_moves=multipv)
             for key, problem in zip(keys, verdicts):
                 if problem is not None:

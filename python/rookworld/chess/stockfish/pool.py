@@ -19,13 +19,13 @@ from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 
-from rookworld.ground import chess as _chess
+from rookworld.chess import rules as _chess
 from rookworld.io.quote import quoted
-from rookworld.ground.stockfish.analysis import Analysis
-from rookworld.ground.stockfish.cache import DiskCache, MemoryCache
-from rookworld.ground.stockfish.engine import StockfishError, find_stockfish
-from rookworld.ground.stockfish.limits import default_timeout, search_problem, workers_count_problem, workers_problem
-from rookworld.ground.stockfish.workers import Job, Search, Workers
+from rookworld.chess.stockfish.analysis import Analysis
+from rookworld.chess.stockfish.cache import DiskCache, MemoryCache
+from rookworld.chess.stockfish.engine import StockfishError, find_stockfish
+from rookworld.chess.stockfish.limits import default_timeout, search_problem, workers_count_problem, workers_problem
+from rookworld.chess.stockfish.workers import Job, Search, Workers
 
 
 @dataclass(frozen=True, slots=True)
