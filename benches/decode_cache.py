@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from rookworld.net.caches import KVCache
+from rookworld.net.decoding import KVCache
 from rookworld.net.model import GPT, GPTConfig
 from rookworld.net.decoding import CACHE_LEN_BUCKET, decode_step
 

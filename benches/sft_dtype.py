@@ -21,7 +21,7 @@ trainer draws them.
 
 Prediction, written before the first measurement (Machine B, AMD EPYC Zen 4 with AVX-512 BF16, no AMX; numbers
 from BENCHMARKS.md: `torch.mm` about 190 GFLOP/s in float32 and 405 in bf16 at 2048 cubed, 2.1x): the float32 run
-already makes its products through oneDNN (`rookworld.net.onednn`), and under bf16 autocast on the CPU the
+already makes its products through oneDNN (`rookworld.net.model.linear`), and under bf16 autocast on the CPU the
 lm_head's products stay float32 (`head_logits` widens the rounded bf16 operands) and every Linear's weight is cast
 to bf16 at every call, with a cast of each activation on the way in and out. GPT-2 small: the trunk's products
 are about 70% of a float32 step; at 1.5-2x in bf16 (SFT's shapes are below mm's peak) and the head (about 10%) no

@@ -79,10 +79,10 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     graphs = compiling.graphs_compiled() - before
     assert not compiling.FALLBACKS, compiling.FALLBACKS
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list as entries
-    from rookworld.net import logprobs, sampling, vocab_grad
+    from rookworld.net import head, logprobs, sampling
     counts = {f.__name__: len(entries(f.__code__)) for f in (decoding.decode_step, sampling._draw, logprobs._block,
-                                                               logprobs._chunk_logprobs, vocab_grad.vocab_forward,
-                                                               vocab_grad.vocab_backward)}
+                                                               logprobs._chunk_logprobs, head.vocab_forward,
+                                                               head.vocab_backward)}
     print(f"graphs compiled over 20 steps: {graphs}: {counts}")
     assert 0 < graphs <= 40, graphs
 
@@ -120,9 +120,9 @@ def test_a_124m_shaped_step_compiles_at_most_eight_graphs_then_none(monkeypatch,
     for module, names in ((sampling, ["DRAWS"]), (model_module, ["GROUPED_PROMPTS_ON"])):
         for name in names:  # the rehearsal changes copies, which the test's end puts back
             monkeypatch.setattr(module, name, type(getattr(module, name))(getattr(module, name)))
-    from rookworld.net import fused_head, logprobs
+    from rookworld.net import head, logprobs
     for compiled in (decoding._DECODE_STEP, *sampling.COMPILED_DRAWS.values(), logprobs._BLOCK, logprobs._CHUNK,
-                     fused_head._FORWARD, fused_head._BACKWARD):
+                     head._FORWARD, head._BACKWARD):
         monkeypatch.setattr(compiled, "by_device", {})
     torch._dynamo.reset()
     # 13 prompts at the default mix: 2 or 3 A: prompts a step (never 1: a batch of one group is a size dynamo

@@ -20,7 +20,7 @@ from torch._dynamo.utils import counters
 from conftest import constant_gpt, generate_with, rookworld_process
 from test_trainer import metrics
 from rookworld.net import compiling, logprobs
-from rookworld.net.fused_head import TokenTerms
+from rookworld.net.head import TokenTerms
 from rookworld.net.logprobs import PassOptions, token_logprobs
 from rookworld.net.model import GPT, GPTConfig
 from rookworld.net.device import peak_tflops

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld.net.vocab_grad import vocab_forward
+from rookworld.net.head import vocab_forward
 from rookworld.grpo.formulas import (clipped_surrogate, constant_mean, ema, gae, group_advantages, group_has_spread,
                                   group_std, kl_k1, kl_k2, kl_k3, penalty_to_go, sequence_mean, token_mean, value_loss)
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import generate_with, tiny_gpt
-from rookworld.net import compiling, fused_head, logprobs
-from rookworld.net.fused_head import TokenTerms
+from rookworld.net import compiling, head, logprobs
+from rookworld.net.head import TokenTerms
 from rookworld.net.logprobs import PassOptions, token_logprobs, with_values
 from rookworld.net.head import head_logits
 from rookworld.net.tokenizer import chess_tokenizer, get_tokenizer
@@ -205,7 +205,7 @@ def test_the_compiled_fused_pass_and_shared_trunk_give_what_eager_gives(monkeypa
         s = token_logprobs(policy, ids, mask, options, reference=reference, wanted=mask[:, P:], loss=loss)
         s.loss.backward()
         got.append((s.loss.detach(), s.logprobs, s.entropy, s.kl, _grads(policy)))
-    assert all("cpu" in c.by_device for c in (logprobs._BLOCK, fused_head._FORWARD, fused_head._BACKWARD)) \
+    assert all("cpu" in c.by_device for c in (logprobs._BLOCK, head._FORWARD, head._BACKWARD)) \
         and not compiling.FALLBACKS, compiling.FALLBACKS
     (eager, compiled) = got
     for a, b in zip(eager[:4], compiled[:4]):

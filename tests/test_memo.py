@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_gpt
-from rookworld.net import onednn
-from rookworld.net.fused_head import TokenTerms
+from rookworld.net import model as onednn  # the oneDNN products are model.py's
+from rookworld.net.head import TokenTerms
 from rookworld.net.logprobs import PassOptions, token_logprobs
 from rookworld.net.memo import ProductMemo, Replay
 from rookworld.net.model import GPT, GPTConfig

@@ -15,7 +15,7 @@ import torch
 from conftest import tiny_gpt
 from rookworld.net.head import head_grad_weight, head_input_grad
 from rookworld.net.model import GPT, GPTConfig, positions_from_mask
-from rookworld.net.onednn import linear, uses_onednn
+from rookworld.net.model import linear, uses_onednn
 from rookworld.net.precision import autocast_copy, refresh_copy
 from rookworld.net.pretrained import ModelNotAvailableError, from_pretrained, save_pretrained
 

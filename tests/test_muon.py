@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rookworld.harness.optimizer import optimizer_for
-from rookworld.net.model import GPTConfig, fresh_gpt
+from rookworld.net.memory import fresh_gpt
+from rookworld.net.model import GPTConfig
 from rookworld.net.muon import NS_COEFFICIENTS, NS_STEPS, RMS_MATCH, Muon, orthogonalised
 from rookworld.settings.config import SFTConfig
 

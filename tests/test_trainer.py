@@ -450,7 +450,7 @@ def test_tensorboard_event_files_when_tensorboard_is_installed(tmp_path):
 def test_a_position_stockfish_cannot_analyse_is_left_out_and_training_goes_on(fake_engine, tmp_path):
     from rookworld.chess.rewards import RewardScorer
     from rookworld.chess.stockfish import StockfishPool
-    from rookworld.grpo.rewards import RolloutReward
+    from rookworld.grpo.rollout import RolloutReward
 
     crashing = "6k1/5ppp/8/8/8/8/5PPP/6K1 w - - 0 1"  # the scripted engine dies on this one, every time
     fine = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
@@ -484,7 +484,7 @@ def test_the_next_step_s_analyses_asked_for_early_are_what_its_rewards_read():
     that was not asked early. A: prompts and P: prompts whose data carries the analysis ask for nothing."""
     from rookworld.chess.rewards import RewardScorer
     from rookworld.chess.stockfish import StockfishPool
-    from rookworld.grpo.rewards import RolloutReward
+    from rookworld.grpo.rollout import RolloutReward
 
     fens = ["rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1",
             "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3",

@@ -20,7 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rookworld.net.model import GPT, GPTConfig, NotEnoughMemory, available_memory, check_memory
+from rookworld.net.memory import NotEnoughMemory, available_memory, check_memory
+from rookworld.net.model import GPT, GPTConfig
 from rookworld.net.pretrained import config_to_hf
 from rookworld.net.tokenizer import ENV_VAR, SHIPPED_VOCABULARY
 

@@ -1,4 +1,4 @@
-"""The vocabulary pass's hand-derived backward (`rookworld.net.vocab_grad`) against autograd, in float64: for a loss
+"""The vocabulary pass's hand-derived backward (`rookworld.net.head`) against autograd, in float64: for a loss
 sum(a * log p_y + b * H + c * KL) of random weights a, b, c, the gradient it gives w.r.t. the logits, carried
 through the head to the hidden states and the weight, equals autograd's through `vocab_forward`."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rookworld.net.vocab_grad import Derivatives, vocab_backward, vocab_forward
+from rookworld.net.head import Derivatives, vocab_backward, vocab_forward
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -84,7 +84,7 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 K3_EXP_LIMIT = 20.0
 
 
-#: The KL estimators of sampled tokens by --kl-estimator's name ("full", the exact KL, is `net.vocab_grad`'s).
+#: The KL estimators of sampled tokens by --kl-estimator's name ("full", the exact KL, is `net.head`'s).
 SAMPLED_KL = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 

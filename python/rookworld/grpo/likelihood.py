@@ -18,7 +18,7 @@ from rookworld.chess import rules
 from rookworld.grpo.models import Models
 from rookworld.grpo.prompts import Prompt
 from rookworld.harness.distributed import Comm
-from rookworld.net.fused_head import NLL
+from rookworld.net.head import NLL
 from rookworld.net.logprobs import PassOptions, token_logprobs
 
 

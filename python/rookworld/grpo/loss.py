@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from rookworld.grpo import formulas
-from rookworld.net.fused_head import TokenTerms
+from rookworld.net.head import TokenTerms
 
 Tensor = torch.Tensor
 

@@ -1,4 +1,5 @@
-"""A GRPO rollout: G completions per prompt, their rewards and advantages, and the log-probs the update needs.
+"""A GRPO rollout: G completions per prompt, their rewards (`RolloutReward`) and advantages, and the log-probs
+the update needs.
 
 `collect_rollout` is steps 1-3 of a GRPO step: sample, score, then run the frozen reference (and, when the
 objective needs it, the sampling policy) over the completions once (`rollout_logprobs`) and form the advantages.
@@ -10,26 +11,97 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch.profiler import record_function
 from torch import nn
 
-from rookworld.chess.rewards import Scores
+from rookworld.chess.rewards import RewardScorer, Scores
 from rookworld.grpo.likelihood import EnvTargets, env_targets
 from rookworld.grpo.loss import Experience
 from rookworld.grpo.models import Models, Sampler
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import Prompt
-from rookworld.grpo.rewards import RewardFn
 from rookworld.harness.distributed import Comm
+from rookworld.harness.stop import StepAbandoned
 from rookworld.net.logprobs import token_logprobs, with_values
 from rookworld.net.memo import ProductMemo
 from rookworld.settings.base import Slice
+
+
+#: How often a wait on Stockfish looks up from the analyses: for a stop asked for meanwhile.
+WAIT_SLICE_S = 0.25
+#: How long a stop (Ctrl-C, SIGTERM) lets the engines finish the step's analyses before the step is dropped.
+STOP_GRACE_S = 1.0
+
+
+class RewardFn(Protocol):
+    def prefetch(self, prompts: Sequence[Prompt]) -> None: ...
+
+    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> Scores: ...
+
+
+class RolloutReward:
+    """A rollout's rewards: Stockfish for P:, the rules for A: (`rookworld.chess.rewards`, the one scorer), over the
+    step's `Prompt`s. (Other trainers' reward function is `rookworld.integrations.chess_reward.ChessReward`.)
+
+    With `stopping`, it waits on Stockfish's analyses of a step in short slices: a stop asked for meanwhile drops
+    the step (`StepAbandoned`) once the engines have had `STOP_GRACE_S` more, since no weight has changed yet; a
+    pool that gave up on its engine ends the wait with its `StockfishError`."""
+
+    def __init__(self, scorer: RewardScorer, stopping: Callable[[], bool] | None = None):
+        self.scorer, self.stopping = scorer, stopping
+
+    def prefetch(self, prompts: Sequence[Prompt]) -> None:
+        texts = [p.text for p in prompts if p.task == "P" and p.truth is None]
+        if texts:
+            self.scorer.prefetch(texts)
+
+    def __call__(self, prompts: Sequence[Prompt], completions: Sequence[str]) -> Scores:
+        if self.stopping is not None:
+            needed = [p.text for p in prompts if p.task == "P" and p.truth is None]
+            if needed:
+                self._wait(self.scorer.prefetch(needed))  # the step's analyses, queued or cached already
+        texts = [p.text for p in prompts]
+        truth = [p.truth for p in prompts]
+        valid = np.ones(len(prompts), dtype=bool)
+        missing = [i for i, p in enumerate(prompts) if p.task == "P" and p.truth is None]
+        if missing:
+            found, failed = self.scorer.ground_truth_or_failures([texts[i] for i in missing])
+            for i, t in zip(missing, found):
+                truth[i] = t
+            valid[[missing[j] for j in failed]] = False
+        rewards = np.zeros(len(prompts))
+        well_formed = np.zeros(len(prompts), dtype=bool)
+        keep = np.flatnonzero(valid)
+        scores = self.scorer.score_batch([texts[i] for i in keep], [completions[i] for i in keep],
+                                         ground_truth=[truth[i] for i in keep])
+        rewards[keep], well_formed[keep] = scores.rewards, scores.well_formed
+        parts = {}  # what the rewards are made of, for the step's metrics (0 in a row left unscored)
+        for name, values in scores.parts.items():
+            parts[name] = np.zeros(len(prompts), dtype=values.dtype)
+            parts[name][keep] = values
+        return Scores(rewards=rewards, tasks=np.array([p.task for p in prompts]), well_formed=well_formed,
+                      valid=valid, parts=parts)
+
+
+    def _wait(self, futures: list[Future]) -> None:
+        pending, drop_at = set(futures), None
+        while pending:
+            _, pending = wait(pending, timeout=WAIT_SLICE_S)
+            if drop_at is None and self.stopping():
+                drop_at = time.monotonic() + STOP_GRACE_S
+            if pending and drop_at is not None and time.monotonic() > drop_at:
+                raise StepAbandoned
+        failure = self.scorer.stockfish.failure
+        if failure is not None:
+            raise failure
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from rookworld.grpo.metrics import step_metrics, warn_about
 from rookworld.grpo.models import Models, Placement, Sampler
 from rookworld.grpo.objective import Objective
 from rookworld.grpo.prompts import PromptSource
-from rookworld.grpo.rewards import RewardFn, RolloutReward, StoppableRolloutReward
-from rookworld.grpo.rollout import Rollout, RolloutParts, RolloutSettings, collect_rollout
+from rookworld.grpo.rollout import (RewardFn, Rollout, RolloutParts, RolloutReward, RolloutSettings,
+                                    collect_rollout)
 from rookworld.grpo.update import UpdateSettings, update
 from rookworld.harness import checkpoint
 from rookworld.harness.distributed import Comm
@@ -216,7 +216,7 @@ class Trainer:
         run.log.say(f"rewards: Stockfish {self.pool.path} (depth {cfg.stockfish_depth}, {workers} worker"
                     f"{'s' if workers > 1 else ''}) for P: ({graded}), the rules for A:; {cfg.reward_shaping} shaping")
         scorer = RewardScorer(self.pool, shaping=cfg.reward_shaping, p_reward=cfg.p_reward)
-        return StoppableRolloutReward(scorer, self._stopping)
+        return RolloutReward(scorer, self._stopping)
 
     def _stopping(self) -> bool:
         """Whether a stop was asked for that this rank may act on alone: under torchrun every rank must drop a step or

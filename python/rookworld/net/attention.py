@@ -2,7 +2,7 @@
 `LayerAttention`, called with that layer's queries, keys and values of the new tokens [B, nh, T, hd], which returns
 the attention's output [B, nh, T, hd]. `GPT` picks one for each pass: `Causal` (the tokens given, padding masked),
 `SharedPrompts` (continuations of prompts whose keys and values are computed once a group, each layer through
-`AfterPrompts` or `GroupedPrompts`) and `Cached` (decoding against a cache, `rookworld.net.caches`).
+`AfterPrompts` or `GroupedPrompts`) and `Cached` (decoding against a cache, `rookworld.net.decoding`).
 
 A layer's attention holds that layer's tensors, not its index: a block compiled once then serves every layer
 (`rookworld.net.logprobs`), since nothing it reads tells one layer from another."""

@@ -9,7 +9,7 @@ Three things keep it cheap:
 - One pass over the vocabulary. The lm_head and the log-softmax run on chunks of positions sized by their bytes
   (`chunk_rows`), so no [tokens, vocab] tensor exists whole. Given a `loss` that sums a function of each position's
   log-prob, entropy and KL (the GRPO and SFT losses do), the same pass also computes the loss's gradients w.r.t.
-  the hidden states and the head's weight (`rookworld.net.fused_head`): no logits are kept for the backward, none
+  the hidden states and the head's weight (`rookworld.net.head`): no logits are kept for the backward, none
   recomputed.
   Without one, a differentiable call checkpoints each chunk instead (backward recomputes its logits).
 - Products made once. Given a `Replay` of the policy's `ProductMemo`, the trunk takes the products that sampling
@@ -26,11 +26,11 @@ from torch import nn
 
 from rookworld.net.compile_log import describe
 from rookworld.net.compiling import Compiled
-from rookworld.net.fused_head import Columns, FusedHead, TokenLoss, TokenTerms, Vocab
+from rookworld.net.head import Columns, FusedHead, TokenLoss, TokenTerms, Vocab
 from rookworld.net.memo import Replay
 from rookworld.net.attention import Causal, LayerAttention
 from rookworld.net.model import GPT, Block, BlockRunner
-from rookworld.net.vocab_grad import tempered_logits, vocab_forward
+from rookworld.net.head import tempered_logits, vocab_forward
 
 __all__ = ["LogProbs", "PassOptions", "TokenLogProbs", "TokenLoss", "TokenTerms", "chunk_rows", "token_logprobs"]
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rookworld.net.model import GPT, GPTConfig, Linear
-from rookworld.net.onednn import linear, linear_grads, wants_grad
+from rookworld.net.model import GPT, GPTConfig, Linear, linear, linear_grads, wants_grad
 
 
 class _Replayed(torch.autograd.Function):

@@ -5,21 +5,19 @@ Two things differ from a textbook GPT-2, both for RL:
 - Left-padded batches are first-class: position ids come from the attention mask and padded keys are masked, so a
   prompt's logits do not depend on the padding around it.
 - A group's completions can share one pass over their prompt (`prompt_trunk`, `continue_trunk`), and decoding runs
-  against a cache (`rookworld.net.caches`). How a pass attends is an `rookworld.net.attention` object.
+  against a cache (`rookworld.net.decoding`). How a pass attends is an `rookworld.net.attention` object.
 
 Loading and saving in the Hugging Face layout: `rookworld.net.pretrained`. On the CPU each Linear's product goes
-through `rookworld.net.onednn.linear`; during eager CPU sampling and the update's first pass a `ProductMemo`
+through `linear` (oneDNN's inner product, below); during eager CPU sampling and the update's first pass a `ProductMemo`
 (`rookworld.net.memo`) may make it instead.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Protocol
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -27,9 +25,6 @@ import torch.nn.functional as F
 
 from rookworld.net.attention import (AfterPrompts, Attention, Cached, Causal, GroupedPrompts, LayerAttention,
                                      SharedPrompts, padded_causal, prompt_bias)
-from rookworld.net.device import resolve_device
-from rookworld.net.onednn import linear
-from rookworld.settings.base import ConfigError
 
 
 @dataclass
@@ -75,88 +70,74 @@ class GPTConfig:
                 f"{self.vocab_size} tokens, {self.block_size} positions: {self.n_params:,} parameters")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Memory: a model is measured before it is built, so that sizes too large for the machine are one line, not a
-# process that grows until the kernel kills it (or the whole machine swaps).
+# -- the CPU's products: oneDNN's inner product for a float32 Linear, with its gradients -----------------------
+#
+# oneDNN's inner product (the op inductor emits for a CPU linear) multiplies by the dense float32 weight as it is,
+# with no packing; BENCHMARKS.md ("Every core busy") has what it gains over F.linear (MKL's sgemm) at the step's
+# shapes. Everywhere else (CUDA, other dtypes, autocast, compiled code, a torch built without the op) `linear` is
+# F.linear.
 
-#: Bytes a parameter takes to train: its float32 weight and gradient and AdamW's two float32 moments.
-TRAINING_BYTES = 16
-
-
-class NotEnoughMemory(ConfigError):
-    """A model too large for the memory free on the device it would be built on."""
-
-
-def check_memory(config: GPTConfig, device: torch.device | str, *, what: str, instead: str,
-                 training: bool = False, dtype: torch.dtype = torch.float32) -> None:
-    """Raises NotEnoughMemory, naming the sizes and the bytes needed and free, when a GPT of `config` does not fit
-    `device` (its weights in `dtype`; to be trained, `TRAINING_BYTES` a parameter). `what` names the model and
-    `instead` says what to do. Activations come on top: a model that passes may still not train at any batch."""
-    device = resolve_device(str(device))
-    per_param = TRAINING_BYTES if training else dtype.itemsize
-    needed, free = config.n_params * per_param, available_memory(device)
-    if free is None or needed <= free:
-        return
-    kind = ("weights, gradients and AdamW's moments in float32" if training
-            else f"weights in {str(dtype).removeprefix('torch.')}")
-    raise NotEnoughMemory(f"{what} ({config.describe()}) needs {_gb(needed)} on {device} to "
-                          f"{'train' if training else 'load'} ({kind}) and {_gb(free)} is free there: {instead}")
+#: Whether this torch has the op: builds without oneDNN, or older ones without `_linear_pointwise`, do not.
+AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def fresh_gpt(config: GPTConfig, device: torch.device | str) -> GPT:
-    """A new GPT of `config` (built on the CPU) to be trained on `device`: refused, before anything is allocated,
-    when training it would not fit there."""
-    check_memory(config, device, training=True, what="a fresh GPT-2",
-                 instead="choose a smaller --init, --n-layer or --n-embd")
-    return GPT(config)
+def inner_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T (+ bias) by oneDNN."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
+def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether x times weight goes through oneDNN: float32 on the CPU, outside autocast and compiled code
+    (inductor makes its own choice), with a contiguous weight."""
+    return (AVAILABLE and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and weight.is_contiguous() and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling())
 
 
-def available_memory(device: torch.device) -> int | None:
-    """Bytes a new allocation can take on `device`: a CUDA device's free memory, the CPU's available memory (what
-    the kernel can give without swapping, within this process's cgroup limit); None where it cannot be known."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type != "cpu":
-        return None
-    free = [n for n in (_mem_available(), _cgroup_room()) if n is not None]
-    return min(free) if free else None
+def linear_grads(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, needs: tuple[bool, ...],
+                 has_bias: bool) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of y = x [M, K] @ weight [N, K]^T + bias given dy [M, N]: the input's by oneDNN with the weight
+    transposed in memory where it applies (else torch.mm, on any device and dtype), the weight's (a reduction over
+    the rows) and the bias's by torch."""
+    dy = dy.contiguous()
+    dx = dw = db = None
+    if needs[0]:
+        dx = inner_product(dy, weight.t().contiguous(), None) if uses_onednn(dy, weight) else torch.mm(dy, weight)
+    if needs[1]:
+        dw = torch.mm(dy.t(), x)
+    if has_bias and needs[2]:
+        db = dy.sum(0)
+    return dx, dw, db
 
 
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:  # another Unix: free pages, which leaves out the page cache the kernel would hand back
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+class _InnerProduct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return inner_product(x, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        return linear_grads(dy, x, weight, ctx.needs_input_grad, ctx.has_bias)
 
 
-#: A container's memory limit and use: cgroup v2's files, then v1's.
-_CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+def wants_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _cgroup_room() -> int | None:
-    """What this process's cgroup may still take, where it is limited: MemAvailable is the whole machine's."""
-    for limit_file, usage_file in _CGROUP_FILES:
-        try:
-            limit, usage = Path(limit_file).read_text().strip(), Path(usage_file).read_text().strip()
-        except OSError:
-            continue
-        if limit == "max" or int(limit) >= 1 << 60:  # unlimited (v1 writes a page-rounded 2^63)
-            return None
-        return max(int(limit) - int(usage), 0)
-    return None
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), by oneDNN where `uses_onednn` (with gradients where any input wants one)."""
+    if not uses_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    y = _InnerProduct.apply(rows, weight, bias) if wants_grad(x, weight, bias) else inner_product(rows, weight, bias)
+    return y.view(*x.shape[:-1], weight.shape[0])
 
+
+# -- the network ----------------------------------------------------------------------------------------------
 
 class Products(Protocol):
     """Who makes a trunk Linear's product in one pass, when the pass is given one (`rookworld.net.memo`, CPU
@@ -166,7 +147,7 @@ class Products(Protocol):
 
 
 class Linear(nn.Linear):
-    """nn.Linear by `onednn.linear`, or by the pass's `products` when it has them."""
+    """nn.Linear by `linear` (oneDNN on the CPU), or by the pass's `products` when it has them."""
 
     def forward(self, x: torch.Tensor, products: Products | None = None) -> torch.Tensor:
         if products is not None:
@@ -292,7 +273,7 @@ class GPT(nn.Module):
         (`BlockRunner`; not with `products`), else each runs as it is.
 
         attention_mask [B, T] (1/True = real token) marks padding; position ids default to its cumulative sum.
-        With `kv_cache` (`rookworld.net.caches`), the T new tokens are written to cache slots `write_pos` [T] (long)
+        With `kv_cache` (`rookworld.net.decoding`), the T new tokens are written to cache slots `write_pos` [T] (long)
         and attend to every valid slot at or before their own; without it, attention is over the T tokens given.
         """
         B, T = input_ids.shape

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from rookworld.io.files import publish, temporary_directory, what_is_at
-from rookworld.net.model import GPT, GPTConfig, check_memory
+from rookworld.net.memory import check_memory
+from rookworld.net.model import GPT, GPTConfig
 from rookworld.net.tokenizer import model_tokenizer
 from rookworld.net.weights import (CONV1D_SUFFIXES, ModelFileError, ModelNotAvailableError, NoModelFile,
                                    NotAModelDirectory, check_dtypes, check_finite, check_shapes, from_hf_state_dict,

@@ -27,9 +27,10 @@ from rookworld.harness.runlog import fmt
 from rookworld.lm.bestmove import heldout_records
 from rookworld.lm.suites import training_metrics
 from rookworld.net.device import peak_memory_gb, peak_tflops
-from rookworld.net.fused_head import NLL
+from rookworld.net.head import NLL
 from rookworld.net.logprobs import LogProbs, PassOptions, token_logprobs
-from rookworld.net.model import GPTConfig, fresh_gpt
+from rookworld.net.memory import fresh_gpt
+from rookworld.net.model import GPTConfig
 from rookworld.net.tokenizer import vocabulary
 from rookworld.settings.config import SFTConfig
 from rookworld.sft.legality import LegalTokens, MoveSlots, SoftSlots, legal_loss, move_shares, soft_loss
