@@ -216,3 +216,21 @@ def test_no_module_or_class_outgrows_a_room():
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MOST_CLASS_LINES:
                 found.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not found, "\n".join(found)
+
+
+#: What one steady-state GRPO step may reach of the package (`benches/same_steps.py --calls`, the second step of
+#: three of a tiny model on the CPU, comprehensions and lambdas not counted): a cap that holds the line where the
+#: step stands, well above the 150 functions in 25 files it is meant to come down to.
+STEP_FUNCTIONS, STEP_FILES = 220, 34
+
+
+def test_one_grpo_step_calls_a_bounded_number_of_functions_and_files(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("same_steps", PACKAGE.parent.parent / "benches" / "same_steps.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    functions, files = bench.count_calls(tmp_path / "run")
+    assert "grpo/trainer.py" in files and "grpo/update.py" in files, "the hook saw the step"
+    assert len(files) <= STEP_FILES, sorted(files)
+    assert len(functions) <= STEP_FUNCTIONS, len(functions)
