@@ -137,7 +137,11 @@ def training_data(cfg: TrainConfig) -> TrainingData:
 
 class Trainer:
     """`rookworld train`. Each piece defaults to what the config says; a library user may bring their own policy,
-    frozen reference, tokenizer, reward function (`RewardFn`) or prompt source (anything with `batch(step)`)."""
+    frozen reference, tokenizer, reward function (`RewardFn`) or prompt source (anything with `batch(step)`).
+    `engine_failure` is why Stockfish could not score, once it could not: the run stops with it, its last step
+    saved."""
+
+    engine_failure: StockfishError | None
 
     def __init__(self, cfg: TrainConfig, *, policy: nn.Module | None = None, reference: nn.Module | None = None,
                  tokenizer: Tokenizer | None = None, reward_fn: RewardFn | None = None, prompts=None, stream=None,
@@ -152,9 +156,7 @@ class Trainer:
         self.run = Run(cfg, command="train", policy=policy, tokenizer=tokenizer, stream=stream, summary=summary,
                        process_settings=process_settings)
         self.run.fingerprints["reference"] = fingerprint
-        self.pool, self._eval_records, self._last_rollout = None, None, None
-        #: Why Stockfish could not score, once it could not: the run stops with it, its last step saved.
-        self.engine_failure: StockfishError | None = None
+        self.pool, self._eval_records, self._last_rollout, self.engine_failure = None, None, None, None
         try:  # a start that fails (an engine that is not there) leaves no engine running, no log open, nothing locked
             self._build(reference, reward_fn, prompts, data)
         except BaseException:
