@@ -27,13 +27,16 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 import torch  # noqa: E402
 
+import rookworld  # noqa: E402
+
 from rookworld.grpo.trainer import Trainer  # noqa: E402
 from rookworld.net.model import GPT, GPTConfig  # noqa: E402
 from rookworld.net.tokenizer import get_tokenizer  # noqa: E402
 from rookworld.settings.config import SFTConfig, TrainConfig  # noqa: E402
 from rookworld.sft.trainer import SFTTrainer  # noqa: E402
 
-PACKAGE = Path(__file__).resolve().parents[1] / "python" / "rookworld"
+#: The package as imported (a wheel's copy in site-packages, or the tree's own), whose functions --calls counts.
+PACKAGE = Path(rookworld.__file__).parent
 
 #: Objective options, one run each, beside the defaults.
 GRPO_RUNS = {
