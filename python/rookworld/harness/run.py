@@ -71,7 +71,8 @@ def weights_bytes(model: nn.Module) -> int:
 
 class Run:
     """A training command's run: its `Context`, its policy and tokenizer, and what moves as it trains (the step,
-    the optimizer and its schedule, a stop asked for); `loop` calls the command's step until the end."""
+    the optimizer and its schedule, a stop asked for); the command's loop calls its services (`step_or_keep`, `due`,
+    `record`, `save`, `stop_asked`, `finish`)."""
 
     def __init__(self, cfg: RunConfig, *, command: str, policy: nn.Module | None = None, tokenizer=None,
                  stream=None, summary: Summary | None = None, label: str | None = None,
@@ -103,7 +104,7 @@ class Run:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
         self.interrupted = False  # set when a run stopped early on Ctrl-C or SIGTERM (after saving)
-        self.saved_at: int | None = None  # the step of the last checkpoint this process saved
+        self.saved_at: int | None = None  # the step the run's last checkpoint holds (where it began, at `begin`)
         self.stop = Stop(self.log.say, lambda: self.step, alone=not self.dist.enabled)
 
     def build_optimizer(self, extra_groups: Sequence[dict] = ()) -> dict[str, Any]:
