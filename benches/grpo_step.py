@@ -9,7 +9,7 @@ generated tokens/s, time per phase, model FLOP utilisation and peak memory, afte
 
 `--uniform-length N` gives every completion N tokens (for a like-for-like run beside benches/trl_baseline.py).
 `--rehearse-cuda` runs on the CPU the code paths and compile settings a CUDA run takes (the draw in blocks,
-`AfterPrompts`, bf16 autocast, every hot path compiled), so that a change to compiling is measured before it
+`after_prompts`, bf16 autocast, every hot path compiled), so that a change to compiling is measured before it
 reaches a GPU; `--compile-backend eager` counts its graphs in seconds instead of inductor's minutes. Every run
 prints each graph compiled (function, seconds, why it compiled again) as the step that compiled it ends, and
 `--json` is rewritten after every step, so that a run cut off by a time limit leaves what it measured.
@@ -111,15 +111,15 @@ def mm_peak_gflops(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.f
 
 
 def rehearse_cuda(trainer: Trainer) -> None:
-    """The CUDA paths on the CPU: the draw in blocks, continuations through `AfterPrompts`, and every function a
+    """The CUDA paths on the CPU: the draw in blocks, continuations through `after_prompts`, and every function a
     CUDA run compiles compiled (decoding without CUDA graphs, which need a GPU)."""
     sampling.DRAWS = {**sampling.DRAWS, "cpu": sampling._draw_in_blocks}
     model_module.GROUPED_PROMPTS_ON = model_module.GROUPED_PROMPTS_ON - {"cpu"}
     trainer.run.context = dataclasses.replace(trainer.run.context, compile=True,
                                               compile_logprobs=trainer.cfg.compile_logprobs)
     trainer.models.compile = True
-    passes = trainer.models.policy_pass
-    passes.options = dataclasses.replace(passes.options, compile=trainer.cfg.compile_logprobs)
+    compiled = dataclasses.replace(trainer.models.options, compile=trainer.cfg.compile_logprobs)
+    trainer.models.options = trainer.models.policy_pass.options = compiled  # the reference's passes and the update's
     trainer.sampler.options = dataclasses.replace(trainer.sampler.options, compile=True)
 
 
@@ -267,7 +267,7 @@ def main() -> int:
         rows, steps = [], []
         progress = {"complete": False, "device": args.device, "params_m": n_params / 1e6, "prompts": args.prompts,
                     "group": args.group, "lengths": lengths, "compile": trainer.models.compile,
-                    "compile_logprobs": trainer.models.compile_logprobs,
+                    "compile_logprobs": trainer.models.options.compile,
                     "rehearse_cuda": args.rehearse_cuda, "compile_backend": args.compile_backend,
                     "steps": steps, "compiled": []}
         write_json(args.json, progress)
@@ -314,7 +314,7 @@ def main() -> int:
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
     samples = args.prompts * args.group
     objective = trainer.objective  # which passes a step runs is the objective's to say
-    old_pass = objective.sampler_pass
+    old_pass = objective.passes.sampler
     reference_passes = 0 if not objective.measures_kl else args.mu if objective.exact_kl else 1
     width = max(p for g in groups_of_steps for p, _ in g)
     memo = trainer.models.product_memo(args.prompts, width, samples, max(lengths.values()), 0) is not None

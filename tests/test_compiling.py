@@ -69,7 +69,7 @@ def test_a_compiled_run_makes_a_bounded_number_of_graphs(monkeypatch, tmp_path):
     # A run compiles on CUDA alone; here every switch a CUDA run sets is set by hand.
     t.run.context = dataclasses.replace(t.run.context, compile=True)
     t.models.compile = True
-    t.models.policy_pass.options = dataclasses.replace(t.models.policy_pass.options, compile=True)
+    t.models.options = t.models.policy_pass.options = dataclasses.replace(t.models.options, compile=True)
     t.sampler.options = dataclasses.replace(t.sampler.options, compile=True)
     before = compiling.graphs_compiled()
     try:
@@ -103,7 +103,7 @@ def _grpo_step_bench():
                            "graph per cache shape (at most decoding.MAX_CACHED_SHAPES); the GPU machines run 2.11")
 def test_a_124m_shaped_step_compiles_at_most_eight_graphs_then_none(monkeypatch, tmp_path):
     """GPT-2 small's shape (12 layers, 12 heads, 768 wide, GPT-2's vocabulary) under every switch a CUDA run sets
-    with --compile-logprobs (benches/grpo_step.py --rehearse-cuda: the draw in blocks, `AfterPrompts`, every hot
+    with --compile-logprobs (benches/grpo_step.py --rehearse-cuda: the draw in blocks, `after_prompts`, every hot
     path compiled), at the default 80/20 task mix, so that a step's P:/A: split moves its batches: the first step
     compiles at most 8 graphs (the decode step, the draw, one block for the prompts and one for the
     continuations, each without and with gradients, whatever the depth, and the fused vocabulary pass's forward

@@ -207,7 +207,7 @@ def test_the_ratio_is_to_the_same_pass_unless_the_policy_moves_within_a_step():
     for mu in (1, 2):
         # k1 makes the rollout run the sampling policy's pass even with --mu 1.
         objective = Objective(TrainConfig(mu=mu, kl_estimator="k1", beta=0.1).validate())
-        assert objective.sampler_pass and objective.several_updates == (mu > 1)
+        assert objective.passes.sampler and objective.passes.several_updates == (mu > 1)
         per_token, clipped, _ = token_loss(objective, lp, torch.zeros_like(lp), None, advantages=adv,
                                                      old_logprobs=rollout_pass, ref_logprobs=None)
         grad = torch.autograd.grad(per_token.sum(), lp)[0]

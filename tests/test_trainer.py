@@ -641,7 +641,7 @@ def test_tasks_are_sampled_together_when_decoding_eagerly_and_apart_when_compile
     prompt_tasks = np.array([p.task for p in prompts])
     tasks = np.repeat(prompt_tasks, 2)
     assert (tasks == "P").sum() == 6 and (tasks == "A").sum() == 4  # 3 P: and 2 A: prompts: the exact mix
-    out = t.sampler(ids, pmask, prompt_tasks, 2, torch.Generator().manual_seed(0))
+    out, _ = t.sampler(ids, pmask, prompt_tasks, 2, torch.Generator().manual_seed(0))
     # Each prompt goes once (the shared prompt), its completions come back in groups of 2.
     if compile:
         assert [c[2].tolist() for c in calls] == [["P"] * 3, ["A"] * 2]

@@ -194,7 +194,7 @@ def rookworld_loss(world, *, aggregation: str, moved: bool, beta: float = 0.04, 
                       entropy_coef=entropy_coef, temperature=temperature).validate()
     objective = Objective(cfg, reference_given=True)
     objective.begin_step(0)
-    assert objective.several_updates == moved and objective.kl_in_loss
+    assert objective.passes.several_updates == moved and objective.kl_in_loss
     usable = whole.completion_mask.bool()
     totals = Totals(float(usable.sum()), float(usable.any(1).sum()), float(len(usable)))
     P, rows = whole.prompt_ids.shape[1], len(usable) // micro_batches

@@ -49,7 +49,7 @@ class GRPOLoss:
         """The loss of `objective`'s current step (its switches and beta: `grpo.objective.Objective`) over a
         micro-batch's `experience`."""
         s = objective.settings
-        return cls(experience, (s.clip_low, s.clip_high), objective.several_updates,
+        return cls(experience, (s.clip_low, s.clip_high), objective.passes.several_updates,
                    objective.step_beta if objective.kl_in_loss else 0.0, objective.sampled_kl, s.entropy_coef)
 
     def __call__(self, logprobs: Tensor, entropy: Tensor | None, kl: Tensor | None, positions: Tensor) -> TokenTerms:

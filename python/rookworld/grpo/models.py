@@ -59,19 +59,9 @@ class Models:
                                                                     placement.autocast)
         #: The update's pass (DDP's wrapper of it under torchrun, which is called alike).
         self.policy_pass: LogProbs = data_parallel(LogProbs(policy, options, value_head), self.device, placement.ddp)
-
-    @property
-    def options(self) -> PassOptions:
-        """The log-prob passes' options."""
-        return unwrapped(self.policy_pass).options
-
-    @property
-    def compile_logprobs(self) -> bool:
-        return self.options.compile
-
-    @property
-    def rows_per_prompt(self) -> int:
-        return self.options.rows_per_prompt
+        #: The log-prob passes' options (the policy pass's own: one changed is changed in both), and the consecutive
+        #: rows whose prompt is computed once.
+        self.options, self.rows_per_prompt = options, options.rows_per_prompt
 
     def product_memo(self, prompts: int, prompt_width: int, rows: int, new_tokens: int,
                      prompt_left: int) -> ProductMemo | None:
@@ -129,13 +119,12 @@ class Sampler:
     share taller matrix products. Compiled (CUDA graphs, static shapes), every row would ride along to the end, in
     a KV cache sized for the longest: one call per task there, each stopping and sizing its cache on its own.
 
-    `take_memo()`: the trunk's products of the last call's sampling (`Models.product_memo`), or None.
+    A call returns the completions and the trunk's products of their sampling (`Models.product_memo`), or None.
     """
 
     def __init__(self, models: Models, cfg, eos_id: int):
         cfg = SamplerSettings.of(cfg)
         self.models = models
-        self.memo: ProductMemo | None = None
         #: `generate`'s options beside the prompts and the generator (eos_id: the tokenizer's).
         self.options = SamplingOptions(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                        top_k=cfg.top_k or None, top_p=cfg.top_p if cfg.top_p < 1.0 else None,
@@ -143,14 +132,14 @@ class Sampler:
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray, group_size: int,
-                 generator: torch.Generator) -> GenerationOutput:
+                 generator: torch.Generator) -> tuple[GenerationOutput, ProductMemo | None]:
         P, n, G = ids.shape[1], ids.shape[0] * group_size, group_size
         model, device = self.models.sampling_model(), self.models.device
         prompt_lens, once = mask.sum(1).cpu().numpy(), self.models.rows_per_prompt > 1
         together = decodes_eagerly(device, self.options.compile)
         # Tasks in first-seen order: fixed for a step, so seeded runs repeat exactly.
         batches = [np.arange(len(tasks))] if together else [np.flatnonzero(tasks == t) for t in dict.fromkeys(tasks)]
-        parts, self.memo = [], None
+        parts, kept = [], None
         for prompts in batches:
             index, left = torch.from_numpy(prompts).to(device), P - int(prompt_lens[prompts].max())
             batch_ids, batch_mask, batch_tasks = ids[index, left:], mask[index, left:], tasks[prompts]
@@ -161,7 +150,7 @@ class Sampler:
             memo = self.models.product_memo(len(prompts), P - left, n, self.options.max_new_tokens, left) \
                 if together and model is self.models.policy else None
             out = self.generate(model, batch_ids, batch_mask, batch_tasks, generator, G if once else 1, memo)
-            self.memo = memo
+            kept = memo
             parts.append(((index[:, None] * G + torch.arange(G, device=device)).reshape(-1), out))
         width = max((o.tokens.shape[1] for _, o in parts), default=0)
         out = GenerationOutput(tokens=torch.full((n, width), self.options.eos_id, dtype=torch.long, device=device),
@@ -173,17 +162,12 @@ class Sampler:
             w = o.tokens.shape[1]
             out.tokens[rows, :w], out.mask[rows, :w], out.logprobs[rows, :w] = o.tokens, o.mask, o.logprobs
             out.lengths[rows], out.stopped[rows] = o.lengths, o.stopped
-        return out
-
-    def take_memo(self) -> ProductMemo | None:
-        """The last call's `ProductMemo`, handed over: the sampler keeps no reference to it."""
-        memo, self.memo = self.memo, None
-        return memo
+        return out, kept
 
     def generate(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, tasks: np.ndarray,
                  generator: torch.Generator, rows_per_prompt: int, memo: ProductMemo | None = None
                  ) -> GenerationOutput:
-        """The completions of these prompts (`tasks`: each one's task), `rows_per_prompt` each; `memo` keeps the
-        trunk's products."""
+        """The completions of these prompts (`tasks`: each one's task: a subclass may sample each task its own
+        way), `rows_per_prompt` each; `memo` keeps the trunk's products."""
         return generate(model, ids, mask, self.options, generator=generator, rows_per_prompt=rows_per_prompt,
                         memo=memo)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,20 +37,40 @@ def std_scaling(cfg) -> str:
     return "group" if cfg.advantage == "grpo" and cfg.baseline == "group" else "batch"
 
 
-class Scored(Protocol):
-    """What the advantages are formed from (a `Rollout` is one): n completions' rewards, validity and tasks [n],
-    their completion and loss masks [n, N], and the log-prob passes the objective asked for [n, N] (None where not
-    made); `kl_scale` [n, N] multiplies beta token by token (`kl_scale`), None for 1 everywhere."""
+@dataclass(frozen=True)
+class Scored:
+    """What the advantages are formed from, handed over by the rollout: n completions' rewards [n] (float64),
+    validity [n] and tasks [n], their completion and loss masks [n, N], and the log-prob passes the objective asked
+    for [n, N] (None where not made); `kl_scale` [n, N] multiplies beta token by token (`kl_scale`), None for 1
+    everywhere."""
 
     rewards: torch.Tensor
     valid: torch.Tensor
     tasks: np.ndarray
     completion_mask: torch.Tensor
     loss_mask: torch.Tensor
-    ref_logprobs: torch.Tensor | None
-    old_logprobs: torch.Tensor | None
-    old_values: torch.Tensor | None
-    kl_scale: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    kl_scale: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The log-prob passes a rollout runs, decided once with the objective.
+
+    reference: the reference's log-probs of the completions, once per rollout (the exact KL needs them for every
+        token of the vocabulary, so it runs the reference in the update instead).
+    several_updates: the policy takes more than one optimizer step per rollout, so the importance ratio's
+        denominator is the sampling policy's log-probs. Otherwise it is the update's own pass, detached: a second
+        pass's rounding (a GPU's) would read as a ratio away from 1.
+    sampler: the sampling policy's log-probs (and the critic's values), once per rollout: the importance ratio's
+        denominator when the policy moves within a step, k1's penalty, and GAE's values.
+    """
+
+    reference: bool
+    several_updates: bool
+    sampler: bool
 
 
 @dataclass(frozen=True)
@@ -114,6 +134,9 @@ class Objective:
         self.step_beta = self.beta_at(0)
         #: --baseline ema: each task's moving average reward, by task name.
         self.baselines: dict[str, float] = {}
+        several = cfg.mu > 1 or cfg.minibatches > 1
+        self.passes = Passes(reference=self.measures_kl and not self.exact_kl, several_updates=several,
+                             sampler=several or self.kl_in_advantages or self.critic)
 
     def state(self) -> dict[str, Any]:
         return {"beta": self.beta, "baselines": dict(self.baselines)}
@@ -121,27 +144,6 @@ class Objective:
     def load_state(self, state: dict[str, Any]) -> None:
         self.beta = state.get("beta", self.settings.beta)
         self.baselines = dict(state.get("baselines", {}))
-
-    # -- which passes a rollout runs ---------------------------------------------------------------------------
-
-    @property
-    def reference_pass(self) -> bool:
-        """The reference's log-probs of the completions, once per rollout (the exact KL needs them per token of the
-        vocabulary, so it runs the reference in the update instead)."""
-        return self.measures_kl and not self.exact_kl
-
-    @property
-    def several_updates(self) -> bool:
-        """The policy takes more than one optimizer step per rollout, so the importance ratio's denominator is
-        the sampling policy's log-probs. Otherwise it is the update's own pass, detached: a second pass's
-        rounding (a GPU's) would read as a ratio away from 1."""
-        return self.settings.mu > 1 or self.settings.minibatches > 1
-
-    @property
-    def sampler_pass(self) -> bool:
-        """The sampling policy's log-probs (and the critic's values), once per rollout: the importance ratio's
-        denominator when the policy moves within a step, k1's penalty, and GAE's values."""
-        return self.several_updates or self.kl_in_advantages or self.critic
 
     # -- beta ----------------------------------------------------------------------------------------------------
 
@@ -186,8 +188,8 @@ class Objective:
         return rows.to(device)[:, None].expand(-1, width)
 
     def advantages(self, r: Scored, comm: Comm) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-        """Per-token advantages [n, N], the value targets (GAE; else None) and the baselines' metrics, from a
-        rollout's rewards and log-prob passes (`Scored`).
+        """Per-token advantages [n, N], the value targets (GAE; else None) and the baselines' metrics, from what the
+        rollout hands over (`Scored`).
 
         k1's KL is a per-token reward -beta k1 (the sampling policy's log-probs against the reference's): its
         return-to-go is subtracted from GRPO's advantages, or enters GAE with the task reward (PPO-RLHF)."""

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,12 +25,13 @@ from rookworld.chess.rewards import RewardScorer, Scores
 from rookworld.grpo.likelihood import EnvTargets, env_targets
 from rookworld.grpo.loss import Experience
 from rookworld.grpo.models import Models, Sampler
-from rookworld.grpo.objective import Objective
+from rookworld.grpo.objective import Objective, Scored
 from rookworld.grpo.prompts import Prompt
 from rookworld.harness.distributed import Comm
 from rookworld.harness.stop import StepAbandoned
 from rookworld.net.logprobs import token_logprobs, with_values
 from rookworld.net.memo import ProductMemo
+from rookworld.net.sampling import GenerationOutput
 from rookworld.settings.base import Slice
 
 
@@ -135,8 +135,10 @@ def micro_batches(rows: np.ndarray, prompt_lens: np.ndarray, completion_lens: np
 
 @dataclass
 class Rollout:
-    """One step's samples and what the update and the metrics read of them. Rows are completions, G consecutive
-    rows per prompt; token tensors are [rows, prompt width + completion width], the prompts left-padded."""
+    """One step's samples and what the update and the metrics read of them, each worked out once (`Rollout.of`) or
+    filled in by the passes `collect_rollout` runs. Rows are completions, G consecutive rows per prompt; token
+    tensors are [rows, prompt width + completion width], the prompts left-padded; [n] tensors are on the model's
+    device, [n] arrays on the host."""
 
     prompts: list[Prompt]  # one per group
     group_size: int  # completions per prompt, consecutive rows: the run's --group-size
@@ -146,6 +148,13 @@ class Rollout:
     mask: torch.Tensor  # [n, P + N] bool
     prompt_width: int  # P
     stopped: torch.Tensor  # [n] bool: the completion ended with EOS, not at --max-new-tokens
+    tasks: np.ndarray  # [n] each row's task
+    a_rows: torch.Tensor  # [n] bool: the row answers an A: prompt (the metrics' per-task KL and advantages)
+    rewards: torch.Tensor  # [n] float64
+    valid: torch.Tensor  # [n] bool: the row's prompt had ground truth
+    completion_mask: torch.Tensor  # [n, N] bool
+    prompt_lens: np.ndarray  # [n] real prompt tokens (on the host, where micro-batches are cut)
+    completion_lens: np.ndarray  # [n] completion tokens
     ref_logprobs: torch.Tensor | None = None  # [n, N] (None with the exact KL, which runs the reference in the update)
     old_logprobs: torch.Tensor | None = None  # [n, N] the sampling policy's, when the objective needs them
     old_values: torch.Tensor | None = None  # [n, N] the critic's (GAE)
@@ -158,38 +167,21 @@ class Rollout:
     memo: ProductMemo | None = None  # sampling's trunk products, for the update's first pass (None once used)
     times: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def tasks(self) -> np.ndarray:
-        return np.repeat([p.task for p in self.prompts], self.group_size)
-
-    @cached_property
-    def a_rows(self) -> torch.Tensor:
-        """[n] bool, on the model's device: the row answers an A: prompt (the metrics' per-task KL and advantages)."""
-        return torch.from_numpy(self.tasks == "A").to(self.ids.device)
-
-    @property
-    def completion_mask(self) -> torch.Tensor:
-        return self.mask[:, self.prompt_width:]
-
-    @cached_property
-    def prompt_lens(self) -> np.ndarray:
-        """[n] real prompt tokens (on the host, where micro-batches are cut)."""
-        return self.mask[:, : self.prompt_width].sum(1).cpu().numpy()
-
-    @cached_property
-    def completion_lens(self) -> np.ndarray:
-        """[n] completion tokens (on the host)."""
-        return self.completion_mask.sum(1).cpu().numpy()
-
-    @cached_property
-    def rewards(self) -> torch.Tensor:
-        """[n] float64, on the model's device."""
-        return torch.from_numpy(np.asarray(self.scores.rewards, dtype=np.float64)).to(self.ids.device)
-
-    @cached_property
-    def valid(self) -> torch.Tensor:
-        """[n] bool, on the model's device: the row's prompt had ground truth."""
-        return torch.from_numpy(np.asarray(self.scores.valid, dtype=bool)).to(self.ids.device)
+    @classmethod
+    def of(cls, prompts: list[Prompt], group_size: int, completions: list[str], scores: Scores,
+           prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, out: GenerationOutput, memo: ProductMemo | None
+           ) -> Rollout:
+        """The rollout of these samples (`out`, the sampler's; `prompt_ids` and `prompt_mask` [n, P], each prompt's
+        repeated for its rows), its per-row values worked out once."""
+        ids, mask = torch.cat([prompt_ids, out.tokens], dim=1), torch.cat([prompt_mask, out.mask], dim=1)
+        P, device, tasks = prompt_ids.shape[1], ids.device, np.repeat([p.task for p in prompts], group_size)
+        completion_mask = mask[:, P:]
+        return cls(prompts=prompts, group_size=group_size, completions=completions, scores=scores, ids=ids, mask=mask,
+                   prompt_width=P, stopped=out.stopped, tasks=tasks, a_rows=torch.from_numpy(tasks == "A").to(device),
+                   rewards=torch.from_numpy(np.asarray(scores.rewards, dtype=np.float64)).to(device),
+                   valid=torch.from_numpy(np.asarray(scores.valid, dtype=bool)).to(device),
+                   completion_mask=completion_mask, prompt_lens=mask[:, :P].sum(1).cpu().numpy(),
+                   completion_lens=completion_mask.sum(1).cpu().numpy(), memo=memo)
 
     def experience(self, rows: torch.Tensor, width: int, weights: torch.Tensor) -> Experience:
         """What the loss reads of rows `rows`, their first `width` completion columns, flat; `weights` [b, width]:
@@ -260,7 +252,7 @@ def collect_rollout(settings: RolloutSettings, parts: RolloutParts, comm: Comm, 
     with record_function("rookworld.generate"):  # 1. Sample G completions per prompt.
         ids, pmask = tokenizer.encode_batch([p.text for p in prompts], bos=True, device=device)
         generator = torch.Generator(device=device).manual_seed(seed_of(settings.seed, step, comm.info.rank))
-        out = sampler(ids, pmask, np.array([p.task for p in prompts]), G, generator)
+        out, memo = sampler(ids, pmask, np.array([p.task for p in prompts]), G, generator)
         ids, pmask = ids.repeat_interleave(G, 0), pmask.repeat_interleave(G, 0)
         _sync(device)
     t_gen = time.perf_counter()
@@ -272,17 +264,15 @@ def collect_rollout(settings: RolloutSettings, parts: RolloutParts, comm: Comm, 
         if not valid.all():
             parts.log.warn("unscored", step + 1, f"{int((~valid).sum()) // G} prompt(s) could not be scored "
                                                  "(Stockfish failed after retries) and were left out of this step")
-        r = Rollout(prompts=prompts, completions=completions, scores=dataclasses.replace(scores, valid=valid),
-                    ids=torch.cat([ids, out.tokens], dim=1), mask=torch.cat([pmask, out.mask], dim=1),
-                    prompt_width=ids.shape[1], stopped=out.stopped, group_size=G, memo=sampler.take_memo())
+        r = Rollout.of(prompts, G, completions, dataclasses.replace(scores, valid=valid), ids, pmask, out, memo)
     t_reward = time.perf_counter()
 
     # 3. The reference's (and the sampling policy's) log-probs, once per rollout; then the advantages.
     with record_function("rookworld.reference"):
         batches = r.micro_batches(np.arange(len(completions)), settings.micro_batch_size, models.rows_per_prompt)
-        if objective.reference_pass:
+        if objective.passes.reference:
             r.ref_logprobs, _ = rollout_logprobs(models, models.reference, r, batches, settings.temperature)
-        if objective.sampler_pass:
+        if objective.passes.sampler:
             r.old_logprobs, r.old_values = rollout_logprobs(models, models.policy, r, batches, settings.temperature,
                                                             values=objective.critic)
         if objective.a_likelihood_weight > 0:
@@ -290,7 +280,9 @@ def collect_rollout(settings: RolloutSettings, parts: RolloutParts, comm: Comm, 
         with torch.no_grad():
             r.loss_mask = objective.loss_mask(r.completion_mask, r.valid, r.stopped, r.rewards)
             r.kl_scale = objective.kl_scale(r.tasks, r.completion_mask.shape[1], device)
-            r.advantages, r.returns, r.info = objective.advantages(r, comm)
+            scored = Scored(r.rewards, r.valid, r.tasks, r.completion_mask, r.loss_mask, r.ref_logprobs,
+                            r.old_logprobs, r.old_values, r.kl_scale)
+            r.advantages, r.returns, r.info = objective.advantages(scored, comm)
         _sync(device)
     r.times = {"generate": t_gen - t0, "reward": t_reward - t_gen, "reference": time.perf_counter() - t_reward}
     return r
