@@ -217,8 +217,8 @@ def test_the_compiled_fused_pass_and_shared_trunk_give_what_eager_gives(monkeypa
 @pytest.mark.slow
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped-prompts", "after-prompts"])
 def test_the_compiled_block_under_bf16_gives_eager_s_loss_within_bf16_s_rounding(monkeypatch, grouped):
-    """--compile-logprobs under bf16 autocast, with the CPU's attention to shared prompts (`GroupedPrompts`) and a
-    GPU's (`AfterPrompts`): one block compiled for both layers gives eager's loss and gradients as closely as bf16
+    """--compile-logprobs under bf16 autocast, with the CPU's attention to shared prompts (`grouped_prompts`) and a
+    GPU's (`after_prompts`): one block compiled for both layers gives eager's loss and gradients as closely as bf16
     allows, its distance to eager within a few times eager's own distance to the float64 pass."""
     import copy
 

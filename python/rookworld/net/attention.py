@@ -1,8 +1,9 @@
-"""How a block's attention sees its keys. A pass's `Attention` gives each layer its own (`at(layer)`): a
-`LayerAttention`, called with that layer's queries, keys and values of the new tokens [B, nh, T, hd], which returns
-the attention's output [B, nh, T, hd]. `GPT` picks one for each pass: `Causal` (the tokens given, padding masked),
-`SharedPrompts` (continuations of prompts whose keys and values are computed once a group, each layer through
-`AfterPrompts` or `GroupedPrompts`) and `Cached` (decoding against a cache, `rookworld.net.decoding`).
+"""How a block's attention sees its keys. A pass gives each layer a `LayerAttention`: called with that layer's
+queries, keys and values of the new tokens [B, nh, T, hd] (and the dropout), it returns the attention's output
+[B, nh, T, hd]. Each is a `functools.partial` of one function here over that layer's tensors, which `GPT` picks for
+the pass: `causal` (the tokens given, padding masked), `after_prompts` or `grouped_prompts` (continuations of
+prompts whose keys and values are computed once a group), or a cache's `attend` (decoding,
+`rookworld.net.decoding`).
 
 A layer's attention holds that layer's tensors, not its index: a block compiled once then serves every layer
 (`rookworld.net.logprobs`), since nothing it reads tells one layer from another."""
@@ -10,93 +11,36 @@ A layer's attention holds that layer's tensors, not its index: a block compiled 
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-
-class LayerAttention(Protocol):
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 dropout_p: float = 0.0) -> torch.Tensor: ...
+#: A layer's attention: (q, k, v, dropout_p) -> [B, nh, T, hd].
+LayerAttention = Callable[..., torch.Tensor]
 
 
-class Attention(Protocol):
-    def at(self, layer: int) -> LayerAttention: ...
-
-
-class Causal:
+def causal(mask: torch.Tensor | None, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
     """Attention over the tokens given: `mask` [B, 1, T, T] bool (`padded_causal`), or None for plain causal
-    attention, which lets SDPA pick its fastest kernel. The same for every layer."""
-
-    def __init__(self, mask: torch.Tensor | None):
-        self.mask = mask
-
-    def at(self, layer: int) -> Causal:
-        return self
-
-    def __call__(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p,
-                                              is_causal=self.mask is None)
+    attention, which lets SDPA pick its fastest kernel."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
 
 
-class SharedPrompts:
-    """Rows that continue g prompts whose keys and values were computed once a group (`prefix`: each layer's
-    [g, nh, P, hd], B / g consecutive rows a prompt): each layer attends through `layer` (`AfterPrompts` or
-    `GroupedPrompts`) given that layer's keys and values and `given`, the mask or bias it reads."""
-
-    def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], given: torch.Tensor,
-                 layer: type[AfterPrompts] | type[GroupedPrompts]):
-        self.prefix, self.given, self.layer = prefix, given, layer
-
-    def at(self, layer: int) -> AfterPrompts | GroupedPrompts:
-        return self.layer(*self.prefix[layer], self.given)
+def after_prompts(prefix_k: torch.Tensor, prefix_v: torch.Tensor, mask: torch.Tensor, q, k, v,
+                  dropout_p: float = 0.0) -> torch.Tensor:
+    """Rows attend to their prompt's real tokens, then causally to their own: SDPA over each row's copy of its
+    prompt (keys and values [g, nh, P, hd], B / g consecutive rows a prompt) under `mask` [B, 1, T, P + T] bool. A
+    GPU's fused kernels never hold the scores, which is worth the copies there."""
+    k, v = after_prefix(prefix_k, k), after_prefix(prefix_v, v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
-class AfterPrompts:
-    """One layer's rows attend to their prompt's real tokens, then causally to their own: SDPA over each row's copy
-    of its prompt (keys and values [g, nh, P, hd]) under `mask` [B, 1, T, P + T] bool. A GPU's fused kernels never
-    hold the scores, which is worth the copies there."""
-
-    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, mask: torch.Tensor):
-        self.prefix_k, self.prefix_v, self.mask = prefix_k, prefix_v, mask
-
-    def __call__(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-        k, v = after_prefix(self.prefix_k, k), after_prefix(self.prefix_v, v)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p)
-
-
-class GroupedPrompts:
-    """`AfterPrompts`' attention without the copies: each prompt read once for its group (`grouped_attention`),
-    under `bias` [g, 1, 1, P] (`prompt_bias`). On the CPU the copies (and their gradients' sums) cost more than
-    the attention itself. No dropout."""
-
-    def __init__(self, prefix_k: torch.Tensor, prefix_v: torch.Tensor, bias: torch.Tensor):
-        self.prefix_k, self.prefix_v, self.bias = prefix_k, prefix_v, bias
-
-    def __call__(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-        return grouped_attention(q, k, v, self.prefix_k.to(q.dtype), self.prefix_v.to(q.dtype), self.bias, 0)
-
-
-class Cached:
-    """Decoding: the new tokens' keys and values are written to `cache` (a `KVCache` or `GroupCache`) at slots
-    `write_pos` [T], and the tokens attend to every valid slot at or before their own (`mask`: the cache's
-    `begin`). No dropout. The decode step compiles whole (a CUDA graph), so a layer's is its index into the cache."""
-
-    def __init__(self, cache, write_pos: torch.Tensor, mask: torch.Tensor | None):
-        self.cache, self.write_pos, self.mask = cache, write_pos, mask
-
-    def at(self, layer: int) -> CachedLayer:
-        return CachedLayer(self, layer)
-
-
-class CachedLayer:
-    def __init__(self, cached: Cached, layer: int):
-        self.cached, self.layer = cached, layer
-
-    def __call__(self, q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-        c = self.cached
-        return c.cache.attend(self.layer, q, k, v, c.write_pos, c.mask)
+def grouped_prompts(prefix_k: torch.Tensor, prefix_v: torch.Tensor, bias: torch.Tensor, q, k, v,
+                    dropout_p: float = 0.0) -> torch.Tensor:
+    """`after_prompts` without the copies: each prompt read once for its group (`grouped_attention`), under `bias`
+    [g, 1, 1, P] (`prompt_bias`). On the CPU the copies (and their gradients' sums) cost more than the attention
+    itself. No dropout."""
+    return grouped_attention(q, k, v, prefix_k.to(q.dtype), prefix_v.to(q.dtype), bias, 0)
 
 
 def grouped_attention(q: torch.Tensor, own_k: torch.Tensor, own_v: torch.Tensor, prefix_k: torch.Tensor,

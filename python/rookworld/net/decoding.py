@@ -5,8 +5,8 @@ shapes (a preallocated `KVCache`, written at a position *tensor*), so on CUDA th
 `torch.compile(mode="reduce-overhead")` and replayed as a CUDA graph; a graph has its cache's addresses baked in, so
 compiled decoding keeps its caches between calls. Eager (the CPU's default), a `GroupCache` keeps each group's
 prompt once, attention reads only the slots written so far, and groups whose rows are all done leave the batch
-(`Decoder.drop_done`): a finished row costs nothing more. `rookworld.net.attention.Cached` attends through either
-cache.
+(`Decoder.drop_done`): a finished row costs nothing more. Each cache's `attend` is a layer's attention
+(`rookworld.net.attention`), over its own slots.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class KVCache:
         # A padding query has no valid key; letting it see itself keeps SDPA from producing NaN rows.
         return (allowed | (key_pos == query_pos)).unsqueeze(1)  # broadcast over heads
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write_pos: torch.Tensor,
-               mask: torch.Tensor) -> torch.Tensor:
+    def attend(self, layer: int, write_pos: torch.Tensor, mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
         """Writes the new tokens' keys and values [B, nh, T, hd] at write_pos, then attends over the whole
         (static-size) cache under `begin`'s mask: [B, nh, T, hd]."""
         # Writing at an index *tensor* keeps the step shape-static and capturable in a CUDA graph.
@@ -135,8 +135,8 @@ class GroupCache:
             raise ValueError(f"GroupCache holds {self.own[0].shape[3]} new tokens a row; {self.length + T} asked")
         self._start, self.length = self.length, self.length + T
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, write_pos: torch.Tensor,
-               mask: None) -> torch.Tensor:
+    def attend(self, layer: int, write_pos: torch.Tensor, mask: None, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
         """Attention of the new tokens q [B, nh, T, hd] (keys and values k, v) over their prompt and every own
         token up to theirs: [B, nh, T, hd]."""
         s, n = self._start, self.length

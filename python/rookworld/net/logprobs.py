@@ -28,7 +28,7 @@ from rookworld.net.compile_log import describe
 from rookworld.net.compiling import Compiled
 from rookworld.net.head import Columns, FusedHead, TokenLoss, TokenTerms, Vocab
 from rookworld.net.memo import Replay
-from rookworld.net.attention import Causal, LayerAttention
+from rookworld.net.attention import LayerAttention, causal
 from rookworld.net.model import GPT, Block, BlockRunner
 from rookworld.net.head import tempered_logits, vocab_forward
 
@@ -118,7 +118,7 @@ _BLOCK = Compiled(_block)
 describe(_block, lambda block, x, attend: "a block of the log-prob pass"
                                           f"{'' if torch.is_grad_enabled() else ' (no grad)'} for {x.shape[0]:,} "
                                           f"rows x {x.shape[1]} positions "
-                                          f"({'continuations' if type(attend) is not Causal else 'prompts'})")
+                                          f"({'prompts' if attend.func is causal else 'continuations'})")
 
 
 def _block_runner(device_type: str, compile: bool) -> BlockRunner | None:

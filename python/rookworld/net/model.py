@@ -5,7 +5,8 @@ Two things differ from a textbook GPT-2, both for RL:
 - Left-padded batches are first-class: position ids come from the attention mask and padded keys are masked, so a
   prompt's logits do not depend on the padding around it.
 - A group's completions can share one pass over their prompt (`prompt_trunk`, `continue_trunk`), and decoding runs
-  against a cache (`rookworld.net.decoding`). How a pass attends is an `rookworld.net.attention` object.
+  against a cache (`rookworld.net.decoding`). How each layer of a pass attends is a `rookworld.net.attention`
+  function over that layer's tensors.
 
 Loading and saving in the Hugging Face layout: `rookworld.net.pretrained`. On the CPU each Linear's product goes
 through `linear` (oneDNN's inner product, below); during eager CPU sampling and the update's first pass a `ProductMemo`
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from collections.abc import Callable
 from typing import Protocol
 
@@ -23,8 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from rookworld.net.attention import (AfterPrompts, Attention, Cached, Causal, GroupedPrompts, LayerAttention,
-                                     SharedPrompts, padded_causal, prompt_bias)
+from rookworld.net.attention import (LayerAttention, after_prompts, causal, grouped_prompts, padded_causal,
+                                     prompt_bias)
 
 
 @dataclass
@@ -217,8 +219,8 @@ class Block(nn.Module):
 BlockRunner = Callable[[Block, torch.Tensor, LayerAttention], tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]
 
 
-#: The device types whose continuations read their group's prompt through `GroupedPrompts`: on the CPU the copies
-#: of `AfterPrompts` cost more than the attention (BENCHMARKS.md, "Every core busy"); a GPU's fused SDPA is worth them.
+#: The device types whose continuations read their group's prompt through `grouped_prompts`: on the CPU the copies
+#: of `after_prompts` cost more than the attention (BENCHMARKS.md, "Every core busy"); a GPU's fused SDPA is worth them.
 GROUPED_PROMPTS_ON = frozenset({"cpu"})
 
 
@@ -288,18 +290,20 @@ class GPT(nn.Module):
             new_valid = attention_mask
             if new_valid is None:
                 new_valid = torch.ones(B, T, dtype=torch.bool, device=input_ids.device)
-            attend: Attention = Cached(kv_cache, write_pos, kv_cache.begin(write_pos, new_valid))
+            mask = kv_cache.begin(write_pos, new_valid)
+            attends = [partial(kv_cache.attend, i, write_pos, mask) for i in range(self.config.n_layer)]
         else:
-            attend = Causal(None if attention_mask is None else padded_causal(attention_mask).unsqueeze(1))
-        return self._layers(input_ids, position_ids, attend, products=products, blocks=blocks)[0]
+            mask = None if attention_mask is None else padded_causal(attention_mask).unsqueeze(1)
+            attends = [partial(causal, mask)] * self.config.n_layer
+        return self._layers(input_ids, position_ids, attends, products=products, blocks=blocks)[0]
 
     def prompt_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, products: Products | None = None,
                      blocks: BlockRunner | None = None) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """`trunk` of left-padded prompts [g, P], and every layer's keys and values [g, nh, P, hd]: the `prefix` of
         `continue_trunk`, so that a group's completions share one pass over their prompt."""
         attention_mask = attention_mask.to(torch.bool)
-        attend = Causal(padded_causal(attention_mask).unsqueeze(1))
-        return self._layers(input_ids, positions_from_mask(attention_mask), attend, keep=True, products=products,
+        attends = [partial(causal, padded_causal(attention_mask).unsqueeze(1))] * self.config.n_layer
+        return self._layers(input_ids, positions_from_mask(attention_mask), attends, keep=True, products=products,
                             blocks=blocks)
 
     def continue_trunk(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -315,25 +319,27 @@ class GPT(nn.Module):
         row_prompt_mask = prompt_mask.repeat_interleave(B // g, 0)
         position_ids = row_prompt_mask.sum(1, keepdim=True) + positions_from_mask(attention_mask)
         if input_ids.device.type in GROUPED_PROMPTS_ON and not (self.training and self.config.dropout > 0):
-            attend: Attention = SharedPrompts(prefix, prompt_bias(prompt_mask), GroupedPrompts)
+            bias = prompt_bias(prompt_mask)
+            attends = [partial(grouped_prompts, k, v, bias) for k, v in prefix]
         else:
             seen = row_prompt_mask.unsqueeze(1).expand(B, T, P)
-            attend = SharedPrompts(prefix, torch.cat([seen, padded_causal(attention_mask)], dim=2).unsqueeze(1),
-                                   AfterPrompts)
-        return self._layers(input_ids, position_ids, attend, products=products, blocks=blocks)[0]
+            mask = torch.cat([seen, padded_causal(attention_mask)], dim=2).unsqueeze(1)
+            attends = [partial(after_prompts, k, v, mask) for k, v in prefix]
+        return self._layers(input_ids, position_ids, attends, products=products, blocks=blocks)[0]
 
-    def _layers(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attention, keep: bool = False,
+    def _layers(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attends: list[LayerAttention],
+                keep: bool = False,
                 products: Products | None = None, blocks: BlockRunner | None = None
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Embeddings, blocks and ln_f: the hidden states, and each layer's own keys and values if `keep`."""
+        """Embeddings, blocks (each attending through its own of `attends`) and ln_f: the hidden states, and each
+        layer's own keys and values if `keep`."""
         if blocks is not None and products is not None:
             raise ValueError("a pass takes its products from a memo or runs its blocks through `blocks`, not both")
         x = self.transformer.wte(input_ids) + self.transformer.wpe(position_ids)  # [B, T, C]
         x = self.transformer.drop(x)
         kept = []
-        for i, block in enumerate(self.transformer.h):
-            layer = attend.at(i)
-            x, kv = block(x, layer, products) if blocks is None else blocks(block, x, layer)
+        for block, attend in zip(self.transformer.h, attends, strict=True):
+            x, kv = block(x, attend, products) if blocks is None else blocks(block, x, attend)
             if keep:
                 kept.append(kv)
         return self.transformer.ln_f(x), kept
