@@ -133,6 +133,8 @@ class Compiled:
 
     def __call__(self, device_type: str, compile: bool, *args: Any, checkpointed: bool = False, **options: Any):
         """fn(*args), compiled where `pick` says, eager after a compiler failure (`run_or_fall_back`)."""
+        if not compile:
+            return checkpoint(self.fn, *args, use_reentrant=False) if checkpointed else self.fn(*args)
         fn = self.pick(device_type, compile, **options)
         return run_or_fall_back(fn, self.fn, device_type, *args, checkpointed=checkpointed)[0]
 

@@ -258,7 +258,7 @@ class Decoder:
         mode = "reduce-overhead" if device_type == "cuda" else None
         # dynamic: one graph for every batch and cache length (a step's P:/A: split moves its batches from step to
         # step); CUDA graphs still record one replay for each shape, which costs a recording, not a compile.
-        self.step_fn = _DECODE_STEP.pick(device_type, compile, mode=mode, dynamic=True)
+        self.step_fn = _DECODE_STEP.pick(device_type, True, mode=mode, dynamic=True) if compile else decode_step
         self.compile = self.step_fn is not decode_step
         self.max_len = max_len
         self.cache: KVCache | GroupCache | None = None
@@ -306,8 +306,10 @@ class Decoder:
                 self.amp_dtype, products)
         if self.compile:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
-        logits, self.step_fn = run_or_fall_back(self.step_fn, decode_step, self.device.type, *args)
-        self.compile = self.step_fn is not decode_step
+            logits, self.step_fn = run_or_fall_back(self.step_fn, decode_step, self.device.type, *args)
+            self.compile = self.step_fn is not decode_step
+        else:
+            logits = decode_step(*args)
         self.write_pos = self.write_pos + 1
         self.position_ids = self.position_ids + 1
         return logits

@@ -153,7 +153,7 @@ def sample_next(
         scaled = _top_p_filter(scaled, top_p)
     device_type = scaled.device.type
     eager = device_draw(device_type)
-    draw = COMPILED_DRAWS[eager].pick(device_type, compile, dynamic=True)  # one graph for every batch
+    draw = COMPILED_DRAWS[eager].pick(device_type, True, dynamic=True) if compile else eager  # one graph for all
     # On the CPU, rows a block at a time: a block's float64 sums stay under glibc's 32 MiB mmap threshold, so
     # their memory is reused instead of mapped and faulted in anew at every draw.
     B, K = scaled.shape
@@ -164,7 +164,8 @@ def sample_next(
         uniform = torch.rand((B, 1), generator=generator, device=scaled.device, dtype=torch.float64)
     parts = []
     for i in range(0, max(B, 1), block):
-        out, draw = run_or_fall_back(draw, eager, device_type, scaled[i : i + block], uniform[i : i + block])
+        rows = (scaled[i : i + block], uniform[i : i + block])
+        out, draw = (eager(*rows), eager) if draw is eager else run_or_fall_back(draw, eager, device_type, *rows)
         parts.append(out)
     choice, token_logp = (torch.cat(x) for x in zip(*parts))
     token = choice.squeeze(-1) if candidates is None else candidates.gather(-1, choice).squeeze(-1)
