@@ -76,30 +76,6 @@ class ProductMemo:
             self._model = model
         return self._names
 
-    def _record(self, key: str, y: torch.Tensor, where: tuple) -> None:
-        if where[0] == "prompt":
-            self.prompts[key] = y
-            return
-        _, rows, j = where
-        buf = self.completions.get(key)
-        if buf is None:
-            buf = self.completions[key] = y.new_zeros(*self.shape, y.shape[-1])
-        buf[rows, j] = y.reshape(len(rows), -1)
-
-    def _replayed(self, key: str, shape: torch.Size, features: int, device: torch.device, replay: Replay,
-                  phase: str) -> torch.Tensor:
-        rows, left, width = replay.rows, replay.left, replay.width
-        if phase == "prompt":
-            kept = self.prompts[key]
-            y = kept[rows[:: self.rows_per_prompt] // self.rows_per_prompt, left - self.prompt_left:]
-        elif key in self.completions:
-            y = self.completions[key][rows, :width]
-        else:  # decoding fed no token (every row ended at its first): no product any loss term reaches
-            y = torch.zeros(*shape, features, device=device)
-        if y.shape[:-1] != shape:
-            raise RuntimeError(f"ProductMemo: {key} kept {tuple(y.shape[:-1])} where the pass asks {tuple(shape)}")
-        return y
-
 
 @dataclass(frozen=True)
 class _Recording:
@@ -110,8 +86,15 @@ class _Recording:
     where: tuple
 
     def product(self, module: Linear, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x, module.weight, module.bias)
-        self.memo._record(self.names[module], y, self.where)
+        y, key, memo = linear(x, module.weight, module.bias), self.names[module], self.memo
+        if self.where[0] == "prompt":
+            memo.prompts[key] = y
+            return y
+        _, rows, j = self.where
+        buf = memo.completions.get(key)
+        if buf is None:
+            buf = memo.completions[key] = y.new_zeros(*memo.shape, y.shape[-1])
+        buf[rows, j] = y.reshape(len(rows), -1)
         return y
 
 
@@ -124,11 +107,19 @@ class _Replaying:
     phase: str
 
     def product(self, module: Linear, x: torch.Tensor) -> torch.Tensor:
-        y = self.replay.memo._replayed(self.names[module], x.shape[:-1], module.out_features, x.device, self.replay,
-                                       self.phase)
+        r, key, shape = self.replay, self.names[module], x.shape[:-1]
+        memo = r.memo
+        if self.phase == "prompt":
+            y = memo.prompts[key][r.rows[:: memo.rows_per_prompt] // memo.rows_per_prompt, r.left - memo.prompt_left:]
+        elif key in memo.completions:
+            y = memo.completions[key][r.rows, :r.width]
+        else:  # decoding fed no token (every row ended at its first): no product any loss term reaches
+            y = torch.zeros(*shape, module.out_features, device=x.device)
+        if y.shape[:-1] != shape:
+            raise RuntimeError(f"ProductMemo: {key} kept {tuple(y.shape[:-1])} where the pass asks {tuple(shape)}")
         if wants_grad(x, module.weight, module.bias):
-            rows = x.reshape(-1, x.shape[-1]).contiguous()
-            y = _Replayed.apply(rows, module.weight, module.bias, y.reshape(rows.shape[0], -1))
+            flat = x.reshape(-1, x.shape[-1]).contiguous()
+            y = _Replayed.apply(flat, module.weight, module.bias, y.reshape(flat.shape[0], -1))
         return y.view(*x.shape[:-1], module.out_features)
 
 
