@@ -1,4 +1,5 @@
-"""Real games from PGN files, read by the Rust core: their mainlines, and training positions sampled from them.
+"""Real games from PGN files, read by the Rust core: their mainlines, and training positions sampled from them;
+and a game written as PGN (`game_pgn`), for the games rookworld plays.
 
 Files may be plain, gzip or zstd (Lichess's ``.pgn.zst`` dumps); they are read as a stream, so a
 multi-gigabyte dump never sits in memory (the positions kept do). A game's every mainline move must
@@ -19,8 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rookworld import _core
+from rookworld.chess import rules
 
-__all__ = ["PgnGame", "PgnPosition", "PgnSample", "read_games", "pgn_positions"]
+__all__ = ["PgnGame", "PgnPosition", "PgnSample", "game_pgn", "read_games", "pgn_positions"]
 
 PathLike = str | os.PathLike
 
@@ -148,3 +150,34 @@ def pgn_positions(paths: PathLike | Iterable[PathLike] | None = None, *, text: s
 def _position(t: tuple) -> PgnPosition:
     fen, history, move, phase, game, ply, source = t
     return PgnPosition(fen, tuple(history), move, phase, game, ply, source)
+
+
+def game_pgn(headers: dict[str, str], start_fen: str, moves: Iterable[str], result: str | None) -> str:
+    """One game as PGN text: the seven-tag roster first (from `headers`, "?" where not given), then the other
+    headers, the start position as a FEN tag when it is not the standard one, the moves (legal UCI) in SAN with
+    their numbers, and the result ("1-0", "0-1", "1/2-1/2"; None for a game stopped before its end, PGN's "*").
+    ValueError for an illegal move."""
+    result = result or "*"
+    roster = ("Event", "Site", "Date", "Round", "White", "Black")
+    tags = {**{k: headers.get(k, "?") for k in roster}, "Result": result,
+            **{k: v for k, v in headers.items() if k not in roster and k != "Result"}}
+    if start_fen != rules.START_FEN:
+        tags |= {"SetUp": "1", "FEN": start_fen}
+    words, fen = [], start_fen
+    for move in moves:
+        number, side = int(fen.split()[5]), fen.split()[1]
+        if side == "w" or not words:
+            words.append(f"{number}." if side == "w" else f"{number}...")
+        words.append(rules.san(fen, move))
+        fen = rules.env_steps([fen], [move])[0].fen
+    words.append(result)
+    lines, line = [], ""
+    for word in words:  # PGN's export format keeps lines under 80 characters
+        if line and len(line) + 1 + len(word) > 79:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    quote = lambda v: str(v).replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
+    return "".join(f'[{k} "{quote(v)}"]\n' for k, v in tags.items()) + "\n" + "\n".join(lines) + "\n"

@@ -50,7 +50,7 @@ def _run(s: EvalSettings, out: Output | None) -> int:
     mate_fens = [r.fen for r in file_records[: s.eval_size]] if file_records is not None else None
     need_stockfish = ("mate-in-one" in names or "P" in opts.tasks and records is not None
                       and any(r.analysis is None for r in records))
-    if need_stockfish or "vs-stockfish" in names:
+    if need_stockfish or "vs-stockfish" in names or "ladder" in names:
         try:
             find_stockfish(s.stockfish_path)  # a missing engine is reported before any model is loaded
         except StockfishNotFoundError as e:

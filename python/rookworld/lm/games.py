@@ -120,6 +120,13 @@ class Game:
                 "notes": [n for n in self.notes if n], "move_sources": self.source_counts()}
 
 
+def model_score(game: Game, colour: str) -> float:
+    """1, 0.5 or 0 from `colour`'s side; a game stopped at the ply limit counts as a draw."""
+    if game.result is None or game.result == "1/2-1/2":
+        return 0.5
+    return 1.0 if (game.result == "1-0") == (colour == WHITE) else 0.0
+
+
 class Player(Protocol):
     name: str
 

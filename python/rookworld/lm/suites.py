@@ -7,7 +7,9 @@
   legal half-moves before its first illegal or unreadable move, as RookWorld counts them;
 - `vs-stockfish`: games against Stockfish at a fixed strength, colours alternating, the model's moves chosen as
   `rookworld uci` chooses them (`rookworld.lm.moves`: never illegal); wins, draws and losses with the Elo
-  difference and its 95% interval, and how often the model's own B: move was illegal (legality stays measured).
+  difference and its 95% interval, and how often the model's own B: move was illegal (legality stays measured);
+- `ladder`: the model's rating, with its 95% interval, against a pool of opponents from a random mover up to
+  Stockfish's UCI_Elo levels, in one fit of every game (`rookworld.lm.ladder`).
 
 Each suite returns a `SuiteResult`: sections of metrics (a section is also the metrics' namespace in training's
 `eval/...` curves) and one item per position or game, holding what is needed to check any figure by hand.
@@ -25,7 +27,9 @@ from rookworld.chess import rules
 from rookworld.io.quote import quoted
 from rookworld.lm.answers import GREEDY, ROOKWORLD, Decoding, RookWorldLM
 from rookworld.lm.bestmove import evaluate, position_outcomes
-from rookworld.lm.games import BLACK, WHITE, Game, ModelPlayer, StockfishPlayer, elo_difference, play_games
+from rookworld.lm.games import (BLACK, WHITE, Game, ModelPlayer, StockfishPlayer, elo_difference, model_score,
+                                play_games)
+from rookworld.lm.ladder import ladder_games, run_ladder
 from rookworld.lm.moves import LIKELIEST
 from rookworld.settings.groups import SUITES, parse_suites
 
@@ -169,13 +173,6 @@ def _share(sources: Sequence[str], wanted: tuple[str, ...]) -> float | None:
     return sum(s in wanted for s in sources) / len(sources) if sources else None
 
 
-def model_score(game: Game, colour: str) -> float:
-    """1, 0.5 or 0 from the model's side; a game stopped at the ply limit counts as a draw."""
-    if game.result is None or game.result == "1/2-1/2":
-        return 0.5
-    return 1.0 if (game.result == "1-0") == (colour == WHITE) else 0.0
-
-
 def vs_stockfish(player, opponent, *, games: int, seed: int = 0, max_plies: int = 200,
                  decoding_name: str = "greedy", progress=None) -> SuiteResult:
     """`games` games of `player` against `opponent` (any `games.Player`), in pairs from the same start position
@@ -202,6 +199,16 @@ def vs_stockfish(player, opponent, *, games: int, seed: int = 0, max_plies: int 
     items = [{"model_colour": colour[id(g)], "score": s, **g.to_dict()} for g, s in zip(played, scores)]
     return SuiteResult("vs-stockfish", decoding_name, {"vs-stockfish": m}, items,
                        f"against {opponent.name}, up to {max_plies} plies")
+
+
+def ladder(lm: RookWorldLM, opts: SuiteOptions, progress=None) -> SuiteResult:
+    """The model's rating on the ladder (`rookworld.lm.ladder`), its moves chosen as vs-stockfish chooses them."""
+    _count_games(progress, ladder_games(opts.games))
+    player = ModelPlayer(lm, opts.decoding, seed=opts.seed, fallback=True)
+    sections, items, about = run_ladder(player, opening_fens((opts.games + 1) // 2, opts.seed), games=opts.games,
+                                        seed=opts.seed, max_plies=opts.max_plies, stockfish_path=opts.stockfish_path,
+                                        progress=progress)
+    return SuiteResult("ladder", opts.decoding.name, sections, items, about)
 
 
 # -- running several, and the report ---------------------------------------------------------------------------------
@@ -257,6 +264,9 @@ def run_suites(lm: RookWorldLM, names: Sequence[str], opts: SuiteOptions, *, rec
                     bar("vs-stockfish", opts.games, "games") as p:
                 out.append(vs_stockfish(player, opponent, games=opts.games, seed=opts.seed,
                                         max_plies=opts.max_plies, decoding_name=opts.decoding.name, progress=p))
+        elif name == "ladder":
+            with bar("ladder", ladder_games(opts.games), "games") as p:
+                out.append(ladder(lm, opts, p))
         else:
             raise ValueError(f"unknown suite {quoted(name)}: choose from {', '.join(SUITES)}")
     return out
@@ -281,7 +291,7 @@ def training_metrics(model, tokenizer, cfg, records, scorer, *, compile: bool | 
     return m
 
 
-_PERCENT, _FLOAT, _COUNT, _ELO = "percent", "float", "count", "elo"
+_PERCENT, _FLOAT, _COUNT, _ELO, _RATING = "percent", "float", "count", "elo", "rating"
 _LABELS: dict[str, tuple[str, str]] = {
     "format_valid": ("format valid", _PERCENT), "mean_reward": ("mean reward", _FLOAT),
     "best_move_accuracy": ("best move", _PERCENT), "top5_accuracy": ("best move in top 5", _PERCENT),
@@ -300,9 +310,11 @@ _LABELS: dict[str, tuple[str, str]] = {
     "own_move_illegal": ("its own B: move illegal", _PERCENT),
     "games_all_own": ("games without an illegal B: of its own", _PERCENT),
     "opponent_restarts": ("opponent restarts", _COUNT),
+    "rating": ("rating (Elo)", _RATING), "rating_low": ("  95% low", _RATING), "rating_high": ("  95% high", _RATING),
 }
 _TITLES = {"P": ("P: policy", "positions"), "A": ("A: environment", "positions"),
-           "mate-in-one": ("mate-in-one", "positions"), "vs-stockfish": ("vs-stockfish", "games")}
+           "mate-in-one": ("mate-in-one", "positions"), "vs-stockfish": ("vs-stockfish", "games"),
+           "ladder": ("ladder: the model", "games")}
 
 
 def _value(value, kind: str) -> str:
@@ -314,6 +326,8 @@ def _value(value, kind: str) -> str:
         return str(int(value))
     if kind == _ELO:
         return f"{value:+.0f}" if math.isfinite(value) else ("+inf" if value > 0 else "-inf")
+    if kind == _RATING:
+        return f"{value:.0f}"
     return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
 
 

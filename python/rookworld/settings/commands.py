@@ -96,9 +96,10 @@ def tasks(option: str, value: str) -> str | None:
 @group
 class EvalOnly:
     suite: str = setting("best-move", "suites to run, comma-separated: best-move, mate-in-one, selfplay, "
-                                      "vs-stockfish", SUITES_, check=suites)
+                                      "vs-stockfish, ladder", SUITES_, check=suites)
     tasks: str = setting("P,A", "best-move's tasks: P, A or P,A", SUITES_, check=tasks)
-    games: int = setting(8, "selfplay: start positions (each played greedy and sampled); vs-stockfish: games",
+    games: int = setting(8, "selfplay: start positions (each played greedy and sampled); vs-stockfish: games; "
+                            "ladder: games a pairing",
                          GAME, check=positive)
 
 

@@ -22,7 +22,7 @@ from rookworld.settings.hub import is_local_path
 LONGEST_GAME = 20_000
 
 #: The evaluation suites, as --suite and --eval-suites name them.
-SUITES = ("best-move", "mate-in-one", "selfplay", "vs-stockfish")
+SUITES = ("best-move", "mate-in-one", "selfplay", "vs-stockfish", "ladder")
 #: Decoding protocols of a model in use: greedy, or RookWorld's own sampling (rookworld.lm.answers.PROTOCOLS).
 PROTOCOLS = ("greedy", "rookworld")
 
