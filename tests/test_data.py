@@ -102,3 +102,23 @@ def test_write_records_is_atomic(tmp_path):
     assert list(tmp_path.iterdir()) == [out], "no temporary file left behind"
     assert data.write_records([{"fen": START_FEN}] * 3, out) == 3
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_the_human_play_sets_are_real_positions_apart_from_each_other_and_from_the_training_data():
+    """data/human-*.jsonl (docs/data.md): each position is valid in python-chess, with a legal A: move and
+    Stockfish's best move legal; no position is in two of the sets or in the shipped models' training prompts."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "data"
+    sets = {name: data.read_records(root / f"human-{name}.jsonl")[0] for name in ("report", "choose", "prompts")}
+    assert {n: len(r) for n, r in sets.items()} == {"report": 1000, "choose": 1000, "prompts": 24000}
+    keys = {n: {data.position_key(r.fen) for r in rs} for n, rs in sets.items()}
+    trained = {data.position_key(r.fen) for r in data.read_records(root / "chess-play-prompts-s5.jsonl")[0]}
+    assert all(len(k) == len(sets[n]) for n, k in keys.items())
+    for a, b in (("report", "choose"), ("report", "prompts"), ("choose", "prompts")):
+        assert not keys[a] & keys[b], (a, b)
+    assert not (keys["report"] | keys["choose"] | keys["prompts"]) & trained
+    for r in sets["report"] + sets["choose"] + sets["prompts"][::40]:
+        board = pychess.Board(r.fen)
+        assert board.is_valid() and pychess.Move.from_uci(r.move) in board.legal_moves
+        assert r.analysis["depth"] == 6 and r.analysis["moves"][0] in {m.uci() for m in board.legal_moves}
