@@ -335,10 +335,11 @@ def format_report(results: Sequence[SuiteResult]) -> str:
     """One table for every suite; each section names its protocol, so no figure is read under another's."""
     lines = []
     for r in results:
-        for section, m in r.sections.items():
+        for k, (section, m) in enumerate(r.sections.items()):
             title, unit = _TITLES.get(section, (section, "games"))
             protocol = section.split("/", 1)[1] if section.startswith("selfplay/") else r.protocol
-            lines.append(f"{title} ({m['n']} {unit}, {protocol}){f': {r.about}' if r.about else ''}")
+            about = f": {r.about}" if r.about and k == 0 else ""  # once a suite, with its first section
+            lines.append(f"{title} ({m['n']} {unit}, {protocol}){about}")
             for key, value in m.items():
                 if key == "n" or (key == "stockfish_match" and value is None):
                     continue
