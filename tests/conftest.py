@@ -49,6 +49,20 @@ with contextlib.suppress(ImportError):  # hypothesis's cache, else .hypothesis/ 
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def _have_stockfish() -> bool:
+    from rookworld.chess.stockfish import find_stockfish
+
+    try:
+        find_stockfish()
+        return True
+    except Exception:
+        return False
+
+
+#: The tests that play or ask the real engine (.ci/run installs it).
+needs_stockfish = pytest.mark.skipif(not _have_stockfish(), reason="Stockfish is not installed")
+
 # The test models are tiny, so intra-op threads buy nothing; on a busy 2-core machine their OpenMP spin-waiting
 # made the sampling tests 3x slower.
 torch.set_num_threads(1)

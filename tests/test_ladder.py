@@ -13,20 +13,13 @@ import chess.pgn
 import numpy as np
 import pytest
 
-from conftest import cli
+from conftest import cli, needs_stockfish
 from rookworld.chess import rules
 from rookworld.chess.pgn import game_pgn, read_games
-from rookworld.chess.stockfish import find_stockfish
 from rookworld.lm.games import WHITE, Game, play_games
 from rookworld.lm.ladder import MaterialPlayer, RandomPlayer, material
 from rookworld.lm.rating import fit_ratings
 
-try:
-    find_stockfish()
-    HAVE_STOCKFISH = True
-except Exception:
-    HAVE_STOCKFISH = False
-needs_stockfish = pytest.mark.skipif(not HAVE_STOCKFISH, reason="Stockfish is not installed")
 
 Z95 = 1.959963984540054
 

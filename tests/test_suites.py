@@ -10,21 +10,14 @@ import signal
 import chess as pychess
 import pytest
 
-from conftest import cli
+from conftest import cli, needs_stockfish
 from rookworld.chess import rules
 from rookworld.lm.games import BLACK, WHITE, Choice, Game, ModelPlayer, StockfishPlayer, elo_difference
 from rookworld.lm.answers import GREEDY, RookWorldLM, read_policy_answers
 from rookworld.chess.rewards import policy_targets
 from rookworld.lm.suites import (SuiteResult, format_report, mate_in_one, mate_positions, parse_suites, selfplay,
                               vs_stockfish)
-from rookworld.chess.stockfish import find_stockfish
 
-try:
-    find_stockfish()
-    HAVE_STOCKFISH = True
-except Exception:
-    HAVE_STOCKFISH = False
-needs_stockfish = pytest.mark.skipif(not HAVE_STOCKFISH, reason="Stockfish is not installed")
 
 
 def answer_text(fen: str, moves: list[str], best: str) -> str:
